@@ -1,0 +1,153 @@
+// The ops of the DeepSeek-V4 attention layer (SPEC §2–§8), one signature each.
+//
+// Every op takes views (dsv4::TensorView), writes caller-provided outputs, never allocates device
+// memory and never synchronizes. The backend is chosen by where the tensors live: all CPU →
+// the CPU reference; all CUDA → the CUDA kernel (when built with CUDA), launched on `stream`.
+// Mixing devices is an error. Every op validates shapes, dtypes and strides at entry and throws
+// dsv4::Error (naming op, argument, expected and actual) before writing anything.
+//
+// Conventions: T tokens, H heads, D = 512 head dim, R = 64 rope dims (the LAST R of D),
+// N = D - R nope dims. Accumulation is fp32. lse values are natural-log unless stated.
+#pragma once
+
+#include <cstdint>
+
+#include "dsv4/config.h"
+#include "dsv4/kv_layout.h"
+#include "dsv4/tensor.h"
+
+struct CUstream_st;
+
+namespace dsv4 {
+
+using Stream = CUstream_st*;  // == cudaStream_t; nullptr = default stream
+
+// ================================ dense projections ===========================================
+// y [T, N] = x [T, K] · Wᵀ, W [N, K].
+//   x: bf16 or fp32; or fp8_e4m3 with x_scale [T, K/block] (ue8m0 or fp32; block = K/x_scale.shape[1]
+//      ∈ {64, 128}) — the production path that quantizes activations first.
+//   w: bf16 / fp32; or fp8_e4m3 with w_scale [ceil(N/128), ceil(K/128)] (ue8m0 or fp32): the
+//      real weight is fp8(w) * scale of its 128×128 block.
+//   y: bf16 or fp32 (rounded once from the fp32 accumulator).
+void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
+            const TensorView& w_scale, const TensorView& y, Stream stream = nullptr);
+
+// FP8 activation quantization: per row, per block of `block` (64 or 128) values, scale
+// 2^ceil(log2(max(amax/448, 1e-4))) (UE8M0); xq = fp8(x / scale).
+//   x [T, K] bf16/fp32, xq [T, K] fp8_e4m3, scale [T, K/block] ue8m0 or fp32 (the power of two).
+void quantize_act_fp8(const TensorView& x, int block, const TensorView& xq,
+                      const TensorView& scale, Stream stream = nullptr);
+
+// ================================ norms =======================================================
+// RMSNorm over the last dim: y = x * rsqrt(mean(x²) + eps) * weight. weight undefined → no
+// weight (the per-head q norm). x, y: [..., D] bf16/fp32 (y may alias x); weight [D] bf16/fp32.
+void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& y,
+              Stream stream = nullptr);
+
+// The fused q/kv RMSNorm after the low-rank projections: q_out = RMSNorm(q_in; wq),
+// kv_out = RMSNorm(kv_in; wkv). Shapes [T, q_lora] and [T, D].
+void fused_qkv_rms_norm(const TensorView& q_in, const TensorView& wq, const TensorView& kv_in,
+                        const TensorView& wkv, float eps, const TensorView& q_out,
+                        const TensorView& kv_out, Stream stream = nullptr);
+
+// ================================ RoPE =========================================================
+// cos/sin table for positions [0, max_pos): fp32 [max_pos, R] = [cos(p f_0..f_{R/2-1}) |
+// sin(...)], frequencies per SPEC §3 (YaRN when cfg.yarn). Host tensor.
+HostTensor build_rope_cache(const RopeConfig& cfg, int64_t max_pos);
+// The R/2 frequencies f_i (double) of SPEC §3.
+void rope_frequencies(const RopeConfig& cfg, double* freqs /* [R/2] */);
+
+// GPT-J interleaved RoPE on the last R dims of each head: pairs (2i, 2i+1) rotate by p·f_i
+// (inverse: by −p·f_i). x, y: [T, D] or [T, H, D] bf16/fp32 (y may alias x; the first D−R dims
+// are copied). positions [T] int64/int32, every p in [0, cos_sin.shape[0]). cos_sin from
+// build_rope_cache (on the device of x).
+void apply_rope(const TensorView& x, const TensorView& positions, const TensorView& cos_sin,
+                bool inverse, const TensorView& y, Stream stream = nullptr);
+
+// ================================ fused KV insert ============================================
+// The fused "q head-norm + q RoPE + kv RoPE + FP8 quant + paged insert" (vLLM
+// fused_qnorm_rope_kv_insert):
+//   q [T, H, D] bf16, in place: q ← rms_norm(q, no weight, eps) per head, then RoPE on q[..., N:].
+//   kv [T, D] bf16 (already RMS-normed), in place: RoPE on kv[N:], then the token is written to
+//   `cache` at slot_mapping[t] (int64 [T]; -1 = don't store) in the cache's layout, and kv is
+//   overwritten with exactly what the cache now holds (dequantized), so the caller can attend
+//   to the current chunk with the cached values.
+void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const TensorView& positions,
+                          const TensorView& cos_sin, float eps, const KvCacheView& cache,
+                          const TensorView& slot_mapping, Stream stream = nullptr);
+
+// ================================ sparse attention ===========================================
+// Contract (SPEC §6): for each query row (b, s, h): over the valid gathered rows k_i,
+//   P_i = scale · q·k_i,  lse = ln Σ exp(P_i),  out = Σ exp(P_i − lse) · k_i[:d_v];
+//   with a sink σ_h: out ← out · exp(lse) / (exp(lse) + exp(σ_h)). lse excludes the sink.
+//   No valid row: out = 0, lse = +inf.
+struct SparseDecodeArgs {
+  TensorView q;                 // [b, s_q, H, d_qk] bf16; d_qk = 512 (MODEL1) or 576 (V32)
+  KvCacheView k_cache;          // main scope
+  TensorView indices;           // [b, s_q, topk] int32 global slots; -1 = invalid
+  TensorView topk_length;       // optional [b] int32: only the first topk_length[b] slots count
+  KvCacheView extra_k_cache;    // optional second scope (extra_k_cache.data undefined = none)
+  TensorView extra_indices;     // [b, s_q, extra_topk] int32
+  TensorView extra_topk_length; // optional [b] int32
+  TensorView attn_sink;         // optional [H] fp32
+  float softmax_scale = 0.0f;   // 0 → d_qk^-0.5
+  int d_v = 512;
+  TensorView out;               // [b, s_q, H, d_v] bf16
+  TensorView lse;               // [b, s_q, H] fp32 (natural log)
+};
+
+// Split-KV plan: depends only on shapes (b, s_q, H, topk + extra_topk) and the SM count, so it
+// can be made once per step and reused by every layer of that shape (CUDA-graph friendly).
+struct DecodeSchedule {
+  int num_splits = 1;           // splits per (b, s_q) row over the concatenated index list
+  int split_len = 0;            // index slots per split (multiple of the kernel's tile)
+  int64_t workspace_bytes = 0;  // partial o (fp32) + partial lse for all splits
+};
+DecodeSchedule make_decode_schedule(int b, int s_q, int h, int topk_total, int num_sms = 132);
+
+// Whole decode: partial attention per split into `workspace`, then the combine.
+// workspace: uint8 [>= schedule.workspace_bytes] on the device of q.
+void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
+                   const TensorView& workspace, Stream stream = nullptr);
+
+// The combine step alone: partial_o [b, s_q, H, splits, d_v] fp32, partial_lse [b, s_q, H,
+// splits] fp32 (−inf for an empty split) → out [b, s_q, H, d_v] bf16, lse [b, s_q, H]; applies
+// the sink (optional [H] fp32) and the no-valid-key convention.
+void sparse_attention_combine(const TensorView& partial_o, const TensorView& partial_lse,
+                              const TensorView& attn_sink, const TensorView& out,
+                              const TensorView& lse, Stream stream = nullptr);
+
+struct SparsePrefillArgs {
+  TensorView q;            // [s_q, H, d_qk] bf16, d_qk 512 or 576
+  TensorView kv;           // [s_kv, 1, d_qk] bf16 (K = V: the first d_v dims are V)
+  TensorView indices;      // [s_q, 1, topk] int32; -1 and >= s_kv are invalid
+  TensorView topk_length;  // optional [s_q] int32
+  TensorView attn_sink;    // optional [H] fp32
+  float softmax_scale = 0.0f;  // 0 → d_qk^-0.5
+  int d_v = 512;
+  TensorView out;          // [s_q, H, d_v] bf16
+  TensorView max_logits;   // [s_q, H] fp32, natural units (scale · q·k); -inf when no valid key
+  TensorView lse;          // [s_q, H] fp32, natural log; +inf when no valid key
+};
+void sparse_prefill(const SparsePrefillArgs& args, Stream stream = nullptr);
+
+// ================================ prefill gather =============================================
+// Dequantize-and-gather (vLLM dequantize_and_gather_k_cache): for prefill request r, rows
+// [seq_lens[r] - g, seq_lens[r]) of its cache (g = gather_lens[r], or seq_lens[r] when
+// gather_lens is undefined) are dequantized to workspace[r, offset + j] for j < g.
+//   workspace [R, M, d] bf16 (d = the layout's dim), block_table [R, max_blocks] int32,
+//   seq_lens [R] int32 (entries), gather_lens [R] int32 optional. Rows not written keep their
+//   contents. An entry whose block is -1 or beyond the table is an error (CPU validation).
+void dequantize_and_gather(const KvCacheView& cache, const TensorView& block_table,
+                           const TensorView& seq_lens, const TensorView& gather_lens,
+                           int64_t offset, const TensorView& workspace, Stream stream = nullptr);
+
+// ================================ output path ================================================
+// Grouped low-rank output projection: view o [T, H*D] as G groups of H*D/G;
+// z[:, g*L:(g+1)*L] = o_g · wo_a_gᵀ with wo_a [G, L, H*D/G] (bf16, or fp8 with wo_a_scale
+// [G, ceil(L/128), ceil(H*D/G/128)] ue8m0/fp32). o: bf16/fp32, or fp8 with o_scale [T, H*D/128]
+// (the production path: quantize_act_fp8 first). z [T, G*L] bf16/fp32.
+void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorView& wo_a,
+                  const TensorView& wo_a_scale, const TensorView& z, Stream stream = nullptr);
+
+}  // namespace dsv4

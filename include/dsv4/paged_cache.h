@@ -1,0 +1,134 @@
+// Paged caches (SPEC §8): a block pool, per-request block tables, slot mapping for new entries,
+// and the set of caches one attention layer owns (SWA, compressed, indexer keys, compressor
+// state) with the default block sizes.
+//
+// Entries are numbered per request (token position for SWA and compressor state, compressed
+// entry number j for the compressed and indexer-key caches). Entry i of request r lives at global
+// slot table[i / B] * B + i % B. Blocks that hold only entries a cache no longer needs (SWA
+// beyond the window) are returned to the pool; their table entries become -1.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dsv4/config.h"
+#include "dsv4/kv_layout.h"
+#include "dsv4/tensor.h"
+
+namespace dsv4 {
+
+class BlockPool {
+ public:
+  explicit BlockPool(int32_t num_blocks);
+  // Lowest-numbered free block. Throws dsv4::Error("... exhausted ...") when none is free.
+  int32_t allocate();
+  // Throws for a block out of range or not allocated (double free); changes nothing then.
+  void free(int32_t block);
+  int32_t num_blocks() const { return static_cast<int32_t>(in_use_.size()); }
+  int32_t num_free() const { return num_free_; }
+  bool in_use(int32_t block) const;
+
+ private:
+  std::vector<uint8_t> in_use_;
+  std::vector<int32_t> free_list_;  // min-heap of free blocks (deterministic reuse order)
+  int32_t num_free_ = 0;
+};
+
+// How one cache is laid out.
+struct CacheSpec {
+  std::string name;            // "swa", "compressed", "indexer_keys", "compressor_state"
+  int block_size = 64;         // entries per block
+  int64_t block_bytes = 0;     // bytes per block (from the layout geometry, or rows*row_bytes)
+  int32_t num_blocks = 0;
+  int64_t retain = 0;          // entries a request must keep (0 = all; SWA keeps the window)
+  std::optional<KvLayout> layout;  // set for KV caches read by attention
+};
+
+// One paged cache: storage (host memory it owns, or external device memory), a pool and the
+// block tables of the requests using it.
+class PagedCache {
+ public:
+  // external_storage == nullptr: allocate host storage of num_blocks * block_bytes bytes.
+  explicit PagedCache(CacheSpec spec, void* external_storage = nullptr,
+                      Device device = Device::cpu);
+
+  const CacheSpec& spec() const { return spec_; }
+  BlockPool& pool() { return pool_; }
+  const BlockPool& pool() const { return pool_; }
+
+  void add_request(int64_t req);      // throws if it exists
+  void remove_request(int64_t req);   // frees its blocks; throws if unknown
+  bool has_request(int64_t req) const;
+  int64_t num_entries(int64_t req) const;  // entries appended so far
+
+  // Reserves `count` new entries at the end of the request, allocating blocks as needed, and
+  // returns their global slots. Atomic: if the pool runs out, nothing changes and it throws.
+  // Blocks holding only entries older than num_entries - retain are released first.
+  std::vector<int64_t> append(int64_t req, int64_t count);
+  // Global slot of entry `entry` of the request, or -1 if released / not yet appended.
+  int64_t slot_of(int64_t req, int64_t entry) const;
+  // The request's block table (one block id per B entries; -1 for released blocks).
+  const std::vector<int32_t>& block_table(int64_t req) const;
+
+  uint8_t* storage() const { return storage_; }
+  Device device() const { return device_; }
+  TensorView storage_view() const;  // uint8 [num_blocks, block_bytes]
+  KvCacheView kv_view(float tensor_scale = 1.0f) const;  // needs spec().layout
+
+ private:
+  struct Request {
+    std::vector<int32_t> table;
+    int64_t entries = 0;
+  };
+  const Request& request(int64_t req) const;
+  void release_old_blocks(Request& r);
+
+  CacheSpec spec_;
+  BlockPool pool_;
+  std::shared_ptr<uint8_t[]> owned_;
+  uint8_t* storage_ = nullptr;
+  Device device_ = Device::cpu;
+  std::map<int64_t, Request> requests_;
+};
+
+// Packs block tables of `reqs` (in order) into int32 [reqs.size(), max_blocks] padded with -1.
+HostTensor pack_block_tables(const PagedCache& cache, const std::vector<int64_t>& reqs);
+
+// Block-size defaults of SPEC §8.
+struct CacheDefaults {
+  static constexpr int kSwaBlock = 64;          // tokens per SWA block
+  static constexpr int kLogicalBlock = 256;     // tokens per compressed logical block
+  static constexpr int compressed_block(int ratio) { return kLogicalBlock / ratio; }  // 64 / 2
+};
+
+// Sizes for the caches of one layer.
+struct LayerCacheOptions {
+  KvLayout layout = KvLayout::model1_fp8;
+  int32_t swa_blocks = 256;
+  int32_t compressed_blocks = 256;
+  int32_t state_blocks = 64;
+  int swa_block_size = CacheDefaults::kSwaBlock;
+};
+
+// The caches of one attention layer; which exist depends on the layer kind:
+//   SWA: swa. C128A: swa, compressed, compressor_state. C4A: all four (+ indexer keys and the
+//   indexer compressor's state).
+struct LayerCaches {
+  LayerKind kind = LayerKind::swa;
+  std::unique_ptr<PagedCache> swa;
+  std::unique_ptr<PagedCache> compressed;
+  std::unique_ptr<PagedCache> compressor_state;  // fp32 rows [kv (coff*D) | score (coff*D)]
+  std::unique_ptr<PagedCache> indexer_keys;      // fp8 [128] + fp32 scale per entry
+  std::unique_ptr<PagedCache> indexer_state;     // indexer compressor state rows
+
+  void add_request(int64_t req);
+  void remove_request(int64_t req);
+};
+LayerCaches make_layer_caches(const ModelConfig& cfg, LayerKind kind,
+                              const LayerCacheOptions& opts = {});
+
+}  // namespace dsv4

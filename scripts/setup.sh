@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh Debian machine: installs what is missing, nothing more.
+#   - Debian packages: cmake, ninja, g++, GoogleTest, nlohmann-json
+#   - when nvcc is present: the pinned CUTLASS/CuTe headers from the nvidia-cutlass wheel
+# Idempotent: a second run does nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CUTLASS_VERSION=4.2.0.0
+need=()
+have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+for p in cmake ninja-build g++ make libgtest-dev nlohmann-json3-dev unzip python3-pip; do
+  have_pkg "$p" || need+=("$p")
+done
+# python3 may come from pyenv rather than Debian; only ask for Debian's pip when there is no pip.
+if python3 -m pip --version >/dev/null 2>&1; then
+  need=("${need[@]/python3-pip}")
+fi
+need=($(printf '%s\n' "${need[@]}" | grep -v '^$' || true))
+if ((${#need[@]})); then
+  echo "setup: installing Debian packages: ${need[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+nvcc_bin=$(command -v nvcc || true)
+[ -z "$nvcc_bin" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc_bin=/usr/local/cuda/bin/nvcc
+if [ -n "$nvcc_bin" ] && [ "${DSV4_CUDA:-AUTO}" != OFF ] && [ ! -f third_party/cutlass/include/cute/tensor.hpp ]; then
+  echo "setup: fetching CUTLASS ${CUTLASS_VERSION} headers (nvidia-cutlass wheel)"
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --no-deps "nvidia-cutlass==${CUTLASS_VERSION}" -d "$tmp"
+  mkdir -p third_party/cutlass
+  unzip -q -o "$tmp"/nvidia_cutlass-*.whl 'cutlass_library/source/include/*' -d "$tmp/x"
+  rm -rf third_party/cutlass/include
+  mv "$tmp/x/cutlass_library/source/include" third_party/cutlass/include
+  echo "$CUTLASS_VERSION" > third_party/cutlass/VERSION
+  rm -rf "$tmp"
+fi

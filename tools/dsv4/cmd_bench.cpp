@@ -1,0 +1,10 @@
+#include <cstdio>
+
+#include "commands.h"
+
+namespace dsv4::cli {
+int cmd_bench(const Args&) {
+  std::fprintf(stderr, "dsv4 bench: not available yet in this build\n");
+  return 2;
+}
+}  // namespace dsv4::cli

@@ -1,0 +1,42 @@
+// BatchPlan: one forward step's requests in kernel order (decodes first, then prefill chunks),
+// and the per-token metadata every op of the layer needs.
+//
+// A request contributes `num_new` tokens at positions [context, context + num_new), where
+// `context` is how many of its tokens earlier steps already cached. A decode is a request with
+// exactly one new token and context > 0; everything else is a prefill chunk (possibly continuing
+// an earlier chunk: chunked prefill).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dsv4/tensor.h"
+
+namespace dsv4 {
+
+struct RequestStep {
+  int64_t req_id = 0;
+  int64_t context = 0;  // tokens already cached
+  int64_t num_new = 0;  // tokens in this step (>= 1)
+  bool is_decode() const { return num_new == 1 && context > 0; }
+};
+
+struct BatchPlan {
+  std::vector<RequestStep> requests;    // decodes first, then prefills
+  int num_decodes = 0;                  // requests [0, num_decodes) are decodes
+  std::vector<int32_t> query_start_loc; // [R + 1] token offsets
+  std::vector<int64_t> positions;       // [T] absolute positions
+  std::vector<int32_t> token_to_req;    // [T] index into `requests`
+
+  int64_t num_tokens() const { return static_cast<int64_t>(positions.size()); }
+  int64_t num_decode_tokens() const { return num_decodes; }
+  int num_requests() const { return static_cast<int>(requests.size()); }
+  int64_t seq_len(int r) const { return requests[r].context + requests[r].num_new; }
+
+  // Orders `steps` (stable: decodes first in given order, then prefills in given order) and
+  // fills the per-token metadata. Throws dsv4::Error for num_new < 1, context < 0, or a request
+  // id that appears twice.
+  static BatchPlan make(std::vector<RequestStep> steps);
+};
+
+}  // namespace dsv4

@@ -25,7 +25,8 @@ struct RopeConfig {
 
 struct ModelConfig {
   std::string name;            // "v4-flash", "v3.2", "tiny", or the path it was loaded from
-  std::string family = "v4";   // "v4" or "v3.2"
+  std::string family = "v4";   // "v4" or "v3.2" (v3.2: sparse MLA over all tokens, every layer
+                               // "SWA"-kind with ratio 0, no window, no grouped output: o_* = 0)
   int dim = 4096;              // hidden size
   int n_heads = 64;            // H
   int head_dim = 512;          // D (d_qk; 576 for v3.2's latent + rope)
@@ -34,8 +35,9 @@ struct ModelConfig {
   int q_lora_rank = 1024;
   int o_groups = 8;            // G
   int o_lora_rank = 1024;
-  int window_size = 128;       // W
-  std::vector<int> compress_ratios;  // one per layer, each in {0, 4, 128}
+  int window_size = 128;       // W (v3.2 has no sliding window: 0)
+  std::vector<int> compress_ratios;  // one per attention layer, each in {0, 4, 128}
+  int n_mtp_layers = 0;        // trailing compress_ratios entries that belong to MTP blocks
   int index_n_heads = 64;
   int index_head_dim = 128;
   int index_topk = 512;
@@ -48,7 +50,7 @@ struct ModelConfig {
   double beta_slow = 1.0;
   int max_position = 1 << 20;  // max_position_embeddings
 
-  int n_layers() const { return static_cast<int>(compress_ratios.size()); }
+  int n_layers() const { return static_cast<int>(compress_ratios.size()); }  // incl. MTP layers
   int nope_dim() const { return head_dim - rope_head_dim; }
   LayerKind layer_kind(int layer) const;   // throws for a layer out of range
   int compress_ratio(int layer) const;

@@ -44,6 +44,8 @@ void swa_window_indices(const TensorView& positions, const TensorView& token_to_
 // [r*M, r*M + N) (N = compressed region size, same for all requests), then the last
 // gather_lens[r] SWA tokens of its sequence (positions seq_lens[r]-gather_lens[r] ..
 // seq_lens[r]-1) at [r*M + N, r*M + N + gather_lens[r]).
+// query_start_loc [R+1] int32 may start at a non-zero offset (a slice of the whole batch's):
+// row t of topk/out is token query_start_loc[0] + t.
 // Token t of request r (query_start_loc[r] <= t < query_start_loc[r+1]) sits at position
 // p = seq_lens[r] - (query_start_loc[r+1] - t); its combined indices are its top-k compressed
 // entries (topk [T, K] local entry numbers, -1 padded; K may be 0) followed by its SWA window,

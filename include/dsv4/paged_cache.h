@@ -103,6 +103,23 @@ struct CacheDefaults {
   static constexpr int kSwaBlock = 64;          // tokens per SWA block
   static constexpr int kLogicalBlock = 256;     // tokens per compressed logical block
   static constexpr int compressed_block(int ratio) { return kLogicalBlock / ratio; }  // 64 / 2
+
+  // Indexer key cache: one entry per ratio-4 compressed entry, 128 fp8 values + one fp32 scale.
+  // A block is [block x 128 fp8 keys][block x 4 B fp32 scales] (keys first, like MODEL1).
+  static constexpr int kIndexerKeyDim = 128;
+  static constexpr int kIndexerKeyRowBytes = kIndexerKeyDim + 4;  // 132
+  static constexpr int kIndexerBlock = kLogicalBlock / 4;         // 64 entries
+
+  // Compressor state: per token position one fp32 row [kv (coff*D) | score (coff*D)], coff = 2
+  // for ratio 4 (overlapping windows), 1 for ratio 128. A block holds one compression window
+  // (ratio rows), so a window's rows are contiguous; a request retains coff * ratio rows (the
+  // current window and, for ratio 4, the previous one).
+  static constexpr int state_coff(int ratio) { return ratio == 4 ? 2 : 1; }
+  static constexpr int state_block(int ratio) { return ratio; }
+  static constexpr int64_t state_row_bytes(int ratio, int head_dim) {
+    return int64_t{2} * state_coff(ratio) * head_dim * 4;
+  }
+  static constexpr int64_t state_retain(int ratio) { return int64_t{state_coff(ratio)} * ratio; }
 };
 
 // Sizes for the caches of one layer.

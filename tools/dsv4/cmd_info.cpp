@@ -1,14 +1,125 @@
-#include <cstdio>
+// `dsv4 info`: the build (version, compiler, backends, CUDA architectures), the device, a model's
+// attention settings (--config / --model) and the KV layouts' byte geometry (--layouts).
+#include <omp.h>
 
+#include <cstdio>
+#include <string>
+
+#include "args.h"
 #include "commands.h"
+#include "dsv4/config.h"
+#include "dsv4/kv_layout.h"
+#include "dsv4/status.h"
+
+#ifdef DSV4_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#ifndef DSV4_VERSION_STR
+#define DSV4_VERSION_STR "unknown"
+#endif
+#ifndef DSV4_CUDA_ARCHS_STR
+#define DSV4_CUDA_ARCHS_STR ""
+#endif
 
 namespace dsv4::cli {
-int cmd_info(const Args&) {
-#ifdef DSV4_WITH_CUDA
-  std::puts("dsv4attn 0.1.0  backends: cpu cuda");
-#else
-  std::puts("dsv4attn 0.1.0  backends: cpu");
+
+namespace {
+
+const std::vector<FlagSpec>& info_flags() {
+  static const std::vector<FlagSpec> flags = {
+      {"config", true, "print the attention settings of a config.json (file or directory)", "PATH"},
+      {"model", true, "print the attention settings of a built-in model (" , "NAME"},
+      {"layouts", false, "print each KV layout's bytes per token and per block"},
+      {"block-size", true, "tokens per block for --layouts (default 64)", "B"},
+  };
+  return flags;
+}
+
+std::vector<FlagSpec> flags_with_model_names() {
+  std::vector<FlagSpec> flags = info_flags();
+  std::string names;
+  for (const auto& n : ModelConfig::builtin_names()) names.append(names.empty() ? "" : ", ").append(n);
+  flags[1].help += names + ")";
+  return flags;
+}
+
+void print_build() {
+  std::printf("dsv4attn %s\n", DSV4_VERSION_STR);
+#if defined(__clang__)
+  std::printf("compiler      clang %s\n", __clang_version__);
+#elif defined(__GNUC__)
+  std::printf("compiler      gcc %s\n", __VERSION__);
 #endif
+  std::printf("cpu backend   yes (OpenMP, %d threads)\n", omp_get_max_threads());
+#ifdef DSV4_WITH_CUDA
+  std::printf("cuda backend  yes (archs sm_%s, built with CUDA runtime %d.%d)\n", DSV4_CUDA_ARCHS_STR,
+              CUDART_VERSION / 1000, (CUDART_VERSION % 1000) / 10);
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    std::printf("gpu           none (%s)\n",
+                err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device");
+    return;
+  }
+  for (int d = 0; d < count; ++d) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) continue;
+    std::printf("gpu %d         %s, sm_%d%d, %d SMs, %.1f GiB\n", d, prop.name, prop.major,
+                prop.minor, prop.multiProcessorCount,
+                static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
+  }
+#else
+  std::printf("cuda backend  not built (no GPU support in this binary)\n");
+#endif
+}
+
+void print_layouts(int block_size) {
+  std::printf("KV layouts at block size %d (tokens per block):\n", block_size);
+  std::printf("  %-16s %5s %12s %14s %10s\n", "layout", "dim", "bytes/token", "bytes/block",
+              "padding");
+  for (KvLayout l : {KvLayout::model1_fp8, KvLayout::v32_fp8, KvLayout::bf16,
+                     KvLayout::fp8_per_tensor}) {
+    const KvGeometry g = kv_geometry(l, block_size);
+    std::printf("  %-16s %5d %12d %14lld %10lld\n", std::string(kv_layout_name(l)).c_str(), g.dim,
+                g.token_bytes, static_cast<long long>(g.block_bytes),
+                static_cast<long long>(g.block_bytes - int64_t{block_size} * g.token_bytes));
+  }
+}
+
+}  // namespace
+
+int cmd_info(const Args& argv) {
+  const std::vector<FlagSpec> flags = flags_with_model_names();
+  const ParsedArgs args = parse_args("info", argv, flags);
+  if (args.has("help")) {
+    std::fputs(format_help("dsv4 info [--config PATH | --model NAME | --layouts [--block-size B]]",
+                           flags)
+                   .c_str(),
+               stdout);
+    std::puts("Without options: version, build (backends, CUDA archs) and the GPU if present.");
+    return 0;
+  }
+  if (args.has("block-size") && !args.has("layouts"))
+    fail("--block-size: only meaningful with --layouts");
+  bool printed = false;
+  if (args.has("config")) {
+    std::fputs(describe(ModelConfig::from_json_file(args.get_string("config"))).c_str(), stdout);
+    printed = true;
+  }
+  if (args.has("model")) {
+    std::fputs(describe(ModelConfig::builtin(args.get_string("model"))).c_str(), stdout);
+    printed = true;
+  }
+  if (args.has("layouts")) {
+    const int64_t b = args.get_int("block-size", 64);
+    if (b < 1 || b > (1 << 16))
+      fail("--block-size: expected 1..65536, got ", b);
+    print_layouts(static_cast<int>(b));
+    printed = true;
+  }
+  if (!printed) print_build();
   return 0;
 }
+
 }  // namespace dsv4::cli

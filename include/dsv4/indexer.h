@@ -1,0 +1,63 @@
+// Which compressed entries a query sees (SPEC §5): the C4A lightning indexer (query preparation,
+// scores, top-k, as separate ops so GPU scoring can be judged by top-k recall against the
+// scores of this reference) and the C128A plan (every emitted entry, in order).
+//
+// Indexer, per token t at position p of request q:
+//   q_I = qr · wq_bᵀ → [H_I, 128]; RoPE (the layer's YaRN rope) on the last rope_dims of each
+//   head at position p; Hadamard rotation (Sylvester order, scale 128^-0.5); FP8 e4m3 with one
+//   power-of-two scale per (token, head) row — the same quantizer as the key side
+//   (fp8_block.h), so both operands of the score are fp8 · 2^k.
+//   w = (x · weights_projᵀ) · 128^-0.5 · H_I^-0.5   (fp32, [H_I]).
+//   score_j = Σ_h w_h · ReLU(q̂_h · k̂_j) over the request's indexer keys k̂_j (dequantized), for
+//   j < (p+1) div r; entries j >= (p+1) div r get −inf.
+//   top-min(index_topk, (p+1) div r) by score, descending, ties → lowest j first; unused slots −1.
+// The rotation is orthonormal, so it leaves q·k unchanged and only spreads values before FP8.
+// All indices here are request-local entry numbers.
+#pragma once
+
+#include <cstdint>
+
+#include "dsv4/config.h"
+#include "dsv4/indexer_key_cache.h"
+#include "dsv4/ops.h"
+#include "dsv4/tensor.h"
+
+namespace dsv4 {
+
+// Queries of the indexer.
+//   qr [T, q_lora] bf16/fp32 (the normed low-rank query); wq_b [H_I·128, q_lora] bf16/fp32, or
+//   fp8_e4m3 with wq_b_scale (per 128×128 block, see dsv4::linear); x [T, dim] bf16/fp32;
+//   weights_proj [H_I, dim] bf16/fp32; positions [T] int32/int64; cos_sin fp32 [max_pos, R].
+//   Outputs: q_fp8 [T, H_I, 128] fp8_e4m3, q_scale [T, H_I] fp32 (powers of two),
+//   weights [T, H_I] fp32 (already scaled by 128^-0.5 · H_I^-0.5).
+void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorView& wq_b_scale,
+                   const TensorView& x, const TensorView& weights_proj,
+                   const TensorView& positions, const TensorView& cos_sin,
+                   const TensorView& q_fp8, const TensorView& q_scale, const TensorView& weights,
+                   Stream stream = nullptr);
+
+// Scores of every visible entry.
+//   q_fp8 [T, H_I, 128] fp8_e4m3, q_scale [T, H_I] fp32, weights [T, H_I] fp32 (indexer_query);
+//   positions [T] int32/int64; token_to_req [T] int32; keys + key_block_table int32 [R, max_blocks]
+//   (entry j of request q at key_block_table[q][j / B]·B + j % B); ratio (4).
+//   scores [T, N] fp32: column j < (p+1) div r gets score_j, the others −inf. N must be >=
+//   (p+1) div r for every token, and every visible entry's slot must be mapped.
+//   Accumulation: fp32 over the 128 products (each exact), scales applied after, fp32 over heads.
+void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const TensorView& weights,
+                    const TensorView& positions, const TensorView& token_to_req,
+                    const IndexerKeyCacheView& keys, const TensorView& key_block_table, int ratio,
+                    const TensorView& scores, Stream stream = nullptr);
+
+// Top-k of each row: indices [T, K] int32 receives the min(K, (p+1) div r) visible entries with
+// the highest scores, descending (ties → lowest index first; NaN ranks below −inf), then −1.
+//   scores [T, N] fp32 (N >= (p+1) div r), positions [T] int32/int64, ratio >= 1;
+//   lens (optional) [T] int32 = number of valid slots.
+void indexer_topk(const TensorView& scores, const TensorView& positions, int ratio,
+                  const TensorView& indices, const TensorView& lens = {}, Stream stream = nullptr);
+
+// C128A planning: indices [T, K] int32 = 0, 1, ..., (p+1) div r − 1, then −1 (K must be >= that
+// count for every token); lens (optional) [T] int32 = the count.
+void compressed_prefix_indices(const TensorView& positions, int ratio, const TensorView& indices,
+                               const TensorView& lens = {}, Stream stream = nullptr);
+
+}  // namespace dsv4

@@ -1,0 +1,369 @@
+// AttentionWeights: one table of the layer's tensors (checkpoint name, shape, dtype rules, init)
+// drives random generation, validation, loading and saving, so the four cannot drift apart.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "dsv4/weights.h"
+
+namespace dsv4 {
+
+namespace {
+
+using Shape = std::vector<int64_t>;
+
+enum class SlotKind : uint8_t {
+  linear,  // Weight: "<key>.weight" (+ "<key>.scale" when fp8)
+  norm,    // RMSNorm weight: "<key>.weight", bf16 or fp32
+  param,   // raw fp32 parameter: "<key>"
+};
+
+// One tensor of the layer.
+struct Slot {
+  std::string key;  // name after the layer prefix, without ".weight"
+  SlotKind kind = SlotKind::linear;
+  Weight* weight = nullptr;      // linear
+  HostTensor* tensor = nullptr;  // norm, param
+  Shape shape;                   // in memory
+  Shape stored_shape;            // in the checkpoint (differs for wo_a only)
+  bool fp8_in_checkpoint = false;  // the official checkpoint stores it as fp8
+  double init_mean = 0.0;
+  double init_std = 1.0;
+
+  std::string value_name() const { return kind == SlotKind::param ? key : key + ".weight"; }
+  std::string scale_name() const { return key + ".scale"; }
+};
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << ']';
+  return os.str();
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The scale grid of a linear weight: one entry per 128x128 block of its 2-d checkpoint matrix.
+Shape scale_shape(const Shape& stored) {
+  return {ceil_div(stored[0], kWeightBlock), ceil_div(stored[1], kWeightBlock)};
+}
+
+int layer_ratio(const ModelConfig& cfg, int layer, const char* where) {
+  if (cfg.family != "v4")
+    fail(where, ": config '", cfg.name, "' is family ", cfg.family,
+         "; only DeepSeek-V4 attention weights are supported");
+  if (layer < 0 || layer >= cfg.n_layers())
+    fail_expected(where, "layer", "0.." + std::to_string(cfg.n_layers() - 1), layer);
+  return cfg.compress_ratios[static_cast<size_t>(layer)];
+}
+
+void add_compressor_slots(std::vector<Slot>& slots, CompressorWeights& c, const std::string& key,
+                          int64_t head_dim, int ratio, int64_t dim) {
+  const int64_t width = (ratio == 4 ? 2 : 1) * head_dim;  // coff * head_dim
+  const double linear_std = 1.0 / std::sqrt(static_cast<double>(dim));
+  slots.push_back({key + ".wkv", SlotKind::linear, &c.wkv, nullptr, {width, dim}, {width, dim},
+                   false, 0.0, linear_std});
+  slots.push_back({key + ".wgate", SlotKind::linear, &c.wgate, nullptr, {width, dim},
+                   {width, dim}, false, 0.0, linear_std});
+  slots.push_back({key + ".ape", SlotKind::param, nullptr, &c.ape, {ratio, width}, {ratio, width},
+                   false, 0.0, 0.5});
+  slots.push_back({key + ".norm", SlotKind::norm, nullptr, &c.norm, {head_dim}, {head_dim}, false,
+                   1.0, 0.05});
+}
+
+// The layer's tensors, pointing into `w`. Creates (or drops) the optional compressor and indexer
+// to match the layer's ratio, so `w` must already have been checked where that matters.
+std::vector<Slot> layer_slots(AttentionWeights& w, const ModelConfig& cfg) {
+  const int64_t dim = cfg.dim, heads = cfg.n_heads, hd = cfg.head_dim, q_lora = cfg.q_lora_rank;
+  const int64_t groups = cfg.o_groups, o_lora = cfg.o_lora_rank;
+  const int64_t group_in = groups > 0 ? heads * hd / groups : 0;
+  auto linear = [](std::string key, Weight& weight, Shape shape, Shape stored, bool fp8) {
+    const double std = 1.0 / std::sqrt(static_cast<double>(stored[1]));
+    return Slot{std::move(key), SlotKind::linear, &weight, nullptr, std::move(shape),
+                std::move(stored), fp8, 0.0, std};
+  };
+  std::vector<Slot> s;
+  s.push_back(linear("wq_a", w.wq_a, {q_lora, dim}, {q_lora, dim}, true));
+  s.push_back({"q_norm", SlotKind::norm, nullptr, &w.q_norm, {q_lora}, {q_lora}, false, 1.0, 0.05});
+  s.push_back(linear("wq_b", w.wq_b, {heads * hd, q_lora}, {heads * hd, q_lora}, true));
+  s.push_back(linear("wkv", w.wkv, {hd, dim}, {hd, dim}, true));
+  s.push_back({"kv_norm", SlotKind::norm, nullptr, &w.kv_norm, {hd}, {hd}, false, 1.0, 0.05});
+  s.push_back(linear("wo_a", w.wo_a, {groups, o_lora, group_in}, {groups * o_lora, group_in}, true));
+  s.push_back(linear("wo_b", w.wo_b, {dim, groups * o_lora}, {dim, groups * o_lora}, true));
+  s.push_back({"attn_sink", SlotKind::param, nullptr, &w.attn_sink, {heads}, {heads}, false, 0.0,
+               1.0});
+
+  if (w.compress_ratio > 0) {
+    if (!w.compressor) w.compressor.emplace();
+    add_compressor_slots(s, *w.compressor, "compressor", hd, w.compress_ratio, dim);
+  } else {
+    w.compressor.reset();
+  }
+  if (w.compress_ratio == 4) {
+    if (!w.indexer) w.indexer.emplace();
+    IndexerWeights& ix = *w.indexer;
+    const int64_t ih = cfg.index_n_heads, id = cfg.index_head_dim;
+    s.push_back(linear("indexer.wq_b", ix.wq_b, {ih * id, q_lora}, {ih * id, q_lora}, true));
+    s.push_back(linear("indexer.weights_proj", ix.weights_proj, {ih, dim}, {ih, dim}, false));
+    add_compressor_slots(s, ix.compressor, "indexer.compressor", id, 4, dim);
+  } else {
+    w.indexer.reset();
+  }
+  return s;
+}
+
+// ---- shape / dtype rules --------------------------------------------------------------------
+
+bool allowed_dtype(SlotKind kind, DType t) {
+  switch (kind) {
+    case SlotKind::linear:
+      return t == DType::fp8_e4m3 || t == DType::bf16 || t == DType::fp16 || t == DType::fp32;
+    case SlotKind::norm: return t == DType::bf16 || t == DType::fp32;
+    case SlotKind::param: return t == DType::fp32;
+  }
+  return false;
+}
+
+const char* allowed_dtypes_text(SlotKind kind) {
+  switch (kind) {
+    case SlotKind::linear: return "F8_E4M3 (with a .scale), BF16, F16 or F32";
+    case SlotKind::norm: return "BF16 or F32";
+    case SlotKind::param: return "F32";
+  }
+  return "?";
+}
+
+void check_entry(const char* where, const std::string& name, const Shape& shape, DType dtype,
+                 const Shape& want_shape, SlotKind kind) {
+  if (shape != want_shape) fail_expected(where, name + " shape", shape_str(want_shape), shape_str(shape));
+  if (!allowed_dtype(kind, dtype))
+    fail_expected(where, name + " dtype", allowed_dtypes_text(kind), safetensors_dtype_name(dtype));
+}
+
+void check_scale(const char* where, const std::string& name, const Shape& shape, DType dtype,
+                 const Shape& want_shape) {
+  if (shape != want_shape)
+    fail_expected(where, name + " shape", shape_str(want_shape) + " (one per 128x128 block)",
+                  shape_str(shape));
+  if (dtype != DType::ue8m0 && dtype != DType::fp32)
+    fail_expected(where, name + " dtype", "F8_E8M0 or F32", safetensors_dtype_name(dtype));
+}
+
+Shape shape_of(const HostTensor& t) { return t.shape(); }
+
+// A copy of `t` with another shape of the same element count (wo_a: 2-d <-> 3-d).
+HostTensor with_shape(const HostTensor& t, const Shape& shape) {
+  if (t.shape() == shape) return t;
+  HostTensor out(t.dtype(), shape);
+  DSV4_CHECK(out.numel() == t.numel(), "with_shape: ", shape_str(t.shape()), " -> ",
+             shape_str(shape), " changes the element count");
+  if (t.nbytes() > 0) std::memcpy(out.data<uint8_t>(), t.data<uint8_t>(), t.nbytes());
+  return out;
+}
+
+// ---- deterministic random numbers -----------------------------------------------------------
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// Approximately N(0, 1) from the sum of 4 uniforms (Irwin-Hall): only exact IEEE arithmetic,
+// so every platform generates the same numbers (no libm transcendental functions).
+double normal01(uint64_t& state) {
+  double sum = 0.0;
+  for (int i = 0; i < 4; ++i) sum += static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;
+  return (sum - 2.0) * 1.7320508075688772;  // variance 4/12 -> 1
+}
+
+HostTensor random_tensor(const Slot& slot, uint64_t seed, int layer) {
+  uint64_t state = seed ^ fnv1a(slot.key) ^ (0x51ed2701a3b4c5d7ull * static_cast<uint64_t>(layer + 1));
+  splitmix64(state);  // decorrelate nearby seeds
+  HostTensor t(DType::fp32, slot.stored_shape);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    p[i] = static_cast<float>(slot.init_mean + slot.init_std * normal01(state));
+  return t;
+}
+
+HostTensor to_bf16(const HostTensor& t) {
+  HostTensor out(DType::bf16, t.shape());
+  for (int64_t i = 0; i < t.numel(); ++i) out.set(i, t.get(i));
+  return out;
+}
+
+// ---- checkpoint names -----------------------------------------------------------------------
+
+// Prefixes a checkpoint may use for the layer, the official one first.
+std::vector<std::string> prefix_candidates(const ModelConfig& cfg, int layer) {
+  std::vector<std::string> out{attention_tensor_prefix(cfg, layer)};
+  const int n_main = cfg.n_layers() - cfg.n_mtp_layers;
+  if (layer < n_main) {
+    const std::string i = std::to_string(layer);
+    out.push_back("model.layers." + i + ".self_attn.");
+    out.push_back("model.layers." + i + ".attn.");
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string attention_tensor_prefix(const ModelConfig& cfg, int layer) {
+  layer_ratio(cfg, layer, "attention_tensor_prefix");
+  const int n_main = cfg.n_layers() - cfg.n_mtp_layers;
+  if (layer >= n_main) return "mtp." + std::to_string(layer - n_main) + ".attn.";
+  return "layers." + std::to_string(layer) + ".attn.";
+}
+
+std::vector<std::string> attention_tensor_names(const AttentionWeights& w, const ModelConfig& cfg) {
+  TensorMap tensors;
+  add_attention_tensors(w, cfg, tensors);
+  std::vector<std::string> names;
+  for (const auto& [name, t] : tensors) names.push_back(name);
+  return names;
+}
+
+AttentionWeights random_attention_weights(const ModelConfig& cfg, int layer, uint64_t seed,
+                                          bool fp8) {
+  AttentionWeights w;
+  w.layer = layer;
+  w.compress_ratio = layer_ratio(cfg, layer, "random_attention_weights");
+  for (const Slot& slot : layer_slots(w, cfg)) {
+    const HostTensor values = random_tensor(slot, seed, layer);
+    switch (slot.kind) {
+      case SlotKind::linear:
+        if (fp8 && slot.fp8_in_checkpoint) {
+          Weight q = quantize_weight_fp8(values);
+          slot.weight->value = with_shape(q.value, slot.shape);
+          slot.weight->scale = q.scale;
+        } else {
+          slot.weight->value = with_shape(to_bf16(values), slot.shape);
+          slot.weight->scale = HostTensor();
+        }
+        break;
+      case SlotKind::norm: *slot.tensor = to_bf16(values); break;
+      case SlotKind::param: *slot.tensor = values; break;
+    }
+  }
+  return w;
+}
+
+void validate_attention_weights(const AttentionWeights& w, const ModelConfig& cfg,
+                                const char* where) {
+  const int ratio = layer_ratio(cfg, w.layer, where);
+  if (w.compress_ratio != ratio)
+    fail_expected(where, "compress_ratio of layer " + std::to_string(w.layer), ratio,
+                  w.compress_ratio);
+  if (w.compressor.has_value() != (ratio > 0))
+    fail(where, ": layer ", w.layer, " (ratio ", ratio, "): compressor weights ",
+         ratio > 0 ? "missing" : "present but the layer does not compress");
+  if (w.indexer.has_value() != (ratio == 4))
+    fail(where, ": layer ", w.layer, " (ratio ", ratio, "): indexer weights ",
+         ratio == 4 ? "missing" : "present but only ratio-4 layers have an indexer");
+
+  AttentionWeights view = w;  // shares the buffers; layer_slots needs a mutable object
+  const std::string prefix = attention_tensor_prefix(cfg, w.layer);
+  for (const Slot& slot : layer_slots(view, cfg)) {
+    const std::string name = prefix + slot.value_name();
+    const HostTensor& value = slot.kind == SlotKind::linear ? slot.weight->value : *slot.tensor;
+    if (!value.view().defined()) fail(where, ": ", name, ": missing");
+    check_entry(where, name, shape_of(value), value.dtype(), slot.shape, slot.kind);
+    if (slot.kind != SlotKind::linear) continue;
+    const bool fp8 = value.dtype() == DType::fp8_e4m3;
+    const Weight& weight = *slot.weight;
+    if (fp8 && !weight.quantized()) fail(where, ": ", prefix + slot.scale_name(), ": missing (", name, " is fp8)");
+    if (!fp8 && weight.quantized())
+      fail(where, ": ", prefix + slot.scale_name(), ": present but ", name, " is ",
+           safetensors_dtype_name(value.dtype()), " (only fp8 weights have scales)");
+    if (fp8)
+      check_scale(where, prefix + slot.scale_name(), shape_of(weight.scale), weight.scale.dtype(),
+                  scale_shape(slot.stored_shape));
+  }
+}
+
+AttentionWeights load_attention_weights(const Checkpoint& ckpt, const ModelConfig& cfg,
+                                        int layer) {
+  const char* where = "load_attention_weights";
+  AttentionWeights w;
+  w.layer = layer;
+  w.compress_ratio = layer_ratio(cfg, layer, where);
+
+  // The naming style: the first candidate prefix under which the layer's wq_a exists.
+  const std::vector<std::string> prefixes = prefix_candidates(cfg, layer);
+  std::string prefix = prefixes.front();
+  for (const std::string& p : prefixes)
+    if (ckpt.contains(p + "wq_a.weight")) {
+      prefix = p;
+      break;
+    }
+  auto missing = [&](const std::string& name, const std::string& expected) {
+    fail(where, ": missing tensor '", name, "' (expected ", expected, ") in checkpoint '",
+         ckpt.directory(), "'");
+  };
+
+  for (const Slot& slot : layer_slots(w, cfg)) {
+    const std::string name = prefix + slot.value_name();
+    if (!ckpt.contains(name))
+      missing(name, shape_str(slot.stored_shape) + " " + allowed_dtypes_text(slot.kind));
+    const SafetensorsEntry& e = ckpt.entry(name);
+    check_entry(where, name, e.shape, e.dtype, slot.stored_shape, slot.kind);
+    if (slot.kind != SlotKind::linear) {
+      *slot.tensor = ckpt.read(name);
+      continue;
+    }
+    // Scales: "<key>.scale" (official), "<key>.weight_scale_inv" (transformers spelling).
+    std::string scale_name = prefix + slot.scale_name();
+    if (!ckpt.contains(scale_name) && ckpt.contains(prefix + slot.key + ".weight_scale_inv"))
+      scale_name = prefix + slot.key + ".weight_scale_inv";
+    const bool fp8 = e.dtype == DType::fp8_e4m3;
+    const bool has_scale = ckpt.contains(scale_name);
+    if (fp8 && !has_scale)
+      missing(scale_name, shape_str(scale_shape(slot.stored_shape)) +
+                              " F8_E8M0 or F32 block scales of the fp8 weight " + name);
+    if (!fp8 && has_scale)
+      fail(where, ": ", scale_name, ": present but ", name, " is ",
+           safetensors_dtype_name(e.dtype), " (only fp8 weights have scales)");
+    slot.weight->value = with_shape(ckpt.read(name), slot.shape);
+    if (fp8) {
+      const SafetensorsEntry& s = ckpt.entry(scale_name);
+      check_scale(where, scale_name, s.shape, s.dtype, scale_shape(slot.stored_shape));
+      slot.weight->scale = ckpt.read(scale_name);
+    }
+  }
+  validate_attention_weights(w, cfg, where);
+  return w;
+}
+
+void add_attention_tensors(const AttentionWeights& w, const ModelConfig& cfg, TensorMap& out) {
+  validate_attention_weights(w, cfg, "add_attention_tensors");
+  AttentionWeights view = w;
+  const std::string prefix = attention_tensor_prefix(cfg, w.layer);
+  for (const Slot& slot : layer_slots(view, cfg)) {
+    if (slot.kind != SlotKind::linear) {
+      out[prefix + slot.value_name()] = *slot.tensor;
+      continue;
+    }
+    out[prefix + slot.value_name()] = with_shape(slot.weight->value, slot.stored_shape);
+    if (slot.weight->quantized()) out[prefix + slot.scale_name()] = slot.weight->scale;
+  }
+}
+
+void save_attention_weights(const std::string& path, const ModelConfig& cfg,
+                            const std::vector<AttentionWeights>& layers,
+                            const MetadataMap& metadata) {
+  TensorMap tensors;
+  for (const AttentionWeights& w : layers) add_attention_tensors(w, cfg, tensors);
+  write_safetensors(path, tensors, metadata);
+}
+
+}  // namespace dsv4

@@ -126,10 +126,10 @@ struct CacheDefaults {
 
 // Sizes for the caches of one layer.
 struct LayerCacheOptions {
-  KvLayout layout = KvLayout::model1_fp8;
+  KvLayout layout = KvLayout::model1_fp8;  // of the SWA and compressed caches (dim = head_dim)
   int32_t swa_blocks = 256;
-  int32_t compressed_blocks = 256;
-  int32_t state_blocks = 64;
+  int32_t compressed_blocks = 256;  // also the indexer key cache's block count
+  int32_t state_blocks = 64;        // compressor state and indexer compressor state
   int swa_block_size = CacheDefaults::kSwaBlock;
 };
 

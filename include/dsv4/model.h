@@ -1,0 +1,50 @@
+// AttentionStack: the attention layers of one model config (all of them, or a chosen subset),
+// each with its own weights and caches, run in sequence over a batch. It is the unit `dsv4 run`
+// drives. Between layers the hidden state is carried residually,
+//   h ← h + Attention_l(RMSNorm(h))   (unweighted RMSNorm),
+// standing in for the rest of the transformer block so activations stay O(1) through the stack.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dsv4/batch.h"
+#include "dsv4/config.h"
+#include "dsv4/layer.h"
+#include "dsv4/tensor.h"
+
+namespace dsv4 {
+
+struct StackOptions {
+  std::vector<int> layers;      // layer indices to build; empty = all layers of the config
+  std::string weights_dir;      // checkpoint directory; empty = seeded random weights
+  uint64_t seed = 1;
+  bool fp8_weights = true;      // random weights: FP8 e4m3 with 128x128 UE8M0 scales (as shipped)
+  AttentionOptions attention;
+};
+
+class AttentionStack {
+ public:
+  AttentionStack(const ModelConfig& cfg, const StackOptions& opts);
+
+  // x [T, dim] fp32 → y [T, dim] fp32 (may alias x). If `layer_io` is given, it receives each
+  // layer's input (normed h) and output per token: layer_io[l] = {in [T, dim], out [T, dim]}.
+  struct LayerIO { HostTensor in, out; };
+  void forward(const BatchPlan& plan, const TensorView& x, const TensorView& y,
+               std::vector<LayerIO>* layer_io = nullptr);
+  void release(int64_t req_id);
+
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+  Attention& layer(int i) { return layers_[i]; }
+  const ModelConfig& config() const { return cfg_; }
+
+ private:
+  ModelConfig cfg_;
+  std::vector<Attention> layers_;
+};
+
+// Parses "0,2,5-7" into layer indices (each < n_layers); throws dsv4::Error on bad syntax.
+std::vector<int> parse_layer_list(const std::string& spec, int n_layers);
+
+}  // namespace dsv4

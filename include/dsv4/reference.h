@@ -1,0 +1,33 @@
+// The unbatched float64 reference of one attention layer (SPEC §2–§6): a second, deliberately
+// plain implementation used by `dsv4 run --check` and the layer tests to judge the batched path.
+//
+// It runs ONE request's tokens at positions 0..L-1 in double precision, straight from the
+// formulas (no caches, no batching, no split-KV). Arithmetic is double; it rounds only where the
+// production path stores data in a narrower format, because an FP8 step amplifies any earlier
+// difference (a value that lands on the other side of an FP8 rounding boundary moves by a whole
+// FP8 ulp, 6–12%): bf16 activations (normed q_lora and kv, q, the attention output before and
+// after inverse RoPE), the KV cache contents (nope dims FP8 e4m3 in blocks of 64 with UE8M0
+// scales, rope dims bf16 — what MODEL1 stores — for SWA rows and compressed entries alike), the
+// indexer's FP8 q / key rows (one power-of-two scale per 128 values) and, when fp8_activations
+// is set, the FP8 (UE8M0, 1x128) quantization of o before wo_a. What remains between the two is
+// fp32-vs-double accumulation, which flips one of these roundings only rarely.
+#pragma once
+
+#include <vector>
+
+#include "dsv4/config.h"
+#include "dsv4/weights.h"
+
+namespace dsv4 {
+
+struct ReferenceOptions {
+  bool fp8_activations = true;
+};
+
+// x: [L, dim] row-major; returns y [L, dim].
+std::vector<double> reference_attention_layer(const ModelConfig& cfg, int layer,
+                                              const AttentionWeights& w,
+                                              const std::vector<double>& x,
+                                              const ReferenceOptions& opts = {});
+
+}  // namespace dsv4

@@ -1,0 +1,141 @@
+#include "layer/compressed_scope.h"
+
+#include <algorithm>
+
+#include "dsv4/indexer.h"
+#include "dsv4/status.h"
+
+namespace dsv4 {
+
+namespace {
+HostTensor i32_tensor(const std::vector<int32_t>& v) {
+  HostTensor t(DType::int32, {static_cast<int64_t>(v.size())});
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t;
+}
+std::vector<int64_t> request_ids(const BatchPlan& plan) {
+  std::vector<int64_t> ids;
+  for (const RequestStep& s : plan.requests) ids.push_back(s.req_id);
+  return ids;
+}
+}  // namespace
+
+CompressedScope::CompressedScope(const ModelConfig& cfg, int layer, const AttentionWeights& weights,
+                                 LayerCaches& caches, const HostTensor& cos_sin)
+    : cfg_(cfg), w_(weights), caches_(caches), cos_sin_(cos_sin), ratio_(cfg.compress_ratio(layer)) {
+  DSV4_CHECK(ratio_ == 4 || ratio_ == 128, "CompressedScope: layer ", layer, " has ratio ", ratio_);
+  DSV4_CHECK(w_.compressor.has_value(), "CompressedScope: layer ", layer, " has no compressor weights");
+  main_ = CompressorConfig::attention(cfg, ratio_);
+  if (ratio_ == 4) {
+    DSV4_CHECK(w_.indexer.has_value(), "CompressedScope: C4A layer ", layer, " has no indexer weights");
+    indexer_ = CompressorConfig::indexer(cfg);
+  }
+}
+
+void CompressedScope::add_request(int64_t req) {
+  caches_.compressor_state->append(req, main_.ring_rows());
+  if (ratio_ == 4) caches_.indexer_state->append(req, indexer_.ring_rows());
+}
+
+void CompressedScope::check_capacity(const BatchPlan& plan) const {
+  auto need = [&](const PagedCache* c) {
+    if (!c) return;
+    const int64_t B = c->spec().block_size;
+    int64_t blocks = 0;
+    for (const RequestStep& s : plan.requests) {
+      const int64_t before = s.context / ratio_, after = (s.context + s.num_new) / ratio_;
+      blocks += (after + B - 1) / B - (before + B - 1) / B;
+    }
+    // New requests also take their ring blocks.
+    if (blocks > c->pool().num_free())
+      fail("Attention::forward: ", c->spec().name, " cache exhausted: this step needs ", blocks,
+           " new blocks, ", c->pool().num_free(), " of ", c->pool().num_blocks(), " are free");
+  };
+  need(caches_.compressed.get());
+  need(caches_.indexer_keys.get());
+  auto need_state = [&](const PagedCache* c, int rows) {
+    if (!c) return;
+    int64_t blocks = 0;
+    for (const RequestStep& s : plan.requests)
+      if (!c->has_request(s.req_id)) blocks += (rows + c->spec().block_size - 1) / c->spec().block_size;
+    if (blocks > c->pool().num_free())
+      fail("Attention::forward: ", c->spec().name, " cache exhausted: new requests need ", blocks,
+           " blocks, ", c->pool().num_free(), " are free");
+  };
+  need_state(caches_.compressor_state.get(), main_.ring_rows());
+  if (ratio_ == 4) need_state(caches_.indexer_state.get(), indexer_.ring_rows());
+}
+
+void CompressedScope::compress(const CompressorConfig& ccfg, const CompressorWeights& w,
+                               PagedCache& state, PagedCache& out_cache, const BatchPlan& plan,
+                               const TensorView& x, const TensorView& positions,
+                               const TensorView& token_to_req, const TensorView& context_lens) {
+  const int64_t T = plan.num_tokens();
+  HostTensor kv_rows(DType::fp32, {T, ccfg.proj_width()}), score_rows(DType::fp32, {T, ccfg.proj_width()});
+  compressor_project(ccfg, x, w.wkv.value, w.wgate.value, w.ape, positions, kv_rows, score_rows);
+  for (const RequestStep& s : plan.requests) {
+    const int64_t n = compressor_entries_after(ccfg.ratio, s.context + s.num_new) -
+                      compressor_entries_after(ccfg.ratio, s.context);
+    if (n > 0) out_cache.append(s.req_id, n);
+  }
+  const std::vector<int64_t> ids = request_ids(plan);
+  HostTensor state_table = pack_block_tables(state, ids);
+  HostTensor out_table = pack_block_tables(out_cache, ids);
+  CompressorStateView sv{compressor_state_rows(state, ccfg), state_table, state.spec().block_size};
+  CompressorOutputView ov;
+  if (ccfg.target == CompressorTarget::kv_cache)
+    ov.kv_cache = out_cache.kv_view();
+  else
+    ov.indexer_keys = IndexerKeyCacheView{out_cache.storage_view(), out_cache.spec().block_size};
+  ov.block_table = out_table;
+  CompressorBatch batch{positions, token_to_req, context_lens};
+  compressor_update_and_emit(ccfg, kv_rows, score_rows, batch, w.norm, cos_sin_, sv, ov);
+}
+
+CompressedIndices CompressedScope::step(const BatchPlan& plan, const TensorView& x,
+                                        const TensorView& qr_n, const TensorView& positions) {
+  const int64_t T = plan.num_tokens();
+  const int R = plan.num_requests();
+  HostTensor token_to_req = i32_tensor(plan.token_to_req);
+  HostTensor context(DType::int64, {R});
+  for (int r = 0; r < R; ++r) context.data<int64_t>()[r] = plan.requests[r].context;
+
+  compress(main_, *w_.compressor, *caches_.compressor_state, *caches_.compressed, plan, x,
+           positions, token_to_req, context);
+
+  int64_t max_visible = 0;
+  for (int r = 0; r < R; ++r) max_visible = std::max<int64_t>(max_visible, plan.seq_len(r) / ratio_);
+
+  CompressedIndices out;
+  if (ratio_ == 128) {
+    out.topk = static_cast<int>(max_visible);
+    if (out.topk == 0) return out;
+    out.local = HostTensor(DType::int32, {T, out.topk});
+    out.lens = HostTensor(DType::int32, {T});
+    compressed_prefix_indices(positions, ratio_, out.local, out.lens);
+    return out;
+  }
+
+  // C4A: the indexer's own compressor, then query, scores over the request's keys, top-k.
+  const IndexerWeights& iw = *w_.indexer;
+  compress(indexer_, iw.compressor, *caches_.indexer_state, *caches_.indexer_keys, plan, x,
+           positions, token_to_req, context);
+  out.topk = cfg_.index_topk;
+  out.local = HostTensor(DType::int32, {T, out.topk});
+  out.lens = HostTensor(DType::int32, {T});
+  const int HI = cfg_.index_n_heads;
+  HostTensor q_fp8(DType::fp8_e4m3, {T, HI, cfg_.index_head_dim}), q_scale(DType::fp32, {T, HI}),
+      weights(DType::fp32, {T, HI});
+  indexer_query(qr_n, iw.wq_b.value, iw.wq_b.scale, x, iw.weights_proj.value, positions, cos_sin_,
+                q_fp8, q_scale, weights);
+  HostTensor scores(DType::fp32, {T, std::max<int64_t>(max_visible, 1)});
+  HostTensor key_table = pack_block_tables(*caches_.indexer_keys, request_ids(plan));
+  indexer_scores(q_fp8, q_scale, weights, positions, token_to_req,
+                 IndexerKeyCacheView{caches_.indexer_keys->storage_view(),
+                                     caches_.indexer_keys->spec().block_size},
+                 key_table, ratio_, scores);
+  indexer_topk(scores, positions, ratio_, out.local, out.lens);
+  return out;
+}
+
+}  // namespace dsv4

@@ -1,0 +1,58 @@
+// The compressed half of a C4A / C128A layer's step (SPEC §4–§5): runs the compressor (and, for
+// C4A, the indexer's compressor and the indexer) over a batch and returns, per token, the
+// request-local compressed entries it attends to. Owned by dsv4::Attention.
+#pragma once
+
+#include <cstdint>
+
+#include "dsv4/batch.h"
+#include "dsv4/compressor.h"
+#include "dsv4/config.h"
+#include "dsv4/paged_cache.h"
+#include "dsv4/tensor.h"
+#include "dsv4/weights.h"
+
+namespace dsv4 {
+
+struct CompressedIndices {
+  HostTensor local;  // [T, topk] int32 request-local entry numbers, -1 padded
+  HostTensor lens;   // [T] int32 valid entries per token
+  int topk = 0;
+};
+
+class CompressedScope {
+ public:
+  // `weights`, `caches` and `cos_sin` must outlive the scope (they are the layer's).
+  CompressedScope(const ModelConfig& cfg, int layer, const AttentionWeights& weights,
+                  LayerCaches& caches, const HostTensor& cos_sin);
+
+  int ratio() const { return ratio_; }
+  // Reserves the request's compressor rings (after LayerCaches::add_request registered it).
+  void add_request(int64_t req);
+  void release(int64_t req) { (void)req; }  // LayerCaches::remove_request frees everything
+  // Throws (before any state changes) if the compressed / indexer-key caches lack the blocks
+  // this step's emitted entries need.
+  void check_capacity(const BatchPlan& plan) const;
+
+  // Compresses the batch's tokens (x [T, dim], qr_n [T, q_lora] the normed low-rank query,
+  // positions [T] int64) into the caches and plans each token's compressed entries.
+  CompressedIndices step(const BatchPlan& plan, const TensorView& x, const TensorView& qr_n,
+                         const TensorView& positions);
+
+ private:
+  // One compressor (main or indexer): project, reserve emitted entries, update rings and emit.
+  void compress(const CompressorConfig& ccfg, const CompressorWeights& w, PagedCache& state,
+                PagedCache& out_cache, const BatchPlan& plan, const TensorView& x,
+                const TensorView& positions, const TensorView& token_to_req,
+                const TensorView& context_lens);
+
+  const ModelConfig& cfg_;
+  const AttentionWeights& w_;
+  LayerCaches& caches_;
+  const HostTensor& cos_sin_;
+  int ratio_ = 0;
+  CompressorConfig main_;
+  CompressorConfig indexer_;
+};
+
+}  // namespace dsv4

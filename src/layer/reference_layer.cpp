@@ -1,0 +1,323 @@
+// Float64 reference of one layer for one request (see include/dsv4/reference.h). Written from
+// SPEC.md on its own, sharing no layer code with the batched path, so that the two check each
+// other. Single-threaded loops over positions, parallel over output rows where it is cheap.
+#include "dsv4/reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "dsv4/dtype.h"
+#include "dsv4/status.h"
+
+namespace dsv4 {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// A dense row-major matrix of doubles.
+struct Mat {
+  int64_t rows = 0, cols = 0;
+  std::vector<double> a;
+  const double* row(int64_t r) const { return a.data() + r * cols; }
+};
+
+Mat to_mat(const HostTensor& t) {
+  Mat m;
+  m.cols = t.shape().back();
+  m.rows = t.numel() / m.cols;
+  m.a.resize(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) m.a[i] = t.get(i);
+  return m;
+}
+Mat to_mat(const Weight& w) { return to_mat(dequantize_weight(w)); }
+std::vector<double> to_vec(const HostTensor& t) { return to_mat(t).a; }
+
+// y = M · v (M [rows, cols], v [cols]).
+std::vector<double> matvec(const Mat& m, const double* v) {
+  std::vector<double> y(static_cast<size_t>(m.rows));
+#pragma omp parallel for schedule(static) if (m.rows * m.cols > 65536)
+  for (int64_t r = 0; r < m.rows; ++r) {
+    const double* w = m.row(r);
+    double s = 0;
+    for (int64_t c = 0; c < m.cols; ++c) s += w[c] * v[c];
+    y[r] = s;
+  }
+  return y;
+}
+
+void rmsnorm(double* v, int64_t n, const std::vector<double>* weight, double eps) {
+  double ss = 0;
+  for (int64_t i = 0; i < n; ++i) ss += v[i] * v[i];
+  const double inv = 1.0 / std::sqrt(ss / n + eps);
+  for (int64_t i = 0; i < n; ++i) v[i] *= inv * (weight ? (*weight)[i] : 1.0);
+}
+
+// SPEC §3 frequencies, computed here independently of the ops' RoPE.
+std::vector<double> frequencies(const RopeConfig& rc) {
+  const int R = rc.rope_dims;
+  std::vector<double> f(R / 2);
+  for (int i = 0; i < R / 2; ++i) f[i] = std::pow(rc.theta, -2.0 * i / R);
+  if (rc.yarn && rc.original_seq_len > 0) {
+    auto corr = [&](double n) {
+      return R * std::log(static_cast<double>(rc.original_seq_len) / (n * 2 * M_PI)) /
+             (2 * std::log(rc.theta));
+    };
+    const double low = std::max(0.0, std::floor(corr(rc.beta_fast)));
+    const double high = std::min(static_cast<double>(R - 1), std::ceil(corr(rc.beta_slow)));
+    for (int i = 0; i < R / 2; ++i) {
+      const double ramp = std::clamp((i - low) / (high == low ? 1e-3 : high - low), 0.0, 1.0);
+      f[i] = f[i] / rc.factor * ramp + f[i] * (1 - ramp);
+    }
+  }
+  return f;
+}
+
+// GPT-J rotation of the last 2*freqs.size() dims of v[0..n) at position p (sign -1: inverse).
+void rotate(double* v, int64_t n, const std::vector<double>& freqs, double p, double sign = 1) {
+  double* r = v + n - 2 * static_cast<int64_t>(freqs.size());
+  for (size_t i = 0; i < freqs.size(); ++i) {
+    const double c = std::cos(p * freqs[i]), s = sign * std::sin(p * freqs[i]);
+    const double a = r[2 * i], b = r[2 * i + 1];
+    r[2 * i] = a * c - b * s;
+    r[2 * i + 1] = a * s + b * c;
+  }
+}
+
+// What a MODEL1 cache hands back for a row: nope dims FP8 (block 64, UE8M0), rope dims bf16.
+void cache_round(double* v, int D, int R) {
+  for (int b = 0; b < (D - R) / 64; ++b) {
+    double amax = 0;
+    for (int i = 0; i < 64; ++i) amax = std::max(amax, std::fabs(v[b * 64 + i]));
+    const int k = ue8m0_exponent_for_amax(static_cast<float>(amax));
+    for (int i = 0; i < 64; ++i) {
+      double& x = v[b * 64 + i];
+      x = fp8_e4m3_to_float(float_to_fp8_e4m3(static_cast<float>(std::ldexp(x, -k)))) * std::ldexp(1.0, k);
+    }
+  }
+  for (int i = D - R; i < D; ++i) v[i] = round_bf16(static_cast<float>(v[i]));
+}
+
+// FP8 quantization per block of n values with one power-of-two (UE8M0) scale, dequantized:
+// the activation quant before wo_a (n = 128) and the indexer's q / key rows (n = 128).
+void fp8_round(double* v, int64_t len, int n) {
+  for (int64_t b = 0; b + n <= len; b += n) {
+    double amax = 0;
+    for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(v[b + i]));
+    const int k = ue8m0_exponent_for_amax(static_cast<float>(amax));
+    for (int i = 0; i < n; ++i)
+      v[b + i] = fp8_e4m3_to_float(float_to_fp8_e4m3(static_cast<float>(std::ldexp(v[b + i], -k)))) *
+                 std::ldexp(1.0, k);
+  }
+}
+
+void bf16_round(double* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) v[i] = round_bf16(static_cast<float>(v[i]));
+}
+
+// Sylvester-order Hadamard transform scaled by n^-0.5 (orthonormal).
+void hadamard(double* v, int n) {
+  for (int h = 1; h < n; h *= 2)
+    for (int i = 0; i < n; i += 2 * h)
+      for (int j = i; j < i + h; ++j) {
+        const double a = v[j], b = v[j + h];
+        v[j] = a + b;
+        v[j + h] = a - b;
+      }
+  const double s = 1.0 / std::sqrt(static_cast<double>(n));
+  for (int i = 0; i < n; ++i) v[i] *= s;
+}
+
+// A compressor's per-token projections and its emitted entries (SPEC §4).
+struct Compressor {
+  int r = 0, coff = 1, hd = 0;
+  Mat wkv, wgate, ape;
+  std::vector<double> norm;
+  std::vector<std::vector<double>> kv, score;  // per position, width coff*hd
+
+  Compressor(const CompressorWeights& w, int ratio, int head_dim)
+      : r(ratio), coff(ratio == 4 ? 2 : 1), hd(head_dim), wkv(to_mat(w.wkv)), wgate(to_mat(w.wgate)),
+        ape(to_mat(w.ape)), norm(to_vec(w.norm)) {}
+
+  void add(const double* x, int64_t p) {
+    kv.push_back(matvec(wkv, x));
+    std::vector<double> s = matvec(wgate, x);
+    for (int64_t i = 0; i < coff * hd; ++i) s[i] += ape.row(p % r)[i];
+    score.push_back(std::move(s));
+  }
+  // Entry j (all its positions added): softmax-pooled, RMS-normed (un-rotated).
+  std::vector<double> pool(int64_t j, double eps) const {
+    std::vector<double> e(hd);
+    for (int d = 0; d < hd; ++d) {
+      // Rows: (position, dim offset). For r = 4: previous window with dims [0, hd), current
+      // window with dims [hd, 2hd); for r = 128: the window with dims [0, hd).
+      std::vector<std::pair<int64_t, int>> rows;
+      if (coff == 2 && j > 0)
+        for (int64_t t = (j - 1) * r; t < j * r; ++t) rows.push_back({t, d});
+      for (int64_t t = j * r; t < (j + 1) * r; ++t) rows.push_back({t, coff == 2 ? hd + d : d});
+      double mx = -kInf;
+      for (auto [t, c] : rows) mx = std::max(mx, score[t][c]);
+      double den = 0, num = 0;
+      for (auto [t, c] : rows) {
+        const double wgt = std::exp(score[t][c] - mx);
+        den += wgt;
+        num += wgt * kv[t][c];
+      }
+      e[d] = num / den;
+    }
+    rmsnorm(e.data(), hd, &norm, eps);
+    return e;
+  }
+};
+
+}  // namespace
+
+std::vector<double> reference_attention_layer(const ModelConfig& cfg, int layer,
+                                              const AttentionWeights& w,
+                                              const std::vector<double>& x,
+                                              const ReferenceOptions& opts) {
+  const int64_t dim = cfg.dim, H = cfg.n_heads, D = cfg.head_dim, R = cfg.rope_head_dim;
+  const int64_t W = cfg.window_size, G = cfg.o_groups, Lo = cfg.o_lora_rank;
+  const double eps = cfg.norm_eps;
+  DSV4_CHECK(x.size() % dim == 0, "reference_attention_layer: x size ", x.size(), " not a multiple of dim ", dim);
+  const int64_t L = static_cast<int64_t>(x.size()) / dim;
+  const int ratio = cfg.compress_ratio(layer);
+  const std::vector<double> freqs = frequencies(cfg.rope_for_layer(layer));
+
+  const Mat wq_a = to_mat(w.wq_a), wq_b = to_mat(w.wq_b), wkv = to_mat(w.wkv), wo_b = to_mat(w.wo_b);
+  const Mat wo_a = to_mat(w.wo_a);  // [G * Lo, H*D/G]
+  const std::vector<double> q_norm = to_vec(w.q_norm), kv_norm = to_vec(w.kv_norm), sink = to_vec(w.attn_sink);
+
+  std::unique_ptr<Compressor> comp, icomp;
+  Mat iwq_b, iproj;
+  if (ratio > 0) comp = std::make_unique<Compressor>(*w.compressor, ratio, static_cast<int>(D));
+  if (ratio == 4) {
+    icomp = std::make_unique<Compressor>(w.indexer->compressor, 4, cfg.index_head_dim);
+    iwq_b = to_mat(w.indexer->wq_b);
+    iproj = to_mat(w.indexer->weights_proj);
+  }
+
+  std::vector<std::vector<double>> kv_rows;    // SWA rows as cached
+  std::vector<std::vector<double>> entries;    // compressed entries as cached
+  std::vector<std::vector<double>> ikeys;      // indexer keys (rotated)
+  std::vector<double> y(static_cast<size_t>(L * dim));
+
+  for (int64_t p = 0; p < L; ++p) {
+    const double* xt = x.data() + p * dim;
+    std::vector<double> qr = matvec(wq_a, xt);
+    rmsnorm(qr.data(), cfg.q_lora_rank, &q_norm, eps);
+    bf16_round(qr.data(), cfg.q_lora_rank);
+    std::vector<double> q = matvec(wq_b, qr.data());  // [H, D]
+    bf16_round(q.data(), H * D);
+    for (int64_t h = 0; h < H; ++h) {
+      rmsnorm(q.data() + h * D, D, nullptr, eps);
+      rotate(q.data() + h * D, D, freqs, static_cast<double>(p));
+    }
+    bf16_round(q.data(), H * D);
+    std::vector<double> kv = matvec(wkv, xt);
+    rmsnorm(kv.data(), D, &kv_norm, eps);
+    bf16_round(kv.data(), D);
+    rotate(kv.data(), D, freqs, static_cast<double>(p));
+    cache_round(kv.data(), static_cast<int>(D), static_cast<int>(R));
+    kv_rows.push_back(kv);
+
+    // Compressed entries completed by this token.
+    std::vector<int64_t> chosen;
+    if (ratio > 0) {
+      comp->add(xt, p);
+      if ((p + 1) % ratio == 0) {
+        const int64_t j = (p + 1) / ratio - 1;
+        std::vector<double> e = comp->pool(j, eps);
+        rotate(e.data(), D, freqs, static_cast<double>(j * ratio));
+        cache_round(e.data(), static_cast<int>(D), static_cast<int>(R));
+        entries.push_back(std::move(e));
+      }
+      const int64_t visible = (p + 1) / ratio;
+      if (ratio == 128) {
+        for (int64_t j = 0; j < visible; ++j) chosen.push_back(j);
+      } else {
+        icomp->add(xt, p);
+        if ((p + 1) % 4 == 0) {
+          const int64_t j = (p + 1) / 4 - 1;
+          std::vector<double> k = icomp->pool(j, eps);
+          rotate(k.data(), cfg.index_head_dim, freqs, static_cast<double>(j * 4));
+          hadamard(k.data(), cfg.index_head_dim);
+          fp8_round(k.data(), cfg.index_head_dim, cfg.index_head_dim);
+          ikeys.push_back(std::move(k));
+        }
+        // Indexer scores (exact), top-k with ties to the lowest index.
+        const int HI = cfg.index_n_heads, dI = cfg.index_head_dim;
+        std::vector<double> qi = matvec(iwq_b, qr.data());
+        for (int h = 0; h < HI; ++h) {
+          rotate(qi.data() + int64_t{h} * dI, dI, freqs, static_cast<double>(p));
+          hadamard(qi.data() + int64_t{h} * dI, dI);
+          fp8_round(qi.data() + int64_t{h} * dI, dI, dI);
+        }
+        std::vector<double> wts = matvec(iproj, xt);
+        for (double& v : wts) v *= 1.0 / std::sqrt(static_cast<double>(dI)) / std::sqrt(static_cast<double>(HI));
+        std::vector<std::pair<double, int64_t>> sc;
+        for (int64_t j = 0; j < visible; ++j) {
+          double s = 0;
+          for (int h = 0; h < HI; ++h) {
+            double dot = 0;
+            for (int d = 0; d < dI; ++d) dot += qi[int64_t{h} * dI + d] * ikeys[j][d];
+            s += wts[h] * std::max(0.0, dot);
+          }
+          sc.push_back({s, j});
+        }
+        std::stable_sort(sc.begin(), sc.end(), [](auto& a, auto& b) { return a.first > b.first; });
+        for (int64_t k = 0; k < std::min<int64_t>(cfg.index_topk, visible); ++k) chosen.push_back(sc[k].second);
+      }
+    }
+
+    // Sparse attention over chosen entries + the SWA window, with the sink.
+    std::vector<const std::vector<double>*> rows;
+    for (int64_t j : chosen) rows.push_back(&entries[j]);
+    for (int64_t t = std::max<int64_t>(0, p - W + 1); t <= p; ++t) rows.push_back(&kv_rows[t]);
+    std::vector<double> o(static_cast<size_t>(H * D), 0.0);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+#pragma omp parallel for schedule(static)
+    for (int64_t h = 0; h < H; ++h) {
+      const double* qh = q.data() + h * D;
+      std::vector<double> logit(rows.size());
+      double mx = -kInf;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        double s = 0;
+        for (int64_t d = 0; d < D; ++d) s += qh[d] * (*rows[i])[d];
+        logit[i] = s * scale;
+        mx = std::max(mx, logit[i]);
+      }
+      double den = 0;
+      for (double l : logit) den += std::exp(l - mx);
+      const double lse = mx + std::log(den);
+      const double keep = 1.0 / (1.0 + std::exp(sink[h] - lse));  // exp(lse)/(exp(lse)+exp(sink))
+      double* oh = o.data() + h * D;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const double pr = std::exp(logit[i] - lse) * keep;
+        for (int64_t d = 0; d < D; ++d) oh[d] += pr * (*rows[i])[d];
+      }
+      bf16_round(oh, D);
+      rotate(oh, D, freqs, static_cast<double>(p), -1.0);
+      bf16_round(oh, D);
+    }
+    if (opts.fp8_activations) fp8_round(o.data(), H * D, 128);
+
+    // Grouped wo_a, then wo_b.
+    const int64_t gw = H * D / G;
+    std::vector<double> z(static_cast<size_t>(G * Lo));
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t l = 0; l < Lo; ++l) {
+        const double* wr = wo_a.row(g * Lo + l);
+        double s = 0;
+        for (int64_t c = 0; c < gw; ++c) s += wr[c] * o[g * gw + c];
+        z[g * Lo + l] = s;
+      }
+    const std::vector<double> yt = matvec(wo_b, z.data());
+    std::copy(yt.begin(), yt.end(), y.begin() + p * dim);
+  }
+  return y;
+}
+
+}  // namespace dsv4

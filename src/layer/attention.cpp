@@ -70,8 +70,9 @@ struct Attention::Impl {
   // Grows the cos/sin table (doubling, up to max_position) to cover positions [0, len). A table
   // for all of max_position (1M for v4-flash) would cost 256 MB and seconds per layer.
   void ensure_rope(int64_t len) {
-    if (cos_sin.numel() > 0 && cos_sin.shape()[0] >= len) return;
-    int64_t rows = std::max<int64_t>(cos_sin.numel() > 0 ? cos_sin.shape()[0] : 0, 1);
+    const int64_t have = cos_sin.shape().empty() ? 0 : cos_sin.shape()[0];
+    if (have >= len) return;
+    int64_t rows = std::max<int64_t>(have, 1);
     while (rows < len) rows *= 2;
     cos_sin = build_rope_cache(rope, std::min<int64_t>(rows, cfg.max_position));
   }

@@ -186,18 +186,28 @@ double normal01(uint64_t& state) {
   return (sum - 2.0) * 1.7320508075688772;  // variance 4/12 -> 1
 }
 
+// Each row has its own stream (seeded by seed, layer, tensor and row), so rows fill in parallel
+// and the bytes do not depend on the thread count.
 HostTensor random_tensor(const Slot& slot, uint64_t seed, int layer) {
-  uint64_t state = seed ^ fnv1a(slot.key) ^ (0x51ed2701a3b4c5d7ull * static_cast<uint64_t>(layer + 1));
-  splitmix64(state);  // decorrelate nearby seeds
+  const uint64_t tensor_seed =
+      seed ^ fnv1a(slot.key) ^ (0x51ed2701a3b4c5d7ull * static_cast<uint64_t>(layer + 1));
   HostTensor t(DType::fp32, slot.stored_shape);
+  const int64_t cols = slot.stored_shape.back();
+  const int64_t rows = cols > 0 ? t.numel() / cols : 0;
   float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i)
-    p[i] = static_cast<float>(slot.init_mean + slot.init_std * normal01(state));
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    uint64_t state = tensor_seed ^ (0xd1b54a32d192ed03ull * static_cast<uint64_t>(r + 1));
+    splitmix64(state);  // decorrelate nearby seeds
+    for (int64_t c = 0; c < cols; ++c)
+      p[r * cols + c] = static_cast<float>(slot.init_mean + slot.init_std * normal01(state));
+  }
   return t;
 }
 
 HostTensor to_bf16(const HostTensor& t) {
   HostTensor out(DType::bf16, t.shape());
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < t.numel(); ++i) out.set(i, t.get(i));
   return out;
 }

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "dsv4/weights.h"
+#include "weights/parallel_threshold.h"
 
 namespace dsv4 {
 
@@ -178,12 +179,15 @@ uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
-// Approximately N(0, 1) from the sum of 4 uniforms (Irwin-Hall): only exact IEEE arithmetic,
-// so every platform generates the same numbers (no libm transcendental functions).
+// Approximately N(0, 1) as the sum of 4 uniforms (Irwin-Hall), the four 16-bit quarters of one
+// 64-bit draw: only exact integer and IEEE arithmetic, so every platform generates the same
+// numbers (no libm), and fast enough for full-size layers. 16-bit resolution is far finer than
+// the bf16 / fp8 weights it becomes.
 double normal01(uint64_t& state) {
+  const uint64_t bits = splitmix64(state);
   double sum = 0.0;
-  for (int i = 0; i < 4; ++i) sum += static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;
-  return (sum - 2.0) * 1.7320508075688772;  // variance 4/12 -> 1
+  for (int i = 0; i < 4; ++i) sum += static_cast<double>((bits >> (16 * i)) & 0xffffu) + 0.5;
+  return (sum * 0x1.0p-16 - 2.0) * 1.7320508075688772;  // variance 4/12 -> 1
 }
 
 // Each row has its own stream (seeded by seed, layer, tensor and row), so rows fill in parallel
@@ -195,7 +199,7 @@ HostTensor random_tensor(const Slot& slot, uint64_t seed, int layer) {
   const int64_t cols = slot.stored_shape.back();
   const int64_t rows = cols > 0 ? t.numel() / cols : 0;
   float* p = t.data<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (t.numel() >= weights_detail::kParallelMinElements)
   for (int64_t r = 0; r < rows; ++r) {
     uint64_t state = tensor_seed ^ (0xd1b54a32d192ed03ull * static_cast<uint64_t>(r + 1));
     splitmix64(state);  // decorrelate nearby seeds
@@ -205,10 +209,13 @@ HostTensor random_tensor(const Slot& slot, uint64_t seed, int layer) {
   return t;
 }
 
+// bf16 copy of an fp32 tensor.
 HostTensor to_bf16(const HostTensor& t) {
   HostTensor out(DType::bf16, t.shape());
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < t.numel(); ++i) out.set(i, t.get(i));
+  const float* src = t.data<float>();
+  uint16_t* dst = out.data<uint16_t>();
+#pragma omp parallel for schedule(static) if (t.numel() >= weights_detail::kParallelMinElements)
+  for (int64_t i = 0; i < t.numel(); ++i) dst[i] = float_to_bf16_bits(src[i]);
   return out;
 }
 

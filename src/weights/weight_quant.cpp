@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "dsv4/weights.h"
+#include "weights/parallel_threshold.h"
 
 namespace dsv4 {
 
@@ -44,10 +45,18 @@ Weight quantize_weight_fp8(const HostTensor& w, DType scale_dtype) {
   Weight q;
   q.value = HostTensor(DType::fp8_e4m3, w.shape());
   q.scale = HostTensor(scale_dtype, {m.block_rows(), m.block_cols()});
-  const void* src = w.view().data;
+  // Reads go through an fp32 copy unless the input is fp32 already (one conversion per element
+  // instead of two in the loops below).
+  HostTensor converted;
+  const float* src = w.data<float>();
+  if (w.dtype() != DType::fp32) {
+    converted = HostTensor(DType::fp32, w.shape());
+    for (int64_t i = 0; i < w.numel(); ++i) converted.data<float>()[i] = w.get(i);
+    src = converted.data<float>();
+  }
   uint8_t* dst = q.value.data<uint8_t>();
 
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (w.numel() >= weights_detail::kParallelMinElements)
   for (int64_t br = 0; br < m.block_rows(); ++br) {
     const int64_t r0 = br * kWeightBlock, r1 = std::min(m.rows, r0 + kWeightBlock);
     for (int64_t bc = 0; bc < m.block_cols(); ++bc) {
@@ -55,14 +64,13 @@ Weight quantize_weight_fp8(const HostTensor& w, DType scale_dtype) {
       float amax = 0.0f;
       for (int64_t r = r0; r < r1; ++r)
         for (int64_t c = c0; c < c1; ++c)
-          amax = std::max(amax, std::fabs(load_as_float(src, w.dtype(), r * m.cols + c)));
+          amax = std::max(amax, std::fabs(src[r * m.cols + c]));
       const int32_t e = ue8m0_exponent_for_amax(amax);
       // Scaling by an exact power of two: the only rounding is the fp8 encode.
       const float inv_scale = exp2_int(-e);
       for (int64_t r = r0; r < r1; ++r)
         for (int64_t c = c0; c < c1; ++c)
-          dst[r * m.cols + c] =
-              float_to_fp8_e4m3(load_as_float(src, w.dtype(), r * m.cols + c) * inv_scale);
+          dst[r * m.cols + c] = float_to_fp8_e4m3(src[r * m.cols + c] * inv_scale);
       const int64_t s = br * m.block_cols() + bc;
       if (scale_dtype == DType::ue8m0)
         q.scale.data<uint8_t>()[s] = static_cast<uint8_t>(e + 127);
@@ -93,7 +101,7 @@ HostTensor dequantize_weight(const Weight& w) {
   HostTensor out(DType::fp32, w.value.shape());
   float* dst = out.data<float>();
   const void* src = w.value.view().data;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (out.numel() >= weights_detail::kParallelMinElements)
   for (int64_t r = 0; r < m.rows; ++r) {
     for (int64_t c = 0; c < m.cols; ++c) {
       const int64_t i = r * m.cols + c;

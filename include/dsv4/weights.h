@@ -97,7 +97,8 @@ std::vector<std::string> attention_tensor_names(const AttentionWeights& w, const
 // norms 1 + N(0, 0.05²); ape N(0, 0.5²); attn_sink N(0, 1). fp8 == true: the weights the official
 // checkpoint stores in fp8 (wq_a, wq_b, wkv, wo_a, wo_b, indexer.wq_b) are quantized per 128x128
 // block with ue8m0 scales; the rest (compressor wkv/wgate, indexer weights_proj) and every
-// weight with fp8 == false are bf16; norms bf16.
+// weight with fp8 == false are bf16; norms bf16. With fp8 == true the dtypes are exactly those of
+// the released DeepSeek-V4-Flash checkpoint (F8_E4M3 + F8_E8M0 scales, BF16, F32 ape/attn_sink).
 AttentionWeights random_attention_weights(const ModelConfig& cfg, int layer, uint64_t seed,
                                           bool fp8);
 

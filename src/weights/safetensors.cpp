@@ -42,9 +42,9 @@ constexpr std::array<DTypeName, 8> kDTypeNames = {{
 }};
 
 // Valid safetensors dtypes this library has no DType for: "unsupported" rather than "unknown".
-constexpr std::array<std::string_view, 12> kUnsupportedDTypes = {
-    "BOOL", "I8", "I16", "U16", "U32", "U64", "F64", "F8_E5M2", "F4", "F6_E2M3", "F6_E3M2",
-    "C64"};
+constexpr std::array<std::string_view, 14> kUnsupportedDTypes = {
+    "BOOL", "I8",      "I16",     "U16",     "U32",         "U64",        "F64",
+    "C64",  "F8_E5M2", "F4",      "F6_E2M3", "F6_E3M2",     "F8_E4M3FNUZ", "F8_E5M2FNUZ"};
 
 // The header of a file larger than this is refused (the reference implementation's limit).
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;

@@ -212,6 +212,11 @@ TEST_F(TinyWeights, CheckpointHoldsTheOfficialNamesShapesAndDtypes) {
     EXPECT_EQ(ckpt.entry(name).shape, e.shape) << name;
     EXPECT_EQ(dsv4::safetensors_dtype_name(ckpt.entry(name).dtype), e.dtype) << name;
   }
+  // attention_tensor_names lists the same names for one layer.
+  const auto w1 = dsv4::random_attention_weights(cfg_, 1, kSeed, true);
+  std::vector<std::string> layer1;
+  for (const auto& [name, e] : expected_tiny_layer("layers.1.attn.", 4)) layer1.push_back(name);
+  EXPECT_EQ(dsv4::attention_tensor_names(w1, cfg_), layer1);
   // In memory, wo_a is split per group: [G, o_lora, H*D/G].
   const auto w = dsv4::random_attention_weights(cfg_, 0, kSeed, true);
   EXPECT_EQ(w.wo_a.value.shape(), (Shape{4, 64, 2048}));
@@ -489,7 +494,9 @@ TEST_F(TinyWeights, RandomScalesKeepActivationsOrderOne) {
   EXPECT_NEAR(std::sqrt(s2 / 512), 1.0, 0.15);
 }
 
-// The real V4-Flash shapes (H 64, D 512) of a C4A layer.
+// The real V4-Flash shapes (H 64, D 512) of a C4A layer, with the dtypes of the released
+// checkpoint (F8_E4M3 projections with F8_E8M0 128x128 scales, BF16 norms / compressor /
+// weights_proj, F32 ape and attn_sink).
 TEST(RealShapes, V4FlashC4ALayer) {
   const ModelConfig cfg = ModelConfig::builtin("v4-flash");
   ASSERT_EQ(cfg.compress_ratios[2], 4);
@@ -505,6 +512,14 @@ TEST(RealShapes, V4FlashC4ALayer) {
   EXPECT_EQ(w.indexer->wq_b.value.shape(), (Shape{64 * 128, 1024}));
   EXPECT_EQ(w.indexer->compressor.ape.shape(), (Shape{4, 256}));
   EXPECT_EQ(w.attn_sink.shape(), (Shape{64}));
+  EXPECT_EQ(w.wo_a.value.dtype(), DType::fp8_e4m3);
+  EXPECT_EQ(w.wo_a.scale.dtype(), DType::ue8m0);
+  EXPECT_EQ(w.indexer->wq_b.value.dtype(), DType::fp8_e4m3);
+  EXPECT_EQ(w.indexer->weights_proj.value.dtype(), DType::bf16);
+  EXPECT_EQ(w.compressor->wgate.value.dtype(), DType::bf16);
+  EXPECT_EQ(w.kv_norm.dtype(), DType::bf16);
+  EXPECT_EQ(w.compressor->ape.dtype(), DType::fp32);
+  EXPECT_EQ(w.attn_sink.dtype(), DType::fp32);
 }
 
 // ---- fp8 block quantization -----------------------------------------------------------------

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "dsv4/status.h"
+#include "weights/weights_detail.h"
 
 namespace dsv4 {
 
@@ -43,8 +44,8 @@ constexpr std::array<DTypeName, 8> kDTypeNames = {{
 
 // Valid safetensors dtypes this library has no DType for: "unsupported" rather than "unknown".
 constexpr std::array<std::string_view, 14> kUnsupportedDTypes = {
-    "BOOL", "I8",      "I16",     "U16",     "U32",         "U64",        "F64",
-    "C64",  "F8_E5M2", "F4",      "F6_E2M3", "F6_E3M2",     "F8_E4M3FNUZ", "F8_E5M2FNUZ"};
+    "BOOL", "I8",      "I16", "U16",     "U32",     "U64",         "F64",
+    "C64",  "F8_E5M2", "F4",  "F6_E2M3", "F6_E3M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ"};
 
 // The header of a file larger than this is refused (the reference implementation's limit).
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
@@ -108,18 +109,21 @@ struct DuplicateKeyFinder {
 
   bool operator()(int depth, json::parse_event_t event, json& parsed) {
     switch (event) {
-      case json::parse_event_t::object_start: open_objects.emplace_back(); break;
+      case json::parse_event_t::object_start:
+        open_objects.emplace_back();
+        break;
       case json::parse_event_t::object_end:
         if (!open_objects.empty()) open_objects.pop_back();
         break;
       case json::parse_event_t::key:
-        if (!open_objects.empty() && !open_objects.back().insert(parsed.get<std::string>()).second &&
-            duplicate_depth < 0) {
+        if (!open_objects.empty() &&
+            !open_objects.back().insert(parsed.get<std::string>()).second && duplicate_depth < 0) {
           duplicate = parsed.get<std::string>();
           duplicate_depth = depth;
         }
         break;
-      default: break;
+      default:
+        break;
     }
     return true;
   }
@@ -143,8 +147,8 @@ std::vector<int64_t> parse_shape(const std::string& where, const json& value) {
                   value.dump());
   std::vector<int64_t> shape;
   for (const json& d : value) {
-    if (!d.is_number_integer() || (d.is_number_integer() && !d.is_number_unsigned() &&
-                                   d.get<int64_t>() < 0))
+    if (!d.is_number_integer() ||
+        (d.is_number_integer() && !d.is_number_unsigned() && d.get<int64_t>() < 0))
       fail_expected(where, "shape", "non-negative integers", value.dump());
     const uint64_t u = d.get<uint64_t>();
     if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
@@ -184,8 +188,7 @@ SafetensorsEntry parse_entry(const std::string& file_where, const std::string& n
     fail_expected(where, "data_offsets", "[begin, end] (non-negative integers)", offsets.dump());
   e.begin = offsets[0].get<uint64_t>();
   e.end = offsets[1].get<uint64_t>();
-  if (e.begin > e.end)
-    fail_expected(where, "data_offsets", "begin <= end", offsets.dump());
+  if (e.begin > e.end) fail_expected(where, "data_offsets", "begin <= end", offsets.dump());
   if (e.end > data_size)
     fail(where, ": data_offsets ", offsets.dump(), " out of range: the data section has ",
          data_size, " bytes");
@@ -226,8 +229,8 @@ void check_coverage(const std::string& file_where,
       fail(file_where, ": tensor '", e->name, "' bytes [", e->begin, ", ", e->end,
            ") overlap tensor '", prev->name, "' bytes [", prev->begin, ", ", prev->end, ")");
     if (e->begin > covered)
-      fail(file_where, ": bytes [", covered, ", ", e->begin, ") of the data section (before tensor '",
-           e->name, "') belong to no tensor");
+      fail(file_where, ": bytes [", covered, ", ", e->begin,
+           ") of the data section (before tensor '", e->name, "') belong to no tensor");
     covered = e->end;
     prev = e;
   }
@@ -258,13 +261,7 @@ int64_t SafetensorsEntry::numel() const {
   return n;
 }
 
-std::string SafetensorsEntry::shape_str() const {
-  std::ostringstream os;
-  os << '[';
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << ']';
-  return os.str();
-}
+std::string SafetensorsEntry::shape_str() const { return weights_detail::shape_text(shape); }
 
 // ---- SafetensorsFile ------------------------------------------------------------------------
 
@@ -306,7 +303,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   } catch (const json::exception& e) {
     fail(where, ": header is not valid JSON: ", e.what());
   }
-  if (!header.is_object()) fail(where, ": header: expected a JSON object, got ", header.type_name());
+  if (!header.is_object())
+    fail(where, ": header: expected a JSON object, got ", header.type_name());
   if (dups.duplicate_depth == 1)
     fail(where, ": tensor name '", dups.duplicate, "' appears twice in the header");
   if (dups.duplicate_depth > 1)
@@ -381,7 +379,8 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
     if (name.empty() || name == "__metadata__")
       fail(where, ": tensor name '", name, "' is reserved or empty");
     if (safetensors_dtype_name(t.dtype()) == "?")
-      fail(where, ": tensor '", name, "': dtype ", dtype_name(t.dtype()), " has no safetensors name");
+      fail(where, ": tensor '", name, "': dtype ", dtype_name(t.dtype()),
+           " has no safetensors name");
     if (t.numel() > 0 && t.data<uint8_t>() == nullptr)
       fail(where, ": tensor '", name, "' has no data");
     order.push_back(&item);

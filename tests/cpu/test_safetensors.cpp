@@ -11,32 +11,15 @@
 #include <vector>
 
 #include "dsv4/safetensors.h"
+#include "weights_test_support.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using dsv4::DType;
 using dsv4::HostTensor;
-
-// A fresh directory per test (removed afterwards).
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = std::string(info->test_suite_name()) + "_" + info->name();
-    for (char& c : name)
-      if (c == '/') c = '_';
-    path_ = fs::temp_directory_path() / ("dsv4_st_" + std::to_string(::getpid()) + "_" + name);
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using dsv4_test::expect_error;
+using dsv4_test::TempDir;
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -68,24 +51,11 @@ HostTensor random_tensor(DType t, std::vector<int64_t> shape, std::mt19937& rng)
   return h;
 }
 
-// Expects `fn` to throw dsv4::Error whose message contains every fragment.
-template <typename Fn>
-void expect_error(Fn&& fn, const std::vector<std::string>& fragments) {
-  try {
-    fn();
-    ADD_FAILURE() << "no dsv4::Error thrown; expected one mentioning '" << fragments.front() << "'";
-  } catch (const dsv4::Error& e) {
-    const std::string msg = e.what();
-    for (const std::string& f : fragments)
-      EXPECT_NE(msg.find(f), std::string::npos) << "message: " << msg << "\nmissing: " << f;
-  }
-}
-
 // ---- dtype names ----------------------------------------------------------------------------
 
 TEST(SafetensorsDType, NamesOfTheFormat) {
   const std::pair<DType, const char*> expected[] = {
-      {DType::bf16, "BF16"},        {DType::fp16, "F16"}, {DType::fp32, "F32"},
+      {DType::bf16, "BF16"},        {DType::fp16, "F16"},      {DType::fp32, "F32"},
       {DType::fp8_e4m3, "F8_E4M3"}, {DType::ue8m0, "F8_E8M0"}, {DType::uint8, "U8"},
       {DType::int32, "I32"},        {DType::int64, "I64"}};
   for (const auto& [t, name] : expected) {
@@ -210,9 +180,9 @@ TEST(SafetensorsReader, HandBuiltFile) {
     data.push_back(static_cast<char>(bits & 0xff));
     data.push_back(static_cast<char>(bits >> 8));
   }
-  data.push_back(static_cast<char>(0x38));  // fp8 e4m3 1.0
-  data.push_back(static_cast<char>(0xC0));  // fp8 e4m3 -2.0
-  data.push_back(static_cast<char>(130));   // ue8m0 2^3
+  data.push_back(static_cast<char>(0x38));    // fp8 e4m3 1.0
+  data.push_back(static_cast<char>(0xC0));    // fp8 e4m3 -2.0
+  data.push_back(static_cast<char>(130));     // ue8m0 2^3
   data += le_u64(static_cast<uint64_t>(-5));  // int64 -5, two's complement little-endian
   const std::string path = dir.file("hand.safetensors");
   write_bytes(path, file_bytes(header, data));
@@ -258,7 +228,8 @@ std::vector<CorruptCase> corrupt_cases() {
   c.push_back({"empty_file", "", {"truncated", "0 bytes"}});
   c.push_back({"shorter_than_length_field", std::string("\x05\0\0", 3), {"truncated"}});
   c.push_back({"header_length_zero", le_u64(0) + "{}", {"header length", "got 0"}});
-  c.push_back({"header_length_beyond_file", le_u64(1000) + R"({"a":1})",
+  c.push_back({"header_length_beyond_file",
+               le_u64(1000) + R"({"a":1})",
                {"truncated", "header length 1000", "beyond the end of the file"}});
   c.push_back({"header_length_huge", le_u64(1ull << 62) + "{}", {"header length"}});
   c.push_back({"truncated_data", one_tensor(ok_entry, 5), {"tensor 't'", "out of range"}});
@@ -266,16 +237,20 @@ std::vector<CorruptCase> corrupt_cases() {
   c.push_back({"trailing_garbage", file_bytes(R"({} x)", ""), {"not valid JSON"}});
   c.push_back({"not_an_object", file_bytes(R"([1, 2])", ""), {"JSON object"}});
   c.push_back({"entry_not_object", one_tensor("3", 0), {"tensor 't'", "expected an object"}});
-  c.push_back({"missing_dtype", one_tensor(R"({"shape":[2],"data_offsets":[0,8]})", 8),
+  c.push_back({"missing_dtype",
+               one_tensor(R"({"shape":[2],"data_offsets":[0,8]})", 8),
                {"tensor 't'", "missing key 'dtype'"}});
-  c.push_back({"missing_offsets", one_tensor(R"({"dtype":"F32","shape":[2]})", 8),
+  c.push_back({"missing_offsets",
+               one_tensor(R"({"dtype":"F32","shape":[2]})", 8),
                {"tensor 't'", "missing key 'data_offsets'"}});
-  c.push_back({"unknown_dtype", one_tensor(R"({"dtype":"F7","shape":[2],"data_offsets":[0,8]})", 8),
+  c.push_back({"unknown_dtype",
+               one_tensor(R"({"dtype":"F7","shape":[2],"data_offsets":[0,8]})", 8),
                {"tensor 't'", "unknown safetensors dtype 'F7'"}});
   c.push_back({"unsupported_dtype",
                one_tensor(R"({"dtype":"F64","shape":[1],"data_offsets":[0,8]})", 8),
                {"tensor 't'", "F64 is not supported"}});
-  c.push_back({"negative_dim", one_tensor(R"({"dtype":"F32","shape":[-2],"data_offsets":[0,8]})", 8),
+  c.push_back({"negative_dim",
+               one_tensor(R"({"dtype":"F32","shape":[-2],"data_offsets":[0,8]})", 8),
                {"tensor 't'", "shape", "non-negative"}});
   c.push_back({"fractional_dim",
                one_tensor(R"({"dtype":"F32","shape":[2.0],"data_offsets":[0,8]})", 8),
@@ -286,7 +261,8 @@ std::vector<CorruptCase> corrupt_cases() {
   c.push_back({"offsets_out_of_range",
                one_tensor(R"({"dtype":"F32","shape":[2],"data_offsets":[0,16]})", 8),
                {"tensor 't'", "out of range", "8 bytes"}});
-  c.push_back({"offsets_reversed", one_tensor(R"({"dtype":"F32","shape":[0],"data_offsets":[8,0]})", 8),
+  c.push_back({"offsets_reversed",
+               one_tensor(R"({"dtype":"F32","shape":[0],"data_offsets":[8,0]})", 8),
                {"tensor 't'", "begin <= end"}});
   c.push_back({"offsets_negative",
                one_tensor(R"({"dtype":"F32","shape":[2],"data_offsets":[-8,0]})", 8),
@@ -294,12 +270,13 @@ std::vector<CorruptCase> corrupt_cases() {
   c.push_back({"offsets_wrong_arity",
                one_tensor(R"({"dtype":"F32","shape":[2],"data_offsets":[0]})", 8),
                {"tensor 't'", "data_offsets"}});
-  c.push_back({"size_mismatch", one_tensor(R"({"dtype":"F32","shape":[3],"data_offsets":[0,8]})", 8),
+  c.push_back({"size_mismatch",
+               one_tensor(R"({"dtype":"F32","shape":[3],"data_offsets":[0,8]})", 8),
                {"tensor 't'", "hold 8 bytes", "shape [3] of F32 needs 12 bytes"}});
-  c.push_back({"size_overflow",
-               one_tensor(R"({"dtype":"I64","shape":[4294967296,4294967296],"data_offsets":[0,8]})",
-                          8),
-               {"tensor 't'", "needs more than 2^64 bytes"}});
+  c.push_back(
+      {"size_overflow",
+       one_tensor(R"({"dtype":"I64","shape":[4294967296,4294967296],"data_offsets":[0,8]})", 8),
+       {"tensor 't'", "needs more than 2^64 bytes"}});
   c.push_back({"overlap",
                file_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                           R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
@@ -320,11 +297,13 @@ std::vector<CorruptCase> corrupt_cases() {
                one_tensor(R"({"dtype":"U8","dtype":"F32","shape":[1],"data_offsets":[0,1]})", 1),
                {"key 'dtype' appears twice"}});
   c.push_back({"metadata_not_strings",
-               file_bytes(R"({"__metadata__":{"k":3}})", ""), {"__metadata__['k']", "string"}});
+               file_bytes(R"({"__metadata__":{"k":3}})", ""),
+               {"__metadata__['k']", "string"}});
   c.push_back({"metadata_not_object", file_bytes(R"({"__metadata__":[]})", ""), {"__metadata__"}});
-  c.push_back({"empty_name", file_bytes(R"({"":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})",
-                                        std::string(1, '\0')),
-               {"empty name"}});
+  c.push_back(
+      {"empty_name",
+       file_bytes(R"({"":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", std::string(1, '\0')),
+       {"empty name"}});
   return c;
 }
 
@@ -338,7 +317,7 @@ TEST_P(SafetensorsCorrupt, RejectedWithNamedError) {
   fragments.push_back(path);  // every message names the file
   expect_error([&] { dsv4::SafetensorsFile::open(path); }, fragments);
   // The same file inside a checkpoint directory fails the same way.
-  expect_error([&] { dsv4::Checkpoint::open(dir.path().string()); }, fragments);
+  expect_error([&] { dsv4::Checkpoint::open(dir.str()); }, fragments);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllKinds, SafetensorsCorrupt, ::testing::ValuesIn(corrupt_cases()),
@@ -365,10 +344,16 @@ TEST(SafetensorsReader, MissingFile) {
 TEST(SafetensorsWriter, RejectsReservedNames) {
   TempDir dir;
   const std::string path = dir.file("w.safetensors");
-  expect_error([&] { dsv4::write_safetensors(path, {{"__metadata__", HostTensor(DType::fp32, {1})}}); },
-               {"__metadata__", "reserved"});
-  expect_error([&] { dsv4::write_safetensors(path, {{"", HostTensor(DType::fp32, {1})}}); },
-               {"reserved or empty"});
+  expect_error(
+      [&] {
+        dsv4::write_safetensors(path, {{"__metadata__", HostTensor(DType::fp32, {1})}});
+      },
+      {"__metadata__", "reserved"});
+  expect_error(
+      [&] {
+        dsv4::write_safetensors(path, {{"", HostTensor(DType::fp32, {1})}});
+      },
+      {"reserved or empty"});
   expect_error([&] { dsv4::write_safetensors(path, {{"x", HostTensor()}}); }, {"'x'", "no data"});
   EXPECT_FALSE(fs::exists(path)) << "validation happens before the file is created";
 }
@@ -399,9 +384,9 @@ class CheckpointTest : public ::testing::Test {
 };
 
 TEST_F(CheckpointTest, DirectoryWithoutIndexUsesEveryFile) {
-  const auto c = dsv4::Checkpoint::open(dir_.path().string());
+  const auto c = dsv4::Checkpoint::open(dir_.str());
   EXPECT_EQ(c.files().size(), 2u);
-  EXPECT_EQ(c.directory(), dir_.path().string());
+  EXPECT_EQ(c.directory(), dir_.str());
   expect_all_readable(c);
   EXPECT_EQ(c.file_of("layers.1.a").path(), dir_.file("model-00002-of-00002.safetensors"));
   EXPECT_FALSE(c.contains("layers.2.a"));
@@ -415,7 +400,7 @@ TEST_F(CheckpointTest, IndexJsonWeightMap) {
                    "layers.1.a": "model-00002-of-00002.safetensors"}})");
   // A stray file the index does not name is not read (it would otherwise be a duplicate).
   dsv4::write_safetensors(dir_.file("stray.safetensors"), first_);
-  const auto c = dsv4::Checkpoint::open(dir_.path().string());
+  const auto c = dsv4::Checkpoint::open(dir_.str());
   EXPECT_EQ(c.files().size(), 2u);
   expect_all_readable(c);
 }
@@ -423,40 +408,40 @@ TEST_F(CheckpointTest, IndexJsonWeightMap) {
 TEST_F(CheckpointTest, IndexNamingTheWrongFile) {
   write_bytes(dir_.file("model.safetensors.index.json"),
               R"({"weight_map": {"layers.1.a": "model-00001-of-00002.safetensors"}})");
-  expect_error([&] { dsv4::Checkpoint::open(dir_.path().string()); },
+  expect_error([&] { dsv4::Checkpoint::open(dir_.str()); },
                {"'layers.1.a'", "model-00001-of-00002.safetensors", "has no such tensor"});
 }
 
 TEST_F(CheckpointTest, IndexNamingAMissingFile) {
   write_bytes(dir_.file("model.safetensors.index.json"),
               R"({"weight_map": {"layers.1.a": "model-00009.safetensors"}})");
-  expect_error([&] { dsv4::Checkpoint::open(dir_.path().string()); },
+  expect_error([&] { dsv4::Checkpoint::open(dir_.str()); },
                {"model-00009.safetensors", "cannot open"});
 }
 
 TEST_F(CheckpointTest, IndexNotJson) {
   write_bytes(dir_.file("model.safetensors.index.json"), "{weight_map");
-  expect_error([&] { dsv4::Checkpoint::open(dir_.path().string()); },
+  expect_error([&] { dsv4::Checkpoint::open(dir_.str()); },
                {"model.safetensors.index.json", "not valid JSON"});
   write_bytes(dir_.file("model.safetensors.index.json"), R"({"weight_map": 3})");
-  expect_error([&] { dsv4::Checkpoint::open(dir_.path().string()); }, {"weight_map"});
+  expect_error([&] { dsv4::Checkpoint::open(dir_.str()); }, {"weight_map"});
 }
 
 TEST_F(CheckpointTest, SameTensorInTwoFiles) {
   dsv4::write_safetensors(dir_.file("model-00003.safetensors"), second_);
-  expect_error([&] { dsv4::Checkpoint::open(dir_.path().string()); },
+  expect_error([&] { dsv4::Checkpoint::open(dir_.str()); },
                {"'layers.1.a'", "model-00002-of-00002.safetensors", "model-00003.safetensors"});
 }
 
 TEST_F(CheckpointTest, SingleFilePath) {
   const auto c = dsv4::Checkpoint::open(dir_.file("model-00002-of-00002.safetensors"));
   EXPECT_EQ(c.names(), (std::vector<std::string>{"layers.1.a"}));
-  EXPECT_EQ(c.directory(), dir_.path().string());
+  EXPECT_EQ(c.directory(), dir_.str());
 }
 
 TEST(Checkpoint, EmptyOrAbsentDirectory) {
   TempDir dir;
-  expect_error([&] { dsv4::Checkpoint::open(dir.path().string()); }, {"no *.safetensors files"});
+  expect_error([&] { dsv4::Checkpoint::open(dir.str()); }, {"no *.safetensors files"});
   expect_error([&] { dsv4::Checkpoint::open(dir.file("nothing")); },
                {"nothing", "no such file or directory"});
 }

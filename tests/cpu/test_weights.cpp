@@ -16,6 +16,7 @@
 #include "dsv4/config.h"
 #include "dsv4/safetensors.h"
 #include "dsv4/weights.h"
+#include "weights_test_support.h"
 
 namespace {
 
@@ -24,73 +25,45 @@ using dsv4::AttentionWeights;
 using dsv4::DType;
 using dsv4::HostTensor;
 using dsv4::ModelConfig;
+using dsv4_test::expect_error;
+using dsv4_test::TempDir;
 using Shape = std::vector<int64_t>;
 
 constexpr uint64_t kSeed = 20240607;
 
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = std::string(info->test_suite_name()) + "_" + info->name();
-    for (char& c : name)
-      if (c == '/') c = '_';
-    path_ = fs::temp_directory_path() / ("dsv4_w_" + std::to_string(::getpid()) + "_" + name);
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string str() const { return path_.string(); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
-
-template <typename Fn>
-void expect_error(Fn&& fn, const std::vector<std::string>& fragments) {
-  try {
-    fn();
-    ADD_FAILURE() << "no dsv4::Error thrown; expected one mentioning '" << fragments.front() << "'";
-  } catch (const dsv4::Error& e) {
-    const std::string msg = e.what();
-    for (const std::string& f : fragments)
-      EXPECT_NE(msg.find(f), std::string::npos) << "message: " << msg << "\nmissing: " << f;
-  }
-}
-
 // config.json in the official inference style (ModelArgs keys), written from the config's fields.
 void write_config_json(const std::string& dir, const ModelConfig& c) {
-  const nlohmann::json j = {
-      {"dim", c.dim},
-      {"n_heads", c.n_heads},
-      {"head_dim", c.head_dim},
-      {"rope_head_dim", c.rope_head_dim},
-      {"q_lora_rank", c.q_lora_rank},
-      {"o_groups", c.o_groups},
-      {"o_lora_rank", c.o_lora_rank},
-      {"window_size", c.window_size},
-      {"n_layers", c.n_layers() - c.n_mtp_layers},
-      {"n_mtp_layers", c.n_mtp_layers},
-      {"compress_ratios", c.compress_ratios},
-      {"index_n_heads", c.index_n_heads},
-      {"index_head_dim", c.index_head_dim},
-      {"index_topk", c.index_topk},
-      {"norm_eps", c.norm_eps},
-      {"rope_theta", c.rope_theta},
-      {"compress_rope_theta", c.compress_rope_theta},
-      {"rope_factor", c.rope_factor},
-      {"original_seq_len", c.original_seq_len},
-      {"beta_fast", c.beta_fast},
-      {"beta_slow", c.beta_slow},
-      {"max_seq_len", c.max_position}};
+  const nlohmann::json j = {{"dim", c.dim},
+                            {"n_heads", c.n_heads},
+                            {"head_dim", c.head_dim},
+                            {"rope_head_dim", c.rope_head_dim},
+                            {"q_lora_rank", c.q_lora_rank},
+                            {"o_groups", c.o_groups},
+                            {"o_lora_rank", c.o_lora_rank},
+                            {"window_size", c.window_size},
+                            {"n_layers", c.n_layers() - c.n_mtp_layers},
+                            {"n_mtp_layers", c.n_mtp_layers},
+                            {"compress_ratios", c.compress_ratios},
+                            {"index_n_heads", c.index_n_heads},
+                            {"index_head_dim", c.index_head_dim},
+                            {"index_topk", c.index_topk},
+                            {"norm_eps", c.norm_eps},
+                            {"rope_theta", c.rope_theta},
+                            {"compress_rope_theta", c.compress_rope_theta},
+                            {"rope_factor", c.rope_factor},
+                            {"original_seq_len", c.original_seq_len},
+                            {"beta_fast", c.beta_fast},
+                            {"beta_slow", c.beta_slow},
+                            {"max_seq_len", c.max_position}};
   std::ofstream(fs::path(dir) / "config.json") << j.dump(2);
 }
 
 // A checkpoint directory: config.json + model.safetensors holding `tensors`.
-void write_checkpoint(const std::string& dir, const ModelConfig& cfg, const dsv4::TensorMap& tensors) {
+void write_checkpoint(const std::string& dir, const ModelConfig& cfg,
+                      const dsv4::TensorMap& tensors) {
   write_config_json(dir, cfg);
-  dsv4::write_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  dsv4::write_safetensors((fs::path(dir) / "model.safetensors").string(), tensors,
+                          {{"format", "pt"}});
 }
 
 std::vector<AttentionWeights> all_layers(const ModelConfig& cfg, bool fp8, uint64_t seed = kSeed) {
@@ -109,10 +82,10 @@ dsv4::TensorMap tensors_of(const ModelConfig& cfg, const std::vector<AttentionWe
 // Every tensor of the struct, by field (listed here, not taken from the library's own table).
 std::vector<std::pair<std::string, const HostTensor*>> fields(const AttentionWeights& w) {
   std::vector<std::pair<std::string, const HostTensor*>> f = {
-      {"wq_a", &w.wq_a.value},     {"wq_a.scale", &w.wq_a.scale}, {"q_norm", &w.q_norm},
-      {"wq_b", &w.wq_b.value},     {"wq_b.scale", &w.wq_b.scale}, {"wkv", &w.wkv.value},
-      {"wkv.scale", &w.wkv.scale}, {"kv_norm", &w.kv_norm},       {"wo_a", &w.wo_a.value},
-      {"wo_a.scale", &w.wo_a.scale}, {"wo_b", &w.wo_b.value},     {"wo_b.scale", &w.wo_b.scale},
+      {"wq_a", &w.wq_a.value},       {"wq_a.scale", &w.wq_a.scale}, {"q_norm", &w.q_norm},
+      {"wq_b", &w.wq_b.value},       {"wq_b.scale", &w.wq_b.scale}, {"wkv", &w.wkv.value},
+      {"wkv.scale", &w.wkv.scale},   {"kv_norm", &w.kv_norm},       {"wo_a", &w.wo_a.value},
+      {"wo_a.scale", &w.wo_a.scale}, {"wo_b", &w.wo_b.value},       {"wo_b.scale", &w.wo_b.scale},
       {"attn_sink", &w.attn_sink}};
   auto add_compressor = [&](const std::string& p, const dsv4::CompressorWeights& c) {
     f.push_back({p + "wkv", &c.wkv.value});
@@ -162,14 +135,19 @@ struct Expected {
 // The official names, shapes and dtypes of a tiny layer ("tiny": dim 256, H 16, D 512, q_lora 128,
 // G 4, o_lora 64, indexer 4 heads x 128), fp8 weights with ue8m0 scales of 128x128 blocks.
 std::map<std::string, Expected> expected_tiny_layer(const std::string& p, int ratio) {
-  std::map<std::string, Expected> m = {
-      {p + "wq_a.weight", {{128, 256}, "F8_E4M3"}},   {p + "wq_a.scale", {{1, 2}, "F8_E8M0"}},
-      {p + "q_norm.weight", {{128}, "BF16"}},         {p + "wq_b.weight", {{8192, 128}, "F8_E4M3"}},
-      {p + "wq_b.scale", {{64, 1}, "F8_E8M0"}},       {p + "wkv.weight", {{512, 256}, "F8_E4M3"}},
-      {p + "wkv.scale", {{4, 2}, "F8_E8M0"}},         {p + "kv_norm.weight", {{512}, "BF16"}},
-      {p + "wo_a.weight", {{256, 2048}, "F8_E4M3"}},  {p + "wo_a.scale", {{2, 16}, "F8_E8M0"}},
-      {p + "wo_b.weight", {{256, 256}, "F8_E4M3"}},   {p + "wo_b.scale", {{2, 2}, "F8_E8M0"}},
-      {p + "attn_sink", {{16}, "F32"}}};
+  std::map<std::string, Expected> m = {{p + "wq_a.weight", {{128, 256}, "F8_E4M3"}},
+                                       {p + "wq_a.scale", {{1, 2}, "F8_E8M0"}},
+                                       {p + "q_norm.weight", {{128}, "BF16"}},
+                                       {p + "wq_b.weight", {{8192, 128}, "F8_E4M3"}},
+                                       {p + "wq_b.scale", {{64, 1}, "F8_E8M0"}},
+                                       {p + "wkv.weight", {{512, 256}, "F8_E4M3"}},
+                                       {p + "wkv.scale", {{4, 2}, "F8_E8M0"}},
+                                       {p + "kv_norm.weight", {{512}, "BF16"}},
+                                       {p + "wo_a.weight", {{256, 2048}, "F8_E4M3"}},
+                                       {p + "wo_a.scale", {{2, 16}, "F8_E8M0"}},
+                                       {p + "wo_b.weight", {{256, 256}, "F8_E4M3"}},
+                                       {p + "wo_b.scale", {{2, 2}, "F8_E8M0"}},
+                                       {p + "attn_sink", {{16}, "F32"}}};
   if (ratio > 0) {
     const int64_t width = ratio == 4 ? 1024 : 512;
     m[p + "compressor.wkv.weight"] = {{width, 256}, "BF16"};
@@ -203,7 +181,8 @@ TEST_F(TinyWeights, CheckpointHoldsTheOfficialNamesShapesAndDtypes) {
   const auto ckpt = dsv4::Checkpoint::open(dir_.str());
   std::map<std::string, Expected> expected;
   for (int l = 0; l < cfg_.n_layers(); ++l)
-    expected.merge(expected_tiny_layer("layers." + std::to_string(l) + ".attn.", cfg_.compress_ratios[l]));
+    expected.merge(
+        expected_tiny_layer("layers." + std::to_string(l) + ".attn.", cfg_.compress_ratios[l]));
   std::vector<std::string> names;
   for (const auto& [name, e] : expected) names.push_back(name);
   EXPECT_EQ(ckpt.names(), names);
@@ -251,13 +230,15 @@ TEST_F(TinyWeights, ShardedCheckpointWithIndex) {
   write_config_json(dir_.str(), cfg_);
   nlohmann::json weight_map = nlohmann::json::object();
   for (int shard = 0; shard < 2; ++shard) {
-    const std::vector<AttentionWeights> part(layers.begin() + 2 * shard, layers.begin() + 2 * shard + 2);
+    const std::vector<AttentionWeights> part(layers.begin() + 2 * shard,
+                                             layers.begin() + 2 * shard + 2);
     const std::string file = "model-0000" + std::to_string(shard + 1) + "-of-00002.safetensors";
     const auto m = tensors_of(cfg_, part);
     dsv4::write_safetensors(dir_.file(file), m);
     for (const auto& [name, t] : m) weight_map[name] = file;
   }
-  std::ofstream(dir_.file("model.safetensors.index.json")) << nlohmann::json{{"weight_map", weight_map}}.dump();
+  std::ofstream(dir_.file("model.safetensors.index.json"))
+      << nlohmann::json{{"weight_map", weight_map}}.dump();
   const auto ckpt = dsv4::Checkpoint::open(dir_.str());
   EXPECT_EQ(ckpt.files().size(), 2u);
   for (int l = 0; l < cfg_.n_layers(); ++l)
@@ -316,6 +297,44 @@ TEST_F(TinyWeights, Fp32ScalesLoad) {
   EXPECT_EQ(std::memcmp(a.data<float>(), b.data<float>(), a.nbytes()), 0);
 }
 
+// wo_a: per-group scales in memory, the stacked [G*o_lora, K] grid in the checkpoint. The loaded
+// weight dequantizes to exactly the checkpoint matrix, dequantized here from the raw bytes with the
+// checkpoint's own grid (tiny: o_lora 64, so groups 2g and 2g+1 share checkpoint block row g).
+TEST_F(TinyWeights, WoAScalesSplitPerGroup) {
+  const auto layers = all_layers(cfg_, true);
+  EXPECT_EQ(layers[0].wo_a.scale.shape(), (Shape{4, 1, 16}));
+  write_checkpoint(dir_.str(), cfg_, tensors_of(cfg_, layers));
+  const auto ckpt = dsv4::Checkpoint::open(dir_.str());
+  const HostTensor value = ckpt.read("layers.0.attn.wo_a.weight");  // [256, 2048]
+  const HostTensor scale = ckpt.read("layers.0.attn.wo_a.scale");   // [2, 16]
+  ASSERT_EQ(scale.shape(), (Shape{2, 16}));
+  const HostTensor loaded =
+      dsv4::dequantize_weight(dsv4::load_attention_weights(ckpt, cfg_, 0).wo_a);
+  ASSERT_EQ(loaded.shape(), (Shape{4, 64, 2048}));
+  for (int64_t r = 0; r < 256; ++r)
+    for (int64_t c = 0; c < 2048; ++c) {
+      const double want = std::ldexp(
+          static_cast<double>(dsv4::fp8_e4m3_to_float(value.data<uint8_t>()[r * 2048 + c])),
+          scale.data<uint8_t>()[(r / 128) * 16 + c / 128] - 127);
+      ASSERT_EQ(static_cast<double>(loaded.data<float>()[r * 2048 + c]), want) << r << "," << c;
+    }
+}
+
+TEST_F(TinyWeights, WoAScalesTheCheckpointCannotHold) {
+  // Groups 0 and 1 share checkpoint scale row 0: different per-group scales cannot be saved.
+  auto w = dsv4::random_attention_weights(cfg_, 0, kSeed, true);
+  w.wo_a.scale.data<uint8_t>()[16] ^= 1;  // group 1, column block 0
+  dsv4::TensorMap out;
+  expect_error([&] { dsv4::add_attention_tensors(w, cfg_, out); },
+               {"wo_a.scale", "different scales"});
+  // o_lora 192: per-group blocks straddle the checkpoint's 128-row blocks.
+  ModelConfig odd = cfg_;
+  odd.o_lora_rank = 192;
+  expect_error([&] { dsv4::random_attention_weights(odd, 0, kSeed, true); },
+               {"wo_a.scale", "straddle"});
+  EXPECT_NO_THROW(dsv4::random_attention_weights(odd, 0, kSeed, false));  // bf16: no scales
+}
+
 // ---- load errors ----------------------------------------------------------------------------
 
 class TinyLoadErrors : public TinyWeights {
@@ -352,7 +371,8 @@ TEST_F(TinyLoadErrors, MisShapedTensor) {
 TEST_F(TinyLoadErrors, WoAStoredPerGroupIsMisShaped) {
   // The checkpoint stores wo_a as a 2-d matrix; a 3-d tensor is not the official layout.
   tensors_["layers.0.attn.wo_a.weight"] = HostTensor::zeros(DType::fp8_e4m3, {4, 64, 2048});
-  expect_load_error(0, {"layers.0.attn.wo_a.weight shape", "expected [256, 2048]", "got [4, 64, 2048]"});
+  expect_load_error(
+      0, {"layers.0.attn.wo_a.weight shape", "expected [256, 2048]", "got [4, 64, 2048]"});
 }
 
 TEST_F(TinyLoadErrors, WrongDTypes) {
@@ -391,8 +411,9 @@ TEST_F(TinyWeights, ConfigAndLayerErrors) {
   const auto ckpt = dsv4::Checkpoint::open(dir_.str());
   expect_error([&] { dsv4::load_attention_weights(ckpt, cfg_, 4); }, {"layer", "0..3", "got 4"});
   expect_error([&] { dsv4::load_attention_weights(ckpt, cfg_, -1); }, {"layer", "got -1"});
-  expect_error([&] { dsv4::random_attention_weights(ModelConfig::builtin("tiny-v3.2"), 0, 1, true); },
-               {"v3.2", "only DeepSeek-V4"});
+  expect_error(
+      [&] { dsv4::random_attention_weights(ModelConfig::builtin("tiny-v3.2"), 0, 1, true); },
+      {"v3.2", "only DeepSeek-V4"});
   // A checkpoint whose layer 1 has no compressor cannot serve a config where layer 1 is C4A.
   ModelConfig swa_only = cfg_;
   swa_only.compress_ratios = {0, 0, 0, 0};
@@ -409,7 +430,8 @@ TEST_F(TinyWeights, ValidateCatchesInconsistentStructs) {
   EXPECT_NO_THROW(dsv4::validate_attention_weights(w, cfg_));
   auto no_indexer = w;
   no_indexer.indexer.reset();
-  expect_error([&] { dsv4::validate_attention_weights(no_indexer, cfg_); }, {"indexer weights missing"});
+  expect_error([&] { dsv4::validate_attention_weights(no_indexer, cfg_); },
+               {"indexer weights missing"});
   auto relabeled = w;
   relabeled.layer = 2;  // ratio 128
   expect_error([&] { dsv4::validate_attention_weights(relabeled, cfg_); },
@@ -440,9 +462,13 @@ TEST_F(TinyWeights, RandomIsDeterministicAndSeedDependent) {
   for (size_t i = 0; i < fa.size(); ++i) {
     if (!fa[i].second->view().defined() || fa[i].first.find("scale") != std::string::npos) continue;
     EXPECT_NE(std::memcmp(fa[i].second->data<uint8_t>(), fb[i].second->data<uint8_t>(),
-                          fa[i].second->nbytes()), 0) << fa[i].first;
+                          fa[i].second->nbytes()),
+              0)
+        << fa[i].first;
     EXPECT_NE(std::memcmp(fa[i].second->data<uint8_t>(), fc[i].second->data<uint8_t>(),
-                          fa[i].second->nbytes()), 0) << fa[i].first;
+                          fa[i].second->nbytes()),
+              0)
+        << fa[i].first;
   }
 }
 
@@ -465,8 +491,9 @@ Moments moments(const HostTensor& t) {
 TEST_F(TinyWeights, RandomScalesKeepActivationsOrderOne) {
   const auto w = dsv4::random_attention_weights(cfg_, 1, kSeed, true);
   const std::pair<const dsv4::Weight*, int64_t> linears[] = {
-      {&w.wq_a, 256}, {&w.wq_b, 128}, {&w.wkv, 256}, {&w.wo_a, 2048}, {&w.wo_b, 256},
-      {&w.compressor->wkv, 256}, {&w.indexer->wq_b, 128}};
+      {&w.wq_a, 256},         {&w.wq_b, 128}, {&w.wkv, 256},
+      {&w.wo_a, 2048},        {&w.wo_b, 256}, {&w.compressor->wkv, 256},
+      {&w.indexer->wq_b, 128}};
   for (const auto& [weight, fan_in] : linears) {
     const Moments m = moments(dsv4::dequantize_weight(*weight));
     EXPECT_NEAR(m.std * std::sqrt(static_cast<double>(fan_in)), 1.0, 0.1);
@@ -505,7 +532,7 @@ TEST(RealShapes, V4FlashC4ALayer) {
   EXPECT_EQ(w.wq_b.value.shape(), (Shape{64 * 512, 1024}));
   EXPECT_EQ(w.wq_b.scale.shape(), (Shape{256, 8}));
   EXPECT_EQ(w.wo_a.value.shape(), (Shape{8, 1024, 4096}));
-  EXPECT_EQ(w.wo_a.scale.shape(), (Shape{64, 32}));
+  EXPECT_EQ(w.wo_a.scale.shape(), (Shape{8, 8, 32}));  // per group; [64, 32] in the checkpoint
   EXPECT_EQ(w.wo_b.value.shape(), (Shape{4096, 8192}));
   EXPECT_EQ(w.compressor->wkv.value.shape(), (Shape{1024, 4096}));
   EXPECT_EQ(w.compressor->ape.shape(), (Shape{4, 1024}));
@@ -539,7 +566,8 @@ TEST_P(QuantizeFp8, MatchesTheBlockFormula) {
     for (int64_t c = 0; c < cols; ++c) {
       // Blocks of very different magnitudes; block (1, 2) is all zero (floor scale 1e-4).
       const int64_t br = r / 128, bc = c / 128;
-      const float mag = br == 1 && bc == 2 ? 0.0f : std::ldexp(1.0f, static_cast<int>(3 * bc - 4 * br));
+      const float mag =
+          br == 1 && bc == 2 ? 0.0f : std::ldexp(1.0f, static_cast<int>(3 * bc - 4 * br));
       w.data<float>()[r * cols + c] = mag * normal(rng);
     }
   const dsv4::Weight q = dsv4::quantize_weight_fp8(w, scale_dtype);
@@ -571,36 +599,63 @@ TEST_P(QuantizeFp8, MatchesTheBlockFormula) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ScaleDTypes, QuantizeFp8, ::testing::Values(DType::ue8m0, DType::fp32),
-                         [](const auto& info) { return std::string(dsv4::dtype_name(info.param)); });
+                         [](const auto& info) {
+                           return std::string(dsv4::dtype_name(info.param));
+                         });
 
 // dequantize_weight: fp8 value times 2^(scale byte - 127) of its block, computed here element by
-// element; non-fp8 weights convert exactly.
+// element; a 3-d weight is a stack of matrices, each with its own grid; non-fp8 weights convert
+// exactly.
 TEST(DequantizeWeight, AppliesTheBlockScale) {
   std::mt19937 rng(3);
   dsv4::Weight w;
-  w.value = HostTensor(DType::fp8_e4m3, {2, 130, 140});  // 3-d: rows are the leading dims (260)
-  w.scale = HostTensor(DType::ue8m0, {3, 2});
+  w.value = HostTensor(DType::fp8_e4m3, {2, 130, 140});
+  w.scale = HostTensor(DType::ue8m0, {2, 2, 2});
   for (int64_t i = 0; i < w.value.numel(); ++i) {
     uint8_t b = static_cast<uint8_t>(rng());
     if ((b & 0x7f) == 0x7f) b = 0x10;  // no NaN patterns
     w.value.data<uint8_t>()[i] = b;
   }
-  for (int64_t i = 0; i < 6; ++i) w.scale.data<uint8_t>()[i] = static_cast<uint8_t>(120 + 2 * i);
+  for (int64_t i = 0; i < 8; ++i) w.scale.data<uint8_t>()[i] = static_cast<uint8_t>(120 + 2 * i);
   const HostTensor d = dsv4::dequantize_weight(w);
   ASSERT_EQ(d.shape(), w.value.shape());
   ASSERT_EQ(d.dtype(), DType::fp32);
-  for (int64_t r = 0; r < 260; ++r)
-    for (int64_t c = 0; c < 140; ++c) {
-      const double v = dsv4::fp8_e4m3_to_float(w.value.data<uint8_t>()[r * 140 + c]);
-      const int e = w.scale.data<uint8_t>()[(r / 128) * 2 + c / 128] - 127;
-      ASSERT_EQ(static_cast<double>(d.data<float>()[r * 140 + c]), std::ldexp(v, e)) << r << "," << c;
-    }
+  for (int64_t m = 0; m < 2; ++m)
+    for (int64_t r = 0; r < 130; ++r)
+      for (int64_t c = 0; c < 140; ++c) {
+        const int64_t i = (m * 130 + r) * 140 + c;
+        const double v = dsv4::fp8_e4m3_to_float(w.value.data<uint8_t>()[i]);
+        const int e = w.scale.data<uint8_t>()[(m * 2 + r / 128) * 2 + c / 128] - 127;
+        ASSERT_EQ(static_cast<double>(d.data<float>()[i]), std::ldexp(v, e))
+            << m << "," << r << "," << c;
+      }
 
   dsv4::Weight plain;
   plain.value = HostTensor(DType::bf16, {2, 3});
   for (int64_t i = 0; i < 6; ++i) plain.value.set(i, 0.5f * static_cast<float>(i) - 1.0f);
   const HostTensor p = dsv4::dequantize_weight(plain);
-  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(p.data<float>()[i], 0.5f * static_cast<float>(i) - 1.0f);
+  for (int64_t i = 0; i < 6; ++i)
+    EXPECT_EQ(p.data<float>()[i], 0.5f * static_cast<float>(i) - 1.0f);
+}
+
+// A stack of matrices quantizes each matrix on its own: the same bytes as quantizing the slices.
+TEST(QuantizeFp8Stack, EachMatrixHasItsOwnGrid) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal;
+  HostTensor w(DType::fp32, {3, 64, 200});
+  for (int64_t i = 0; i < w.numel(); ++i)
+    w.data<float>()[i] = normal(rng) * static_cast<float>(1 + i / (64 * 200)) * 10.0f;
+  const dsv4::Weight q = dsv4::quantize_weight_fp8(w);
+  ASSERT_EQ(q.scale.shape(), (Shape{3, 1, 2}));
+  EXPECT_EQ(dsv4::weight_scale_shape({3, 64, 200}), (Shape{3, 1, 2}));
+  for (int64_t m = 0; m < 3; ++m) {
+    HostTensor slice(DType::fp32, {64, 200});
+    std::memcpy(slice.data<float>(), w.data<float>() + m * 64 * 200, 64 * 200 * sizeof(float));
+    const dsv4::Weight qs = dsv4::quantize_weight_fp8(slice);
+    EXPECT_EQ(
+        std::memcmp(qs.value.data<uint8_t>(), q.value.data<uint8_t>() + m * 64 * 200, 64 * 200), 0);
+    EXPECT_EQ(std::memcmp(qs.scale.data<uint8_t>(), q.scale.data<uint8_t>() + m * 2, 2), 0);
+  }
 }
 
 TEST(DequantizeWeight, RejectsInconsistentScales) {
@@ -609,6 +664,9 @@ TEST(DequantizeWeight, RejectsInconsistentScales) {
   expect_error([&] { dsv4::dequantize_weight(w); }, {"without a scale"});
   w.scale = HostTensor::zeros(DType::ue8m0, {2, 1});
   expect_error([&] { dsv4::dequantize_weight(w); }, {"scale.shape", "[2, 2]", "[2, 1]"});
+  w.value = HostTensor::zeros(DType::fp8_e4m3, {256});
+  w.scale = HostTensor::zeros(DType::ue8m0, {2});
+  expect_error([&] { dsv4::dequantize_weight(w); }, {"value.ndim", ">= 2"});
   dsv4::Weight b;
   b.value = HostTensor::zeros(DType::bf16, {4, 4});
   b.scale = HostTensor::zeros(DType::ue8m0, {1, 1});

@@ -50,7 +50,7 @@
 namespace dsv4 {
 
 // Side of the square weight-quantization blocks.
-inline constexpr int kWeightBlock = 128;
+inline constexpr int kWeightScaleBlock = 128;
 
 // A linear weight: value [out, in] (wo_a: [G, o_lora, H*D/G], the checkpoint's [G*o_lora, H*D/G]
 // split per group) and, for fp8 values only, its block scales (weight_scale_shape(value shape)).

@@ -23,16 +23,16 @@ struct GroupedRows {
   int64_t groups;
   int64_t rows;  // L, rows per group
 
-  int64_t group_blocks() const { return (rows + kWeightBlock - 1) / kWeightBlock; }
+  int64_t group_blocks() const { return (rows + kWeightScaleBlock - 1) / kWeightScaleBlock; }
   // The checkpoint row block holding per-group block (g, b); throws when it straddles two.
   int64_t stacked_block(const char* where, const std::string& name, int64_t g, int64_t b) const {
-    const int64_t first = g * rows + b * kWeightBlock;
-    const int64_t last = g * rows + std::min(rows, (b + 1) * kWeightBlock) - 1;
-    if (first / kWeightBlock != last / kWeightBlock)
+    const int64_t first = g * rows + b * kWeightScaleBlock;
+    const int64_t last = g * rows + std::min(rows, (b + 1) * kWeightScaleBlock) - 1;
+    if (first / kWeightScaleBlock != last / kWeightScaleBlock)
       fail(where, ": ", name, ": groups of ", rows,
            " rows straddle the checkpoint's 128-row scale blocks (per-group scales need rows "
            "per group to be a multiple or a divisor of 128)");
-    return first / kWeightBlock;
+    return first / kWeightScaleBlock;
   }
 };
 
@@ -85,7 +85,8 @@ HostTensor stack_group_scales(const char* where, const std::string& name, const 
                               GroupedRows gr) {
   const int64_t cols = split.shape().back();
   const size_t row_bytes = static_cast<size_t>(cols) * dtype_size(split.dtype());
-  HostTensor out(split.dtype(), {(gr.groups * gr.rows + kWeightBlock - 1) / kWeightBlock, cols});
+  HostTensor out(split.dtype(),
+                 {(gr.groups * gr.rows + kWeightScaleBlock - 1) / kWeightScaleBlock, cols});
   std::vector<bool> written(static_cast<size_t>(out.shape()[0]), false);
   for (int64_t g = 0; g < gr.groups; ++g)
     for (int64_t b = 0; b < gr.group_blocks(); ++b) {

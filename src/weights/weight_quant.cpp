@@ -20,8 +20,8 @@ struct MatrixStack {
   int64_t count = 1;
   int64_t rows = 1;
   int64_t cols = 1;
-  int64_t block_rows() const { return (rows + kWeightBlock - 1) / kWeightBlock; }
-  int64_t block_cols() const { return (cols + kWeightBlock - 1) / kWeightBlock; }
+  int64_t block_rows() const { return (rows + kWeightScaleBlock - 1) / kWeightScaleBlock; }
+  int64_t block_cols() const { return (cols + kWeightScaleBlock - 1) / kWeightScaleBlock; }
 };
 
 MatrixStack matrix_stack(const std::vector<int64_t>& shape) {
@@ -72,10 +72,10 @@ Weight quantize_weight_fp8(const HostTensor& w, DType scale_dtype) {
   for (int64_t block_row = 0; block_row < m.count * m.block_rows(); ++block_row) {
     // Row block `block_row` of the stack: matrix block_row / block_rows(), rows [r0, r1) of it.
     const int64_t base = (block_row / m.block_rows()) * m.rows * m.cols;
-    const int64_t r0 = (block_row % m.block_rows()) * kWeightBlock;
-    const int64_t r1 = std::min(m.rows, r0 + kWeightBlock);
+    const int64_t r0 = (block_row % m.block_rows()) * kWeightScaleBlock;
+    const int64_t r1 = std::min(m.rows, r0 + kWeightScaleBlock);
     for (int64_t bc = 0; bc < m.block_cols(); ++bc) {
-      const int64_t c0 = bc * kWeightBlock, c1 = std::min(m.cols, c0 + kWeightBlock);
+      const int64_t c0 = bc * kWeightScaleBlock, c1 = std::min(m.cols, c0 + kWeightScaleBlock);
       float amax = 0.0f;
       for (int64_t r = r0; r < r1; ++r)
         for (int64_t c = c0; c < c1; ++c)
@@ -125,11 +125,11 @@ HostTensor dequantize_weight(const Weight& w) {
   for (int64_t row = 0; row < m.count * m.rows; ++row) {
     // Row `row` of the stack: matrix row / rows, its row r; scales of that matrix's row block.
     const int64_t r = row % m.rows;
-    const int64_t scale_row = (row / m.rows) * m.block_rows() + r / kWeightBlock;
+    const int64_t scale_row = (row / m.rows) * m.block_rows() + r / kWeightScaleBlock;
     for (int64_t c = 0; c < m.cols; ++c) {
       const int64_t i = row * m.cols + c;
       float v = load_as_float(src, w.value.dtype(), i);
-      if (fp8) v *= w.scale.get(scale_row * m.block_cols() + c / kWeightBlock);
+      if (fp8) v *= w.scale.get(scale_row * m.block_cols() + c / kWeightScaleBlock);
       dst[i] = v;
     }
   }

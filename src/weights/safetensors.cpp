@@ -1,4 +1,5 @@
-// safetensors reader (mmap + strict header validation), writer, and multi-file checkpoints.
+// safetensors reader: mmap + strict header validation (the writer and Checkpoint live in
+// safetensors_writer.cpp and checkpoint.cpp).
 #include "dsv4/safetensors.h"
 
 #include <fcntl.h>
@@ -10,8 +11,6 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -25,7 +24,6 @@ namespace dsv4 {
 namespace {
 
 using nlohmann::json;
-namespace fs = std::filesystem;
 
 struct DTypeName {
   DType dtype;
@@ -94,10 +92,6 @@ uint64_t load_le_u64(const uint8_t* p) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
   return v;
-}
-
-void store_le_u64(uint64_t v, char* out) {
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xffu);
 }
 
 // nlohmann keeps the last of two equal keys silently; the format forbids them, so the parser
@@ -366,153 +360,6 @@ HostTensor SafetensorsFile::read(const std::string& name) const {
   const auto src = bytes(name);
   if (!src.empty()) std::memcpy(t.data<uint8_t>(), src.data(), src.size());
   return t;
-}
-
-// ---- writer ---------------------------------------------------------------------------------
-
-void write_safetensors(const std::string& path, const TensorMap& tensors,
-                       const MetadataMap& metadata) {
-  const std::string where = "write_safetensors '" + path + "'";
-  std::vector<const TensorMap::value_type*> order;
-  for (const auto& item : tensors) {
-    const auto& [name, t] = item;
-    if (name.empty() || name == "__metadata__")
-      fail(where, ": tensor name '", name, "' is reserved or empty");
-    if (safetensors_dtype_name(t.dtype()) == "?")
-      fail(where, ": tensor '", name, "': dtype ", dtype_name(t.dtype()),
-           " has no safetensors name");
-    if (t.numel() > 0 && t.data<uint8_t>() == nullptr)
-      fail(where, ": tensor '", name, "' has no data");
-    order.push_back(&item);
-  }
-  // Larger elements first keeps every offset a multiple of its element size without padding
-  // (the format forbids holes in the data section).
-  std::stable_sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
-    return dtype_size(a->second.dtype()) > dtype_size(b->second.dtype());
-  });
-
-  json header = json::object();
-  uint64_t offset = 0;
-  for (const auto* item : order) {
-    const HostTensor& t = item->second;
-    json shape = json::array();
-    for (int64_t d : t.shape()) shape.push_back(d);
-    header[item->first] = {{"dtype", std::string(safetensors_dtype_name(t.dtype()))},
-                           {"shape", shape},
-                           {"data_offsets", {offset, offset + t.nbytes()}}};
-    offset += t.nbytes();
-  }
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
-  std::array<char, 8> len{};
-  store_le_u64(text.size(), len.data());
-
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) fail(where, ": cannot open for writing: ", std::strerror(errno));
-  out.write(len.data(), 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const auto* item : order) {
-    const HostTensor& t = item->second;
-    if (t.nbytes() > 0)
-      out.write(reinterpret_cast<const char*>(t.data<uint8_t>()),
-                static_cast<std::streamsize>(t.nbytes()));
-  }
-  out.close();
-  if (!out) fail(where, ": write failed: ", std::strerror(errno));
-}
-
-// ---- Checkpoint -----------------------------------------------------------------------------
-
-namespace {
-
-const char* const kIndexName = "model.safetensors.index.json";
-
-json read_json_file(const fs::path& file, const std::string& where) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) fail(where, ": cannot open '", file.string(), "'");
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    fail(where, ": '", file.string(), "' is not valid JSON: ", e.what());
-  }
-}
-
-}  // namespace
-
-Checkpoint Checkpoint::open(const std::string& path) {
-  const std::string where = "checkpoint '" + path + "'";
-  std::error_code ec;
-  const fs::path p(path);
-  Checkpoint c;
-  if (fs::is_regular_file(p, ec)) {
-    c.directory_ = p.has_parent_path() ? p.parent_path().string() : std::string(".");
-    c.files_.push_back(SafetensorsFile::open(path));
-    for (const std::string& name : c.files_[0].names()) c.where_[name] = 0;
-    return c;
-  }
-  if (!fs::is_directory(p, ec)) fail(where, ": no such file or directory");
-  c.directory_ = path;
-
-  const fs::path index = p / kIndexName;
-  if (fs::exists(index, ec)) {
-    const json j = read_json_file(index, where);
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      fail(where, ": ", kIndexName, ": expected an object with a \"weight_map\" object");
-    std::map<std::string, size_t> file_index;
-    for (const auto& [name, file] : j["weight_map"].items()) {
-      if (!file.is_string())
-        fail(where, ": ", kIndexName, ": weight_map['", name, "']: expected a file name, got ",
-             file.dump());
-      const std::string fname = file.get<std::string>();
-      auto it = file_index.find(fname);
-      if (it == file_index.end()) {
-        it = file_index.emplace(fname, c.files_.size()).first;
-        c.files_.push_back(SafetensorsFile::open((p / fname).string()));
-      }
-      if (!c.files_[it->second].contains(name))
-        fail(where, ": ", kIndexName, " maps tensor '", name, "' to '", fname,
-             "', which has no such tensor");
-      c.where_[name] = it->second;
-    }
-    return c;
-  }
-
-  std::vector<fs::path> found;
-  for (const auto& item : fs::directory_iterator(p, ec))
-    if (item.is_regular_file() && item.path().extension() == ".safetensors")
-      found.push_back(item.path());
-  if (ec) fail(where, ": cannot list the directory: ", ec.message());
-  if (found.empty()) fail(where, ": no ", kIndexName, " and no *.safetensors files");
-  std::sort(found.begin(), found.end());
-  for (const fs::path& file : found) {
-    const size_t idx = c.files_.size();
-    c.files_.push_back(SafetensorsFile::open(file.string()));
-    for (const std::string& name : c.files_[idx].names()) {
-      const auto [it, inserted] = c.where_.emplace(name, idx);
-      if (!inserted)
-        fail(where, ": tensor '", name, "' is in both '", c.files_[it->second].path(), "' and '",
-             file.string(), "'");
-    }
-  }
-  return c;
-}
-
-std::vector<std::string> Checkpoint::names() const {
-  std::vector<std::string> out;
-  for (const auto& [name, idx] : where_) out.push_back(name);
-  return out;
-}
-
-const SafetensorsFile& Checkpoint::file_of(const std::string& name) const {
-  const auto it = where_.find(name);
-  if (it == where_.end()) fail("checkpoint '", directory_, "': no tensor named '", name, "'");
-  return files_[it->second];
-}
-
-const SafetensorsEntry& Checkpoint::entry(const std::string& name) const {
-  return file_of(name).entry(name);
 }
 
 }  // namespace dsv4

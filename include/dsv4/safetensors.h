@@ -11,7 +11,8 @@
 //
 // The reader is strict (it refuses what the reference implementation refuses, so a file it accepts
 // is one every other reader accepts too). It throws dsv4::Error naming the file (and the tensor
-// where there is one) for: a file shorter than 8 bytes; a header length of 0 or beyond the file;
+// where there is one) for: a file shorter than 8 bytes; a header length below 2, above 100 MB or
+// beyond the file;
 // a header that is not a JSON object; an entry that is not {dtype, shape, data_offsets}; an
 // unknown or unsupported dtype; a negative dimension; offsets with begin > end or end beyond the
 // data section; (end - begin) != numel * dtype size; two entries whose byte ranges overlap; bytes
@@ -21,7 +22,8 @@
 // Supported dtypes (safetensors name -> DType): BF16 -> bf16, F16 -> fp16, F32 -> fp32,
 // F8_E4M3 -> fp8_e4m3, F8_E8M0 -> ue8m0, U8 -> uint8, I32 -> int32, I64 -> int64. Other valid
 // safetensors dtypes (BOOL, I8, I16, U16, U32, U64, F64, F8_E5M2, F4, ...) are reported as
-// "unsupported", anything else as "unknown".
+// "unsupported", anything else as "unknown". (The official DeepSeek-V4 checkpoints store their
+// FP4 routed experts as I8; the attention layer never reads those.)
 #pragma once
 
 #include <cstddef>
@@ -93,7 +95,8 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
 // A checkpoint: one or more safetensors files seen as one name -> tensor map.
 //   open(<file>.safetensors): that file alone.
 //   open(<directory>): with model.safetensors.index.json, the files its "weight_map" names (each
-//     listed tensor must be in the file the index names); without it, every *.safetensors file in
+//     listed tensor must be in the file the index names; only listed tensors are visible); without
+//     it, every *.safetensors file in
 //     the directory (a tensor name found in two files is an error naming both).
 class Checkpoint {
  public:

@@ -24,11 +24,16 @@
 // (or "model.layers.{i}.attn.") for P, and "<w>.weight_scale_inv" for "<w>.scale".
 //
 // dtypes: a linear weight (every `Weight` below) is bf16, fp16, fp32, or fp8 e4m3 with one scale
-// per 128x128 block of the 2-d matrix as stored in the checkpoint ([rows, cols] above), the scale
-// tensor [ceil(rows/128), ceil(cols/128)] in ue8m0 (safetensors F8_E8M0) or fp32; dequantized
-// w[r][c] = fp8(value[r][c]) * scale[r/128][c/128]. Only fp8 weights have a scale. Norm weights
-// are bf16 or fp32; ape and attn_sink are fp32. Loading keeps the stored dtypes (no conversion):
-// use dequantize_weight() for an fp32 copy.
+// per 128x128 block, the scale tensor in ue8m0 (safetensors F8_E8M0) or fp32; dequantized
+// w[r][c] = fp8(value[r][c]) * scale[r/128][c/128]. In the checkpoint the block grid covers the
+// 2-d matrix above ([rows, cols] -> scale [ceil(rows/128), ceil(cols/128)]). In memory a weight
+// [..., rows, cols] has scale [..., ceil(rows/128), ceil(cols/128)] (weight_scale_shape): the same
+// for 2-d weights; wo_a is held per group, value [G, o_lora, H*D/G] and scale
+// [G, ceil(o_lora/128), ceil(H*D/G/128)] (the layout ops.h grouped_wo_a takes). Loading and saving
+// convert between the two; this is exact when o_lora is a multiple (all released models) or a
+// divisor of 128, and refused otherwise. Only fp8 weights have a scale. Norm weights are bf16 or
+// fp32; ape and attn_sink are fp32. Loading keeps the stored dtypes (no conversion): use
+// dequantize_weight() for an fp32 copy.
 //
 // Only V4-family configs have these weights (V3.2's MLA weights are a different set).
 #pragma once
@@ -45,10 +50,10 @@
 namespace dsv4 {
 
 // Side of the square weight-quantization blocks.
-inline constexpr int kWeightBlock = 128;
+inline constexpr int kWeightScaleBlock = 128;
 
 // A linear weight: value [out, in] (wo_a: [G, o_lora, H*D/G], the checkpoint's [G*o_lora, H*D/G]
-// split per group) and, for fp8 values only, the block scales of the 2-d checkpoint matrix.
+// split per group) and, for fp8 values only, its block scales (weight_scale_shape(value shape)).
 struct Weight {
   HostTensor value;
   HostTensor scale;  // undefined (no data) unless value is fp8
@@ -73,15 +78,15 @@ struct IndexerWeights {
 
 struct AttentionWeights {
   int layer = 0;
-  int compress_ratio = 0;  // 0, 4 or 128 (the config's ratio of `layer`)
-  Weight wq_a;             // [q_lora, dim]
-  HostTensor q_norm;       // [q_lora]
-  Weight wq_b;             // [H*D, q_lora]
-  Weight wkv;              // [D, dim]
-  HostTensor kv_norm;      // [D]
-  Weight wo_a;             // [G, o_lora, H*D/G]
-  Weight wo_b;             // [dim, G*o_lora]
-  HostTensor attn_sink;    // [H] fp32
+  int compress_ratio = 0;                       // 0, 4 or 128 (the config's ratio of `layer`)
+  Weight wq_a;                                  // [q_lora, dim]
+  HostTensor q_norm;                            // [q_lora]
+  Weight wq_b;                                  // [H*D, q_lora]
+  Weight wkv;                                   // [D, dim]
+  HostTensor kv_norm;                           // [D]
+  Weight wo_a;                                  // [G, o_lora, H*D/G]
+  Weight wo_b;                                  // [dim, G*o_lora]
+  HostTensor attn_sink;                         // [H] fp32
   std::optional<CompressorWeights> compressor;  // iff compress_ratio > 0
   std::optional<IndexerWeights> indexer;        // iff compress_ratio == 4
 };
@@ -97,7 +102,8 @@ std::vector<std::string> attention_tensor_names(const AttentionWeights& w, const
 // norms 1 + N(0, 0.05²); ape N(0, 0.5²); attn_sink N(0, 1). fp8 == true: the weights the official
 // checkpoint stores in fp8 (wq_a, wq_b, wkv, wo_a, wo_b, indexer.wq_b) are quantized per 128x128
 // block with ue8m0 scales; the rest (compressor wkv/wgate, indexer weights_proj) and every
-// weight with fp8 == false are bf16; norms bf16.
+// weight with fp8 == false are bf16; norms bf16. With fp8 == true the dtypes are exactly those of
+// the released DeepSeek-V4-Flash checkpoint (F8_E4M3 + F8_E8M0 scales, BF16, F32 ape/attn_sink).
 AttentionWeights random_attention_weights(const ModelConfig& cfg, int layer, uint64_t seed,
                                           bool fp8);
 
@@ -117,9 +123,13 @@ void save_attention_weights(const std::string& path, const ModelConfig& cfg,
                             const std::vector<AttentionWeights>& layers,
                             const MetadataMap& metadata = {{"format", "pt"}});
 
-// fp8 e4m3 quantization of a float-like matrix (the last dim is the column, the rest rows) per
-// 128x128 block with power-of-two scales 2^ceil(log2(amax/448)) (SPEC §7), stored as ue8m0 or
-// fp32 (scale_dtype).
+// The block-scale grid of a weight [..., rows, cols]: [..., ceil(rows/128), ceil(cols/128)]
+// (leading dims index separate matrices, e.g. wo_a's groups).
+std::vector<int64_t> weight_scale_shape(const std::vector<int64_t>& value_shape);
+
+// fp8 e4m3 quantization of a float-like weight of >= 2 dims, per 128x128 block of each matrix
+// (see weight_scale_shape) with power-of-two scales 2^ceil(log2(max(amax/448, 1e-4)))
+// (SPEC §7), stored as ue8m0 or fp32 (scale_dtype).
 Weight quantize_weight_fp8(const HostTensor& w, DType scale_dtype = DType::ue8m0);
 // An fp32 copy of the weight (value's shape), block scales applied for fp8.
 HostTensor dequantize_weight(const Weight& w);

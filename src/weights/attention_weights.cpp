@@ -3,15 +3,38 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <sstream>
 
 #include "dsv4/weights.h"
+#include "weights/weights_detail.h"
 
 namespace dsv4 {
 
 namespace {
 
 using Shape = std::vector<int64_t>;
+
+using weights_detail::shape_text;
+
+// wo_a's scales: in memory one grid per group ([G, ceil(L/128), ceil(K/128)], what grouped_wo_a
+// takes), in the checkpoint one grid over the stacked [G*L, K] matrix. Each per-group 128-row
+// block must lie inside one checkpoint 128-row block for the two to describe the same weight:
+// true when L % 128 == 0 (every released model) or 128 % L == 0 (tiny test configs).
+struct GroupedRows {
+  int64_t groups;
+  int64_t rows;  // L, rows per group
+
+  int64_t group_blocks() const { return (rows + kWeightScaleBlock - 1) / kWeightScaleBlock; }
+  // The checkpoint row block holding per-group block (g, b); throws when it straddles two.
+  int64_t stacked_block(const char* where, const std::string& name, int64_t g, int64_t b) const {
+    const int64_t first = g * rows + b * kWeightScaleBlock;
+    const int64_t last = g * rows + std::min(rows, (b + 1) * kWeightScaleBlock) - 1;
+    if (first / kWeightScaleBlock != last / kWeightScaleBlock)
+      fail(where, ": ", name, ": groups of ", rows,
+           " rows straddle the checkpoint's 128-row scale blocks (per-group scales need rows "
+           "per group to be a multiple or a divisor of 128)");
+    return first / kWeightScaleBlock;
+  }
+};
 
 enum class SlotKind : uint8_t {
   linear,  // Weight: "<key>.weight" (+ "<key>.scale" when fp8)
@@ -26,28 +49,59 @@ struct Slot {
   Weight* weight = nullptr;      // linear
   HostTensor* tensor = nullptr;  // norm, param
   Shape shape;                   // in memory
-  Shape stored_shape;            // in the checkpoint (differs for wo_a only)
+  Shape stored_shape;            // in the checkpoint (differs for wo_a only: [G*L, K] vs [G, L, K])
   bool fp8_in_checkpoint = false;  // the official checkpoint stores it as fp8
   double init_mean = 0.0;
   double init_std = 1.0;
 
   std::string value_name() const { return kind == SlotKind::param ? key : key + ".weight"; }
   std::string scale_name() const { return key + ".scale"; }
+  bool grouped() const { return shape.size() == 3; }
+  GroupedRows group_rows() const { return {shape[0], shape[1]}; }
 };
 
-std::string shape_str(const Shape& s) {
-  std::ostringstream os;
-  os << '[';
-  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
-  os << ']';
-  return os.str();
+// Copies scale row `from` of `src` to row `to` of `dst` (rows of `cols` elements).
+void copy_scale_row(const HostTensor& src, int64_t from, HostTensor& dst, int64_t to,
+                    int64_t cols) {
+  const size_t row_bytes = static_cast<size_t>(cols) * dtype_size(src.dtype());
+  std::memcpy(dst.data<uint8_t>() + to * row_bytes, src.data<uint8_t>() + from * row_bytes,
+              row_bytes);
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Checkpoint grid [ceil(G*L/128), C] -> per-group grid [G, ceil(L/128), C].
+HostTensor split_group_scales(const char* where, const std::string& name, const HostTensor& stacked,
+                              GroupedRows gr) {
+  const int64_t cols = stacked.shape().back();
+  HostTensor out(stacked.dtype(), {gr.groups, gr.group_blocks(), cols});
+  for (int64_t g = 0; g < gr.groups; ++g)
+    for (int64_t b = 0; b < gr.group_blocks(); ++b)
+      copy_scale_row(stacked, gr.stacked_block(where, name, g, b), out, g * gr.group_blocks() + b,
+                     cols);
+  return out;
+}
 
-// The scale grid of a linear weight: one entry per 128x128 block of its 2-d checkpoint matrix.
-Shape scale_shape(const Shape& stored) {
-  return {ceil_div(stored[0], kWeightBlock), ceil_div(stored[1], kWeightBlock)};
+// Per-group grid -> checkpoint grid; per-group blocks sharing a checkpoint block must agree.
+HostTensor stack_group_scales(const char* where, const std::string& name, const HostTensor& split,
+                              GroupedRows gr) {
+  const int64_t cols = split.shape().back();
+  const size_t row_bytes = static_cast<size_t>(cols) * dtype_size(split.dtype());
+  HostTensor out(split.dtype(),
+                 {(gr.groups * gr.rows + kWeightScaleBlock - 1) / kWeightScaleBlock, cols});
+  std::vector<bool> written(static_cast<size_t>(out.shape()[0]), false);
+  for (int64_t g = 0; g < gr.groups; ++g)
+    for (int64_t b = 0; b < gr.group_blocks(); ++b) {
+      const int64_t row = gr.stacked_block(where, name, g, b);
+      const int64_t from = g * gr.group_blocks() + b;
+      if (!written[static_cast<size_t>(row)]) {
+        copy_scale_row(split, from, out, row, cols);
+        written[static_cast<size_t>(row)] = true;
+      } else if (std::memcmp(out.data<uint8_t>() + row * row_bytes,
+                             split.data<uint8_t>() + from * row_bytes, row_bytes) != 0) {
+        fail(where, ": ", name, ": groups sharing checkpoint scale block row ", row,
+             " have different scales; the checkpoint format cannot hold them");
+      }
+    }
+  return out;
 }
 
 int layer_ratio(const ModelConfig& cfg, int layer, const char* where) {
@@ -59,18 +113,37 @@ int layer_ratio(const ModelConfig& cfg, int layer, const char* where) {
   return cfg.compress_ratios[static_cast<size_t>(layer)];
 }
 
+// Slot makers. Linear weights start N(0, 1/fan_in) (fan_in = the checkpoint matrix's columns),
+// norms 1 + N(0, 0.05^2); `fp8` marks weights the official checkpoint stores in fp8.
+Slot linear_slot(std::string key, Weight& w, Shape shape, Shape stored, bool fp8) {
+  Slot s{std::move(key), SlotKind::linear, &w, nullptr, std::move(shape), std::move(stored)};
+  s.fp8_in_checkpoint = fp8;
+  s.init_std = 1.0 / std::sqrt(static_cast<double>(s.stored_shape[1]));
+  return s;
+}
+Slot linear_slot(std::string key, Weight& w, Shape shape, bool fp8) {
+  Shape stored = shape;
+  return linear_slot(std::move(key), w, std::move(shape), std::move(stored), fp8);
+}
+Slot norm_slot(std::string key, HostTensor& t, int64_t dim) {
+  Slot s{std::move(key), SlotKind::norm, nullptr, &t, {dim}, {dim}};
+  s.init_mean = 1.0;
+  s.init_std = 0.05;
+  return s;
+}
+Slot param_slot(std::string key, HostTensor& t, Shape shape, double init_std) {
+  Slot s{std::move(key), SlotKind::param, nullptr, &t, shape, shape};
+  s.init_std = init_std;
+  return s;
+}
+
 void add_compressor_slots(std::vector<Slot>& slots, CompressorWeights& c, const std::string& key,
                           int64_t head_dim, int ratio, int64_t dim) {
   const int64_t width = (ratio == 4 ? 2 : 1) * head_dim;  // coff * head_dim
-  const double linear_std = 1.0 / std::sqrt(static_cast<double>(dim));
-  slots.push_back({key + ".wkv", SlotKind::linear, &c.wkv, nullptr, {width, dim}, {width, dim},
-                   false, 0.0, linear_std});
-  slots.push_back({key + ".wgate", SlotKind::linear, &c.wgate, nullptr, {width, dim},
-                   {width, dim}, false, 0.0, linear_std});
-  slots.push_back({key + ".ape", SlotKind::param, nullptr, &c.ape, {ratio, width}, {ratio, width},
-                   false, 0.0, 0.5});
-  slots.push_back({key + ".norm", SlotKind::norm, nullptr, &c.norm, {head_dim}, {head_dim}, false,
-                   1.0, 0.05});
+  slots.push_back(linear_slot(key + ".wkv", c.wkv, {width, dim}, false));
+  slots.push_back(linear_slot(key + ".wgate", c.wgate, {width, dim}, false));
+  slots.push_back(param_slot(key + ".ape", c.ape, {ratio, width}, 0.5));
+  slots.push_back(norm_slot(key + ".norm", c.norm, head_dim));
 }
 
 // The layer's tensors, pointing into `w`. Creates (or drops) the optional compressor and indexer
@@ -79,21 +152,16 @@ std::vector<Slot> layer_slots(AttentionWeights& w, const ModelConfig& cfg) {
   const int64_t dim = cfg.dim, heads = cfg.n_heads, hd = cfg.head_dim, q_lora = cfg.q_lora_rank;
   const int64_t groups = cfg.o_groups, o_lora = cfg.o_lora_rank;
   const int64_t group_in = groups > 0 ? heads * hd / groups : 0;
-  auto linear = [](std::string key, Weight& weight, Shape shape, Shape stored, bool fp8) {
-    const double std = 1.0 / std::sqrt(static_cast<double>(stored[1]));
-    return Slot{std::move(key), SlotKind::linear, &weight, nullptr, std::move(shape),
-                std::move(stored), fp8, 0.0, std};
-  };
   std::vector<Slot> s;
-  s.push_back(linear("wq_a", w.wq_a, {q_lora, dim}, {q_lora, dim}, true));
-  s.push_back({"q_norm", SlotKind::norm, nullptr, &w.q_norm, {q_lora}, {q_lora}, false, 1.0, 0.05});
-  s.push_back(linear("wq_b", w.wq_b, {heads * hd, q_lora}, {heads * hd, q_lora}, true));
-  s.push_back(linear("wkv", w.wkv, {hd, dim}, {hd, dim}, true));
-  s.push_back({"kv_norm", SlotKind::norm, nullptr, &w.kv_norm, {hd}, {hd}, false, 1.0, 0.05});
-  s.push_back(linear("wo_a", w.wo_a, {groups, o_lora, group_in}, {groups * o_lora, group_in}, true));
-  s.push_back(linear("wo_b", w.wo_b, {dim, groups * o_lora}, {dim, groups * o_lora}, true));
-  s.push_back({"attn_sink", SlotKind::param, nullptr, &w.attn_sink, {heads}, {heads}, false, 0.0,
-               1.0});
+  s.push_back(linear_slot("wq_a", w.wq_a, {q_lora, dim}, true));
+  s.push_back(norm_slot("q_norm", w.q_norm, q_lora));
+  s.push_back(linear_slot("wq_b", w.wq_b, {heads * hd, q_lora}, true));
+  s.push_back(linear_slot("wkv", w.wkv, {hd, dim}, true));
+  s.push_back(norm_slot("kv_norm", w.kv_norm, hd));
+  s.push_back(
+      linear_slot("wo_a", w.wo_a, {groups, o_lora, group_in}, {groups * o_lora, group_in}, true));
+  s.push_back(linear_slot("wo_b", w.wo_b, {dim, groups * o_lora}, true));
+  s.push_back(param_slot("attn_sink", w.attn_sink, {heads}, 1.0));
 
   if (w.compress_ratio > 0) {
     if (!w.compressor) w.compressor.emplace();
@@ -105,8 +173,8 @@ std::vector<Slot> layer_slots(AttentionWeights& w, const ModelConfig& cfg) {
     if (!w.indexer) w.indexer.emplace();
     IndexerWeights& ix = *w.indexer;
     const int64_t ih = cfg.index_n_heads, id = cfg.index_head_dim;
-    s.push_back(linear("indexer.wq_b", ix.wq_b, {ih * id, q_lora}, {ih * id, q_lora}, true));
-    s.push_back(linear("indexer.weights_proj", ix.weights_proj, {ih, dim}, {ih, dim}, false));
+    s.push_back(linear_slot("indexer.wq_b", ix.wq_b, {ih * id, q_lora}, true));
+    s.push_back(linear_slot("indexer.weights_proj", ix.weights_proj, {ih, dim}, false));
     add_compressor_slots(s, ix.compressor, "indexer.compressor", id, 4, dim);
   } else {
     w.indexer.reset();
@@ -120,24 +188,30 @@ bool allowed_dtype(SlotKind kind, DType t) {
   switch (kind) {
     case SlotKind::linear:
       return t == DType::fp8_e4m3 || t == DType::bf16 || t == DType::fp16 || t == DType::fp32;
-    case SlotKind::norm: return t == DType::bf16 || t == DType::fp32;
-    case SlotKind::param: return t == DType::fp32;
+    case SlotKind::norm:
+      return t == DType::bf16 || t == DType::fp32;
+    case SlotKind::param:
+      return t == DType::fp32;
   }
   return false;
 }
 
 const char* allowed_dtypes_text(SlotKind kind) {
   switch (kind) {
-    case SlotKind::linear: return "F8_E4M3 (with a .scale), BF16, F16 or F32";
-    case SlotKind::norm: return "BF16 or F32";
-    case SlotKind::param: return "F32";
+    case SlotKind::linear:
+      return "F8_E4M3 (with a .scale), BF16, F16 or F32";
+    case SlotKind::norm:
+      return "BF16 or F32";
+    case SlotKind::param:
+      return "F32";
   }
   return "?";
 }
 
 void check_entry(const char* where, const std::string& name, const Shape& shape, DType dtype,
                  const Shape& want_shape, SlotKind kind) {
-  if (shape != want_shape) fail_expected(where, name + " shape", shape_str(want_shape), shape_str(shape));
+  if (shape != want_shape)
+    fail_expected(where, name + " shape", shape_text(want_shape), shape_text(shape));
   if (!allowed_dtype(kind, dtype))
     fail_expected(where, name + " dtype", allowed_dtypes_text(kind), safetensors_dtype_name(dtype));
 }
@@ -145,8 +219,8 @@ void check_entry(const char* where, const std::string& name, const Shape& shape,
 void check_scale(const char* where, const std::string& name, const Shape& shape, DType dtype,
                  const Shape& want_shape) {
   if (shape != want_shape)
-    fail_expected(where, name + " shape", shape_str(want_shape) + " (one per 128x128 block)",
-                  shape_str(shape));
+    fail_expected(where, name + " shape", shape_text(want_shape) + " (one per 128x128 block)",
+                  shape_text(shape));
   if (dtype != DType::ue8m0 && dtype != DType::fp32)
     fail_expected(where, name + " dtype", "F8_E8M0 or F32", safetensors_dtype_name(dtype));
 }
@@ -157,10 +231,20 @@ Shape shape_of(const HostTensor& t) { return t.shape(); }
 HostTensor with_shape(const HostTensor& t, const Shape& shape) {
   if (t.shape() == shape) return t;
   HostTensor out(t.dtype(), shape);
-  DSV4_CHECK(out.numel() == t.numel(), "with_shape: ", shape_str(t.shape()), " -> ",
-             shape_str(shape), " changes the element count");
+  DSV4_CHECK(out.numel() == t.numel(), "with_shape: ", shape_text(t.shape()), " -> ",
+             shape_text(shape), " changes the element count");
   if (t.nbytes() > 0) std::memcpy(out.data<uint8_t>(), t.data<uint8_t>(), t.nbytes());
   return out;
+}
+
+// A linear slot's in-memory scale from its checkpoint scale, and back (differs for wo_a only).
+HostTensor scale_from_checkpoint(const char* where, const std::string& name, const Slot& slot,
+                                 const HostTensor& stored) {
+  return slot.grouped() ? split_group_scales(where, name, stored, slot.group_rows()) : stored;
+}
+HostTensor scale_to_checkpoint(const char* where, const std::string& name, const Slot& slot,
+                               const HostTensor& scale) {
+  return slot.grouped() ? stack_group_scales(where, name, scale, slot.group_rows()) : scale;
 }
 
 // ---- deterministic random numbers -----------------------------------------------------------
@@ -178,27 +262,43 @@ uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
-// Approximately N(0, 1) from the sum of 4 uniforms (Irwin-Hall): only exact IEEE arithmetic,
-// so every platform generates the same numbers (no libm transcendental functions).
+// Approximately N(0, 1) as the sum of 4 uniforms (Irwin-Hall), the four 16-bit quarters of one
+// 64-bit draw: only exact integer and IEEE arithmetic, so every platform generates the same
+// numbers (no libm), and fast enough for full-size layers. 16-bit resolution is far finer than
+// the bf16 / fp8 weights it becomes.
 double normal01(uint64_t& state) {
+  const uint64_t bits = splitmix64(state);
   double sum = 0.0;
-  for (int i = 0; i < 4; ++i) sum += static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;
-  return (sum - 2.0) * 1.7320508075688772;  // variance 4/12 -> 1
+  for (int i = 0; i < 4; ++i) sum += static_cast<double>((bits >> (16 * i)) & 0xffffu) + 0.5;
+  return (sum * 0x1.0p-16 - 2.0) * 1.7320508075688772;  // variance 4/12 -> 1
 }
 
+// Each row has its own stream (seeded by seed, layer, tensor and row), so rows fill in parallel
+// and the bytes do not depend on the thread count.
 HostTensor random_tensor(const Slot& slot, uint64_t seed, int layer) {
-  uint64_t state = seed ^ fnv1a(slot.key) ^ (0x51ed2701a3b4c5d7ull * static_cast<uint64_t>(layer + 1));
-  splitmix64(state);  // decorrelate nearby seeds
+  const uint64_t tensor_seed =
+      seed ^ fnv1a(slot.key) ^ (0x51ed2701a3b4c5d7ull * static_cast<uint64_t>(layer + 1));
   HostTensor t(DType::fp32, slot.stored_shape);
+  const int64_t cols = slot.stored_shape.back();
+  const int64_t rows = cols > 0 ? t.numel() / cols : 0;
   float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i)
-    p[i] = static_cast<float>(slot.init_mean + slot.init_std * normal01(state));
+#pragma omp parallel for schedule(static) if (t.numel() >= weights_detail::kParallelMinElements)
+  for (int64_t r = 0; r < rows; ++r) {
+    uint64_t state = tensor_seed ^ (0xd1b54a32d192ed03ull * static_cast<uint64_t>(r + 1));
+    splitmix64(state);  // decorrelate nearby seeds
+    for (int64_t c = 0; c < cols; ++c)
+      p[r * cols + c] = static_cast<float>(slot.init_mean + slot.init_std * normal01(state));
+  }
   return t;
 }
 
+// bf16 copy of an fp32 tensor.
 HostTensor to_bf16(const HostTensor& t) {
   HostTensor out(DType::bf16, t.shape());
-  for (int64_t i = 0; i < t.numel(); ++i) out.set(i, t.get(i));
+  const float* src = t.data<float>();
+  uint16_t* dst = out.data<uint16_t>();
+#pragma omp parallel for schedule(static) if (t.numel() >= weights_detail::kParallelMinElements)
+  for (int64_t i = 0; i < t.numel(); ++i) dst[i] = float_to_bf16_bits(src[i]);
   return out;
 }
 
@@ -245,14 +345,19 @@ AttentionWeights random_attention_weights(const ModelConfig& cfg, int layer, uin
         if (fp8 && slot.fp8_in_checkpoint) {
           Weight q = quantize_weight_fp8(values);
           slot.weight->value = with_shape(q.value, slot.shape);
-          slot.weight->scale = q.scale;
+          slot.weight->scale =
+              scale_from_checkpoint("random_attention_weights", slot.scale_name(), slot, q.scale);
         } else {
           slot.weight->value = with_shape(to_bf16(values), slot.shape);
           slot.weight->scale = HostTensor();
         }
         break;
-      case SlotKind::norm: *slot.tensor = to_bf16(values); break;
-      case SlotKind::param: *slot.tensor = values; break;
+      case SlotKind::norm:
+        *slot.tensor = to_bf16(values);
+        break;
+      case SlotKind::param:
+        *slot.tensor = values;
+        break;
     }
   }
   return w;
@@ -281,18 +386,18 @@ void validate_attention_weights(const AttentionWeights& w, const ModelConfig& cf
     if (slot.kind != SlotKind::linear) continue;
     const bool fp8 = value.dtype() == DType::fp8_e4m3;
     const Weight& weight = *slot.weight;
-    if (fp8 && !weight.quantized()) fail(where, ": ", prefix + slot.scale_name(), ": missing (", name, " is fp8)");
+    if (fp8 && !weight.quantized())
+      fail(where, ": ", prefix + slot.scale_name(), ": missing (", name, " is fp8)");
     if (!fp8 && weight.quantized())
       fail(where, ": ", prefix + slot.scale_name(), ": present but ", name, " is ",
            safetensors_dtype_name(value.dtype()), " (only fp8 weights have scales)");
     if (fp8)
       check_scale(where, prefix + slot.scale_name(), shape_of(weight.scale), weight.scale.dtype(),
-                  scale_shape(slot.stored_shape));
+                  weight_scale_shape(slot.shape));
   }
 }
 
-AttentionWeights load_attention_weights(const Checkpoint& ckpt, const ModelConfig& cfg,
-                                        int layer) {
+AttentionWeights load_attention_weights(const Checkpoint& ckpt, const ModelConfig& cfg, int layer) {
   const char* where = "load_attention_weights";
   AttentionWeights w;
   w.layer = layer;
@@ -314,7 +419,7 @@ AttentionWeights load_attention_weights(const Checkpoint& ckpt, const ModelConfi
   for (const Slot& slot : layer_slots(w, cfg)) {
     const std::string name = prefix + slot.value_name();
     if (!ckpt.contains(name))
-      missing(name, shape_str(slot.stored_shape) + " " + allowed_dtypes_text(slot.kind));
+      missing(name, shape_text(slot.stored_shape) + " " + allowed_dtypes_text(slot.kind));
     const SafetensorsEntry& e = ckpt.entry(name);
     check_entry(where, name, e.shape, e.dtype, slot.stored_shape, slot.kind);
     if (slot.kind != SlotKind::linear) {
@@ -328,16 +433,16 @@ AttentionWeights load_attention_weights(const Checkpoint& ckpt, const ModelConfi
     const bool fp8 = e.dtype == DType::fp8_e4m3;
     const bool has_scale = ckpt.contains(scale_name);
     if (fp8 && !has_scale)
-      missing(scale_name, shape_str(scale_shape(slot.stored_shape)) +
+      missing(scale_name, shape_text(weight_scale_shape(slot.stored_shape)) +
                               " F8_E8M0 or F32 block scales of the fp8 weight " + name);
     if (!fp8 && has_scale)
-      fail(where, ": ", scale_name, ": present but ", name, " is ",
-           safetensors_dtype_name(e.dtype), " (only fp8 weights have scales)");
+      fail(where, ": ", scale_name, ": present but ", name, " is ", safetensors_dtype_name(e.dtype),
+           " (only fp8 weights have scales)");
     slot.weight->value = with_shape(ckpt.read(name), slot.shape);
     if (fp8) {
       const SafetensorsEntry& s = ckpt.entry(scale_name);
-      check_scale(where, scale_name, s.shape, s.dtype, scale_shape(slot.stored_shape));
-      slot.weight->scale = ckpt.read(scale_name);
+      check_scale(where, scale_name, s.shape, s.dtype, weight_scale_shape(slot.stored_shape));
+      slot.weight->scale = scale_from_checkpoint(where, scale_name, slot, ckpt.read(scale_name));
     }
   }
   validate_attention_weights(w, cfg, where);
@@ -354,7 +459,9 @@ void add_attention_tensors(const AttentionWeights& w, const ModelConfig& cfg, Te
       continue;
     }
     out[prefix + slot.value_name()] = with_shape(slot.weight->value, slot.stored_shape);
-    if (slot.weight->quantized()) out[prefix + slot.scale_name()] = slot.weight->scale;
+    if (slot.weight->quantized())
+      out[prefix + slot.scale_name()] = scale_to_checkpoint(
+          "add_attention_tensors", prefix + slot.scale_name(), slot, slot.weight->scale);
   }
 }
 

@@ -1,4 +1,5 @@
-// safetensors reader (mmap + strict header validation), writer, and multi-file checkpoints.
+// safetensors reader: mmap + strict header validation (the writer and Checkpoint live in
+// safetensors_writer.cpp and checkpoint.cpp).
 #include "dsv4/safetensors.h"
 
 #include <fcntl.h>
@@ -10,21 +11,19 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "dsv4/status.h"
+#include "weights/weights_detail.h"
 
 namespace dsv4 {
 
 namespace {
 
 using nlohmann::json;
-namespace fs = std::filesystem;
 
 struct DTypeName {
   DType dtype;
@@ -42,9 +41,9 @@ constexpr std::array<DTypeName, 8> kDTypeNames = {{
 }};
 
 // Valid safetensors dtypes this library has no DType for: "unsupported" rather than "unknown".
-constexpr std::array<std::string_view, 12> kUnsupportedDTypes = {
-    "BOOL", "I8", "I16", "U16", "U32", "U64", "F64", "F8_E5M2", "F4", "F6_E2M3", "F6_E3M2",
-    "C64"};
+constexpr std::array<std::string_view, 14> kUnsupportedDTypes = {
+    "BOOL", "I8",      "I16", "U16",     "U32",     "U64",         "F64",
+    "C64",  "F8_E5M2", "F4",  "F6_E2M3", "F6_E3M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ"};
 
 // The header of a file larger than this is refused (the reference implementation's limit).
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
@@ -95,10 +94,6 @@ uint64_t load_le_u64(const uint8_t* p) {
   return v;
 }
 
-void store_le_u64(uint64_t v, char* out) {
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xffu);
-}
-
 // nlohmann keeps the last of two equal keys silently; the format forbids them, so the parser
 // callback records the first repeated key (and how deep it was) for a precise error.
 struct DuplicateKeyFinder {
@@ -108,18 +103,21 @@ struct DuplicateKeyFinder {
 
   bool operator()(int depth, json::parse_event_t event, json& parsed) {
     switch (event) {
-      case json::parse_event_t::object_start: open_objects.emplace_back(); break;
+      case json::parse_event_t::object_start:
+        open_objects.emplace_back();
+        break;
       case json::parse_event_t::object_end:
         if (!open_objects.empty()) open_objects.pop_back();
         break;
       case json::parse_event_t::key:
-        if (!open_objects.empty() && !open_objects.back().insert(parsed.get<std::string>()).second &&
-            duplicate_depth < 0) {
+        if (!open_objects.empty() &&
+            !open_objects.back().insert(parsed.get<std::string>()).second && duplicate_depth < 0) {
           duplicate = parsed.get<std::string>();
           duplicate_depth = depth;
         }
         break;
-      default: break;
+      default:
+        break;
     }
     return true;
   }
@@ -143,8 +141,8 @@ std::vector<int64_t> parse_shape(const std::string& where, const json& value) {
                   value.dump());
   std::vector<int64_t> shape;
   for (const json& d : value) {
-    if (!d.is_number_integer() || (d.is_number_integer() && !d.is_number_unsigned() &&
-                                   d.get<int64_t>() < 0))
+    if (!d.is_number_integer() ||
+        (d.is_number_integer() && !d.is_number_unsigned() && d.get<int64_t>() < 0))
       fail_expected(where, "shape", "non-negative integers", value.dump());
     const uint64_t u = d.get<uint64_t>();
     if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
@@ -184,8 +182,7 @@ SafetensorsEntry parse_entry(const std::string& file_where, const std::string& n
     fail_expected(where, "data_offsets", "[begin, end] (non-negative integers)", offsets.dump());
   e.begin = offsets[0].get<uint64_t>();
   e.end = offsets[1].get<uint64_t>();
-  if (e.begin > e.end)
-    fail_expected(where, "data_offsets", "begin <= end", offsets.dump());
+  if (e.begin > e.end) fail_expected(where, "data_offsets", "begin <= end", offsets.dump());
   if (e.end > data_size)
     fail(where, ": data_offsets ", offsets.dump(), " out of range: the data section has ",
          data_size, " bytes");
@@ -226,8 +223,8 @@ void check_coverage(const std::string& file_where,
       fail(file_where, ": tensor '", e->name, "' bytes [", e->begin, ", ", e->end,
            ") overlap tensor '", prev->name, "' bytes [", prev->begin, ", ", prev->end, ")");
     if (e->begin > covered)
-      fail(file_where, ": bytes [", covered, ", ", e->begin, ") of the data section (before tensor '",
-           e->name, "') belong to no tensor");
+      fail(file_where, ": bytes [", covered, ", ", e->begin,
+           ") of the data section (before tensor '", e->name, "') belong to no tensor");
     covered = e->end;
     prev = e;
   }
@@ -258,13 +255,7 @@ int64_t SafetensorsEntry::numel() const {
   return n;
 }
 
-std::string SafetensorsEntry::shape_str() const {
-  std::ostringstream os;
-  os << '[';
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << ']';
-  return os.str();
-}
+std::string SafetensorsEntry::shape_str() const { return weights_detail::shape_text(shape); }
 
 // ---- SafetensorsFile ------------------------------------------------------------------------
 
@@ -306,7 +297,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   } catch (const json::exception& e) {
     fail(where, ": header is not valid JSON: ", e.what());
   }
-  if (!header.is_object()) fail(where, ": header: expected a JSON object, got ", header.type_name());
+  if (!header.is_object())
+    fail(where, ": header: expected a JSON object, got ", header.type_name());
   if (dups.duplicate_depth == 1)
     fail(where, ": tensor name '", dups.duplicate, "' appears twice in the header");
   if (dups.duplicate_depth > 1)
@@ -368,152 +360,6 @@ HostTensor SafetensorsFile::read(const std::string& name) const {
   const auto src = bytes(name);
   if (!src.empty()) std::memcpy(t.data<uint8_t>(), src.data(), src.size());
   return t;
-}
-
-// ---- writer ---------------------------------------------------------------------------------
-
-void write_safetensors(const std::string& path, const TensorMap& tensors,
-                       const MetadataMap& metadata) {
-  const std::string where = "write_safetensors '" + path + "'";
-  std::vector<const TensorMap::value_type*> order;
-  for (const auto& item : tensors) {
-    const auto& [name, t] = item;
-    if (name.empty() || name == "__metadata__")
-      fail(where, ": tensor name '", name, "' is reserved or empty");
-    if (safetensors_dtype_name(t.dtype()) == "?")
-      fail(where, ": tensor '", name, "': dtype ", dtype_name(t.dtype()), " has no safetensors name");
-    if (t.numel() > 0 && t.data<uint8_t>() == nullptr)
-      fail(where, ": tensor '", name, "' has no data");
-    order.push_back(&item);
-  }
-  // Larger elements first keeps every offset a multiple of its element size without padding
-  // (the format forbids holes in the data section).
-  std::stable_sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
-    return dtype_size(a->second.dtype()) > dtype_size(b->second.dtype());
-  });
-
-  json header = json::object();
-  uint64_t offset = 0;
-  for (const auto* item : order) {
-    const HostTensor& t = item->second;
-    json shape = json::array();
-    for (int64_t d : t.shape()) shape.push_back(d);
-    header[item->first] = {{"dtype", std::string(safetensors_dtype_name(t.dtype()))},
-                           {"shape", shape},
-                           {"data_offsets", {offset, offset + t.nbytes()}}};
-    offset += t.nbytes();
-  }
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
-  std::array<char, 8> len{};
-  store_le_u64(text.size(), len.data());
-
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) fail(where, ": cannot open for writing: ", std::strerror(errno));
-  out.write(len.data(), 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const auto* item : order) {
-    const HostTensor& t = item->second;
-    if (t.nbytes() > 0)
-      out.write(reinterpret_cast<const char*>(t.data<uint8_t>()),
-                static_cast<std::streamsize>(t.nbytes()));
-  }
-  out.close();
-  if (!out) fail(where, ": write failed: ", std::strerror(errno));
-}
-
-// ---- Checkpoint -----------------------------------------------------------------------------
-
-namespace {
-
-const char* const kIndexName = "model.safetensors.index.json";
-
-json read_json_file(const fs::path& file, const std::string& where) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) fail(where, ": cannot open '", file.string(), "'");
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    fail(where, ": '", file.string(), "' is not valid JSON: ", e.what());
-  }
-}
-
-}  // namespace
-
-Checkpoint Checkpoint::open(const std::string& path) {
-  const std::string where = "checkpoint '" + path + "'";
-  std::error_code ec;
-  const fs::path p(path);
-  Checkpoint c;
-  if (fs::is_regular_file(p, ec)) {
-    c.directory_ = p.has_parent_path() ? p.parent_path().string() : std::string(".");
-    c.files_.push_back(SafetensorsFile::open(path));
-    for (const std::string& name : c.files_[0].names()) c.where_[name] = 0;
-    return c;
-  }
-  if (!fs::is_directory(p, ec)) fail(where, ": no such file or directory");
-  c.directory_ = path;
-
-  const fs::path index = p / kIndexName;
-  if (fs::exists(index, ec)) {
-    const json j = read_json_file(index, where);
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      fail(where, ": ", kIndexName, ": expected an object with a \"weight_map\" object");
-    std::map<std::string, size_t> file_index;
-    for (const auto& [name, file] : j["weight_map"].items()) {
-      if (!file.is_string())
-        fail(where, ": ", kIndexName, ": weight_map['", name, "']: expected a file name, got ",
-             file.dump());
-      const std::string fname = file.get<std::string>();
-      auto it = file_index.find(fname);
-      if (it == file_index.end()) {
-        it = file_index.emplace(fname, c.files_.size()).first;
-        c.files_.push_back(SafetensorsFile::open((p / fname).string()));
-      }
-      if (!c.files_[it->second].contains(name))
-        fail(where, ": ", kIndexName, " maps tensor '", name, "' to '", fname,
-             "', which has no such tensor");
-      c.where_[name] = it->second;
-    }
-    return c;
-  }
-
-  std::vector<fs::path> found;
-  for (const auto& item : fs::directory_iterator(p, ec))
-    if (item.is_regular_file() && item.path().extension() == ".safetensors")
-      found.push_back(item.path());
-  if (ec) fail(where, ": cannot list the directory: ", ec.message());
-  if (found.empty()) fail(where, ": no ", kIndexName, " and no *.safetensors files");
-  std::sort(found.begin(), found.end());
-  for (const fs::path& file : found) {
-    const size_t idx = c.files_.size();
-    c.files_.push_back(SafetensorsFile::open(file.string()));
-    for (const std::string& name : c.files_[idx].names()) {
-      const auto [it, inserted] = c.where_.emplace(name, idx);
-      if (!inserted)
-        fail(where, ": tensor '", name, "' is in both '", c.files_[it->second].path(), "' and '",
-             file.string(), "'");
-    }
-  }
-  return c;
-}
-
-std::vector<std::string> Checkpoint::names() const {
-  std::vector<std::string> out;
-  for (const auto& [name, idx] : where_) out.push_back(name);
-  return out;
-}
-
-const SafetensorsFile& Checkpoint::file_of(const std::string& name) const {
-  const auto it = where_.find(name);
-  if (it == where_.end()) fail("checkpoint '", directory_, "': no tensor named '", name, "'");
-  return files_[it->second];
-}
-
-const SafetensorsEntry& Checkpoint::entry(const std::string& name) const {
-  return file_of(name).entry(name);
 }
 
 }  // namespace dsv4

@@ -28,24 +28,6 @@ TensorView reshape(const TensorView& t, std::initializer_list<int64_t> dims) {
   return v;
 }
 
-// The checkpoint stores wo_a as one [G*L, H*D/G] matrix with 128x128 block scales; grouped_wo_a
-// takes per-group scales [G, ceil(L/128), ...]. Each per-group block lies inside one checkpoint
-// block when L is a multiple of 128 (real models) or divides 128 (tiny test configs).
-HostTensor group_wo_a_scale(const ModelConfig& cfg, const Weight& wo_a) {
-  if (!wo_a.quantized()) return {};
-  const int64_t G = cfg.o_groups, L = cfg.o_lora_rank;
-  DSV4_CHECK(L % 128 == 0 || 128 % L == 0, "Attention: o_lora_rank ", L,
-             " must be a multiple or a divisor of 128 for block-scaled fp8 wo_a");
-  const HostTensor& s = wo_a.scale;
-  const int64_t cols = s.shape()[1], rows_per_group = (L + 127) / 128;
-  HostTensor out(s.dtype(), {G, rows_per_group, cols});
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t r = 0; r < rows_per_group; ++r)
-      for (int64_t c = 0; c < cols; ++c)
-        out.set((g * rows_per_group + r) * cols + c, s.get(((g * L + r * 128) / 128) * cols + c));
-  return out;
-}
-
 HostTensor i32(const std::vector<int32_t>& v) {
   HostTensor t(DType::int32, {static_cast<int64_t>(v.size())});
   std::copy(v.begin(), v.end(), t.data<int32_t>());
@@ -64,7 +46,6 @@ struct Attention::Impl {
   HostTensor cos_sin;                 // [rows, R] for positions [0, rows); grown on demand
   std::map<int64_t, int64_t> cached;  // tokens cached per request
   std::unique_ptr<CompressedScope> compressed;  // ratio > 0 layers
-  HostTensor wo_a_scale;  // fp8 wo_a: per-group block scales [G, ceil(L/128), ceil(H*D/G/128)]
 
   void check_inputs(const BatchPlan& plan, const TensorView& x, const TensorView& y) const;
   // Grows the cos/sin table (doubling, up to max_position) to cover positions [0, len). A table
@@ -97,7 +78,6 @@ Attention::Attention(const ModelConfig& cfg, int layer, AttentionWeights weights
   m.caches = make_layer_caches(cfg, m.kind, opts.caches);
   m.rope = cfg.rope_for_layer(layer);
   m.ensure_rope(4096);
-  m.wo_a_scale = group_wo_a_scale(cfg, m.w.wo_a);
   if (m.kind != LayerKind::swa)
     m.compressed = std::make_unique<CompressedScope>(cfg, layer, m.w, m.caches, m.cos_sin);
 }
@@ -305,9 +285,9 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x, const 
   if (opts.fp8_activations) {
     HostTensor oq(DType::fp8_e4m3, {T, HD}), oscale(DType::fp32, {T, HD / 128});
     quantize_act_fp8(reshape(o, {T, HD}), 128, oq, oscale);
-    grouped_wo_a(oq, oscale, w.wo_a.value, wo_a_scale, z);
+    grouped_wo_a(oq, oscale, w.wo_a.value, w.wo_a.scale, z);
   } else {
-    grouped_wo_a(reshape(o, {T, HD}), {}, w.wo_a.value, wo_a_scale, z);
+    grouped_wo_a(reshape(o, {T, HD}), {}, w.wo_a.value, w.wo_a.scale, z);
   }
   linear(z, {}, w.wo_b.value, w.wo_b.scale, y);
 

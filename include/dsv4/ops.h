@@ -141,6 +141,8 @@ struct SparsePrefillArgs {
   TensorView max_logits;   // [s_q, H] fp32, natural units (scale · q·k); -inf when no valid key
   TensorView lse;          // [s_q, H] fp32, natural log; +inf when no valid key
 };
+// Index values are never errors (masked as FlashMLA does); on CPU, topk_length values outside
+// [0, topk] are (dsv4::Error before any output is written).
 void sparse_prefill(const SparsePrefillArgs& args, Stream stream = nullptr);
 
 // ================================ prefill gather =============================================
@@ -149,7 +151,9 @@ void sparse_prefill(const SparsePrefillArgs& args, Stream stream = nullptr);
 // gather_lens is undefined) are dequantized to workspace[r, offset + j] for j < g.
 //   workspace [R, M, d] bf16 (d = the layout's dim), block_table [R, max_blocks] int32,
 //   seq_lens [R] int32 (entries), gather_lens [R] int32 optional. Rows not written keep their
-//   contents. An entry whose block is -1 or beyond the table is an error (CPU validation).
+//   contents. An entry whose block is -1 or beyond the table, gather_lens[r] outside
+//   [0, seq_lens[r]], or offset + g > M is an error (CPU validation). CPU only for now: CUDA
+//   tensors throw dsv4::Error until a CUDA twin exists.
 void dequantize_and_gather(const KvCacheView& cache, const TensorView& block_table,
                            const TensorView& seq_lens, const TensorView& gather_lens,
                            int64_t offset, const TensorView& workspace, Stream stream = nullptr);

@@ -96,7 +96,7 @@ void compressor_project(const CompressorConfig& cfg, const TensorView& x, const 
   if (dev != Device::cpu) cpu::throw_cuda_unavailable(kOp);
   for (int64_t t = 0; t < T; ++t)
     if (cpu::load_index(positions, t) < 0)
-      fail_expected(kOp, "positions[" + std::to_string(t) + "]", ">= 0",
+      fail_expected(kOp, detail::concat("positions[", t, "]"), ">= 0",
                     cpu::load_index(positions, t));
 
   linear(x, {}, wkv, {}, kv_rows);
@@ -151,7 +151,7 @@ void check_block_table(const char* name, const TensorView& table, int64_t rows, 
   check_ndim(kEmitOp, name, table, 2);
   check_dim(kEmitOp, name, table, 0, rows);
   if (table.size(1) < min_cols)
-    fail_expected(kEmitOp, std::string(name) + ".shape[1]", ">= " + std::to_string(min_cols),
+    fail_expected(kEmitOp, detail::concat(name, ".shape[1]"), detail::concat(">= ", min_cols),
                   table.size(1));
 }
 
@@ -177,24 +177,23 @@ std::vector<RequestRun> request_runs(const CompressorBatch& batch, int64_t T, in
   for (int64_t q = 0; q < R; ++q) {
     runs[q].context = cpu::load_index(batch.context_lens, q);
     if (runs[q].context < 0)
-      fail_expected(kEmitOp, "context_lens[" + std::to_string(q) + "]", ">= 0", runs[q].context);
+      fail_expected(kEmitOp, detail::concat("context_lens[", q, "]"), ">= 0", runs[q].context);
   }
   int64_t prev = -1;
   for (int64_t t = 0; t < T; ++t) {
     const int64_t q = cpu::load_index(batch.token_to_req, t);
-    const std::string at = "[" + std::to_string(t) + "]";
     if (q < 0 || q >= R)
-      fail_expected(kEmitOp, "token_to_req" + at, "in [0, " + std::to_string(R) + ")", q);
+      fail_expected(kEmitOp, detail::concat("token_to_req[", t, "]"), detail::concat("in [0, ", R, ")"), q);
     RequestRun& run = runs[q];
     if (run.count > 0 && q != prev)
-      fail(kEmitOp, ": token_to_req", at, ": the tokens of request ", q,
+      fail(kEmitOp, ": token_to_req[", t, "]: the tokens of request ", q,
            " must be one contiguous run of the batch, got a second run");
     if (run.count == 0) run.first_token = t;
     const int64_t p = cpu::load_index(batch.positions, t);
     if (p != run.end())
-      fail_expected(kEmitOp, "positions" + at,
-                    std::to_string(run.end()) + " (request " + std::to_string(q) +
-                        " continues at context_lens + its earlier tokens in the batch)",
+      fail_expected(kEmitOp, detail::concat("positions[", t, "]"),
+                    detail::concat(run.end(), " (request ", q,
+                                   " continues at context_lens + its earlier tokens in the batch)"),
                     p);
     ++run.count;
     prev = q;
@@ -347,7 +346,7 @@ void compressor_update_and_emit(const CompressorConfig& cfg, const TensorView& k
     const int64_t j = (p + 1) / r - 1;
     if (j * r >= cos_sin.size(0))
       fail_expected(kEmitOp, "cos_sin.shape[0]",
-                    "> " + std::to_string(j * r) + " (RoPE position of entry " + std::to_string(j) + ")",
+                    detail::concat("> ", j * r, " (RoPE position of entry ", j, ")"),
                     cos_sin.size(0));
     const int64_t slot = mapped_slot(out.block_table, q, j, out_block, out_slots);
     if (slot < 0)
@@ -408,8 +407,7 @@ void check_state_cache(const char* where, const PagedCache& state, const Compres
   const int64_t want = int64_t{state.spec().block_size} * row_bytes;
   if (state.spec().block_bytes != want)
     fail_expected(where, "state.spec().block_bytes",
-                  std::to_string(want) + " (block_size x " + std::to_string(row_bytes) +
-                      " B fp32 rows)",
+                  detail::concat(want, " (block_size x ", row_bytes, " B fp32 rows)"),
                   state.spec().block_bytes);
 }
 }  // namespace

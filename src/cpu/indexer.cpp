@@ -32,12 +32,11 @@ void check_visible_fit(const char* where, const char* cols_name, const TensorVie
                        int ratio, int64_t cols) {
   for (int64_t t = 0; t < positions.size(0); ++t) {
     const int64_t p = cpu::load_index(positions, t);
-    const std::string at = "positions[" + std::to_string(t) + "]";
-    if (p < 0) fail_expected(where, at, ">= 0", p);
+    if (p < 0) fail_expected(where, detail::concat("positions[", t, "]"), ">= 0", p);
     if (visible_entries(p, ratio) > cols)
       fail_expected(where, cols_name,
-                    ">= " + std::to_string(visible_entries(p, ratio)) + " (entries visible at " +
-                        at + " = " + std::to_string(p) + ")",
+                    detail::concat(">= ", visible_entries(p, ratio), " (entries visible at positions[",
+                                   t, "] = ", p, ")"),
                     cols);
   }
 }
@@ -119,8 +118,8 @@ void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorVie
   for (int64_t t = 0; t < T; ++t) {
     const int64_t p = cpu::load_index(positions, t);
     if (p < 0 || p >= cos_sin.size(0))
-      fail_expected(kOp, "positions[" + std::to_string(t) + "]",
-                    "in [0, " + std::to_string(cos_sin.size(0)) + ") (rows of cos_sin)", p);
+      fail_expected(kOp, detail::concat("positions[", t, "]"),
+                    detail::concat("in [0, ", cos_sin.size(0), ") (rows of cos_sin)"), p);
   }
   if (T == 0) return;
 
@@ -191,8 +190,8 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
   for (int64_t t = 0; t < T; ++t) {
     const int64_t q = cpu::load_index(token_to_req, t);
     if (q < 0 || q >= R)
-      fail_expected(kOp, "token_to_req[" + std::to_string(t) + "]",
-                    "in [0, " + std::to_string(R) + ") (rows of key_block_table)", q);
+      fail_expected(kOp, detail::concat("token_to_req[", t, "]"),
+                    detail::concat("in [0, ", R, ") (rows of key_block_table)"), q);
     keys_needed[q] = std::max(keys_needed[q], visible_entries(cpu::load_index(positions, t), ratio));
   }
   auto key_block = [&](int64_t q, int64_t j) -> int64_t {  // block id, or -1 if unmapped

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "dsv4/compressor.h"
 #include "dsv4/indexer.h"
 #include "dsv4/ops.h"
 #include "f64_ref.h"
@@ -355,6 +356,94 @@ TEST(CompressedPrefixIndices, EveryEmittedEntryInOrderThenPadding) {
   EXPECT_ERROR_WITH(compressed_prefix_indices(pos, 128, narrow), "indices.shape[1]");
   EXPECT_ERROR_WITH(compressed_prefix_indices(pos, 0, idx), "ratio");
   EXPECT_TRUE(same_bytes(idx, before));
+}
+
+
+// ================================ the whole C4A selection ====================================
+
+// The indexer's compressor writes keys, indexer_query prepares queries, indexer_scores and
+// indexer_topk select: the selection must agree with a float64 selection on unquantized
+// operands (the keys before FP8 and queries computed in float64). FP8 moves each score by ~1%,
+// which can only swap near-ties: recall is 0.99 here. Dropping the query-side rotation gives
+// 0.54, a conjugate RoPE 0.70, so 0.95 separates a faithful pipeline from a broken one.
+TEST(IndexerPipeline, TopkRecallAgainstFloat64Selection) {
+  const int64_t H = 4, hidden = 64, q_lora = 32, n = 96, K = 6, entries_n = n / 4;
+  Rng rng(2024);
+  CompressorConfig cfg;
+  cfg.head_dim = kDim;
+  cfg.target = CompressorTarget::indexer_keys;
+  const int64_t W = cfg.proj_width();
+  auto random = [&](DType t, std::vector<int64_t> shape, double lo, double hi) {
+    HostTensor h(t, std::move(shape));
+    for (int64_t i = 0; i < h.numel(); ++i) h.set(i, static_cast<float>(rng.nonzero(lo, hi)));
+    return h;
+  };
+  const HostTensor x = random(DType::fp32, {n, hidden}, 0.1, 1.0), qr = random(DType::fp32, {n, q_lora}, 0.1, 1.0),
+                   wkv = random(DType::fp32, {W, hidden}, 0.1, 1.0), wgate = random(DType::fp32, {W, hidden}, 0.02, 0.25),
+                   ape = random(DType::fp32, {4, W}, 0.1, 0.5), norm = random(DType::fp32, {kDim}, 0.5, 1.5),
+                   wq_b = random(DType::fp32, {H * kDim, q_lora}, 0.1, 1.0), wp = random(DType::fp32, {H, hidden}, 0.1, 1.0);
+  HostTensor pos(DType::int64, {n}), req(DType::int32, {n}), ctx(DType::int64, {1});
+  std::iota(pos.data<int64_t>(), pos.data<int64_t>() + n, 0);
+  std::fill_n(req.data<int32_t>(), n, 0);
+  ctx.data<int64_t>()[0] = 0;
+  const HostTensor cos_sin = build_rope_cache(RopeConfig{kTheta, 64, false, 1.0, 0, 32.0, 1.0}, n);
+
+  // Keys: one call over the whole prompt; ring of 8 rows in one block, keys in blocks of 8.
+  HostTensor kv(DType::fp32, {n, W}), score(DType::fp32, {n, W}), entries(DType::fp32, {n, kDim});
+  compressor_project(cfg, x, wkv, wgate, ape, pos, kv, score);
+  HostTensor ring(DType::fp32, {8, cfg.state_width()}), ring_table(DType::int32, {1, 1});
+  ring_table.data<int32_t>()[0] = 0;
+  const int64_t key_blocks = entries_n / 8;
+  HostTensor keys(DType::uint8, {key_blocks, 8 * indexer_keys::kEntryBytes}), key_table(DType::int32, {1, key_blocks});
+  for (int64_t b = 0; b < key_blocks; ++b) key_table.data<int32_t>()[b] = static_cast<int32_t>(key_blocks - 1 - b);
+  CompressorOutputView out;
+  out.indexer_keys = {keys, 8};
+  out.block_table = key_table;
+  compressor_update_and_emit(cfg, kv, score, {pos, req, ctx}, norm, cos_sin, {ring, ring_table, 8}, out, entries);
+
+  // Selection by the library.
+  HostTensor q_fp8(DType::fp8_e4m3, {n, H, kDim}), q_scale(DType::fp32, {n, H}), w(DType::fp32, {n, H}),
+      scores(DType::fp32, {n, entries_n}), idx(DType::int32, {n, K});
+  indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w);
+  indexer_scores(q_fp8, q_scale, w, pos, req, {keys, 8}, key_table, 4, scores);
+  indexer_topk(scores, pos, 4, idx);
+
+  // float64 selection: unquantized keys (the entries before FP8) and float64 queries/weights.
+  int64_t hits = 0, total = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t visible = (t + 1) / 4;
+    std::vector<std::vector<double>> q(static_cast<size_t>(H));
+    std::vector<double> wr(static_cast<size_t>(H), 0.0);
+    for (int64_t h = 0; h < H; ++h) {
+      q[h].assign(kDim, 0.0);
+      for (int d = 0; d < kDim; ++d)
+        for (int64_t k = 0; k < q_lora; ++k)
+          q[h][d] += double{qr.data<float>()[t * q_lora + k]} * wq_b.data<float>()[(h * kDim + d) * q_lora + k];
+      test::rope_f64(q[h].data(), kDim, 64, kTheta, t);
+      q[h] = test::hadamard_f64(q[h]);
+      for (int64_t k = 0; k < hidden; ++k) wr[h] += double{x.data<float>()[t * hidden + k]} * wp.data<float>()[h * hidden + k];
+      wr[h] /= std::sqrt(128.0 * static_cast<double>(H));
+    }
+    std::vector<float> ref_scores(static_cast<size_t>(visible));
+    for (int64_t j = 0; j < visible; ++j) {
+      const float* key = entries.data<float>() + (4 * j + 3) * kDim;  // emitted by token 4j + 3
+      double sc = 0.0;
+      for (int64_t h = 0; h < H; ++h) {
+        double dot = 0.0;
+        for (int d = 0; d < kDim; ++d) dot += q[h][d] * key[d];
+        sc += wr[h] * std::max(0.0, dot);
+      }
+      ref_scores[j] = static_cast<float>(sc);
+    }
+    const auto want = expected_topk(ref_scores.data(), visible, K);
+    for (int64_t k = 0; k < std::min(K, visible); ++k) {
+      ++total;
+      const int32_t* row = idx.data<int32_t>() + t * K;
+      hits += std::find(row, row + K, want[k]) != row + K;
+    }
+  }
+  ASSERT_GT(total, 0);
+  EXPECT_GE(static_cast<double>(hits) / static_cast<double>(total), 0.95) << hits << " / " << total;
 }
 
 }  // namespace

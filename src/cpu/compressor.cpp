@@ -70,6 +70,7 @@ void compressor_project(const CompressorConfig& cfg, const TensorView& x, const 
   check_ndim(kOp, "x", x, 2);
   const int64_t T = x.size(0), dim = x.size(1);
   cpu::check_dtype_in(kOp, "x", x, {DType::bf16, DType::fp32});
+  cpu::check_row_strided(kOp, "x", x);
   for (const auto& [name, w] : {std::pair<const char*, const TensorView&>{"wkv", wkv},
                                 std::pair<const char*, const TensorView&>{"wgate", wgate}}) {
     check_defined(kOp, name, w);
@@ -412,15 +413,19 @@ void check_state_cache(const char* where, const PagedCache& state, const Compres
 }
 }  // namespace
 
-void compressor_state_add_request(PagedCache& state, const CompressorConfig& cfg, int64_t req) {
-  constexpr const char* kOp = "compressor_state_add_request";
+void compressor_state_init(PagedCache& state, const CompressorConfig& cfg, int64_t req) {
+  constexpr const char* kOp = "compressor_state_init";
   cfg.validate(kOp);
   check_state_cache(kOp, state, cfg);
-  state.add_request(req);
+  const bool registered = state.has_request(req);
+  if (registered && state.num_entries(req) != 0)
+    fail_expected(kOp, detail::concat("rows of request ", req), "0 (a ring is reserved once)",
+                  state.num_entries(req));
+  if (!registered) state.add_request(req);
   try {
     state.append(req, cfg.ring_rows());
   } catch (...) {
-    state.remove_request(req);  // atomic: a full pool leaves the cache as it was
+    if (!registered) state.remove_request(req);  // atomic: a full pool leaves the cache as it was
     throw;
   }
 }

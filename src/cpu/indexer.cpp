@@ -73,6 +73,7 @@ void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorVie
   check_defined(kOp, "qr", qr);
   check_ndim(kOp, "qr", qr, 2);
   cpu::check_dtype_in(kOp, "qr", qr, {DType::bf16, DType::fp32});
+  cpu::check_row_strided(kOp, "qr", qr);
   const int64_t T = qr.size(0), q_lora = qr.size(1);
   check_defined(kOp, "wq_b", wq_b);
   check_ndim(kOp, "wq_b", wq_b, 2);
@@ -88,6 +89,7 @@ void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorVie
   check_ndim(kOp, "x", x, 2);
   check_dim(kOp, "x", x, 0, T);
   cpu::check_dtype_in(kOp, "x", x, {DType::bf16, DType::fp32});
+  cpu::check_row_strided(kOp, "x", x);
   check_defined(kOp, "weights_proj", weights_proj);
   cpu::check_dtype_in(kOp, "weights_proj", weights_proj, {DType::bf16, DType::fp32});
   check_shape(kOp, "weights_proj", weights_proj, {H, x.size(1)});
@@ -241,7 +243,10 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
       float score = 0.0f;
       for (int64_t h = 0; h < H; ++h) {
         float dot = 0.0f;  // products of two fp8 values are exact in fp32
-        for (int d = 0; d < kKeyDim; ++d) dot += qf[h * kKeyDim + d] * k[d];
+        const float* qh = qf.data() + h * kKeyDim;
+        // A fixed vector summation order: deterministic, and vectorized without -ffast-math.
+#pragma omp simd reduction(+ : dot)
+        for (int d = 0; d < kKeyDim; ++d) dot += qh[d] * k[d];
         // The scales are powers of two: applying them after the dot is exact.
         score += w[h] * std::max(dot * (qs[h] * key_scales[q][j]), 0.0f);
       }

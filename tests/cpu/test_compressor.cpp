@@ -442,6 +442,8 @@ TEST(Compressor, RunsOnLayerPagedCaches) {
   opts.compressed_blocks = 8;
   opts.state_blocks = 8;
   LayerCaches caches = make_layer_caches(mc, LayerKind::c4a, opts);
+  caches.add_request(100);
+  caches.add_request(101);
   for (const CompressorConfig cfg : {CompressorConfig::attention(mc, 4), CompressorConfig::indexer(mc)}) {
     const bool idx = cfg.target == CompressorTarget::indexer_keys;
     PagedCache& state = idx ? *caches.indexer_state : *caches.compressor_state;
@@ -453,10 +455,7 @@ TEST(Compressor, RunsOnLayerPagedCaches) {
     const std::vector<int64_t> lengths{10, 23};
     std::vector<RequestRows> rows;
     for (int64_t n : lengths) rows.push_back(project_request(params, n, rng));
-    for (int64_t q = 0; q < 2; ++q) {
-      compressor_state_add_request(state, c, 100 + q);
-      out.add_request(100 + q);
-    }
+    for (int64_t q = 0; q < 2; ++q) compressor_state_init(state, c, 100 + q);
     const HostTensor cos_sin = build_rope_cache(RopeConfig{kTheta, 64, false, 1.0, 0, 32.0, 1.0}, 64);
     std::vector<int64_t> ctx{0, 0};
     std::vector<std::vector<std::vector<float>>> got(2);
@@ -671,20 +670,26 @@ TEST(CompressorProject, BadInputWritesNothing) {
   EXPECT_TRUE(unchanged());
 }
 
-TEST(CompressorState, AddRequestReservesTheRingAndChecksRowWidth) {
+TEST(CompressorState, InitReservesTheRingOnceAtomically) {
   ModelConfig mc = ModelConfig::builtin("tiny");
   LayerCacheOptions opts;
   opts.state_blocks = 3;
   LayerCaches caches = make_layer_caches(mc, LayerKind::c4a, opts);
   const CompressorConfig c4 = CompressorConfig::attention(mc, 4);
-  compressor_state_add_request(*caches.compressor_state, c4, 1);
-  EXPECT_EQ(caches.compressor_state->num_entries(1), 8);  // coff·r rows, once
-  // 3 blocks of 4 rows: a second request needs 2 more blocks, only 1 left: atomic failure.
-  EXPECT_THROW(compressor_state_add_request(*caches.compressor_state, c4, 2), Error);
+  caches.add_request(1);  // registered by the layer: init only reserves the rows
+  compressor_state_init(*caches.compressor_state, c4, 1);
+  EXPECT_EQ(caches.compressor_state->num_entries(1), 8);  // coff·r rows
+  EXPECT_ERROR_WITH(compressor_state_init(*caches.compressor_state, c4, 1), "reserved once");
+  EXPECT_EQ(caches.compressor_state->num_entries(1), 8);
+  // 3 blocks of 4 rows: a second, unregistered request needs 2 blocks, only 1 is free.
+  EXPECT_THROW(compressor_state_init(*caches.compressor_state, c4, 2), Error);
   EXPECT_FALSE(caches.compressor_state->has_request(2));
+  EXPECT_EQ(caches.compressor_state->pool().num_free(), 1);
   // The indexer's ring has 128-dim rows: the attention config does not fit it.
   EXPECT_ERROR_WITH(compressor_state_rows(*caches.indexer_state, c4), "block_bytes");
+  EXPECT_ERROR_WITH(compressor_state_init(*caches.indexer_state, c4, 1), "block_bytes");
   EXPECT_EQ(compressor_state_rows(*caches.compressor_state, c4).shape[1], 4 * 512);
+  EXPECT_EQ(compressor_state_rows(*caches.indexer_state, CompressorConfig::indexer(mc)).shape[1], 4 * 128);
 }
 
 }  // namespace

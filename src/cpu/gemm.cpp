@@ -71,7 +71,8 @@ void run_item(const GemmProblem& p, const WorkItem& item, TileScratch& s) {
   const int64_t tn = std::min(kTileT, p.x.rows - item.t0);
   const int64_t nn = std::min(kTileN, p.w.rows - item.n0);
   std::fill(s.acc.begin(), s.acc.end(), 0.0f);
-  // Weight rows past N stay zero: their accumulators are computed but never stored.
+  // Lanes past N are computed but never stored; zeroing them keeps stale values (possibly NaN
+  // or denormal, which are slow) out of those lanes.
   if (nn < kTileN) std::fill(s.w_t.begin(), s.w_t.end(), 0.0f);
   for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
     const int64_t kn = std::min(kTileK, K - k0);

@@ -69,9 +69,12 @@ void apply_rope(const TensorView& x, const TensorView& positions, const TensorVi
 // fused_qnorm_rope_kv_insert):
 //   q [T, H, D] bf16, in place: q ← rms_norm(q, no weight, eps) per head, then RoPE on q[..., N:].
 //   kv [T, D] bf16 (already RMS-normed), in place: RoPE on kv[N:], then the token is written to
-//   `cache` at slot_mapping[t] (int64 [T]; -1 = don't store) in the cache's layout, and kv is
-//   overwritten with exactly what the cache now holds (dequantized), so the caller can attend
-//   to the current chunk with the cached values.
+//   `cache` at slot_mapping[t] (int64 or int32 [T]; -1 = don't store) in the cache's layout, and
+//   kv is overwritten with exactly what the cache now holds (dequantized), so the caller can
+//   attend to the current chunk with the cached values. A token with slot -1 gets the same
+//   quantize-dequantize (kv always holds what the cache would hold). D must be the layout's dim
+//   (512; 576 for V32_FP8). Slots must be -1 or in [0, cache.num_slots()) and distinct, positions
+//   in [0, cos_sin.shape[0]) — checked on CPU before anything is written.
 void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const TensorView& positions,
                           const TensorView& cos_sin, float eps, const KvCacheView& cache,
                           const TensorView& slot_mapping, Stream stream = nullptr);
@@ -146,7 +149,8 @@ void dequantize_and_gather(const KvCacheView& cache, const TensorView& block_tab
 // Grouped low-rank output projection: view o [T, H*D] as G groups of H*D/G;
 // z[:, g*L:(g+1)*L] = o_g · wo_a_gᵀ with wo_a [G, L, H*D/G] (bf16, or fp8 with wo_a_scale
 // [G, ceil(L/128), ceil(H*D/G/128)] ue8m0/fp32). o: bf16/fp32, or fp8 with o_scale [T, H*D/128]
-// (the production path: quantize_act_fp8 first). z [T, G*L] bf16/fp32.
+// (the production path: quantize_act_fp8 first; 1×64 blocks [T, H*D/64] also accepted; a scale
+// block may not straddle two groups). z [T, G*L] bf16/fp32.
 void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorView& wo_a,
                   const TensorView& wo_a_scale, const TensorView& z, Stream stream = nullptr);
 

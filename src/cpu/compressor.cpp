@@ -59,9 +59,8 @@ void CompressorConfig::validate(const char* where) const {
 // ================================ (a) projection =============================================
 
 void compressor_project(const CompressorConfig& cfg, const TensorView& x, const TensorView& wkv,
-                        const TensorView& wgate, const TensorView& ape,
-                        const TensorView& positions, const TensorView& kv_rows,
-                        const TensorView& score_rows, Stream stream) {
+                        const TensorView& wgate, const TensorView& ape, const TensorView& positions,
+                        const TensorView& kv_rows, const TensorView& score_rows, Stream stream) {
   constexpr const char* kOp = "compressor_project";
   (void)stream;
   cfg.validate(kOp);
@@ -83,17 +82,22 @@ void compressor_project(const CompressorConfig& cfg, const TensorView& x, const 
   check_shape(kOp, "ape", ape, {cfg.ratio, width});
   cpu::check_row_strided(kOp, "ape", ape);
   cpu::check_index_vector(kOp, "positions", positions, T);
-  for (const auto& [name, out] : {std::pair<const char*, const TensorView&>{"kv_rows", kv_rows},
-                                  std::pair<const char*, const TensorView&>{"score_rows", score_rows}}) {
+  for (const auto& [name, out] :
+       {std::pair<const char*, const TensorView&>{"kv_rows", kv_rows},
+        std::pair<const char*, const TensorView&>{"score_rows", score_rows}}) {
     check_defined(kOp, name, out);
     check_dtype(kOp, name, out, DType::fp32);
     check_shape(kOp, name, out, {T, width});
     cpu::check_row_strided(kOp, name, out);
   }
   cpu::check_disjoint(kOp, "score_rows", score_rows, "kv_rows", kv_rows);
-  const Device dev = cpu::common_device(
-      kOp, {{"x", x}, {"wkv", wkv}, {"wgate", wgate}, {"ape", ape}, {"positions", positions},
-            {"kv_rows", kv_rows}, {"score_rows", score_rows}});
+  const Device dev = cpu::common_device(kOp, {{"x", x},
+                                              {"wkv", wkv},
+                                              {"wgate", wgate},
+                                              {"ape", ape},
+                                              {"positions", positions},
+                                              {"kv_rows", kv_rows},
+                                              {"score_rows", score_rows}});
   if (dev != Device::cpu) cpu::throw_cuda_unavailable(kOp);
   for (int64_t t = 0; t < T; ++t)
     if (cpu::load_index(positions, t) < 0)
@@ -128,10 +132,10 @@ struct RequestRun {
 
 // One entry completed by this call.
 struct Emission {
-  int64_t token;    // the token that completes it (position (j+1)·r − 1)
+  int64_t token;  // the token that completes it (position (j+1)·r − 1)
   int64_t req;
-  int64_t entry;    // j
-  int64_t slot;     // destination slot in the output cache
+  int64_t entry;  // j
+  int64_t slot;   // destination slot in the output cache
 };
 
 // Global slot of row/entry `i` of request `req` through a block table; -1 when the block lies
@@ -184,7 +188,8 @@ std::vector<RequestRun> request_runs(const CompressorBatch& batch, int64_t T, in
   for (int64_t t = 0; t < T; ++t) {
     const int64_t q = cpu::load_index(batch.token_to_req, t);
     if (q < 0 || q >= R)
-      fail_expected(kEmitOp, detail::concat("token_to_req[", t, "]"), detail::concat("in [0, ", R, ")"), q);
+      fail_expected(kEmitOp, detail::concat("token_to_req[", t, "]"),
+                    detail::concat("in [0, ", R, ")"), q);
     RequestRun& run = runs[q];
     if (run.count > 0 && q != prev)
       fail(kEmitOp, ": token_to_req[", t, "]: the tokens of request ", q,
@@ -233,7 +238,8 @@ void pool_window(const CompressorConfig& cfg, const RequestRun& run, int64_t req
       kv[n] = kv_rows.ptr<float>() + t * kv_rows.stride(0) + col;
       s[n] = score_rows.ptr<float>() + t * score_rows.stride(0) + col;
     } else {
-      const float* row = state.rows.ptr<float>() + ring_slot(cfg, state, req, pos) * state.rows.stride(0);
+      const float* row =
+          state.rows.ptr<float>() + ring_slot(cfg, state, req, pos) * state.rows.stride(0);
       kv[n] = row + col;
       s[n] = row + width + col;
     }
@@ -295,8 +301,9 @@ void compressor_update_and_emit(const CompressorConfig& cfg, const TensorView& k
   check_ndim(kEmitOp, "context_lens", batch.context_lens, 1);
   const int64_t R = batch.context_lens.size(0);
   cpu::check_index_vector(kEmitOp, "context_lens", batch.context_lens, R);
-  for (const auto& [name, rows] : {std::pair<const char*, const TensorView&>{"kv_rows", kv_rows},
-                                   std::pair<const char*, const TensorView&>{"score_rows", score_rows}}) {
+  for (const auto& [name, rows] :
+       {std::pair<const char*, const TensorView&>{"kv_rows", kv_rows},
+        std::pair<const char*, const TensorView&>{"score_rows", score_rows}}) {
     check_defined(kEmitOp, name, rows);
     check_dtype(kEmitOp, name, rows, DType::fp32);
     check_shape(kEmitOp, name, rows, {T, width});
@@ -325,12 +332,18 @@ void compressor_update_and_emit(const CompressorConfig& cfg, const TensorView& k
   }
   const TensorView& out_data =
       cfg.target == CompressorTarget::kv_cache ? out.kv_cache.data : out.indexer_keys.data;
-  const Device dev = cpu::common_device(
-      kEmitOp, {{"kv_rows", kv_rows}, {"score_rows", score_rows}, {"positions", batch.positions},
-                {"token_to_req", batch.token_to_req}, {"context_lens", batch.context_lens},
-                {"norm_weight", norm_weight}, {"cos_sin", cos_sin}, {"state.rows", state.rows},
-                {"state.block_table", state.block_table}, {"out.block_table", out.block_table},
-                {"out cache", out_data}, {"entries", entries}});
+  const Device dev = cpu::common_device(kEmitOp, {{"kv_rows", kv_rows},
+                                                  {"score_rows", score_rows},
+                                                  {"positions", batch.positions},
+                                                  {"token_to_req", batch.token_to_req},
+                                                  {"context_lens", batch.context_lens},
+                                                  {"norm_weight", norm_weight},
+                                                  {"cos_sin", cos_sin},
+                                                  {"state.rows", state.rows},
+                                                  {"state.block_table", state.block_table},
+                                                  {"out.block_table", out.block_table},
+                                                  {"out cache", out_data},
+                                                  {"entries", entries}});
   if (dev != Device::cpu) cpu::throw_cuda_unavailable(kEmitOp);
 
   // ---- data: runs, emitted entries and every slot this call touches ----
@@ -434,10 +447,10 @@ TensorView compressor_state_rows(const PagedCache& state, const CompressorConfig
   constexpr const char* kOp = "compressor_state_rows";
   cfg.validate(kOp);
   check_state_cache(kOp, state, cfg);
-  return TensorView(state.storage(), DType::fp32,
-                    {int64_t{state.spec().num_blocks} * state.spec().block_size,
-                     int64_t{cfg.state_width()}},
-                    state.device());
+  return TensorView(
+      state.storage(), DType::fp32,
+      {int64_t{state.spec().num_blocks} * state.spec().block_size, int64_t{cfg.state_width()}},
+      state.device());
 }
 
 }  // namespace dsv4

@@ -11,18 +11,19 @@
 #include <string>
 #include <vector>
 
+#include "compressor_test_support.h"
 #include "dsv4/compressor.h"
 #include "dsv4/ops.h"
 #include "dsv4/paged_cache.h"
-#include "f64_ref.h"
 
 namespace dsv4 {
 namespace {
 
 using test::Rng;
 
-constexpr int kHidden = 64;        // small hidden size keeps the projections cheap
-constexpr double kTheta = 10000.0;  // plain RoPE (YaRN frequencies are the RoPE tests' business)
+constexpr int kHidden = 64;  // small hidden size keeps the projections cheap
+// The RoPE of compressed layers (SPEC §3): theta 160000 with YaRN (factor 16 over 65536).
+const RopeConfig kRope = dense_test::yarn_rope(64);
 constexpr float kPoisonF = std::numeric_limits<float>::quiet_NaN();
 constexpr uint8_t kPoisonByte = 0xAB;
 
@@ -66,7 +67,8 @@ std::vector<std::vector<double>> reference_entries(const Params& p, const std::v
   const CompressorConfig& c = p.cfg;
   const int D = c.head_dim, r = c.ratio;
   std::vector<std::vector<double>> kv(n), s(n);
-  for (int64_t t = 0; t < n; ++t) project_f64(p, &x[static_cast<size_t>(t) * kHidden], t, kv[t], s[t]);
+  for (int64_t t = 0; t < n; ++t)
+    project_f64(p, &x[static_cast<size_t>(t) * kHidden], t, kv[t], s[t]);
   std::vector<std::vector<double>> entries;
   for (int64_t j = 0; (j + 1) * r <= n; ++j) {
     // (token, column offset) of every pooled row.
@@ -92,7 +94,7 @@ std::vector<std::vector<double>> reference_entries(const Params& p, const std::v
     for (double v : e) ms += v * v;
     ms /= D;
     for (int d = 0; d < D; ++d) e[d] = e[d] / std::sqrt(ms + c.eps) * p.norm[d];
-    test::rope_f64(e.data(), D, c.rope_dims, kTheta, j * r);
+    test::rope_f64(e.data(), D, kRope, j * r);
     if (c.target == CompressorTarget::indexer_keys) e = test::hadamard_f64(e);
     entries.push_back(std::move(e));
   }
@@ -114,8 +116,13 @@ struct Rig {
 
   Rig(const CompressorConfig& c, KvLayout l, int requests, int64_t max_positions, int ob, int sb,
       uint64_t seed)
-      : cfg(c), layout(l), R(requests), out_block(ob), state_block(sb),
-        max_entries(max_positions / c.ratio), context(requests, 0) {
+      : cfg(c),
+        layout(l),
+        R(requests),
+        out_block(ob),
+        state_block(sb),
+        max_entries(max_positions / c.ratio),
+        context(requests, 0) {
     Rng rng(seed);
     // Output cache: blocks handed out in a shuffled order (plus spare blocks nobody owns), so a
     // wrong slot mapping shows.
@@ -134,8 +141,7 @@ struct Rig {
     state_rows = HostTensor(DType::fp32, {state_blocks * state_block, int64_t{c.state_width()}});
     state_rows.fill_bytes(0xFF);
     state_table = shuffled_table(R, ring_blocks, state_blocks, rng);
-    cos_sin = build_rope_cache(RopeConfig{kTheta, c.rope_dims, false, 1.0, 0, 32.0, 1.0},
-                               std::max<int64_t>(1, max_positions));
+    cos_sin = build_rope_cache(kRope, std::max<int64_t>(1, max_positions));
   }
 
   static HostTensor shuffled_table(int rows, int64_t cols, int64_t num_blocks, Rng& rng) {
@@ -163,7 +169,8 @@ struct Rig {
   CompressorStateView state_view() const { return {state_rows, state_table, state_block}; }
 
   int64_t out_slot(int64_t req, int64_t j) const {
-    return int64_t{out_table.data<int32_t>()[req * out_table.shape()[1] + j / out_block]} * out_block +
+    return int64_t{out_table.data<int32_t>()[req * out_table.shape()[1] + j / out_block]} *
+               out_block +
            j % out_block;
   }
 };
@@ -184,10 +191,11 @@ RequestRows project_request(const Params& p, int64_t n, Rng& rng) {
   HostTensor x(DType::fp32, {n, kHidden}), pos(DType::int64, {n});
   std::copy(rr.x.begin(), rr.x.end(), x.data<float>());
   std::iota(pos.data<int64_t>(), pos.data<int64_t>() + n, 0);
-  compressor_project(p.cfg, x, TensorView(const_cast<float*>(p.wkv.data()), DType::fp32, {W, kHidden}),
+  compressor_project(p.cfg, x,
+                     TensorView(const_cast<float*>(p.wkv.data()), DType::fp32, {W, kHidden}),
                      TensorView(const_cast<float*>(p.wgate.data()), DType::fp32, {W, kHidden}),
-                     TensorView(const_cast<float*>(p.ape.data()), DType::fp32, {p.cfg.ratio, W}), pos,
-                     rr.kv, rr.score);
+                     TensorView(const_cast<float*>(p.ape.data()), DType::fp32, {p.cfg.ratio, W}),
+                     pos, rr.kv, rr.score);
   return rr;
 }
 
@@ -228,7 +236,8 @@ std::vector<Emitted> run_call(Rig& rig, const Params& p, const std::vector<Reque
     if ((p_abs + 1) % rig.cfg.ratio == 0) {
       out.push_back({req.data<int32_t>()[i], (p_abs + 1) / rig.cfg.ratio - 1, {row, row + D}});
     } else {
-      for (int64_t d = 0; d < D; ++d) EXPECT_TRUE(std::isnan(row[d])) << "entries row " << i << " written";
+      for (int64_t d = 0; d < D; ++d)
+        EXPECT_TRUE(std::isnan(row[d])) << "entries row " << i << " written";
     }
   }
   for (auto [q, n] : chunks) rig.context[q] += n;
@@ -237,13 +246,15 @@ std::vector<Emitted> run_call(Rig& rig, const Params& p, const std::vector<Reque
 
 // The bytes the output cache must hold for one entry, from its pre-quantization values,
 // encoded independently of the op (test-side FP8 emulation; the layout codec for KV caches).
-void encode_expected(const Rig& rig, std::vector<uint8_t>& cache, int64_t slot, std::vector<float> v) {
+void encode_expected(const Rig& rig, std::vector<uint8_t>& cache, int64_t slot,
+                     std::vector<float> v) {
   const int64_t row_bytes = rig.out_data.shape()[1];
   uint8_t* block = cache.data() + (slot / rig.out_block) * row_bytes;
   const int off = static_cast<int>(slot % rig.out_block);
   if (rig.cfg.target == CompressorTarget::kv_cache) {
     if (rig.layout != KvLayout::model1_fp8)  // the model's FP8 rounding of the nope dims
-      for (int b = 0; b < rig.cfg.head_dim - rig.cfg.rope_dims; b += 64) test::fp8_round_f64(v.data() + b, 64);
+      for (int b = 0; b < rig.cfg.head_dim - rig.cfg.rope_dims; b += 64)
+        test::fp8_round_block_f64(v.data() + b, 64);
     kv_encode_token(kv_geometry(rig.layout, rig.out_block), block, off, v.data());
   } else {
     double amax = 0.0;
@@ -333,7 +344,8 @@ TEST_P(CompressorSchedule, MatchesFloat64AndOneShotBytes) {
   }
   // The cache holds exactly the encoded entries at their slots and nothing else changed.
   ASSERT_EQ(expected.size(), rig.out_data.nbytes());
-  EXPECT_EQ(0, std::memcmp(expected.data(), rig.out_data.data<uint8_t>(), expected.size())) << c.name;
+  EXPECT_EQ(0, std::memcmp(expected.data(), rig.out_data.data<uint8_t>(), expected.size()))
+      << c.name;
 
   // State carried across calls changes nothing: a one-shot run writes the same bytes.
   if (c.schedule != Schedule::one_shot) {
@@ -384,14 +396,16 @@ TEST(Compressor, Model1CacheDecodesToFloat64Entries) {
   for (int64_t j = 0; j < 4; ++j) {
     const int64_t slot = rig.out_slot(0, j);
     std::vector<float> dec(512);
-    kv_decode_token(g, rig.out_data.data<uint8_t>() + (slot / 4) * g.block_bytes, slot % 4, dec.data());
+    kv_decode_token(g, rig.out_data.data<uint8_t>() + (slot / 4) * g.block_bytes, slot % 4,
+                    dec.data());
     for (int b = 0; b < 7; ++b) {
       double amax = 0.0;
       for (int i = 0; i < 64; ++i) amax = std::max(amax, std::fabs(ref[j][b * 64 + i]));
       const double scale = test::ue8m0_scale_f64(amax);
       for (int i = 0; i < 64; ++i) {
         const double r = ref[j][b * 64 + i];
-        EXPECT_NEAR(dec[b * 64 + i], r, std::ldexp(std::fabs(r), -4) + std::ldexp(scale, -10) + 1e-4);
+        EXPECT_NEAR(dec[b * 64 + i], r,
+                    std::ldexp(std::fabs(r), -4) + std::ldexp(scale, -10) + 1e-4);
       }
     }
     for (int d = 448; d < 512; ++d)
@@ -416,10 +430,10 @@ TEST(CompressorProject, MatchesFloat64WithApeAtPositionModRatio) {
     for (int64_t t = 0; t < T; ++t) pos.data<int32_t>()[t] = static_cast<int32_t>(1000 + 37 * t);
     kv.fill_bytes(0xFF);
     score.fill_bytes(0xFF);
-    compressor_project(cfg, x, TensorView(const_cast<float*>(params.wkv.data()), DType::fp32, {W, kHidden}),
-                       TensorView(const_cast<float*>(params.wgate.data()), DType::fp32, {W, kHidden}),
-                       TensorView(const_cast<float*>(params.ape.data()), DType::fp32, {ratio, W}), pos,
-                       kv, score);
+    compressor_project(
+        cfg, x, TensorView(const_cast<float*>(params.wkv.data()), DType::fp32, {W, kHidden}),
+        TensorView(const_cast<float*>(params.wgate.data()), DType::fp32, {W, kHidden}),
+        TensorView(const_cast<float*>(params.ape.data()), DType::fp32, {ratio, W}), pos, kv, score);
     std::vector<double> kv_ref, s_ref;
     for (int64_t t = 0; t < T; ++t) {
       project_f64(params, xs.data() + t * kHidden, pos.data<int32_t>()[t], kv_ref, s_ref);
@@ -444,7 +458,8 @@ TEST(Compressor, RunsOnLayerPagedCaches) {
   LayerCaches caches = make_layer_caches(mc, LayerKind::c4a, opts);
   caches.add_request(100);
   caches.add_request(101);
-  for (const CompressorConfig cfg : {CompressorConfig::attention(mc, 4), CompressorConfig::indexer(mc)}) {
+  for (const CompressorConfig cfg :
+       {CompressorConfig::attention(mc, 4), CompressorConfig::indexer(mc)}) {
     const bool idx = cfg.target == CompressorTarget::indexer_keys;
     PagedCache& state = idx ? *caches.indexer_state : *caches.compressor_state;
     PagedCache& out = idx ? *caches.indexer_keys : *caches.compressed;
@@ -456,7 +471,7 @@ TEST(Compressor, RunsOnLayerPagedCaches) {
     std::vector<RequestRows> rows;
     for (int64_t n : lengths) rows.push_back(project_request(params, n, rng));
     for (int64_t q = 0; q < 2; ++q) compressor_state_init(state, c, 100 + q);
-    const HostTensor cos_sin = build_rope_cache(RopeConfig{kTheta, 64, false, 1.0, 0, 32.0, 1.0}, 64);
+    const HostTensor cos_sin = build_rope_cache(kRope, 64);
     std::vector<int64_t> ctx{0, 0};
     std::vector<std::vector<std::vector<float>>> got(2);
     for (int64_t step : {7, 3, 13}) {
@@ -465,7 +480,8 @@ TEST(Compressor, RunsOnLayerPagedCaches) {
         const int64_t n = std::min(step, lengths[q] - ctx[q]);
         if (n <= 0) continue;
         chunks.push_back({q, n});
-        out.append(100 + q, compressor_entries_after(4, ctx[q] + n) - compressor_entries_after(4, ctx[q]));
+        out.append(100 + q,
+                   compressor_entries_after(4, ctx[q] + n) - compressor_entries_after(4, ctx[q]));
       }
       const int64_t W = c.proj_width();
       int64_t T = 0;
@@ -478,7 +494,8 @@ TEST(Compressor, RunsOnLayerPagedCaches) {
       for (auto [q, n] : chunks)
         for (int64_t i = 0; i < n; ++i, ++t) {
           std::copy_n(rows[q].kv.data<float>() + (ctx[q] + i) * W, W, kv.data<float>() + t * W);
-          std::copy_n(rows[q].score.data<float>() + (ctx[q] + i) * W, W, score.data<float>() + t * W);
+          std::copy_n(rows[q].score.data<float>() + (ctx[q] + i) * W, W,
+                      score.data<float>() + t * W);
           pos.data<int64_t>()[t] = ctx[q] + i;
           req.data<int32_t>()[t] = q;
         }
@@ -487,11 +504,13 @@ TEST(Compressor, RunsOnLayerPagedCaches) {
       const HostTensor out_table = pack_block_tables(out, {100, 101});
       CompressorOutputView ov;
       ov.block_table = out_table;
-      if (idx) ov.indexer_keys = IndexerKeyCacheView{out.storage_view(), out.spec().block_size};
-      else ov.kv_cache = out.kv_view();
-      compressor_update_and_emit(c, kv, score, CompressorBatch{pos, req, ctxs}, norm, cos_sin,
-                                 {compressor_state_rows(state, c), state_table, state.spec().block_size},
-                                 ov, entries);
+      if (idx)
+        ov.indexer_keys = IndexerKeyCacheView{out.storage_view(), out.spec().block_size};
+      else
+        ov.kv_cache = out.kv_view();
+      compressor_update_and_emit(
+          c, kv, score, CompressorBatch{pos, req, ctxs}, norm, cos_sin,
+          {compressor_state_rows(state, c), state_table, state.spec().block_size}, ov, entries);
       for (int64_t i = 0; i < T; ++i)
         if ((pos.data<int64_t>()[i] + 1) % 4 == 0) {
           const float* r = entries.data<float>() + i * c.head_dim;
@@ -529,14 +548,16 @@ struct CompressorBadInput : ::testing::Test {
     run_call(rig, params, rows, {{0, 2}});  // positions 0, 1 into the ring
     for (int64_t t = 0; t < 6; ++t) {
       std::copy_n(rows[0].kv.data<float>() + (2 + t) * 1024, 1024, kv.data<float>() + t * 1024);
-      std::copy_n(rows[0].score.data<float>() + (2 + t) * 1024, 1024, score.data<float>() + t * 1024);
+      std::copy_n(rows[0].score.data<float>() + (2 + t) * 1024, 1024,
+                  score.data<float>() + t * 1024);
       pos.data<int64_t>()[t] = 2 + t;
       req.data<int32_t>()[t] = 0;
     }
     ctx.data<int64_t>()[0] = 2;
     std::copy(params.norm.begin(), params.norm.end(), norm.data<float>());
     entries.fill_bytes(0xFF);
-    state_before.assign(rig.state_rows.data<uint8_t>(), rig.state_rows.data<uint8_t>() + rig.state_rows.nbytes());
+    state_before.assign(rig.state_rows.data<uint8_t>(),
+                        rig.state_rows.data<uint8_t>() + rig.state_rows.nbytes());
     entries_before.assign(entries.data<uint8_t>(), entries.data<uint8_t>() + entries.nbytes());
   }
   void call(const CompressorConfig& c, const TensorView& kv_v, const CompressorBatch& b,
@@ -544,73 +565,94 @@ struct CompressorBadInput : ::testing::Test {
     compressor_update_and_emit(c, kv_v, score, b, norm, cs, st, ov, entries);
   }
   void call() { call(cfg, kv, {pos, req, ctx}, rig.state_view(), rig.out_view(), rig.cos_sin); }
-  // Nothing written: ring, output cache (still all poison: this rig emitted nothing yet) and entries.
+  // Nothing written: ring, output cache (still all poison: this rig emitted nothing yet) and
+  // entries.
   void expect_unchanged() {
-    EXPECT_EQ(0, std::memcmp(state_before.data(), rig.state_rows.data<uint8_t>(), state_before.size()));
-    EXPECT_EQ(0, std::memcmp(rig.out_poison.data(), rig.out_data.data<uint8_t>(), rig.out_poison.size()));
-    EXPECT_EQ(0, std::memcmp(entries_before.data(), entries.data<uint8_t>(), entries_before.size()));
+    EXPECT_EQ(
+        0, std::memcmp(state_before.data(), rig.state_rows.data<uint8_t>(), state_before.size()));
+    EXPECT_EQ(
+        0, std::memcmp(rig.out_poison.data(), rig.out_data.data<uint8_t>(), rig.out_poison.size()));
+    EXPECT_EQ(0,
+              std::memcmp(entries_before.data(), entries.data<uint8_t>(), entries_before.size()));
   }
 };
 
-#define EXPECT_ERROR_WITH(stmt, substring)                                              \
-  do {                                                                                  \
-    try {                                                                               \
-      stmt;                                                                             \
-      ADD_FAILURE() << "expected dsv4::Error containing \"" << (substring) << "\"";     \
-    } catch (const Error& e) {                                                          \
-      EXPECT_NE(std::string(e.what()).find(substring), std::string::npos) << e.what(); \
-    }                                                                                   \
-  } while (0)
-
 TEST_F(CompressorBadInput, ValidCallSucceeds) {
   ASSERT_NO_THROW(call());
-  EXPECT_NE(0, std::memcmp(rig.out_poison.data(), rig.out_data.data<uint8_t>(), rig.out_poison.size()));
+  EXPECT_NE(
+      0, std::memcmp(rig.out_poison.data(), rig.out_data.data<uint8_t>(), rig.out_poison.size()));
 }
 
 TEST_F(CompressorBadInput, ShapeAndDtypeMismatches) {
   HostTensor narrow(DType::fp32, {6, 512}), bf(DType::bf16, {6, 1024});
-  EXPECT_ERROR_WITH(call(cfg, narrow, {pos, req, ctx}, rig.state_view(), rig.out_view(), rig.cos_sin),
-                    "kv_rows");
-  EXPECT_ERROR_WITH(call(cfg, bf, {pos, req, ctx}, rig.state_view(), rig.out_view(), rig.cos_sin),
-                    "kv_rows.dtype");
+  dense_test::expect_error(
+      [&] {
+        call(cfg, narrow, {pos, req, ctx}, rig.state_view(), rig.out_view(), rig.cos_sin);
+      },
+      {"kv_rows"});
+  dense_test::expect_error(
+      [&] {
+        call(cfg, bf, {pos, req, ctx}, rig.state_view(), rig.out_view(), rig.cos_sin);
+      },
+      {"kv_rows.dtype"});
   HostTensor short_req(DType::int32, {5});
-  EXPECT_ERROR_WITH(call(cfg, kv, {pos, short_req, ctx}, rig.state_view(), rig.out_view(), rig.cos_sin),
-                    "token_to_req");
-  HostTensor cs_short = build_rope_cache(RopeConfig{kTheta, 64, false, 1.0, 0, 32.0, 1.0}, 4);
-  EXPECT_ERROR_WITH(call(cfg, kv, {pos, req, ctx}, rig.state_view(), rig.out_view(), cs_short),
-                    "cos_sin.shape[0]");
+  dense_test::expect_error(
+      [&] {
+        call(cfg, kv, {pos, short_req, ctx}, rig.state_view(), rig.out_view(), rig.cos_sin);
+      },
+      {"token_to_req"});
+  HostTensor cs_short = build_rope_cache(kRope, 4);
+  dense_test::expect_error(
+      [&] {
+        call(cfg, kv, {pos, req, ctx}, rig.state_view(), rig.out_view(), cs_short);
+      },
+      {"cos_sin.shape[0]"});
   CompressorStateView bad_rows = rig.state_view();
   HostTensor rows_bf(DType::bf16, {rig.state_rows.shape()[0], 2048});
   bad_rows.rows = rows_bf;
-  EXPECT_ERROR_WITH(call(cfg, kv, {pos, req, ctx}, bad_rows, rig.out_view(), rig.cos_sin), "state.rows");
+  dense_test::expect_error(
+      [&] {
+        call(cfg, kv, {pos, req, ctx}, bad_rows, rig.out_view(), rig.cos_sin);
+      },
+      {"state.rows"});
   CompressorOutputView v32 = rig.out_view();
   v32.kv_cache.layout = KvLayout::v32_fp8;
-  EXPECT_ERROR_WITH(call(cfg, kv, {pos, req, ctx}, rig.state_view(), v32, rig.cos_sin), "out.kv_cache");
+  dense_test::expect_error(
+      [&] {
+        call(cfg, kv, {pos, req, ctx}, rig.state_view(), v32, rig.cos_sin);
+      },
+      {"out.kv_cache"});
   CompressorConfig bad_ratio = cfg;
   bad_ratio.ratio = 5;
-  EXPECT_ERROR_WITH(call(bad_ratio, kv, {pos, req, ctx}, rig.state_view(), rig.out_view(), rig.cos_sin),
-                    "cfg.ratio");
+  dense_test::expect_error(
+      [&] {
+        call(bad_ratio, kv, {pos, req, ctx}, rig.state_view(), rig.out_view(), rig.cos_sin);
+      },
+      {"cfg.ratio"});
   CompressorConfig idx_dim = cfg;
   idx_dim.target = CompressorTarget::indexer_keys;  // D 512 is not an indexer key
-  EXPECT_ERROR_WITH(call(idx_dim, kv, {pos, req, ctx}, rig.state_view(), rig.out_view(), rig.cos_sin),
-                    "cfg.head_dim");
+  dense_test::expect_error(
+      [&] {
+        call(idx_dim, kv, {pos, req, ctx}, rig.state_view(), rig.out_view(), rig.cos_sin);
+      },
+      {"cfg.head_dim"});
   expect_unchanged();
 }
 
 TEST_F(CompressorBadInput, PositionsMustContinueTheState) {
   ctx.data<int64_t>()[0] = 3;  // the state has consumed 2 positions, the batch claims 3
-  EXPECT_ERROR_WITH(call(), "positions[0]");
+  dense_test::expect_error([&] { call(); }, {"positions[0]"});
   ctx.data<int64_t>()[0] = 2;
   pos.data<int64_t>()[4] = 9;  // a gap inside the run
-  EXPECT_ERROR_WITH(call(), "positions[4]");
+  dense_test::expect_error([&] { call(); }, {"positions[4]"});
   expect_unchanged();
 }
 
 TEST_F(CompressorBadInput, RequestRowsAndRuns) {
   req.data<int32_t>()[2] = 1;  // only one request row
-  EXPECT_ERROR_WITH(call(), "token_to_req[2]");
+  dense_test::expect_error([&] { call(); }, {"token_to_req[2]"});
   req.data<int32_t>()[2] = -1;
-  EXPECT_ERROR_WITH(call(), "token_to_req[2]");
+  dense_test::expect_error([&] { call(); }, {"token_to_req[2]"});
   expect_unchanged();
 }
 
@@ -624,9 +666,12 @@ TEST_F(CompressorBadInput, RequestTokensMustBeOneRun) {
   std::copy(pv, pv + 3, p3.data<int64_t>());
   std::copy(rv, rv + 3, r3.data<int32_t>());
   c2.data<int64_t>()[0] = c2.data<int64_t>()[1] = 0;
-  EXPECT_ERROR_WITH(compressor_update_and_emit(cfg, kv3, s3, {p3, r3, c2}, norm, two.cos_sin,
-                                               two.state_view(), two.out_view()),
-                    "contiguous run");
+  dense_test::expect_error(
+      [&] {
+        compressor_update_and_emit(cfg, kv3, s3, {p3, r3, c2}, norm, two.cos_sin, two.state_view(),
+                                   two.out_view());
+      },
+      {"contiguous run"});
 }
 
 TEST_F(CompressorBadInput, UnmappedSlots) {
@@ -636,22 +681,31 @@ TEST_F(CompressorBadInput, UnmappedSlots) {
   table.data<int32_t>()[0] = rig.out_table.data<int32_t>()[0];
   table.data<int32_t>()[1] = -1;
   ov.block_table = table;
-  EXPECT_ERROR_WITH(call(cfg, kv, {pos, req, ctx}, rig.state_view(), ov, rig.cos_sin), "entry 1");
+  dense_test::expect_error(
+      [&] {
+        call(cfg, kv, {pos, req, ctx}, rig.state_view(), ov, rig.cos_sin);
+      },
+      {"entry 1"});
   // The ring row of position 1 (read by entry 0, written by the previous call) is unmapped.
   CompressorStateView st = rig.state_view();
   HostTensor st_table(DType::int32, {1, 2});
   st_table.data<int32_t>()[0] = -1;
   st_table.data<int32_t>()[1] = rig.state_table.data<int32_t>()[1];
   st.block_table = st_table;
-  EXPECT_ERROR_WITH(call(cfg, kv, {pos, req, ctx}, st, rig.out_view(), rig.cos_sin), "ring row");
+  dense_test::expect_error(
+      [&] {
+        call(cfg, kv, {pos, req, ctx}, st, rig.out_view(), rig.cos_sin);
+      },
+      {"ring row"});
   expect_unchanged();
 }
 
 TEST(CompressorProject, BadInputWritesNothing) {
   CompressorConfig cfg;
   const int64_t T = 3, W = cfg.proj_width();
-  HostTensor x(DType::fp32, {T, kHidden}), wkv(DType::fp32, {W, kHidden}), wgate(DType::fp32, {W, kHidden}),
-      ape(DType::fp32, {4, W}), pos(DType::int64, {T}), kv(DType::fp32, {T, W}), score(DType::fp32, {T, W});
+  HostTensor x(DType::fp32, {T, kHidden}), wkv(DType::fp32, {W, kHidden}),
+      wgate(DType::fp32, {W, kHidden}), ape(DType::fp32, {4, W}), pos(DType::int64, {T}),
+      kv(DType::fp32, {T, W}), score(DType::fp32, {T, W});
   for (HostTensor* t : {&x, &wkv, &wgate, &ape}) t->fill_bytes(0x3C);
   for (int64_t t = 0; t < T; ++t) pos.data<int64_t>()[t] = t;
   kv.fill_bytes(0xFF);
@@ -662,11 +716,15 @@ TEST(CompressorProject, BadInputWritesNothing) {
     return true;
   };
   HostTensor wbad(DType::fp32, {W, kHidden + 1}), ape_bad(DType::fp32, {128, W});
-  EXPECT_ERROR_WITH(compressor_project(cfg, x, wbad, wgate, ape, pos, kv, score), "wkv");
-  EXPECT_ERROR_WITH(compressor_project(cfg, x, wkv, wgate, ape_bad, pos, kv, score), "ape");
-  EXPECT_ERROR_WITH(compressor_project(cfg, x, wkv, wgate, ape, pos, kv, kv), "score_rows");
+  dense_test::expect_error([&] { compressor_project(cfg, x, wbad, wgate, ape, pos, kv, score); },
+                           {"wkv"});
+  dense_test::expect_error([&] { compressor_project(cfg, x, wkv, wgate, ape_bad, pos, kv, score); },
+                           {"ape"});
+  dense_test::expect_error([&] { compressor_project(cfg, x, wkv, wgate, ape, pos, kv, kv); },
+                           {"score_rows"});
   pos.data<int64_t>()[1] = -4;
-  EXPECT_ERROR_WITH(compressor_project(cfg, x, wkv, wgate, ape, pos, kv, score), "positions[1]");
+  dense_test::expect_error([&] { compressor_project(cfg, x, wkv, wgate, ape, pos, kv, score); },
+                           {"positions[1]"});
   EXPECT_TRUE(unchanged());
 }
 
@@ -679,17 +737,21 @@ TEST(CompressorState, InitReservesTheRingOnceAtomically) {
   caches.add_request(1);  // registered by the layer: init only reserves the rows
   compressor_state_init(*caches.compressor_state, c4, 1);
   EXPECT_EQ(caches.compressor_state->num_entries(1), 8);  // coff·r rows
-  EXPECT_ERROR_WITH(compressor_state_init(*caches.compressor_state, c4, 1), "reserved once");
+  dense_test::expect_error([&] { compressor_state_init(*caches.compressor_state, c4, 1); },
+                           {"reserved once"});
   EXPECT_EQ(caches.compressor_state->num_entries(1), 8);
   // 3 blocks of 4 rows: a second, unregistered request needs 2 blocks, only 1 is free.
   EXPECT_THROW(compressor_state_init(*caches.compressor_state, c4, 2), Error);
   EXPECT_FALSE(caches.compressor_state->has_request(2));
   EXPECT_EQ(caches.compressor_state->pool().num_free(), 1);
   // The indexer's ring has 128-dim rows: the attention config does not fit it.
-  EXPECT_ERROR_WITH(compressor_state_rows(*caches.indexer_state, c4), "block_bytes");
-  EXPECT_ERROR_WITH(compressor_state_init(*caches.indexer_state, c4, 1), "block_bytes");
+  dense_test::expect_error([&] { compressor_state_rows(*caches.indexer_state, c4); },
+                           {"block_bytes"});
+  dense_test::expect_error([&] { compressor_state_init(*caches.indexer_state, c4, 1); },
+                           {"block_bytes"});
   EXPECT_EQ(compressor_state_rows(*caches.compressor_state, c4).shape[1], 4 * 512);
-  EXPECT_EQ(compressor_state_rows(*caches.indexer_state, CompressorConfig::indexer(mc)).shape[1], 4 * 128);
+  EXPECT_EQ(compressor_state_rows(*caches.indexer_state, CompressorConfig::indexer(mc)).shape[1],
+            4 * 128);
 }
 
 }  // namespace

@@ -11,33 +11,22 @@
 #include <string>
 #include <vector>
 
+#include "compressor_test_support.h"
 #include "dsv4/compressor.h"
 #include "dsv4/indexer.h"
 #include "dsv4/ops.h"
-#include "f64_ref.h"
 
 namespace dsv4 {
 namespace {
 
 using test::Rng;
 
-constexpr double kTheta = 10000.0;
+// The RoPE of compressed layers (SPEC §3): theta 160000 with YaRN (factor 16 over 65536).
+const RopeConfig kRope = dense_test::yarn_rope(64);
 constexpr int kDim = 128;  // indexer head dim
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-#define EXPECT_ERROR_WITH(stmt, substring)                                              \
-  do {                                                                                  \
-    try {                                                                               \
-      stmt;                                                                             \
-      ADD_FAILURE() << "expected dsv4::Error containing \"" << (substring) << "\"";     \
-    } catch (const Error& e) {                                                          \
-      EXPECT_NE(std::string(e.what()).find(substring), std::string::npos) << e.what(); \
-    }                                                                                   \
-  } while (0)
-
-std::vector<uint8_t> bytes_of(const HostTensor& t) {
-  return {t.data<uint8_t>(), t.data<uint8_t>() + t.nbytes()};
-}
+using dense_test::bytes_of;
 bool same_bytes(const HostTensor& t, const std::vector<uint8_t>& b) {
   return b.size() == t.nbytes() && std::memcmp(b.data(), t.data<uint8_t>(), b.size()) == 0;
 }
@@ -53,12 +42,13 @@ TEST_P(IndexerQuery, MatchesFloat64RopeHadamardFp8) {
       x(DType::fp32, {T, hidden}), wp(DType::fp32, {H, hidden}), pos(DType::int64, {T}),
       q_fp8(DType::fp8_e4m3, {T, H, kDim}), q_scale(DType::fp32, {T, H}), w(DType::fp32, {T, H});
   for (HostTensor* t : {&qr, &wq_b, &x, &wp})
-    for (int64_t i = 0; i < t->numel(); ++i) t->data<float>()[i] = static_cast<float>(rng.nonzero());
+    for (int64_t i = 0; i < t->numel(); ++i)
+      t->data<float>()[i] = static_cast<float>(rng.nonzero());
   for (int64_t t = 0; t < T; ++t) pos.data<int64_t>()[t] = rng.integer(0, 255);
   q_fp8.fill_bytes(0x7F);  // fp8 NaN
   q_scale.fill_bytes(0xFF);
   w.fill_bytes(0xFF);
-  const HostTensor cos_sin = build_rope_cache(RopeConfig{kTheta, 64, false, 1.0, 0, 32.0, 1.0}, 256);
+  const HostTensor cos_sin = build_rope_cache(kRope, 256);
   indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w);
 
   for (int64_t t = 0; t < T; ++t) {
@@ -66,8 +56,9 @@ TEST_P(IndexerQuery, MatchesFloat64RopeHadamardFp8) {
       std::vector<double> q(kDim, 0.0);
       for (int d = 0; d < kDim; ++d)
         for (int64_t k = 0; k < q_lora; ++k)
-          q[d] += double{qr.data<float>()[t * q_lora + k]} * wq_b.data<float>()[(h * kDim + d) * q_lora + k];
-      test::rope_f64(q.data(), kDim, 64, kTheta, pos.data<int64_t>()[t]);
+          q[d] += double{qr.data<float>()[t * q_lora + k]} *
+                  wq_b.data<float>()[(h * kDim + d) * q_lora + k];
+      test::rope_f64(q.data(), kDim, kRope, pos.data<int64_t>()[t]);
       q = test::hadamard_f64(q);
       double amax = 0.0;
       for (double v : q) amax = std::max(amax, std::fabs(v));
@@ -99,15 +90,23 @@ TEST(IndexerQueryErrors, BadInputWritesNothing) {
   for (HostTensor* t : {&qr, &wq_b, &x, &wp, &wp_bad}) t->fill_bytes(0x3C);
   for (HostTensor* t : {&q_fp8, &q_scale, &w}) t->fill_bytes(0xEE);
   for (int64_t t = 0; t < T; ++t) pos.data<int32_t>()[t] = static_cast<int32_t>(t);
-  const HostTensor cos_sin = build_rope_cache(RopeConfig{kTheta, 64, false, 1.0, 0, 32.0, 1.0}, 4);
+  const HostTensor cos_sin = build_rope_cache(kRope, 4);
   const auto q0 = bytes_of(q_fp8), s0 = bytes_of(q_scale), w0 = bytes_of(w);
-  EXPECT_ERROR_WITH(indexer_query(qr, wq_b, {}, x, wp_bad, pos, cos_sin, q_fp8, q_scale, w), "weights_proj");
+  dense_test::expect_error(
+      [&] { indexer_query(qr, wq_b, {}, x, wp_bad, pos, cos_sin, q_fp8, q_scale, w); },
+      {"weights_proj"});
   HostTensor wq_odd(DType::fp32, {H * kDim + 1, 16});
-  EXPECT_ERROR_WITH(indexer_query(qr, wq_odd, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w), "wq_b.shape[0]");
+  dense_test::expect_error(
+      [&] { indexer_query(qr, wq_odd, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w); },
+      {"wq_b.shape[0]"});
   HostTensor q_bad(DType::bf16, {T, H, kDim});
-  EXPECT_ERROR_WITH(indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_bad, q_scale, w), "q_fp8.dtype");
+  dense_test::expect_error(
+      [&] { indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_bad, q_scale, w); },
+      {"q_fp8.dtype"});
   pos.data<int32_t>()[2] = 4;  // beyond the 4-row cos/sin table
-  EXPECT_ERROR_WITH(indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w), "positions[2]");
+  dense_test::expect_error(
+      [&] { indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w); },
+      {"positions[2]"});
   EXPECT_TRUE(same_bytes(q_fp8, q0) && same_bytes(q_scale, s0) && same_bytes(w, w0));
 }
 
@@ -121,8 +120,8 @@ struct ScoreRig {
   HostTensor q_fp8, q_scale, w, pos, req, keys, table, scores;
   std::vector<int64_t> n_keys;
 
-  ScoreRig(const std::vector<std::vector<int64_t>>& positions_per_req, int64_t heads, int64_t extra_cols,
-           uint64_t seed)
+  ScoreRig(const std::vector<std::vector<int64_t>>& positions_per_req, int64_t heads,
+           int64_t extra_cols, uint64_t seed)
       : H(heads) {
     Rng rng(seed);
     const int64_t R = static_cast<int64_t>(positions_per_req.size());
@@ -159,7 +158,8 @@ struct ScoreRig {
     keys = HostTensor(DType::uint8, {num_blocks, int64_t{block} * indexer_keys::kEntryBytes});
     for (int64_t b = 0; b < num_blocks; ++b) {
       uint8_t* base = keys.data<uint8_t>() + b * keys.shape()[1];
-      for (int i = 0; i < block * kDim; ++i) base[i] = float_to_fp8_e4m3(static_cast<float>(rng.nonzero(0.05, 2.0)));
+      for (int i = 0; i < block * kDim; ++i)
+        base[i] = float_to_fp8_e4m3(static_cast<float>(rng.nonzero(0.05, 2.0)));
       for (int i = 0; i < block; ++i) {
         const float s = static_cast<float>(std::exp2(rng.integer(-3, 3)));
         std::memcpy(base + block * kDim + i * 4, &s, 4);
@@ -189,8 +189,9 @@ struct ScoreRig {
     for (int64_t h = 0; h < H; ++h) {
       double dot = 0.0, dot_abs = 0.0;
       for (int d = 0; d < kDim; ++d) {
-        const double prod = double{fp8_e4m3_to_float(q_fp8.data<uint8_t>()[(t * H + h) * kDim + d])} *
-                            fp8_e4m3_to_float(base[off * kDim + d]);
+        const double prod =
+            double{fp8_e4m3_to_float(q_fp8.data<uint8_t>()[(t * H + h) * kDim + d])} *
+            fp8_e4m3_to_float(base[off * kDim + d]);
         dot += prod;
         dot_abs += std::fabs(prod);
       }
@@ -231,8 +232,10 @@ TEST(IndexerScores, CausalMaskAtEveryPositionOfAPrefill) {
   for (int64_t t = 0; t < rig.T; ++t)
     for (int64_t j = 0; j < rig.N; ++j) {
       const float got = rig.scores.data<float>()[t * rig.N + j];
-      if (j < (t + 1) / 4) EXPECT_TRUE(std::isfinite(got)) << "t " << t << " j " << j;
-      else EXPECT_EQ(got, -kInf) << "t " << t << " j " << j;
+      if (j < (t + 1) / 4)
+        EXPECT_TRUE(std::isfinite(got)) << "t " << t << " j " << j;
+      else
+        EXPECT_EQ(got, -kInf) << "t " << t << " j " << j;
     }
 }
 
@@ -244,28 +247,43 @@ TEST(IndexerScores, BadInputWritesNothing) {
   HostTensor holes(DType::int32, {table.shape()[0], table.shape()[1]});
   std::copy_n(table.data<int32_t>(), table.numel(), holes.data<int32_t>());
   holes.data<int32_t>()[1] = -1;  // request 0, entries 4..7
-  EXPECT_ERROR_WITH(indexer_scores(rig.q_fp8, rig.q_scale, rig.w, rig.pos, rig.req, rig.key_view(), holes, 4,
-                                   rig.scores),
-                    "key_block_table");
+  dense_test::expect_error(
+      [&] {
+        indexer_scores(rig.q_fp8, rig.q_scale, rig.w, rig.pos, rig.req, rig.key_view(), holes, 4,
+                       rig.scores);
+      },
+      {"key_block_table"});
   HostTensor narrow(DType::fp32, {rig.T, rig.N - 1});
-  EXPECT_ERROR_WITH(indexer_scores(rig.q_fp8, rig.q_scale, rig.w, rig.pos, rig.req, rig.key_view(), rig.table,
-                                   4, narrow),
-                    "scores.shape[1]");
+  dense_test::expect_error(
+      [&] {
+        indexer_scores(rig.q_fp8, rig.q_scale, rig.w, rig.pos, rig.req, rig.key_view(), rig.table,
+                       4, narrow);
+      },
+      {"scores.shape[1]"});
   rig.req.data<int32_t>()[2] = 2;
-  EXPECT_ERROR_WITH(rig.run(), "token_to_req[2]");
+  dense_test::expect_error([&] { rig.run(); }, {"token_to_req[2]"});
   rig.req.data<int32_t>()[2] = 1;
-  EXPECT_ERROR_WITH(indexer_scores(rig.q_fp8, rig.q_scale, rig.w, rig.pos, rig.req, rig.key_view(), rig.table,
-                                   0, rig.scores),
-                    "ratio");
+  dense_test::expect_error(
+      [&] {
+        indexer_scores(rig.q_fp8, rig.q_scale, rig.w, rig.pos, rig.req, rig.key_view(), rig.table,
+                       0, rig.scores);
+      },
+      {"ratio"});
   HostTensor w_bad(DType::fp32, {rig.T, rig.H + 1});
-  EXPECT_ERROR_WITH(indexer_scores(rig.q_fp8, rig.q_scale, w_bad, rig.pos, rig.req, rig.key_view(), rig.table,
-                                   4, rig.scores),
-                    "weights");
+  dense_test::expect_error(
+      [&] {
+        indexer_scores(rig.q_fp8, rig.q_scale, w_bad, rig.pos, rig.req, rig.key_view(), rig.table,
+                       4, rig.scores);
+      },
+      {"weights"});
   IndexerKeyCacheView bad_keys = rig.key_view();
   bad_keys.block_size = 8;  // rows are 4 entries long
-  EXPECT_ERROR_WITH(indexer_scores(rig.q_fp8, rig.q_scale, rig.w, rig.pos, rig.req, bad_keys, rig.table, 4,
-                                   rig.scores),
-                    "keys.data");
+  dense_test::expect_error(
+      [&] {
+        indexer_scores(rig.q_fp8, rig.q_scale, rig.w, rig.pos, rig.req, bad_keys, rig.table, 4,
+                       rig.scores);
+      },
+      {"keys.data"});
   EXPECT_TRUE(same_bytes(rig.scores, before));
 }
 
@@ -276,7 +294,9 @@ TEST(IndexerScores, BadInputWritesNothing) {
 std::vector<int32_t> expected_topk(const float* s, int64_t visible, int64_t k) {
   std::vector<int32_t> idx(static_cast<size_t>(visible));
   std::iota(idx.begin(), idx.end(), 0);
-  auto rank = [&](int32_t i) { return std::isnan(s[i]) ? -std::numeric_limits<double>::infinity() : double{s[i]}; };
+  auto rank = [&](int32_t i) {
+    return std::isnan(s[i]) ? -std::numeric_limits<double>::infinity() : double{s[i]};
+  };
   std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
     const bool na = std::isnan(s[a]), nb = std::isnan(s[b]);
     if (na != nb) return nb;  // numbers before NaN
@@ -312,7 +332,8 @@ TEST_P(IndexerTopk, MatchesStableSortWithTiesAndCausality) {
     const int64_t visible = (pos.data<int32_t>()[t] + 1) / 4;
     const auto want = expected_topk(scores.data<float>() + t * N, visible, K);
     for (int64_t k = 0; k < K; ++k)
-      ASSERT_EQ(idx.data<int32_t>()[t * K + k], want[k]) << "t " << t << " k " << k << " visible " << visible;
+      ASSERT_EQ(idx.data<int32_t>()[t * K + k], want[k])
+          << "t " << t << " k " << k << " visible " << visible;
     EXPECT_EQ(lens.data<int32_t>()[t], std::min(K, visible));
   }
 }
@@ -326,15 +347,15 @@ TEST(IndexerTopkErrors, BadInputWritesNothing) {
   pos.data<int64_t>()[1] = 19;  // 5 entries visible, only 4 columns of scores
   idx.fill_bytes(0x11);
   const auto before = bytes_of(idx);
-  EXPECT_ERROR_WITH(indexer_topk(scores, pos, 4, idx), "scores.shape[1]");
+  dense_test::expect_error([&] { indexer_topk(scores, pos, 4, idx); }, {"scores.shape[1]"});
   pos.data<int64_t>()[1] = -1;
-  EXPECT_ERROR_WITH(indexer_topk(scores, pos, 4, idx), "positions[1]");
+  dense_test::expect_error([&] { indexer_topk(scores, pos, 4, idx); }, {"positions[1]"});
   pos.data<int64_t>()[1] = 2;
   HostTensor idx64(DType::int64, {2, 3});
-  EXPECT_ERROR_WITH(indexer_topk(scores, pos, 4, idx64), "indices.dtype");
+  dense_test::expect_error([&] { indexer_topk(scores, pos, 4, idx64); }, {"indices.dtype"});
   HostTensor lens_bad(DType::int32, {3});
-  EXPECT_ERROR_WITH(indexer_topk(scores, pos, 4, idx, lens_bad), "lens");
-  EXPECT_ERROR_WITH(indexer_topk(scores, pos, 0, idx), "ratio");
+  dense_test::expect_error([&] { indexer_topk(scores, pos, 4, idx, lens_bad); }, {"lens"});
+  dense_test::expect_error([&] { indexer_topk(scores, pos, 0, idx); }, {"ratio"});
   EXPECT_TRUE(same_bytes(idx, before));
 }
 
@@ -348,16 +369,17 @@ TEST(CompressedPrefixIndices, EveryEmittedEntryInOrderThenPadding) {
   compressed_prefix_indices(pos, 128, idx, lens);
   for (int64_t t = 0; t < T; ++t) {
     const int64_t count = t < 127 ? 0 : (t < 255 ? 1 : 2);  // entry j is complete at (j+1)·128 − 1
-    for (int64_t k = 0; k < K; ++k) EXPECT_EQ(idx.data<int32_t>()[t * K + k], k < count ? k : -1) << t;
+    for (int64_t k = 0; k < K; ++k)
+      EXPECT_EQ(idx.data<int32_t>()[t * K + k], k < count ? k : -1) << t;
     EXPECT_EQ(lens.data<int32_t>()[t], count);
   }
   const auto before = bytes_of(idx);
   HostTensor narrow(DType::int32, {T, 1});
-  EXPECT_ERROR_WITH(compressed_prefix_indices(pos, 128, narrow), "indices.shape[1]");
-  EXPECT_ERROR_WITH(compressed_prefix_indices(pos, 0, idx), "ratio");
+  dense_test::expect_error([&] { compressed_prefix_indices(pos, 128, narrow); },
+                           {"indices.shape[1]"});
+  dense_test::expect_error([&] { compressed_prefix_indices(pos, 0, idx); }, {"ratio"});
   EXPECT_TRUE(same_bytes(idx, before));
 }
-
 
 // ================================ the whole C4A selection ====================================
 
@@ -378,15 +400,19 @@ TEST(IndexerPipeline, TopkRecallAgainstFloat64Selection) {
     for (int64_t i = 0; i < h.numel(); ++i) h.set(i, static_cast<float>(rng.nonzero(lo, hi)));
     return h;
   };
-  const HostTensor x = random(DType::fp32, {n, hidden}, 0.1, 1.0), qr = random(DType::fp32, {n, q_lora}, 0.1, 1.0),
-                   wkv = random(DType::fp32, {W, hidden}, 0.1, 1.0), wgate = random(DType::fp32, {W, hidden}, 0.02, 0.25),
-                   ape = random(DType::fp32, {4, W}, 0.1, 0.5), norm = random(DType::fp32, {kDim}, 0.5, 1.5),
-                   wq_b = random(DType::fp32, {H * kDim, q_lora}, 0.1, 1.0), wp = random(DType::fp32, {H, hidden}, 0.1, 1.0);
+  const HostTensor x = random(DType::fp32, {n, hidden}, 0.1, 1.0),
+                   qr = random(DType::fp32, {n, q_lora}, 0.1, 1.0),
+                   wkv = random(DType::fp32, {W, hidden}, 0.1, 1.0),
+                   wgate = random(DType::fp32, {W, hidden}, 0.02, 0.25),
+                   ape = random(DType::fp32, {4, W}, 0.1, 0.5),
+                   norm = random(DType::fp32, {kDim}, 0.5, 1.5),
+                   wq_b = random(DType::fp32, {H * kDim, q_lora}, 0.1, 1.0),
+                   wp = random(DType::fp32, {H, hidden}, 0.1, 1.0);
   HostTensor pos(DType::int64, {n}), req(DType::int32, {n}), ctx(DType::int64, {1});
   std::iota(pos.data<int64_t>(), pos.data<int64_t>() + n, 0);
   std::fill_n(req.data<int32_t>(), n, 0);
   ctx.data<int64_t>()[0] = 0;
-  const HostTensor cos_sin = build_rope_cache(RopeConfig{kTheta, 64, false, 1.0, 0, 32.0, 1.0}, n);
+  const HostTensor cos_sin = build_rope_cache(kRope, n);
 
   // Keys: one call over the whole prompt; ring of 8 rows in one block, keys in blocks of 8.
   HostTensor kv(DType::fp32, {n, W}), score(DType::fp32, {n, W}), entries(DType::fp32, {n, kDim});
@@ -394,16 +420,19 @@ TEST(IndexerPipeline, TopkRecallAgainstFloat64Selection) {
   HostTensor ring(DType::fp32, {8, cfg.state_width()}), ring_table(DType::int32, {1, 1});
   ring_table.data<int32_t>()[0] = 0;
   const int64_t key_blocks = entries_n / 8;
-  HostTensor keys(DType::uint8, {key_blocks, 8 * indexer_keys::kEntryBytes}), key_table(DType::int32, {1, key_blocks});
-  for (int64_t b = 0; b < key_blocks; ++b) key_table.data<int32_t>()[b] = static_cast<int32_t>(key_blocks - 1 - b);
+  HostTensor keys(DType::uint8, {key_blocks, 8 * indexer_keys::kEntryBytes}),
+      key_table(DType::int32, {1, key_blocks});
+  for (int64_t b = 0; b < key_blocks; ++b)
+    key_table.data<int32_t>()[b] = static_cast<int32_t>(key_blocks - 1 - b);
   CompressorOutputView out;
   out.indexer_keys = {keys, 8};
   out.block_table = key_table;
-  compressor_update_and_emit(cfg, kv, score, {pos, req, ctx}, norm, cos_sin, {ring, ring_table, 8}, out, entries);
+  compressor_update_and_emit(cfg, kv, score, {pos, req, ctx}, norm, cos_sin, {ring, ring_table, 8},
+                             out, entries);
 
   // Selection by the library.
-  HostTensor q_fp8(DType::fp8_e4m3, {n, H, kDim}), q_scale(DType::fp32, {n, H}), w(DType::fp32, {n, H}),
-      scores(DType::fp32, {n, entries_n}), idx(DType::int32, {n, K});
+  HostTensor q_fp8(DType::fp8_e4m3, {n, H, kDim}), q_scale(DType::fp32, {n, H}),
+      w(DType::fp32, {n, H}), scores(DType::fp32, {n, entries_n}), idx(DType::int32, {n, K});
   indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w);
   indexer_scores(q_fp8, q_scale, w, pos, req, {keys, 8}, key_table, 4, scores);
   indexer_topk(scores, pos, 4, idx);
@@ -418,10 +447,12 @@ TEST(IndexerPipeline, TopkRecallAgainstFloat64Selection) {
       q[h].assign(kDim, 0.0);
       for (int d = 0; d < kDim; ++d)
         for (int64_t k = 0; k < q_lora; ++k)
-          q[h][d] += double{qr.data<float>()[t * q_lora + k]} * wq_b.data<float>()[(h * kDim + d) * q_lora + k];
-      test::rope_f64(q[h].data(), kDim, 64, kTheta, t);
+          q[h][d] += double{qr.data<float>()[t * q_lora + k]} *
+                     wq_b.data<float>()[(h * kDim + d) * q_lora + k];
+      test::rope_f64(q[h].data(), kDim, kRope, t);
       q[h] = test::hadamard_f64(q[h]);
-      for (int64_t k = 0; k < hidden; ++k) wr[h] += double{x.data<float>()[t * hidden + k]} * wp.data<float>()[h * hidden + k];
+      for (int64_t k = 0; k < hidden; ++k)
+        wr[h] += double{x.data<float>()[t * hidden + k]} * wp.data<float>()[h * hidden + k];
       wr[h] /= std::sqrt(128.0 * static_cast<double>(H));
     }
     std::vector<float> ref_scores(static_cast<size_t>(visible));

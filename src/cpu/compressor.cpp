@@ -220,7 +220,8 @@ int64_t ring_slot(const CompressorConfig& cfg, const CompressorStateView& state,
 }
 
 // Per-dim softmax pooling of the window that ends at position p (SPEC §4) into e[0, D).
-// Rows come from this call's projections (positions >= context) or from the ring.
+// Rows come from this call's projections (positions >= context) or from the ring; every ring
+// row it reads was validated before the parallel region, so ring_slot cannot throw here.
 void pool_window(const CompressorConfig& cfg, const RequestRun& run, int64_t req, int64_t p,
                  const TensorView& kv_rows, const TensorView& score_rows,
                  const CompressorStateView& state, float* e) {

@@ -77,7 +77,7 @@ void run_item(const GemmProblem& p, const WorkItem& item, TileScratch& s) {
   for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
     const int64_t kn = std::min(kTileK, K - k0);
     for (int64_t n = 0; n < nn; ++n)
-      p.w.load_row_segment_strided(item.n0 + n, k0, kn, s.w_t.data() + n, kTileN);
+      p.w.load_row_segment(item.n0 + n, k0, kn, s.w_t.data() + n, kTileN);
     for (int64_t t = 0; t < tn; ++t)
       p.x.load_row_segment(item.t0 + t, k0, kn, s.x.data() + t * kTileK);
     accumulate_tile(s.x.data(), s.w_t.data(), tn, kn, s.acc.data());
@@ -108,60 +108,21 @@ ScaledMatrix ScaledMatrix::from_views(const TensorView& values, const TensorView
   return m;
 }
 
-void ScaledMatrix::load_row_segment(int64_t r, int64_t c0, int64_t n, float* out) const {
-  const char* row = static_cast<const char*>(data) +
-                    (r * row_stride + c0) * static_cast<int64_t>(dtype_size(dtype));
-  load_row(row, dtype, n, out);
-  if (scale == nullptr) return;
+void ScaledMatrix::load_row_segment(int64_t r, int64_t c0, int64_t n, float* out,
+                                    int64_t out_stride) const {
+  const int64_t elem = static_cast<int64_t>(dtype_size(dtype));
+  const char* row = static_cast<const char*>(data) + r * row_stride * elem;
+  if (scale == nullptr) {
+    load_row_scaled(row + c0 * elem, dtype, n, 1.0f, out, out_stride);
+    return;
+  }
+  // One decode per scale block the range touches.
   const int64_t scale_row = (r / scale_block_rows) * scale_row_stride;
   for (int64_t c = c0; c < c0 + n;) {
     const int64_t block = c / scale_block_cols;
     const int64_t end = std::min((block + 1) * scale_block_cols, c0 + n);
-    const float sc = load_scale(scale, scale_dtype, scale_row + block);
-    for (; c < end; ++c) out[c - c0] *= sc;
-  }
-}
-
-namespace {
-// dst[i·ld] = decode(src[i]) · sc for i < n.
-template <typename Decode>
-void decode_scaled_strided(int64_t n, float sc, float* dst, int64_t ld, Decode decode) {
-  for (int64_t i = 0; i < n; ++i) dst[i * ld] = decode(i) * sc;
-}
-}  // namespace
-
-void ScaledMatrix::load_row_segment_strided(int64_t r, int64_t c0, int64_t n, float* out,
-                                            int64_t ld) const {
-  const char* row = static_cast<const char*>(data) +
-                    (r * row_stride) * static_cast<int64_t>(dtype_size(dtype));
-  const int64_t scale_row = scale ? (r / scale_block_rows) * scale_row_stride : 0;
-  const int64_t seg_cols = scale ? scale_block_cols : n;
-  const float* fp8 = fp8_e4m3_table();
-  for (int64_t c = c0; c < c0 + n;) {
-    // One segment per scale block (the whole range when unscaled).
-    const int64_t end = scale ? std::min((c / seg_cols + 1) * seg_cols, c0 + n) : c0 + n;
-    const float sc = scale ? load_scale(scale, scale_dtype, scale_row + c / seg_cols) : 1.0f;
-    float* dst = out + (c - c0) * ld;
-    switch (dtype) {
-      case DType::fp8_e4m3: {
-        const uint8_t* src = reinterpret_cast<const uint8_t*>(row) + c;
-        decode_scaled_strided(end - c, sc, dst, ld, [&](int64_t i) { return fp8[src[i]]; });
-        break;
-      }
-      case DType::bf16: {
-        const uint16_t* src = reinterpret_cast<const uint16_t*>(row) + c;
-        decode_scaled_strided(end - c, sc, dst, ld, [&](int64_t i) { return bf16_bits_to_float(src[i]); });
-        break;
-      }
-      case DType::fp32: {
-        const float* src = reinterpret_cast<const float*>(row) + c;
-        decode_scaled_strided(end - c, sc, dst, ld, [&](int64_t i) { return src[i]; });
-        break;
-      }
-      default:
-        decode_scaled_strided(end - c, sc, dst, ld, [&](int64_t i) { return load_as_float(row, dtype, c + i); });
-        break;
-    }
+    load_row_scaled(row + c * elem, dtype, end - c, load_scale(scale, scale_dtype, scale_row + block),
+                    out + (c - c0) * out_stride, out_stride);
     c = end;
   }
 }

@@ -191,6 +191,11 @@ TEST(ApplyRopeErrors, RejectBadArgumentsAndWriteNothing) {
   expect_error([&] { dsv4::apply_rope(x, p, wide_table, false, y); }, {"cos_sin.shape[1]", "514"});
   expect_error([&] { dsv4::apply_rope(x, p, bf16_table, false, y); }, {"cos_sin.dtype", "fp32"});
   expect_error([&] { dsv4::apply_rope(x4, p, table, false, x4); }, {"x.ndim"});
+  TensorView x_strided = x.view();  // every other element of a row
+  x_strided.shape[2] = 256;
+  x_strided.strides[2] = 2;
+  HostTensor y256 = poisoned(DType::bf16, {3, 4, 256});
+  expect_error([&] { dsv4::apply_rope(x_strided, p, table, false, y256); }, {"x.stride(-1)", "expected 1", "got 2"});
   expect_error([&] { dsv4::apply_rope(x, p, table, false, y_shape); }, {"y.shape[1]", "expected 4", "got 5"});
   expect_error([&] { dsv4::apply_rope(x.view().slice0(0, 2), p.view().slice0(0, 2), table, false, y_shifted); },
                {"y", "overlapping"});
@@ -200,6 +205,7 @@ TEST(ApplyRopeErrors, RejectBadArgumentsAndWriteNothing) {
   EXPECT_EQ(bytes_of(x), x_before);
   EXPECT_EQ(bytes_of(y), y_before);
   EXPECT_EQ(bytes_of(y_shape), std::vector<uint8_t>(y_shape.nbytes(), 0xFF));
+  EXPECT_EQ(bytes_of(y256), std::vector<uint8_t>(y256.nbytes(), 0xFF));
 }
 
 }  // namespace

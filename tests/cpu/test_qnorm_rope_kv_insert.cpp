@@ -318,6 +318,18 @@ TEST_F(QnormRopeKvInsertErrors, ShapesDtypesAndCache) {
                   {"cache.tensor_scale", "> 0"});
   expect_rejected([&] { dsv4::qnorm_rope_kv_insert(b.q, b.kv, b.positions, table, -1.0f, view(), b.slots); },
                   {"eps"});
+  // Right shapes, but every other element of a wider buffer: the head dim must be contiguous.
+  HostTensor kv_wide = random_tensor(DType::bf16, {T, 2 * D}, 11), q_wide = random_tensor(DType::bf16, {T, H, 2 * D}, 12);
+  TensorView kv_strided(kv_wide.view().data, DType::bf16, {T, D}), q_strided(q_wide.view().data, DType::bf16, {T, H, D});
+  kv_strided.strides = {2 * D, 2};
+  q_strided.strides = {H * 2 * D, 2 * D, 2};
+  expect_rejected([&] { dsv4::qnorm_rope_kv_insert(b.q, kv_strided, b.positions, table, kEps, view(), b.slots); },
+                  {"kv.stride(-1)", "expected 1", "got 2"});
+  expect_rejected([&] { dsv4::qnorm_rope_kv_insert(q_strided, b.kv, b.positions, table, kEps, view(), b.slots); },
+                  {"q.stride(-1)", "expected 1", "got 2"});
+  HostTensor slots_i8(DType::uint8, {T});
+  expect_rejected([&] { dsv4::qnorm_rope_kv_insert(b.q, b.kv, b.positions, table, kEps, view(), slots_i8); },
+                  {"slot_mapping.dtype", "int64 or int32"});
   expect_rejected([&] { dsv4::qnorm_rope_kv_insert(on_cuda(b.q), b.kv, b.positions, table, kEps, view(), b.slots); },
                   {"device"});
   dsv4::KvCacheView cuda_cache = view();

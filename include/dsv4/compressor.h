@@ -23,8 +23,22 @@
 // p mod (coff·r). A ring row is addressed through a block table like any paged cache
 // (row i of request q: block_table[q][i / B]·B + i % B), so the ring can be the
 // `compressor_state` / `indexer_state` PagedCache of a layer, with coff·r entries appended once
-// per request (compressor_state_add_request). After a call that ends at position `end`, the ring
-// holds the rows of positions [max(0, end − coff·r), end) of each request in the batch.
+// per request (compressor_state_init). After a call that ends at position `end`, the ring holds
+// the rows of positions [max(0, end − coff·r), end) of each request in the batch.
+//
+// A layer step on PagedCaches (what the tests do):
+//   new request: caches.add_request(req);
+//                compressor_state_init(*caches.compressor_state, cfg, req);
+//   each call:   caches.compressed->append(req, compressor_entries_after(r, ctx + n) -
+//                                               compressor_entries_after(r, ctx));
+//                compressor_project(cfg, x, wkv, wgate, ape, positions, kv_rows, score_rows);
+//                compressor_update_and_emit(cfg, kv_rows, score_rows,
+//                    {positions, token_to_req, context_lens}, norm_weight, cos_sin,
+//                    {compressor_state_rows(state, cfg), pack_block_tables(state, reqs),
+//                     state.spec().block_size},
+//                    {compressed.kv_view(), {}, pack_block_tables(compressed, reqs)});
+//   The indexer's compressor: CompressorConfig::indexer, indexer_state and indexer_keys
+//   (out.indexer_keys instead of out.kv_cache).
 #pragma once
 
 #include <cstdint>
@@ -45,10 +59,10 @@ enum class CompressorTarget : uint8_t {
 
 // The static shape of one compressor.
 struct CompressorConfig {
-  int head_dim = 512;   // D: 512 (kv_cache) or 128 (indexer_keys)
-  int ratio = 4;        // r: 4 (overlapping windows) or 128
-  int rope_dims = 64;   // the LAST rope_dims of an entry rotate (GPT-J pairs)
-  float eps = 1e-6f;    // RMSNorm epsilon
+  int head_dim = 512;  // D: 512 (kv_cache) or 128 (indexer_keys)
+  int ratio = 4;       // r: 4 (overlapping windows) or 128
+  int rope_dims = 64;  // the LAST rope_dims of an entry rotate (GPT-J pairs)
+  float eps = 1e-6f;   // RMSNorm epsilon
   CompressorTarget target = CompressorTarget::kv_cache;
 
   int coff() const { return ratio == 4 ? 2 : 1; }
@@ -70,9 +84,9 @@ struct CompressorConfig {
 //   x [T, dim] bf16/fp32; wkv, wgate [coff·D, dim] bf16/fp32; ape [r, coff·D] fp32;
 //   positions [T] int32/int64 (>= 0); kv_rows, score_rows [T, coff·D] fp32 (inner-contiguous).
 void compressor_project(const CompressorConfig& cfg, const TensorView& x, const TensorView& wkv,
-                        const TensorView& wgate, const TensorView& ape,
-                        const TensorView& positions, const TensorView& kv_rows,
-                        const TensorView& score_rows, Stream stream = nullptr);
+                        const TensorView& wgate, const TensorView& ape, const TensorView& positions,
+                        const TensorView& kv_rows, const TensorView& score_rows,
+                        Stream stream = nullptr);
 
 // ---- (b) state update + emission -----------------------------------------------------------
 // The tokens of one call. Requests are the rows of the block tables; each request's tokens form
@@ -118,9 +132,12 @@ void compressor_update_and_emit(const CompressorConfig& cfg, const TensorView& k
                                 const TensorView& entries = {}, Stream stream = nullptr);
 
 // ---- host bookkeeping for PagedCache-backed rings ----------------------------------------
-// Registers `req` with the ring cache and reserves its coff·r rows (appended once; the ring never
-// grows). The cache's rows must be state_width fp32 (block_bytes == block_size · state_width · 4).
-void compressor_state_add_request(PagedCache& state, const CompressorConfig& cfg, int64_t req);
+// Reserves the ring of `req` in `state`: coff·r rows appended once (the ring never grows).
+// Registers the request when `state` does not know it yet (LayerCaches::add_request may already
+// have done so); it must not hold rows yet. The cache's rows must be state_width fp32
+// (block_bytes == block_size · state_width · 4). Atomic: on failure (pool exhausted) the cache is
+// as it was.
+void compressor_state_init(PagedCache& state, const CompressorConfig& cfg, int64_t req);
 // The ring cache's storage seen as fp32 rows [num_blocks · block_size, state_width].
 TensorView compressor_state_rows(const PagedCache& state, const CompressorConfig& cfg);
 // Entries a request has once `num_positions` positions have been compressed: num_positions / r.

@@ -31,10 +31,9 @@ namespace dsv4 {
 //   Outputs: q_fp8 [T, H_I, 128] fp8_e4m3, q_scale [T, H_I] fp32 (powers of two),
 //   weights [T, H_I] fp32 (already scaled by 128^-0.5 · H_I^-0.5).
 void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorView& wq_b_scale,
-                   const TensorView& x, const TensorView& weights_proj,
-                   const TensorView& positions, const TensorView& cos_sin,
-                   const TensorView& q_fp8, const TensorView& q_scale, const TensorView& weights,
-                   Stream stream = nullptr);
+                   const TensorView& x, const TensorView& weights_proj, const TensorView& positions,
+                   const TensorView& cos_sin, const TensorView& q_fp8, const TensorView& q_scale,
+                   const TensorView& weights, Stream stream = nullptr);
 
 // Scores of every visible entry.
 //   q_fp8 [T, H_I, 128] fp8_e4m3, q_scale [T, H_I] fp32, weights [T, H_I] fp32 (indexer_query);

@@ -21,7 +21,7 @@ inline constexpr int kEntryBytes = kDim + kScaleBytes;  // 132
 }  // namespace indexer_keys
 
 struct IndexerKeyCacheView {
-  TensorView data;     // uint8 [num_blocks, block_size * 132]
+  TensorView data;  // uint8 [num_blocks, block_size * 132]
   int block_size = 64;
   int64_t num_slots() const { return data.ndim == 2 ? data.shape[0] * block_size : 0; }
 };
@@ -36,7 +36,8 @@ DSV4_HD int64_t indexer_key_scale_offset(int block_size, int offset) {
 
 // Quantizes one key (values[0..128), float) into the block starting at `block`.
 DSV4_HD void indexer_key_encode(uint8_t* block, int block_size, int offset, const float* values) {
-  const int32_t k = fp8_quantize_block(values, indexer_keys::kDim, block + indexer_key_data_offset(offset));
+  const int32_t k =
+      fp8_quantize_block(values, indexer_keys::kDim, block + indexer_key_data_offset(offset));
   *reinterpret_cast<float*>(block + indexer_key_scale_offset(block_size, offset)) = exp2_int(k);
 }
 

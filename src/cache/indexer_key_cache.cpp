@@ -5,7 +5,8 @@
 
 namespace dsv4 {
 
-void check_indexer_key_cache(const char* where, const char* name, const IndexerKeyCacheView& cache) {
+void check_indexer_key_cache(const char* where, const char* name,
+                             const IndexerKeyCacheView& cache) {
   const std::string data = std::string(name) + ".data";
   if (cache.block_size < 1)
     fail_expected(where, std::string(name) + ".block_size", ">= 1", cache.block_size);

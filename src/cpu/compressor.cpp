@@ -59,9 +59,8 @@ void CompressorConfig::validate(const char* where) const {
 // ================================ (a) projection =============================================
 
 void compressor_project(const CompressorConfig& cfg, const TensorView& x, const TensorView& wkv,
-                        const TensorView& wgate, const TensorView& ape,
-                        const TensorView& positions, const TensorView& kv_rows,
-                        const TensorView& score_rows, Stream stream) {
+                        const TensorView& wgate, const TensorView& ape, const TensorView& positions,
+                        const TensorView& kv_rows, const TensorView& score_rows, Stream stream) {
   constexpr const char* kOp = "compressor_project";
   (void)stream;
   cfg.validate(kOp);
@@ -70,6 +69,7 @@ void compressor_project(const CompressorConfig& cfg, const TensorView& x, const 
   check_ndim(kOp, "x", x, 2);
   const int64_t T = x.size(0), dim = x.size(1);
   cpu::check_dtype_in(kOp, "x", x, {DType::bf16, DType::fp32});
+  cpu::check_row_strided(kOp, "x", x);
   for (const auto& [name, w] : {std::pair<const char*, const TensorView&>{"wkv", wkv},
                                 std::pair<const char*, const TensorView&>{"wgate", wgate}}) {
     check_defined(kOp, name, w);
@@ -82,21 +82,26 @@ void compressor_project(const CompressorConfig& cfg, const TensorView& x, const 
   check_shape(kOp, "ape", ape, {cfg.ratio, width});
   cpu::check_row_strided(kOp, "ape", ape);
   cpu::check_index_vector(kOp, "positions", positions, T);
-  for (const auto& [name, out] : {std::pair<const char*, const TensorView&>{"kv_rows", kv_rows},
-                                  std::pair<const char*, const TensorView&>{"score_rows", score_rows}}) {
+  for (const auto& [name, out] :
+       {std::pair<const char*, const TensorView&>{"kv_rows", kv_rows},
+        std::pair<const char*, const TensorView&>{"score_rows", score_rows}}) {
     check_defined(kOp, name, out);
     check_dtype(kOp, name, out, DType::fp32);
     check_shape(kOp, name, out, {T, width});
     cpu::check_row_strided(kOp, name, out);
   }
   cpu::check_disjoint(kOp, "score_rows", score_rows, "kv_rows", kv_rows);
-  const Device dev = cpu::common_device(
-      kOp, {{"x", x}, {"wkv", wkv}, {"wgate", wgate}, {"ape", ape}, {"positions", positions},
-            {"kv_rows", kv_rows}, {"score_rows", score_rows}});
+  const Device dev = cpu::common_device(kOp, {{"x", x},
+                                              {"wkv", wkv},
+                                              {"wgate", wgate},
+                                              {"ape", ape},
+                                              {"positions", positions},
+                                              {"kv_rows", kv_rows},
+                                              {"score_rows", score_rows}});
   if (dev != Device::cpu) cpu::throw_cuda_unavailable(kOp);
   for (int64_t t = 0; t < T; ++t)
     if (cpu::load_index(positions, t) < 0)
-      fail_expected(kOp, "positions[" + std::to_string(t) + "]", ">= 0",
+      fail_expected(kOp, detail::concat("positions[", t, "]"), ">= 0",
                     cpu::load_index(positions, t));
 
   linear(x, {}, wkv, {}, kv_rows);
@@ -127,10 +132,10 @@ struct RequestRun {
 
 // One entry completed by this call.
 struct Emission {
-  int64_t token;    // the token that completes it (position (j+1)·r − 1)
+  int64_t token;  // the token that completes it (position (j+1)·r − 1)
   int64_t req;
-  int64_t entry;    // j
-  int64_t slot;     // destination slot in the output cache
+  int64_t entry;  // j
+  int64_t slot;   // destination slot in the output cache
 };
 
 // Global slot of row/entry `i` of request `req` through a block table; -1 when the block lies
@@ -151,7 +156,7 @@ void check_block_table(const char* name, const TensorView& table, int64_t rows, 
   check_ndim(kEmitOp, name, table, 2);
   check_dim(kEmitOp, name, table, 0, rows);
   if (table.size(1) < min_cols)
-    fail_expected(kEmitOp, std::string(name) + ".shape[1]", ">= " + std::to_string(min_cols),
+    fail_expected(kEmitOp, detail::concat(name, ".shape[1]"), detail::concat(">= ", min_cols),
                   table.size(1));
 }
 
@@ -177,24 +182,24 @@ std::vector<RequestRun> request_runs(const CompressorBatch& batch, int64_t T, in
   for (int64_t q = 0; q < R; ++q) {
     runs[q].context = cpu::load_index(batch.context_lens, q);
     if (runs[q].context < 0)
-      fail_expected(kEmitOp, "context_lens[" + std::to_string(q) + "]", ">= 0", runs[q].context);
+      fail_expected(kEmitOp, detail::concat("context_lens[", q, "]"), ">= 0", runs[q].context);
   }
   int64_t prev = -1;
   for (int64_t t = 0; t < T; ++t) {
     const int64_t q = cpu::load_index(batch.token_to_req, t);
-    const std::string at = "[" + std::to_string(t) + "]";
     if (q < 0 || q >= R)
-      fail_expected(kEmitOp, "token_to_req" + at, "in [0, " + std::to_string(R) + ")", q);
+      fail_expected(kEmitOp, detail::concat("token_to_req[", t, "]"),
+                    detail::concat("in [0, ", R, ")"), q);
     RequestRun& run = runs[q];
     if (run.count > 0 && q != prev)
-      fail(kEmitOp, ": token_to_req", at, ": the tokens of request ", q,
+      fail(kEmitOp, ": token_to_req[", t, "]: the tokens of request ", q,
            " must be one contiguous run of the batch, got a second run");
     if (run.count == 0) run.first_token = t;
     const int64_t p = cpu::load_index(batch.positions, t);
     if (p != run.end())
-      fail_expected(kEmitOp, "positions" + at,
-                    std::to_string(run.end()) + " (request " + std::to_string(q) +
-                        " continues at context_lens + its earlier tokens in the batch)",
+      fail_expected(kEmitOp, detail::concat("positions[", t, "]"),
+                    detail::concat(run.end(), " (request ", q,
+                                   " continues at context_lens + its earlier tokens in the batch)"),
                     p);
     ++run.count;
     prev = q;
@@ -215,7 +220,8 @@ int64_t ring_slot(const CompressorConfig& cfg, const CompressorStateView& state,
 }
 
 // Per-dim softmax pooling of the window that ends at position p (SPEC §4) into e[0, D).
-// Rows come from this call's projections (positions >= context) or from the ring.
+// Rows come from this call's projections (positions >= context) or from the ring; every ring
+// row it reads was validated before the parallel region, so ring_slot cannot throw here.
 void pool_window(const CompressorConfig& cfg, const RequestRun& run, int64_t req, int64_t p,
                  const TensorView& kv_rows, const TensorView& score_rows,
                  const CompressorStateView& state, float* e) {
@@ -233,7 +239,8 @@ void pool_window(const CompressorConfig& cfg, const RequestRun& run, int64_t req
       kv[n] = kv_rows.ptr<float>() + t * kv_rows.stride(0) + col;
       s[n] = score_rows.ptr<float>() + t * score_rows.stride(0) + col;
     } else {
-      const float* row = state.rows.ptr<float>() + ring_slot(cfg, state, req, pos) * state.rows.stride(0);
+      const float* row =
+          state.rows.ptr<float>() + ring_slot(cfg, state, req, pos) * state.rows.stride(0);
       kv[n] = row + col;
       s[n] = row + width + col;
     }
@@ -295,8 +302,9 @@ void compressor_update_and_emit(const CompressorConfig& cfg, const TensorView& k
   check_ndim(kEmitOp, "context_lens", batch.context_lens, 1);
   const int64_t R = batch.context_lens.size(0);
   cpu::check_index_vector(kEmitOp, "context_lens", batch.context_lens, R);
-  for (const auto& [name, rows] : {std::pair<const char*, const TensorView&>{"kv_rows", kv_rows},
-                                   std::pair<const char*, const TensorView&>{"score_rows", score_rows}}) {
+  for (const auto& [name, rows] :
+       {std::pair<const char*, const TensorView&>{"kv_rows", kv_rows},
+        std::pair<const char*, const TensorView&>{"score_rows", score_rows}}) {
     check_defined(kEmitOp, name, rows);
     check_dtype(kEmitOp, name, rows, DType::fp32);
     check_shape(kEmitOp, name, rows, {T, width});
@@ -325,12 +333,18 @@ void compressor_update_and_emit(const CompressorConfig& cfg, const TensorView& k
   }
   const TensorView& out_data =
       cfg.target == CompressorTarget::kv_cache ? out.kv_cache.data : out.indexer_keys.data;
-  const Device dev = cpu::common_device(
-      kEmitOp, {{"kv_rows", kv_rows}, {"score_rows", score_rows}, {"positions", batch.positions},
-                {"token_to_req", batch.token_to_req}, {"context_lens", batch.context_lens},
-                {"norm_weight", norm_weight}, {"cos_sin", cos_sin}, {"state.rows", state.rows},
-                {"state.block_table", state.block_table}, {"out.block_table", out.block_table},
-                {"out cache", out_data}, {"entries", entries}});
+  const Device dev = cpu::common_device(kEmitOp, {{"kv_rows", kv_rows},
+                                                  {"score_rows", score_rows},
+                                                  {"positions", batch.positions},
+                                                  {"token_to_req", batch.token_to_req},
+                                                  {"context_lens", batch.context_lens},
+                                                  {"norm_weight", norm_weight},
+                                                  {"cos_sin", cos_sin},
+                                                  {"state.rows", state.rows},
+                                                  {"state.block_table", state.block_table},
+                                                  {"out.block_table", out.block_table},
+                                                  {"out cache", out_data},
+                                                  {"entries", entries}});
   if (dev != Device::cpu) cpu::throw_cuda_unavailable(kEmitOp);
 
   // ---- data: runs, emitted entries and every slot this call touches ----
@@ -347,7 +361,7 @@ void compressor_update_and_emit(const CompressorConfig& cfg, const TensorView& k
     const int64_t j = (p + 1) / r - 1;
     if (j * r >= cos_sin.size(0))
       fail_expected(kEmitOp, "cos_sin.shape[0]",
-                    "> " + std::to_string(j * r) + " (RoPE position of entry " + std::to_string(j) + ")",
+                    detail::concat("> ", j * r, " (RoPE position of entry ", j, ")"),
                     cos_sin.size(0));
     const int64_t slot = mapped_slot(out.block_table, q, j, out_block, out_slots);
     if (slot < 0)
@@ -408,21 +422,24 @@ void check_state_cache(const char* where, const PagedCache& state, const Compres
   const int64_t want = int64_t{state.spec().block_size} * row_bytes;
   if (state.spec().block_bytes != want)
     fail_expected(where, "state.spec().block_bytes",
-                  std::to_string(want) + " (block_size x " + std::to_string(row_bytes) +
-                      " B fp32 rows)",
+                  detail::concat(want, " (block_size x ", row_bytes, " B fp32 rows)"),
                   state.spec().block_bytes);
 }
 }  // namespace
 
-void compressor_state_add_request(PagedCache& state, const CompressorConfig& cfg, int64_t req) {
-  constexpr const char* kOp = "compressor_state_add_request";
+void compressor_state_init(PagedCache& state, const CompressorConfig& cfg, int64_t req) {
+  constexpr const char* kOp = "compressor_state_init";
   cfg.validate(kOp);
   check_state_cache(kOp, state, cfg);
-  state.add_request(req);
+  const bool registered = state.has_request(req);
+  if (registered && state.num_entries(req) != 0)
+    fail_expected(kOp, detail::concat("rows of request ", req), "0 (a ring is reserved once)",
+                  state.num_entries(req));
+  if (!registered) state.add_request(req);
   try {
     state.append(req, cfg.ring_rows());
   } catch (...) {
-    state.remove_request(req);  // atomic: a full pool leaves the cache as it was
+    if (!registered) state.remove_request(req);  // atomic: a full pool leaves the cache as it was
     throw;
   }
 }
@@ -431,10 +448,10 @@ TensorView compressor_state_rows(const PagedCache& state, const CompressorConfig
   constexpr const char* kOp = "compressor_state_rows";
   cfg.validate(kOp);
   check_state_cache(kOp, state, cfg);
-  return TensorView(state.storage(), DType::fp32,
-                    {int64_t{state.spec().num_blocks} * state.spec().block_size,
-                     int64_t{cfg.state_width()}},
-                    state.device());
+  return TensorView(
+      state.storage(), DType::fp32,
+      {int64_t{state.spec().num_blocks} * state.spec().block_size, int64_t{cfg.state_width()}},
+      state.device());
 }
 
 }  // namespace dsv4

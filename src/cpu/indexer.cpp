@@ -32,12 +32,11 @@ void check_visible_fit(const char* where, const char* cols_name, const TensorVie
                        int ratio, int64_t cols) {
   for (int64_t t = 0; t < positions.size(0); ++t) {
     const int64_t p = cpu::load_index(positions, t);
-    const std::string at = "positions[" + std::to_string(t) + "]";
-    if (p < 0) fail_expected(where, at, ">= 0", p);
+    if (p < 0) fail_expected(where, detail::concat("positions[", t, "]"), ">= 0", p);
     if (visible_entries(p, ratio) > cols)
       fail_expected(where, cols_name,
-                    ">= " + std::to_string(visible_entries(p, ratio)) + " (entries visible at " +
-                        at + " = " + std::to_string(p) + ")",
+                    detail::concat(">= ", visible_entries(p, ratio),
+                                   " (entries visible at positions[", t, "] = ", p, ")"),
                     cols);
   }
 }
@@ -65,15 +64,15 @@ void store_len(const TensorView& lens, int64_t t, int64_t n) {
 // ================================ queries ====================================================
 
 void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorView& wq_b_scale,
-                   const TensorView& x, const TensorView& weights_proj,
-                   const TensorView& positions, const TensorView& cos_sin,
-                   const TensorView& q_fp8, const TensorView& q_scale, const TensorView& weights,
-                   Stream stream) {
+                   const TensorView& x, const TensorView& weights_proj, const TensorView& positions,
+                   const TensorView& cos_sin, const TensorView& q_fp8, const TensorView& q_scale,
+                   const TensorView& weights, Stream stream) {
   constexpr const char* kOp = "indexer_query";
   (void)stream;
   check_defined(kOp, "qr", qr);
   check_ndim(kOp, "qr", qr, 2);
   cpu::check_dtype_in(kOp, "qr", qr, {DType::bf16, DType::fp32});
+  cpu::check_row_strided(kOp, "qr", qr);
   const int64_t T = qr.size(0), q_lora = qr.size(1);
   check_defined(kOp, "wq_b", wq_b);
   check_ndim(kOp, "wq_b", wq_b, 2);
@@ -89,6 +88,7 @@ void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorVie
   check_ndim(kOp, "x", x, 2);
   check_dim(kOp, "x", x, 0, T);
   cpu::check_dtype_in(kOp, "x", x, {DType::bf16, DType::fp32});
+  cpu::check_row_strided(kOp, "x", x);
   check_defined(kOp, "weights_proj", weights_proj);
   cpu::check_dtype_in(kOp, "weights_proj", weights_proj, {DType::bf16, DType::fp32});
   check_shape(kOp, "weights_proj", weights_proj, {H, x.size(1)});
@@ -111,16 +111,22 @@ void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorVie
     check_shape(kOp, name, out, {T, H});
     cpu::check_row_strided(kOp, name, out);
   }
-  const Device dev = cpu::common_device(
-      kOp, {{"qr", qr}, {"wq_b", wq_b}, {"wq_b_scale", wq_b_scale}, {"x", x},
-            {"weights_proj", weights_proj}, {"positions", positions}, {"cos_sin", cos_sin},
-            {"q_fp8", q_fp8}, {"q_scale", q_scale}, {"weights", weights}});
+  const Device dev = cpu::common_device(kOp, {{"qr", qr},
+                                              {"wq_b", wq_b},
+                                              {"wq_b_scale", wq_b_scale},
+                                              {"x", x},
+                                              {"weights_proj", weights_proj},
+                                              {"positions", positions},
+                                              {"cos_sin", cos_sin},
+                                              {"q_fp8", q_fp8},
+                                              {"q_scale", q_scale},
+                                              {"weights", weights}});
   if (dev != Device::cpu) cpu::throw_cuda_unavailable(kOp);
   for (int64_t t = 0; t < T; ++t) {
     const int64_t p = cpu::load_index(positions, t);
     if (p < 0 || p >= cos_sin.size(0))
-      fail_expected(kOp, "positions[" + std::to_string(t) + "]",
-                    "in [0, " + std::to_string(cos_sin.size(0)) + ") (rows of cos_sin)", p);
+      fail_expected(kOp, detail::concat("positions[", t, "]"),
+                    detail::concat("in [0, ", cos_sin.size(0), ") (rows of cos_sin)"), p);
   }
   if (T == 0) return;
 
@@ -130,7 +136,8 @@ void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorVie
   apply_rope(q, positions, cos_sin, /*inverse=*/false, q);
   HostTensor w(DType::fp32, {T, H});
   linear(x, {}, weights_proj, {}, w);
-  const float w_scale = static_cast<float>(1.0 / std::sqrt(double{kKeyDim} * static_cast<double>(H)));
+  const float w_scale =
+      static_cast<float>(1.0 / std::sqrt(double{kKeyDim} * static_cast<double>(H)));
 
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < T; ++t) {
@@ -138,7 +145,8 @@ void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorVie
       float* v = q.data<float>() + (t * H + h) * kKeyDim;
       cpu::hadamard_rotate(v, kKeyDim);
       uint8_t* codes = q_fp8.ptr<uint8_t>() + t * q_fp8.stride(0) + h * q_fp8.stride(1);
-      q_scale.ptr<float>()[t * q_scale.stride(0) + h] = exp2_int(fp8_quantize_block(v, kKeyDim, codes));
+      q_scale.ptr<float>()[t * q_scale.stride(0) + h] =
+          exp2_int(fp8_quantize_block(v, kKeyDim, codes));
       weights.ptr<float>()[t * weights.stride(0) + h] = w.data<float>()[t * H + h] * w_scale;
     }
   }
@@ -177,10 +185,14 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
   check_ndim(kOp, "scores", scores, 2);
   check_dim(kOp, "scores", scores, 0, T);
   cpu::check_row_strided(kOp, "scores", scores);
-  const Device dev = cpu::common_device(
-      kOp, {{"q_fp8", q_fp8}, {"q_scale", q_scale}, {"weights", weights}, {"positions", positions},
-            {"token_to_req", token_to_req}, {"keys.data", keys.data},
-            {"key_block_table", key_block_table}, {"scores", scores}});
+  const Device dev = cpu::common_device(kOp, {{"q_fp8", q_fp8},
+                                              {"q_scale", q_scale},
+                                              {"weights", weights},
+                                              {"positions", positions},
+                                              {"token_to_req", token_to_req},
+                                              {"keys.data", keys.data},
+                                              {"key_block_table", key_block_table},
+                                              {"scores", scores}});
   if (dev != Device::cpu) cpu::throw_cuda_unavailable(kOp);
 
   // Data: request rows in range, the visible entries fit in `scores`, and every visible entry's
@@ -191,14 +203,17 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
   for (int64_t t = 0; t < T; ++t) {
     const int64_t q = cpu::load_index(token_to_req, t);
     if (q < 0 || q >= R)
-      fail_expected(kOp, "token_to_req[" + std::to_string(t) + "]",
-                    "in [0, " + std::to_string(R) + ") (rows of key_block_table)", q);
-    keys_needed[q] = std::max(keys_needed[q], visible_entries(cpu::load_index(positions, t), ratio));
+      fail_expected(kOp, detail::concat("token_to_req[", t, "]"),
+                    detail::concat("in [0, ", R, ") (rows of key_block_table)"), q);
+    keys_needed[q] =
+        std::max(keys_needed[q], visible_entries(cpu::load_index(positions, t), ratio));
   }
   auto key_block = [&](int64_t q, int64_t j) -> int64_t {  // block id, or -1 if unmapped
     const int64_t k = j / B;
     if (k >= key_block_table.size(1)) return -1;
-    const int32_t b = key_block_table.ptr<int32_t>()[q * key_block_table.stride(0) + k * key_block_table.stride(1)];
+    const int32_t b =
+        key_block_table
+            .ptr<int32_t>()[q * key_block_table.stride(0) + k * key_block_table.stride(1)];
     return (b < 0 || b >= keys.data.size(0)) ? -1 : b;
   };
   for (int64_t q = 0; q < R; ++q)
@@ -242,7 +257,10 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
       float score = 0.0f;
       for (int64_t h = 0; h < H; ++h) {
         float dot = 0.0f;  // products of two fp8 values are exact in fp32
-        for (int d = 0; d < kKeyDim; ++d) dot += qf[h * kKeyDim + d] * k[d];
+        const float* qh = qf.data() + h * kKeyDim;
+        // A fixed vector summation order: deterministic, and vectorized without -ffast-math.
+#pragma omp simd reduction(+ : dot)
+        for (int d = 0; d < kKeyDim; ++d) dot += qh[d] * k[d];
         // The scales are powers of two: applying them after the dot is exact.
         score += w[h] * std::max(dot * (qs[h] * key_scales[q][j]), 0.0f);
       }

@@ -329,6 +329,33 @@ TEST(SparseDecode, DuplicateIndicesCountEachTime) {
     EXPECT_NEAR(dsv4::bf16_bits_to_float(p.out.data<uint16_t>()[d]), row[d], std::abs(row[d]) / 128 + 1e-6);
 }
 
+// q and out may be row-strided views (e.g. heads padded in a larger buffer): same bits as the
+// dense run, and the padding of out is left alone.
+TEST(SparseDecode, StridedQueryAndOutputMatchDense) {
+  DecodeProblem p(small_case());
+  p.run();
+  const int b = p.c.b, h = p.c.h, d = p.d_qk, pad_heads = 3;
+  HostTensor q_big(DType::bf16, {b, 1, h + pad_heads, d}), out_big(DType::bf16, {b, 1, h + pad_heads, 512});
+  q_big.fill_bytes(0xFF);
+  out_big.fill_bytes(0x5A);
+  for (int bi = 0; bi < b; ++bi)
+    std::memcpy(q_big.data<uint16_t>() + int64_t{bi} * (h + pad_heads) * d,
+                p.q.data<uint16_t>() + int64_t{bi} * h * d, size_t(h) * d * 2);
+  TensorView q_view = q_big, out_view = out_big;
+  q_view.shape[2] = out_view.shape[2] = h;  // the first h heads of each row
+  dsv4::SparseDecodeArgs a = p.args();
+  a.q = q_view;
+  a.out = out_view;
+  const auto s = dsv4::make_decode_schedule(b, 1, h, p.topk_total());
+  HostTensor ws(DType::uint8, {s.workspace_bytes});
+  dsv4::sparse_decode(a, s, ws);
+  for (int bi = 0; bi < b; ++bi) {
+    const uint16_t* row = out_big.data<uint16_t>() + int64_t{bi} * (h + pad_heads) * 512;
+    EXPECT_EQ(0, std::memcmp(row, p.out.data<uint16_t>() + int64_t{bi} * h * 512, size_t(h) * 512 * 2));
+    for (int i = h * 512; i < (h + pad_heads) * 512; ++i) ASSERT_EQ(row[i], 0x5A5A) << i;
+  }
+}
+
 // The tolerance can fail: dropping one row or ignoring the sink moves the reference beyond it.
 TEST(SparseDecode, ReferenceIsSensitiveBeyondTolerance) {
   DecodeProblem p(small_case(64, 0));

@@ -33,8 +33,8 @@ CompressedScope::CompressedScope(const ModelConfig& cfg, int layer, const Attent
 }
 
 void CompressedScope::add_request(int64_t req) {
-  caches_.compressor_state->append(req, main_.ring_rows());
-  if (ratio_ == 4) caches_.indexer_state->append(req, indexer_.ring_rows());
+  compressor_state_init(*caches_.compressor_state, main_, req);
+  if (ratio_ == 4) compressor_state_init(*caches_.indexer_state, indexer_, req);
 }
 
 void CompressedScope::check_capacity(const BatchPlan& plan) const {

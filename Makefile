@@ -7,9 +7,13 @@ CMAKE_ARGS ?=
 DSV4_CUDA ?= AUTO
 
 .PHONY: run test setup configure build clean
+# The main job: real V4-Flash layer shapes, one layer of each kind (SWA, C4A, C128A), chunked
+# prefill of four requests then decode, with request 0 re-checked against the float64 reference.
+RUN_ARGS ?= --model v4-flash --layers 0,2,3 --requests 4 --prompt-len 160,256,192,128 \
+            --decode-steps 8 --chunk 256 --check
 run: build
 	./$(BUILD)/dsv4 info
-	./$(BUILD)/dsv4 info --layouts --block-size 64
+	./$(BUILD)/dsv4 run $(RUN_ARGS)
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900

@@ -31,37 +31,10 @@ using Shape = std::vector<int64_t>;
 
 constexpr uint64_t kSeed = 20240607;
 
-// config.json in the official inference style (ModelArgs keys), written from the config's fields.
-void write_config_json(const std::string& dir, const ModelConfig& c) {
-  const nlohmann::json j = {{"dim", c.dim},
-                            {"n_heads", c.n_heads},
-                            {"head_dim", c.head_dim},
-                            {"rope_head_dim", c.rope_head_dim},
-                            {"q_lora_rank", c.q_lora_rank},
-                            {"o_groups", c.o_groups},
-                            {"o_lora_rank", c.o_lora_rank},
-                            {"window_size", c.window_size},
-                            {"n_layers", c.n_layers() - c.n_mtp_layers},
-                            {"n_mtp_layers", c.n_mtp_layers},
-                            {"compress_ratios", c.compress_ratios},
-                            {"index_n_heads", c.index_n_heads},
-                            {"index_head_dim", c.index_head_dim},
-                            {"index_topk", c.index_topk},
-                            {"norm_eps", c.norm_eps},
-                            {"rope_theta", c.rope_theta},
-                            {"compress_rope_theta", c.compress_rope_theta},
-                            {"rope_factor", c.rope_factor},
-                            {"original_seq_len", c.original_seq_len},
-                            {"beta_fast", c.beta_fast},
-                            {"beta_slow", c.beta_slow},
-                            {"max_seq_len", c.max_position}};
-  std::ofstream(fs::path(dir) / "config.json") << j.dump(2);
-}
-
 // A checkpoint directory: config.json + model.safetensors holding `tensors`.
 void write_checkpoint(const std::string& dir, const ModelConfig& cfg,
                       const dsv4::TensorMap& tensors) {
-  write_config_json(dir, cfg);
+  dsv4_test::write_config_json(dir, cfg);
   dsv4::write_safetensors((fs::path(dir) / "model.safetensors").string(), tensors,
                           {{"format", "pt"}});
 }
@@ -207,7 +180,7 @@ class TinyRoundTrip : public TinyWeights, public ::testing::WithParamInterface<b
 TEST_P(TinyRoundTrip, EveryLayerLoadsBackBitExactly) {
   const bool fp8 = GetParam();
   const auto layers = all_layers(cfg_, fp8);
-  write_config_json(dir_.str(), cfg_);
+  dsv4_test::write_config_json(dir_.str(), cfg_);
   dsv4::save_attention_weights(dir_.file("model.safetensors"), cfg_, layers);
 
   const ModelConfig loaded_cfg = ModelConfig::from_json_file(dir_.str());
@@ -227,7 +200,7 @@ INSTANTIATE_TEST_SUITE_P(Fp8AndBf16, TinyRoundTrip, ::testing::Bool(),
 
 TEST_F(TinyWeights, ShardedCheckpointWithIndex) {
   const auto layers = all_layers(cfg_, true);
-  write_config_json(dir_.str(), cfg_);
+  dsv4_test::write_config_json(dir_.str(), cfg_);
   nlohmann::json weight_map = nlohmann::json::object();
   for (int shard = 0; shard < 2; ++shard) {
     const std::vector<AttentionWeights> part(layers.begin() + 2 * shard,

@@ -1,0 +1,91 @@
+// `dsv4 run`, the main job, end to end: the built binary on the tiny config (all three layer
+// kinds) with --check against the float64 reference, from random weights and from a checkpoint
+// directory the test writes; and its argument errors.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <sys/wait.h>
+
+#include "dsv4/weights.h"
+#include "weights_test_support.h"
+
+namespace {
+
+struct Result {
+  int status;
+  std::string output;
+};
+
+Result run_cli(const std::string& args) {
+  const std::string cmd = "OMP_NUM_THREADS=1 " + std::string(DSV4_CLI_PATH) + " run " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return {-1, ""};
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  const int raw = pclose(pipe);
+  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, out};
+}
+
+// Prompts cross the SWA window, ratio-4 windows (and 40+ C4A entries > top-16) and a ratio-128
+// window; chunk 64 splits prompts inside windows; decodes ride along with prefills.
+const char* kArgs = "--model tiny --requests 3 --prompt-len 150,40,90 --decode-steps 4 --chunk 64 --check --quiet";
+
+TEST(CliRun, TinyRandomWeightsPassesCheck) {
+  dsv4_test::TempDir dir;
+  const Result r = run_cli(std::string(kArgs) + " --json " + dir.file("report.json"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("check: passed"), std::string::npos) << r.output;
+  nlohmann::json j;
+  std::ifstream(dir.file("report.json")) >> j;
+  EXPECT_TRUE(j["check"]["passed"].get<bool>());
+  std::set<std::string> kinds;
+  for (const auto& l : j["check"]["layers"]) {
+    kinds.insert(l["kind"].get<std::string>());
+    EXPECT_EQ(l["tokens"].get<int64_t>(), 154);
+    EXPECT_LT(l["max_rel_err"].get<double>(), 3e-2);
+  }
+  EXPECT_EQ(kinds, (std::set<std::string>{"SWA", "C4A", "C128A"}));
+  int64_t tokens = 0;
+  for (const auto& p : j["phases"]) tokens += p["tokens"].get<int64_t>();
+  EXPECT_EQ(tokens, 150 + 40 + 90 + 3 * 4);
+}
+
+TEST(CliRun, CheckpointDirectoryLoads) {
+  dsv4_test::TempDir dir;
+  const dsv4::ModelConfig cfg = dsv4::ModelConfig::builtin("tiny");
+  std::vector<dsv4::AttentionWeights> layers;
+  for (int l = 0; l < cfg.n_layers(); ++l) layers.push_back(dsv4::random_attention_weights(cfg, l, 99, true));
+  dsv4_test::write_config_json(dir.str(), cfg);
+  dsv4::save_attention_weights(dir.file("model.safetensors"), cfg, layers);
+  const Result r = run_cli("--config " + dir.str() + " --weights " + dir.str() +
+                           " --layers 1-2 --requests 2 --prompt-len 140 --decode-steps 2 --chunk 100 --check --quiet");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("1(C4A) 2(C128A)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("check: passed"), std::string::npos) << r.output;
+
+  // A checkpoint missing a tensor is refused, naming it.
+  dsv4::TensorMap tensors;
+  for (const auto& w : layers) dsv4::add_attention_tensors(w, cfg, tensors);
+  tensors.erase("layers.1.attn.wq_b.weight");
+  dsv4::write_safetensors(dir.file("model.safetensors"), tensors, {{"format", "pt"}});
+  const Result bad = run_cli("--config " + dir.str() + " --weights " + dir.str() + " --layers 1 --quiet");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.output.find("layers.1.attn.wq_b.weight"), std::string::npos) << bad.output;
+}
+
+TEST(CliRun, BadArgumentsAreErrors) {
+  for (const char* args : {"--model nope", "--model tiny --layers 9", "--model tiny --requests 0",
+                           "--model tiny --prompt-len 1,2", "--model tiny --chunk 0",
+                           "--model tiny --backend tpu", "--model tiny --bogus"}) {
+    const Result r = run_cli(args);
+    EXPECT_NE(r.status, 0) << args;
+    EXPECT_NE(r.output.find("error"), std::string::npos) << args << ": " << r.output;
+  }
+}
+
+}  // namespace

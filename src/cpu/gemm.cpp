@@ -29,7 +29,11 @@ struct TileScratch {
 };
 
 // acc[t][0..kTileN) += Σ_k x[t][k] · w_t[k][0..kTileN) for t < tn, k < kn. Four activation rows
-// share each weight load.
+// share each weight load. Compiled for AVX-512, AVX2+FMA and baseline x86-64, picked at load
+// time (the build itself targets baseline x86-64); results are deterministic on a given machine.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 void accumulate_tile(const float* x, const float* w_t, int64_t tn, int64_t kn, float* acc) {
   int64_t t = 0;
   for (; t + 4 <= tn; t += 4) {

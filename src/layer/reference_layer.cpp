@@ -35,17 +35,41 @@ Mat to_mat(const HostTensor& t) {
 Mat to_mat(const Weight& w) { return to_mat(dequantize_weight(w)); }
 std::vector<double> to_vec(const HostTensor& t) { return to_mat(t).a; }
 
-// y = M · v (M [rows, cols], v [cols]).
-std::vector<double> matvec(const Mat& m, const double* v) {
-  std::vector<double> y(static_cast<size_t>(m.rows));
-#pragma omp parallel for schedule(static) if (m.rows * m.cols > 65536)
-  for (int64_t r = 0; r < m.rows; ++r) {
-    const double* w = m.row(r);
-    double s = 0;
-    for (int64_t c = 0; c < m.cols; ++c) s += w[c] * v[c];
-    y[r] = s;
+// Y[t][n] = Σ_k X[t][k] · W[n][k] for t < rows, n < n_out (row strides ldx, ldw, ldy). Plain
+// dot products in double, blocked so a block of X rows stays in cache while W streams once per
+// block; parallel over W rows. Projections of all positions at once: the layer has no recurrence
+// through them, and streaming a 268 MB weight matrix once per token would dominate the check.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+void gemm_t(const double* X, int64_t ldx, int64_t rows, const double* W, int64_t ldw, int64_t n_out,
+            int64_t K, double* Y, int64_t ldy) {
+  constexpr int64_t kRowBlock = 16;
+  for (int64_t t0 = 0; t0 < rows; t0 += kRowBlock) {
+    const int64_t t1 = std::min(rows, t0 + kRowBlock);
+#pragma omp parallel for schedule(static) if (n_out * K > 65536)
+    for (int64_t n = 0; n < n_out; ++n) {
+      const double* w = W + n * ldw;
+      for (int64_t t = t0; t < t1; ++t) {
+        const double* xr = X + t * ldx;
+        double s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t k = 0; k < K; ++k) s += w[k] * xr[k];
+        Y[t * ldy + n] = s;
+      }
+    }
   }
-  return y;
+}
+
+// All rows of X [rows, K] times Mᵀ (M [n, K]) → [rows, n].
+Mat project(const Mat& X, const Mat& M) {
+  DSV4_CHECK(X.cols == M.cols, "reference: projection K mismatch ", X.cols, " vs ", M.cols);
+  Mat Y;
+  Y.rows = X.rows;
+  Y.cols = M.rows;
+  Y.a.resize(static_cast<size_t>(Y.rows * Y.cols));
+  gemm_t(X.a.data(), X.cols, X.rows, M.a.data(), M.cols, M.rows, M.cols, Y.a.data(), Y.cols);
+  return Y;
 }
 
 void rmsnorm(double* v, int64_t n, const std::vector<double>* weight, double eps) {
@@ -130,22 +154,19 @@ void hadamard(double* v, int n) {
   for (int i = 0; i < n; ++i) v[i] *= s;
 }
 
-// A compressor's per-token projections and its emitted entries (SPEC §4).
+// A compressor's projections of every position and its emitted entries (SPEC §4).
 struct Compressor {
   int r = 0, coff = 1, hd = 0;
-  Mat wkv, wgate, ape;
+  Mat kv, score;  // [L, coff*hd]: x·wkvᵀ and x·wgateᵀ + ape[p mod r]
   std::vector<double> norm;
-  std::vector<std::vector<double>> kv, score;  // per position, width coff*hd
 
-  Compressor(const CompressorWeights& w, int ratio, int head_dim)
-      : r(ratio), coff(ratio == 4 ? 2 : 1), hd(head_dim), wkv(to_mat(w.wkv)), wgate(to_mat(w.wgate)),
-        ape(to_mat(w.ape)), norm(to_vec(w.norm)) {}
-
-  void add(const double* x, int64_t p) {
-    kv.push_back(matvec(wkv, x));
-    std::vector<double> s = matvec(wgate, x);
-    for (int64_t i = 0; i < coff * hd; ++i) s[i] += ape.row(p % r)[i];
-    score.push_back(std::move(s));
+  Compressor(const CompressorWeights& w, int ratio, int head_dim, const Mat& X)
+      : r(ratio), coff(ratio == 4 ? 2 : 1), hd(head_dim), norm(to_vec(w.norm)) {
+    kv = project(X, to_mat(w.wkv));
+    score = project(X, to_mat(w.wgate));
+    const Mat ape = to_mat(w.ape);
+    for (int64_t p = 0; p < X.rows; ++p)
+      for (int64_t i = 0; i < coff * hd; ++i) score.a[p * score.cols + i] += ape.row(p % r)[i];
   }
   // Entry j (all its positions added): softmax-pooled, RMS-normed (un-rotated).
   std::vector<double> pool(int64_t j, double eps) const {
@@ -158,12 +179,12 @@ struct Compressor {
         for (int64_t t = (j - 1) * r; t < j * r; ++t) rows.push_back({t, d});
       for (int64_t t = j * r; t < (j + 1) * r; ++t) rows.push_back({t, coff == 2 ? hd + d : d});
       double mx = -kInf;
-      for (auto [t, c] : rows) mx = std::max(mx, score[t][c]);
+      for (auto [t, c] : rows) mx = std::max(mx, score.row(t)[c]);
       double den = 0, num = 0;
       for (auto [t, c] : rows) {
-        const double wgt = std::exp(score[t][c] - mx);
+        const double wgt = std::exp(score.row(t)[c] - mx);
         den += wgt;
-        num += wgt * kv[t][c];
+        num += wgt * kv.row(t)[c];
       }
       e[d] = num / den;
     }
@@ -186,47 +207,66 @@ std::vector<double> reference_attention_layer(const ModelConfig& cfg, int layer,
   const int ratio = cfg.compress_ratio(layer);
   const std::vector<double> freqs = frequencies(cfg.rope_for_layer(layer));
 
-  const Mat wq_a = to_mat(w.wq_a), wq_b = to_mat(w.wq_b), wkv = to_mat(w.wkv), wo_b = to_mat(w.wo_b);
-  const Mat wo_a = to_mat(w.wo_a);  // [G * Lo, H*D/G]
   const std::vector<double> q_norm = to_vec(w.q_norm), kv_norm = to_vec(w.kv_norm), sink = to_vec(w.attn_sink);
+  Mat X;
+  X.rows = L;
+  X.cols = dim;
+  X.a = x;
 
-  std::unique_ptr<Compressor> comp, icomp;
-  Mat iwq_b, iproj;
-  if (ratio > 0) comp = std::make_unique<Compressor>(*w.compressor, ratio, static_cast<int>(D));
-  if (ratio == 4) {
-    icomp = std::make_unique<Compressor>(w.indexer->compressor, 4, cfg.index_head_dim);
-    iwq_b = to_mat(w.indexer->wq_b);
-    iproj = to_mat(w.indexer->weights_proj);
+  // Projections of every position (batched; see gemm_t), then the per-row norms and roundings.
+  Mat QR = project(X, to_mat(w.wq_a));
+  for (int64_t p = 0; p < L; ++p) {
+    rmsnorm(&QR.a[p * QR.cols], cfg.q_lora_rank, &q_norm, eps);
+    bf16_round(&QR.a[p * QR.cols], cfg.q_lora_rank);
+  }
+  Mat Q = project(QR, to_mat(w.wq_b));  // [L, H*D]
+  Mat KV = project(X, to_mat(w.wkv));   // [L, D]
+  for (int64_t p = 0; p < L; ++p) {
+    double* q = &Q.a[p * Q.cols];
+    bf16_round(q, H * D);
+    for (int64_t h = 0; h < H; ++h) {
+      rmsnorm(q + h * D, D, nullptr, eps);
+      rotate(q + h * D, D, freqs, static_cast<double>(p));
+    }
+    bf16_round(q, H * D);
+    double* kv = &KV.a[p * D];
+    rmsnorm(kv, D, &kv_norm, eps);
+    bf16_round(kv, D);
+    rotate(kv, D, freqs, static_cast<double>(p));
+    cache_round(kv, static_cast<int>(D), static_cast<int>(R));  // the SWA row as cached
   }
 
-  std::vector<std::vector<double>> kv_rows;    // SWA rows as cached
+  std::unique_ptr<Compressor> comp, icomp;
+  Mat QI, WTS;
+  const int HI = cfg.index_n_heads, dI = cfg.index_head_dim;
+  if (ratio > 0) comp = std::make_unique<Compressor>(*w.compressor, ratio, static_cast<int>(D), X);
+  if (ratio == 4) {
+    icomp = std::make_unique<Compressor>(w.indexer->compressor, 4, dI, X);
+    QI = project(QR, to_mat(w.indexer->wq_b));  // [L, HI*dI]
+    WTS = project(X, to_mat(w.indexer->weights_proj));
+    for (int64_t p = 0; p < L; ++p) {
+      for (int h = 0; h < HI; ++h) {
+        double* qh = &QI.a[p * QI.cols + int64_t{h} * dI];
+        rotate(qh, dI, freqs, static_cast<double>(p));
+        hadamard(qh, dI);
+        fp8_round(qh, dI, dI);
+        WTS.a[p * HI + h] *= 1.0 / std::sqrt(static_cast<double>(dI)) / std::sqrt(static_cast<double>(HI));
+      }
+    }
+  }
+
   std::vector<std::vector<double>> entries;    // compressed entries as cached
-  std::vector<std::vector<double>> ikeys;      // indexer keys (rotated)
-  std::vector<double> y(static_cast<size_t>(L * dim));
+  std::vector<std::vector<double>> ikeys;      // indexer keys (rotated, FP8-rounded)
+  Mat O;  // attention outputs after inverse RoPE (and FP8 rounding) [L, H*D]
+  O.rows = L;
+  O.cols = H * D;
+  O.a.assign(static_cast<size_t>(L * H * D), 0.0);
 
   for (int64_t p = 0; p < L; ++p) {
-    const double* xt = x.data() + p * dim;
-    std::vector<double> qr = matvec(wq_a, xt);
-    rmsnorm(qr.data(), cfg.q_lora_rank, &q_norm, eps);
-    bf16_round(qr.data(), cfg.q_lora_rank);
-    std::vector<double> q = matvec(wq_b, qr.data());  // [H, D]
-    bf16_round(q.data(), H * D);
-    for (int64_t h = 0; h < H; ++h) {
-      rmsnorm(q.data() + h * D, D, nullptr, eps);
-      rotate(q.data() + h * D, D, freqs, static_cast<double>(p));
-    }
-    bf16_round(q.data(), H * D);
-    std::vector<double> kv = matvec(wkv, xt);
-    rmsnorm(kv.data(), D, &kv_norm, eps);
-    bf16_round(kv.data(), D);
-    rotate(kv.data(), D, freqs, static_cast<double>(p));
-    cache_round(kv.data(), static_cast<int>(D), static_cast<int>(R));
-    kv_rows.push_back(kv);
-
+    const double* q = &Q.a[p * Q.cols];
     // Compressed entries completed by this token.
     std::vector<int64_t> chosen;
     if (ratio > 0) {
-      comp->add(xt, p);
       if ((p + 1) % ratio == 0) {
         const int64_t j = (p + 1) / ratio - 1;
         std::vector<double> e = comp->pool(j, eps);
@@ -238,7 +278,6 @@ std::vector<double> reference_attention_layer(const ModelConfig& cfg, int layer,
       if (ratio == 128) {
         for (int64_t j = 0; j < visible; ++j) chosen.push_back(j);
       } else {
-        icomp->add(xt, p);
         if ((p + 1) % 4 == 0) {
           const int64_t j = (p + 1) / 4 - 1;
           std::vector<double> k = icomp->pool(j, eps);
@@ -247,16 +286,9 @@ std::vector<double> reference_attention_layer(const ModelConfig& cfg, int layer,
           fp8_round(k.data(), cfg.index_head_dim, cfg.index_head_dim);
           ikeys.push_back(std::move(k));
         }
-        // Indexer scores (exact), top-k with ties to the lowest index.
-        const int HI = cfg.index_n_heads, dI = cfg.index_head_dim;
-        std::vector<double> qi = matvec(iwq_b, qr.data());
-        for (int h = 0; h < HI; ++h) {
-          rotate(qi.data() + int64_t{h} * dI, dI, freqs, static_cast<double>(p));
-          hadamard(qi.data() + int64_t{h} * dI, dI);
-          fp8_round(qi.data() + int64_t{h} * dI, dI, dI);
-        }
-        std::vector<double> wts = matvec(iproj, xt);
-        for (double& v : wts) v *= 1.0 / std::sqrt(static_cast<double>(dI)) / std::sqrt(static_cast<double>(HI));
+        // Indexer scores (of the FP8-rounded operands), top-k with ties to the lowest index.
+        const double* qi = &QI.a[p * QI.cols];
+        const double* wts = &WTS.a[p * HI];
         std::vector<std::pair<double, int64_t>> sc;
         for (int64_t j = 0; j < visible; ++j) {
           double s = 0;
@@ -275,17 +307,19 @@ std::vector<double> reference_attention_layer(const ModelConfig& cfg, int layer,
     // Sparse attention over chosen entries + the SWA window, with the sink.
     std::vector<const std::vector<double>*> rows;
     for (int64_t j : chosen) rows.push_back(&entries[j]);
-    for (int64_t t = std::max<int64_t>(0, p - W + 1); t <= p; ++t) rows.push_back(&kv_rows[t]);
-    std::vector<double> o(static_cast<size_t>(H * D), 0.0);
+    std::vector<const double*> row_ptrs;
+    for (const auto* e : rows) row_ptrs.push_back(e->data());
+    for (int64_t t = std::max<int64_t>(0, p - W + 1); t <= p; ++t) row_ptrs.push_back(&KV.a[t * D]);
+    double* o = &O.a[p * O.cols];
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
 #pragma omp parallel for schedule(static)
     for (int64_t h = 0; h < H; ++h) {
-      const double* qh = q.data() + h * D;
-      std::vector<double> logit(rows.size());
+      const double* qh = q + h * D;
+      std::vector<double> logit(row_ptrs.size());
       double mx = -kInf;
-      for (size_t i = 0; i < rows.size(); ++i) {
+      for (size_t i = 0; i < row_ptrs.size(); ++i) {
         double s = 0;
-        for (int64_t d = 0; d < D; ++d) s += qh[d] * (*rows[i])[d];
+        for (int64_t d = 0; d < D; ++d) s += qh[d] * row_ptrs[i][d];
         logit[i] = s * scale;
         mx = std::max(mx, logit[i]);
       }
@@ -293,30 +327,30 @@ std::vector<double> reference_attention_layer(const ModelConfig& cfg, int layer,
       for (double l : logit) den += std::exp(l - mx);
       const double lse = mx + std::log(den);
       const double keep = 1.0 / (1.0 + std::exp(sink[h] - lse));  // exp(lse)/(exp(lse)+exp(sink))
-      double* oh = o.data() + h * D;
-      for (size_t i = 0; i < rows.size(); ++i) {
+      double* oh = o + h * D;
+      for (size_t i = 0; i < row_ptrs.size(); ++i) {
         const double pr = std::exp(logit[i] - lse) * keep;
-        for (int64_t d = 0; d < D; ++d) oh[d] += pr * (*rows[i])[d];
+        for (int64_t d = 0; d < D; ++d) oh[d] += pr * row_ptrs[i][d];
       }
       bf16_round(oh, D);
       rotate(oh, D, freqs, static_cast<double>(p), -1.0);
       bf16_round(oh, D);
     }
-    if (opts.fp8_activations) fp8_round(o.data(), H * D, 128);
-
-    // Grouped wo_a, then wo_b.
-    const int64_t gw = H * D / G;
-    std::vector<double> z(static_cast<size_t>(G * Lo));
-    for (int64_t g = 0; g < G; ++g)
-      for (int64_t l = 0; l < Lo; ++l) {
-        const double* wr = wo_a.row(g * Lo + l);
-        double s = 0;
-        for (int64_t c = 0; c < gw; ++c) s += wr[c] * o[g * gw + c];
-        z[g * Lo + l] = s;
-      }
-    const std::vector<double> yt = matvec(wo_b, z.data());
-    std::copy(yt.begin(), yt.end(), y.begin() + p * dim);
+    if (opts.fp8_activations) fp8_round(o, H * D, 128);
   }
+
+  // Grouped wo_a (group g: columns [g*gw, (g+1)*gw) of O times rows [g*Lo, (g+1)*Lo) of wo_a),
+  // then wo_b.
+  const Mat wo_a = to_mat(w.wo_a);  // [G * Lo, H*D/G]
+  const int64_t gw = H * D / G;
+  Mat Z;
+  Z.rows = L;
+  Z.cols = G * Lo;
+  Z.a.resize(static_cast<size_t>(L * G * Lo));
+  for (int64_t g = 0; g < G; ++g)
+    gemm_t(O.a.data() + g * gw, O.cols, L, wo_a.row(g * Lo), wo_a.cols, Lo, gw, Z.a.data() + g * Lo, Z.cols);
+  Mat Y = project(Z, to_mat(w.wo_b));
+  std::vector<double> y = std::move(Y.a);
   return y;
 }
 

@@ -98,15 +98,27 @@ struct SparseDecodeArgs {
 
 // Split-KV plan: depends only on shapes (b, s_q, H, topk + extra_topk) and the SM count, so it
 // can be made once per step and reused by every layer of that shape (CUDA-graph friendly).
+// Split s covers slots [s * split_len, (s + 1) * split_len) of the concatenated index list
+// (main scope's topk slots, then the extra scope's). num_splits is chosen so that
+// b * s_q * ceil(H / 64) * num_splits roughly fills num_sms, without empty splits.
 struct DecodeSchedule {
   int num_splits = 1;           // splits per (b, s_q) row over the concatenated index list
-  int split_len = 0;            // index slots per split (multiple of the kernel's tile)
+  int split_len = 0;            // index slots per split (a multiple of kDecodeTile)
   int64_t workspace_bytes = 0;  // partial o (fp32) + partial lse for all splits
 };
-DecodeSchedule make_decode_schedule(int b, int s_q, int h, int topk_total, int num_sms = 132);
+inline constexpr int kDecodeTile = 64;  // split_len granularity (the kernels' KV tile)
+// Throws dsv4::Error for b < 0, s_q < 1, h < 1, topk_total < 0, num_sms < 1 or d_v < 1.
+DecodeSchedule make_decode_schedule(int b, int s_q, int h, int topk_total, int num_sms = 132,
+                                    int d_v = 512);
 
 // Whole decode: partial attention per split into `workspace`, then the combine.
-// workspace: uint8 [>= schedule.workspace_bytes] on the device of q.
+// workspace: uint8 [>= schedule.workspace_bytes] on the device of q, 16-byte aligned, holding
+// partial_o fp32 [b, s_q, H, num_splits, d_v] from byte 0 and partial_lse fp32
+// [b, s_q, H, num_splits] right after it. The schedule must cover topk + extra_topk
+// (num_splits * split_len >= it, split_len a positive multiple of kDecodeTile).
+// Index values (CPU only; a pass over the indices): each counted slot (the first topk_length[b]
+// of each scope) must be -1 or a slot of its cache, else dsv4::Error; topk_length values must
+// lie in [0, topk]. Duplicate indices count once per occurrence.
 void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
                    const TensorView& workspace, Stream stream = nullptr);
 

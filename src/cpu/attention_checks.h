@@ -1,0 +1,34 @@
+// Argument checks shared by the sparse attention ops' validation (decode, combine, prefill,
+// gather). Each throws dsv4::Error "op: arg: expected X, got Y" and reads no output.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "dsv4/kv_layout.h"
+#include "dsv4/tensor.h"
+
+namespace dsv4::cpu {
+
+// How strictly a tensor must be laid out: fully row-major, or only its last dim dense (rows may
+// be strided, e.g. a slice of a larger batch).
+enum class Dense : uint8_t { all, last_dim };
+
+// Defined, of dtype `dtype`, shape `shape` (-1: any size), on `device`, laid out per `dense`.
+void check_tensor(const char* where, const char* name, const TensorView& t, DType dtype,
+                  std::initializer_list<int64_t> shape, Device device, Dense dense = Dense::all);
+// Same, for an optional argument: an undefined view passes.
+void check_optional_tensor(const char* where, const char* name, const TensorView& t, DType dtype,
+                           std::initializer_list<int64_t> shape, Device device);
+// A paged cache: layout geometry (check_kv_cache), dense rows, on `device`, a valid tensor scale.
+// Returns the layout's logical dim.
+int check_cache(const char* where, const char* name, const KvCacheView& cache, Device device);
+
+// Host data check: every v[i] (i < n) lies in [lo, hi] ("where: name[i]: expected ...").
+void check_values_in_range(const char* where, const char* name, const int32_t* v, int64_t n,
+                           int64_t lo, int64_t hi);
+
+// The effective softmax scale: `scale`, or d_qk^-0.5 when 0. Must be finite.
+float resolve_softmax_scale(const char* where, float scale, int64_t d_qk);
+
+}  // namespace dsv4::cpu

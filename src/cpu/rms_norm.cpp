@@ -1,0 +1,100 @@
+// rms_norm and fused_qkv_rms_norm (SPEC §2 steps 1–2): y = x · rsqrt(mean(x²) + eps) [· weight]
+// over the last dim, fp32 math, one rounding to the output type.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cpu/backend.h"
+#include "cpu/norm_math.h"
+#include "cpu/rows.h"
+#include "cpu/validate.h"
+#include "dsv4/ops.h"
+
+namespace dsv4 {
+
+namespace {
+
+void check_eps(const char* where, float eps) {
+  if (!(eps >= 0.0f) || !std::isfinite(eps)) fail_expected(where, "eps", "a finite value >= 0", eps);
+}
+
+// x [..., D] and y (same shape, in place or disjoint), weight [D] or undefined.
+void validate_norm_operand(const char* where, const char* x_name, const TensorView& x,
+                           const char* w_name, const TensorView& weight, bool weight_required,
+                           const char* y_name, const TensorView& y) {
+  check_defined(where, x_name, x);
+  check_defined(where, y_name, y);
+  cpu::check_dtype_in(where, x_name, x, {DType::bf16, DType::fp32});
+  cpu::check_dtype_in(where, y_name, y, {DType::bf16, DType::fp32});
+  if (x.ndim < 1) fail_expected(where, std::string(x_name) + ".ndim", ">= 1", x.ndim);
+  check_ndim(where, y_name, y, x.ndim);
+  for (int d = 0; d < x.ndim; ++d) check_dim(where, y_name, y, d, x.shape[d]);
+  cpu::check_row_strided(where, x_name, x);
+  cpu::check_row_strided(where, y_name, y);
+  if (weight_required) check_defined(where, w_name, weight);
+  if (weight.defined()) {
+    cpu::check_dtype_in(where, w_name, weight, {DType::bf16, DType::fp32});
+    check_shape(where, w_name, weight, {x.shape[x.ndim - 1]});
+    cpu::check_row_strided(where, w_name, weight);
+    cpu::check_disjoint(where, y_name, y, w_name, weight);
+  }
+  cpu::check_alias_exact_or_disjoint(where, y_name, y, x_name, x);
+}
+
+// The CPU kernel: each row is read whole into fp32 before its output is written, so y == x works.
+void normalize_rows(const TensorView& x, const TensorView& weight, float eps, const TensorView& y) {
+  const cpu::RowWalker x_rows(x), y_rows(y);
+  const int64_t D = x_rows.row_len();
+  std::vector<float> w;
+  if (weight.defined()) {
+    w.resize(static_cast<size_t>(D));
+    cpu::load_row(weight.data, weight.dtype, D, w.data());
+  }
+  const float* w_ptr = weight.defined() ? w.data() : nullptr;
+  const int64_t rows = x_rows.num_rows();
+#pragma omp parallel if (rows > 1)
+  {
+    std::vector<float> row(static_cast<size_t>(D));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::load_row(x_rows.row_ptr(r), x.dtype, D, row.data());
+      cpu::rms_normalize(row.data(), D, eps, w_ptr);
+      cpu::store_row(row.data(), y.dtype, D, y_rows.row_ptr(r));
+    }
+  }
+}
+
+}  // namespace
+
+void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& y,
+              Stream /*stream*/) {
+  constexpr const char* kOp = "rms_norm";
+  validate_norm_operand(kOp, "x", x, "weight", weight, false, "y", y);
+  check_eps(kOp, eps);
+  if (cpu::common_device(kOp, {{"x", x}, {"weight", weight}, {"y", y}}) == Device::cuda)
+    cpu::throw_cuda_unavailable(kOp);
+  normalize_rows(x, weight, eps, y);
+}
+
+void fused_qkv_rms_norm(const TensorView& q_in, const TensorView& wq, const TensorView& kv_in,
+                        const TensorView& wkv, float eps, const TensorView& q_out,
+                        const TensorView& kv_out, Stream /*stream*/) {
+  constexpr const char* kOp = "fused_qkv_rms_norm";
+  validate_norm_operand(kOp, "q_in", q_in, "wq", wq, true, "q_out", q_out);
+  validate_norm_operand(kOp, "kv_in", kv_in, "wkv", wkv, true, "kv_out", kv_out);
+  check_ndim(kOp, "q_in", q_in, 2);
+  check_ndim(kOp, "kv_in", kv_in, 2);
+  check_dim(kOp, "kv_in", kv_in, 0, q_in.shape[0]);
+  check_eps(kOp, eps);
+  // The two outputs must not clobber the other branch's input or output.
+  cpu::check_disjoint(kOp, "q_out", q_out, "kv_in", kv_in);
+  cpu::check_disjoint(kOp, "kv_out", kv_out, "q_in", q_in);
+  cpu::check_disjoint(kOp, "q_out", q_out, "kv_out", kv_out);
+  if (cpu::common_device(kOp, {{"q_in", q_in}, {"wq", wq}, {"kv_in", kv_in}, {"wkv", wkv},
+                               {"q_out", q_out}, {"kv_out", kv_out}}) == Device::cuda)
+    cpu::throw_cuda_unavailable(kOp);
+  normalize_rows(q_in, wq, eps, q_out);
+  normalize_rows(kv_in, wkv, eps, kv_out);
+}
+
+}  // namespace dsv4

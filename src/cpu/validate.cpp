@@ -1,0 +1,143 @@
+#include "cpu/validate.h"
+
+#include <algorithm>
+#include <string>
+
+namespace dsv4::cpu {
+
+void check_dtype_in(const char* where, const char* name, const TensorView& t,
+                    std::initializer_list<DType> allowed) {
+  for (DType d : allowed)
+    if (t.dtype == d) return;
+  std::string expected;
+  for (DType d : allowed) expected += (expected.empty() ? "" : " or ") + std::string(dtype_name(d));
+  fail_expected(where, std::string(name) + ".dtype", expected, dtype_name(t.dtype));
+}
+
+void check_row_strided(const char* where, const char* name, const TensorView& t) {
+  check_inner_contiguous(where, name, t);
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.strides[d] < 0)
+      fail_expected(where, std::string(name) + ".stride(" + std::to_string(d) + ")",
+                    "a non-negative stride", t.strides[d]);
+}
+
+namespace {
+// [first byte, one past the last byte] spanned by a view with non-negative strides.
+struct ByteRange {
+  const char* begin;
+  const char* end;
+};
+ByteRange byte_range(const TensorView& t) {
+  int64_t last = 0;
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] == 0) return {nullptr, nullptr};
+    last += (t.shape[d] - 1) * t.strides[d];
+  }
+  const char* base = static_cast<const char*>(t.data);
+  return {base, base + (last + 1) * static_cast<int64_t>(dtype_size(t.dtype))};
+}
+bool same_view(const TensorView& a, const TensorView& b) {
+  if (a.data != b.data || a.dtype != b.dtype || a.ndim != b.ndim) return false;
+  for (int d = 0; d < a.ndim; ++d)
+    if (a.shape[d] != b.shape[d] || (a.shape[d] > 1 && a.strides[d] != b.strides[d])) return false;
+  return true;
+}
+// A view as equally spaced rows: `rows` rows of `row_bytes` bytes, `stride_bytes` apart. Views
+// whose leading dims collapse to one stride qualify (e.g. a column range of a matrix).
+struct UniformRows {
+  int64_t rows;
+  int64_t row_bytes;
+  int64_t stride_bytes;
+};
+bool uniform_rows(const TensorView& t, UniformRows& out) {
+  if (t.ndim < 2) return false;
+  const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
+  int64_t rows = 1;
+  for (int d = 0; d + 1 < t.ndim; ++d) {
+    rows *= t.shape[d];
+    if (d + 2 < t.ndim && t.shape[d] > 1 && t.strides[d] != t.shape[d + 1] * t.strides[d + 1])
+      return false;
+  }
+  out = {rows, t.shape[t.ndim - 1] * elem, t.strides[t.ndim - 2] * elem};
+  return out.stride_bytes > 0 && out.row_bytes <= out.stride_bytes;
+}
+
+// Whether two views may share a byte: their byte ranges intersect and, when both are uniform
+// rows with the same stride, their column windows (offsets modulo the stride) intersect too.
+bool may_overlap(const TensorView& a, const TensorView& b) {
+  const ByteRange ra = byte_range(a), rb = byte_range(b);
+  if (ra.begin == nullptr || rb.begin == nullptr) return false;
+  if (!(ra.begin < rb.end && rb.begin < ra.end)) return false;
+  UniformRows ua{}, ub{};
+  if (!uniform_rows(a, ua) || !uniform_rows(b, ub) || ua.stride_bytes != ub.stride_bytes)
+    return true;
+  const int64_t s = ua.stride_bytes;
+  const int64_t oa = (((ra.begin - rb.begin) % s) + s) % s;  // a's window start relative to b's
+  // b covers [0, ub.row_bytes), a covers [oa, oa + ua.row_bytes) modulo s.
+  return oa < ub.row_bytes || oa + ua.row_bytes > s;
+}
+}  // namespace
+
+void check_alias_exact_or_disjoint(const char* where, const char* out_name, const TensorView& out,
+                                   const char* in_name, const TensorView& in) {
+  if (same_view(out, in)) return;
+  if (may_overlap(out, in))
+    fail(where, ": ", out_name, ": expected the same view as ", in_name,
+         " (in place) or memory disjoint from it, got overlapping memory ranges");
+}
+
+void check_disjoint(const char* where, const char* out_name, const TensorView& out,
+                    const char* in_name, const TensorView& in) {
+  if (may_overlap(out, in))
+    fail(where, ": ", out_name, ": expected memory disjoint from ", in_name,
+         ", got overlapping memory ranges");
+}
+
+int64_t check_activation_scale(const char* where, const char* x_name, const TensorView& x,
+                               const char* scale_name, const TensorView& scale) {
+  if (x.dtype != DType::fp8_e4m3) {
+    if (scale.defined())
+      fail(where, ": ", scale_name, ": expected an empty view (", x_name, " is ",
+           dtype_name(x.dtype), ", not fp8_e4m3), got a tensor");
+    return 0;
+  }
+  check_defined(where, scale_name, scale);
+  check_dtype_in(where, scale_name, scale, {DType::ue8m0, DType::fp32});
+  check_ndim(where, scale_name, scale, 2);
+  check_dim(where, scale_name, scale, 0, x.shape[0]);
+  check_row_strided(where, scale_name, scale);
+  const int64_t cols = x.shape[1], blocks = scale.shape[1];
+  for (int64_t block : {int64_t{128}, int64_t{64}})
+    if (cols % block == 0 && blocks * block == cols) return block;
+  fail_expected(where, std::string(scale_name) + ".shape[1]",
+                std::string(x_name) + ".shape[1] / 128 or / 64 = " + std::to_string(cols / 128.0) +
+                    " or " + std::to_string(cols / 64.0),
+                blocks);
+}
+
+void check_weight_scale(const char* where, const char* w_name, const TensorView& w,
+                        const char* scale_name, const TensorView& scale,
+                        std::initializer_list<int64_t> expected_shape) {
+  if (w.dtype != DType::fp8_e4m3) {
+    if (scale.defined())
+      fail(where, ": ", scale_name, ": expected an empty view (", w_name, " is ",
+           dtype_name(w.dtype), ", not fp8_e4m3), got a tensor");
+    return;
+  }
+  check_defined(where, scale_name, scale);
+  check_dtype_in(where, scale_name, scale, {DType::ue8m0, DType::fp32});
+  check_shape(where, scale_name, scale, expected_shape);
+  check_row_strided(where, scale_name, scale);
+}
+
+void check_index_vector(const char* where, const char* name, const TensorView& t,
+                        int64_t expected_len) {
+  check_defined(where, name, t);
+  check_dtype_in(where, name, t, {DType::int64, DType::int32});
+  check_ndim(where, name, t, 1);
+  check_dim(where, name, t, 0, expected_len);
+  check_row_strided(where, name, t);
+}
+
+}  // namespace dsv4::cpu

@@ -1,0 +1,44 @@
+// Argument checks shared by the dense CPU ops (on top of the generic ones in dsv4/tensor.h).
+// Each throws dsv4::Error "<where>: <name>...: expected X, got Y" and never writes anything.
+#pragma once
+
+#include <initializer_list>
+
+#include "dsv4/tensor.h"
+
+namespace dsv4::cpu {
+
+// t.dtype is one of `allowed` ("expected bf16 or fp32, got fp8_e4m3").
+void check_dtype_in(const char* where, const char* name, const TensorView& t,
+                    std::initializer_list<DType> allowed);
+
+// Row-strided layout the CPU kernels accept: last dim contiguous (stride 1), every stride >= 0.
+// Leading dims may be padded or sliced (e.g. a column range of a wider matrix).
+void check_row_strided(const char* where, const char* name, const TensorView& t);
+
+// An output that may alias an input: either the very same view (data, dtype, strides) — the op
+// then works in place — or memory disjoint from it. Partial overlap is rejected.
+void check_alias_exact_or_disjoint(const char* where, const char* out_name, const TensorView& out,
+                                   const char* in_name, const TensorView& in);
+
+// An output that must not share memory with an input (the op reads the input while writing).
+void check_disjoint(const char* where, const char* out_name, const TensorView& out,
+                    const char* in_name, const TensorView& in);
+
+// Scales of a quantized activation x [rows, cols]: when x is fp8_e4m3, `scale` must be
+// [rows, cols / block] (ue8m0 or fp32) with block 64 or 128 — the block is returned; for a
+// bf16/fp32 x, `scale` must be undefined and 0 is returned.
+int64_t check_activation_scale(const char* where, const char* x_name, const TensorView& x,
+                               const char* scale_name, const TensorView& scale);
+
+// Scales of a weight: when w is fp8_e4m3, `scale` must have `expected_shape` (one ue8m0 / fp32
+// value per 128 × 128 block); for a bf16/fp32 weight it must be undefined.
+void check_weight_scale(const char* where, const char* w_name, const TensorView& w,
+                        const char* scale_name, const TensorView& scale,
+                        std::initializer_list<int64_t> expected_shape);
+
+// An index tensor (positions, slots): 1-d, int32 or int64, `expected_len` entries.
+void check_index_vector(const char* where, const char* name, const TensorView& t,
+                        int64_t expected_len);
+
+}  // namespace dsv4::cpu

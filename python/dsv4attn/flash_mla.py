@@ -297,6 +297,7 @@ def flash_mla_sparse_fwd(
     scratch = torch.empty_like(out)
     scratch_max = torch.empty_like(max_logits)
     lse_indexer = torch.empty_like(lse)
-    torch.ops.dsv4.sparse_prefill(q, kv, indices[..., :indexer_topk], sub_len, None,
-                                  float(sm_scale), int(d_v), scratch, scratch_max, lse_indexer)
+    head = indices[..., :indexer_topk].contiguous()
+    torch.ops.dsv4.sparse_prefill(q, kv, head, sub_len, None, float(sm_scale), int(d_v), scratch,
+                                  scratch_max, lse_indexer)
     return out, max_logits, lse, lse_indexer

@@ -29,7 +29,8 @@ __all__ = ["Attention", "BatchDescription", "LayerCache", "load_safetensors"]
 
 _ST_DTYPES = {
     "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E8M0": torch.float8_e8m0fnu, "I32": torch.int32,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E8M0": getattr(torch, "float8_e8m0fnu", None),
+    "I32": torch.int32,
     "I64": torch.int64, "U8": torch.uint8, "I8": torch.int8,
 }
 

@@ -40,7 +40,7 @@ def load_safetensors(path: str, names: Optional[Sequence[str]] = None) -> Dict[s
     with open(path, "rb") as f:
         header_len = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(header_len))
-        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # writable view: no torch warning
     base = 8 + header_len
     out = {}
     for name, info in header.items():

@@ -100,12 +100,12 @@ def python_combine(topk_indices, qsl, seq_lens, gather_lens, W, topk, M, N):
 
 def test_combine_topk_swa_indices():
     W, ratio, N, topk = 4, 4, 8, 3
-    seq_lens, gather_lens = [13, 7], [6, 7]
-    qsl = [10, 13, 17]  # a slice of a bigger batch: tokens 10.. (decodes before it)
+    seq_lens, gather_lens = [13, 7, 2], [6, 7, 2]  # the last request is shorter than W
+    qsl = [10, 13, 17, 19]  # a slice of a bigger batch: tokens 10.. (decodes before it)
     M = N + W + 16
     T = qsl[-1] - qsl[0]
     topk_indices = torch.full((T, 5), -1, dtype=torch.int32)
-    for r in range(2):
+    for r in range(3):
         for t in range(qsl[r], qsl[r + 1]):
             p = seq_lens[r] - (qsl[r + 1] - t)
             n_avail = (p + 1) // ratio
@@ -117,6 +117,12 @@ def test_combine_topk_swa_indices():
     want, want_lens = python_combine(topk_indices.tolist(), qsl, seq_lens, gather_lens, W, topk,
                                      M, N)
     assert got.tolist() == want and got_lens.tolist() == want_lens
+    # The torch implementation used for CUDA tensors gives the same result.
+    t_out, t_lens = vllm_ops._combine_topk_swa_torch(
+        topk_indices[:, :topk], torch.tensor(qsl, dtype=torch.int32),
+        torch.tensor(seq_lens, dtype=torch.int32), torch.tensor(gather_lens, dtype=torch.int32),
+        W, M, N)
+    assert t_out.tolist() == want and t_lens.tolist() == want_lens
 
 
 def test_compute_global_topk_indices_and_lens():
@@ -136,6 +142,11 @@ def test_compute_global_topk_indices_and_lens():
     want[2] = [-1] * 4
     assert got.tolist() == want
     assert lens.tolist() == [sum(v >= 0 for v in row) for row in want]
+    # The torch implementation used for CUDA tensors gives the same result (before validity).
+    t_global, t_lens = vllm_ops._local_to_global_torch(local, token_to_req, table, B)
+    full = [[g(int(token_to_req[t]), int(i)) for i in local[t]] for t in range(3)]
+    assert t_global.tolist() == full
+    assert t_lens.tolist() == [sum(v >= 0 for v in row) for row in full]
 
 
 @pytest.mark.parametrize("n_groups,heads_per_group", [(4, 4), (8, 8)])

@@ -41,7 +41,10 @@ def test_qnorm_rope_kv_insert(device, num_heads):
     cache = model1_cache(4, B, device)
     cos_sin = dsv4attn.rope_cos_sin(4096, device=device)
     q_in, kv_in = q.clone(), kv.clone()
-    vllm_ops.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(q, kv, cache, slots, positions,
+    # vLLM passes kv_cache.view(num_blocks, -1) of its [num_blocks, B, 584] cache, whose blocks
+    # are padded to a multiple of 576 bytes: [num_blocks, B * 584] with the padded row stride.
+    vllm_view = cache.as_strided((4, B * 584), (cache.stride(0), 1))
+    vllm_ops.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(q, kv, vllm_view, slots, positions,
                                                                cos_sin, 1e-6, B)
     want_q = ref.rope(ref.rms_norm(q_in.cpu()), positions.cpu())
     assert torch.allclose(q.cpu().double(), want_q, rtol=1e-2, atol=2e-2)

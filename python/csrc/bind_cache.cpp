@@ -117,7 +117,8 @@ void bind_config(nb::module_& m) {
            arg("layer"))
       .def("validate", &ModelConfig::validate)
       .def("describe", [](const ModelConfig& c) { return describe(c); })
-      .def("__repr__", [](const ModelConfig& c) { return "<dsv4attn.ModelConfig " + c.name + ">"; });
+      .def("__repr__",
+           [](const ModelConfig& c) { return "<dsv4attn.ModelConfig " + c.name + ">"; });
 }
 
 }  // namespace

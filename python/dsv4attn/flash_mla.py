@@ -38,7 +38,7 @@ import torch
 
 from . import _C, Error
 from ._runtime import planner_sms
-from . import ops as _ops  # noqa: F401  (torch.ops.dsv4.* registration)
+from . import ops  # noqa: F401  (registers the torch.ops.dsv4.* used below)
 
 __all__ = [
     "FlashMLASchedMeta", "alloc_kv_cache", "flash_mla_sparse_fwd", "flash_mla_with_kvcache",

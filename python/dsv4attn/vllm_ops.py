@@ -25,7 +25,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import Error
-from . import ops as _ops  # noqa: F401  (torch.ops.dsv4.* registration)
+from . import ops  # noqa: F401  (registers the torch.ops.dsv4.* used below)
 from .flash_mla import block_bytes_view, kv_cache_block_bytes
 
 __all__ = [

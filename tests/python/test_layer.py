@@ -80,10 +80,11 @@ def run_steps(layer, cfg, steps, device):
         x = torch.randn(batch.query_start_loc[-1], cfg.dim).bfloat16()
         y = layer(x.to(device), batch, cache).cpu()
         for r, (rid, n, cached) in enumerate(reqs):
-            history.setdefault(rid, []).append(x[batch.query_start_loc[r]:batch.query_start_loc[r + 1]])
+            rows = slice(batch.query_start_loc[r], batch.query_start_loc[r + 1])
+            history.setdefault(rid, []).append(x[rows])
             xs = torch.cat(history[rid])
             want = reference_layer(cfg, layer_weights(layer), xs, torch.arange(xs.shape[0]))[-n:]
-            got = y[batch.query_start_loc[r]:batch.query_start_loc[r + 1]].double()
+            got = y[rows].double()
             worst = max(worst, float((got - want).abs().max() / want.abs().max()))
     return worst
 

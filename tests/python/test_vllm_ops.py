@@ -112,11 +112,12 @@ def test_combine_topk_swa_indices():
         for t in range(qsl[r], qsl[r + 1]):
             p = seq_lens[r] - (qsl[r + 1] - t)
             n_avail = (p + 1) // ratio
-            picks = torch.randperm(n_avail)[:topk] if n_avail else torch.tensor([], dtype=torch.long)
+            picks = torch.randperm(n_avail)[:topk]
             topk_indices[t - qsl[0], :len(picks)] = picks.to(torch.int32)
+    i32 = torch.int32
     got, got_lens = vllm_ops.combine_topk_swa_indices(
-        topk_indices, torch.tensor(qsl, dtype=torch.int32), torch.tensor(seq_lens, dtype=torch.int32),
-        torch.tensor(gather_lens, dtype=torch.int32), W, ratio, topk, M, N)
+        topk_indices, torch.tensor(qsl, dtype=i32), torch.tensor(seq_lens, dtype=i32),
+        torch.tensor(gather_lens, dtype=i32), W, ratio, topk, M, N)
     want, want_lens = python_combine(topk_indices.tolist(), qsl, seq_lens, gather_lens, W, topk,
                                      M, N)
     assert got.tolist() == want and got_lens.tolist() == want_lens
@@ -191,5 +192,5 @@ def test_vllm_ops_errors():
     cache = torch.zeros(2, 1000, dtype=torch.uint8)
     with pytest.raises(dsv4attn.Error, match="k_cache"):
         vllm_ops.dequantize_and_gather_k_cache(
-            torch.zeros(1, 8, 512, dtype=torch.bfloat16), cache, torch.tensor([4], dtype=torch.int32),
-            None, torch.zeros(1, 1, dtype=torch.int32), 16, 0)
+            torch.zeros(1, 8, 512, dtype=torch.bfloat16), cache,
+            torch.tensor([4], dtype=torch.int32), None, torch.zeros(1, 1, dtype=torch.int32), 16, 0)

@@ -62,7 +62,13 @@ class BatchDescription:
 
     request_ids: List[int]
     query_start_loc: List[int]   # R + 1 token offsets (host)
-    positions: torch.Tensor      # [T] int64 absolute positions
+    positions: torch.Tensor      # [T] int64 absolute positions (on the device of the layer)
+    positions_host: Optional[torch.Tensor] = None  # the same on the host (planning, no sync)
+
+    def host_positions(self) -> torch.Tensor:
+        if self.positions_host is None:
+            self.positions_host = self.positions.cpu()
+        return self.positions_host
 
     @staticmethod
     def from_lengths(requests: Sequence[Tuple[int, int, int]],
@@ -72,8 +78,16 @@ class BatchDescription:
         for _, new, cached in requests:
             starts.append(starts[-1] + new)
             positions.extend(range(cached, cached + new))
-        return BatchDescription([r[0] for r in requests], starts,
-                                torch.tensor(positions, dtype=torch.int64, device=device))
+        host = torch.tensor(positions, dtype=torch.int64)
+        return BatchDescription([r[0] for r in requests], starts, _to_device(host, device), host)
+
+
+def _to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """Host → device without blocking the host (pinned staging buffer) on CUDA."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 class LayerCache:
@@ -189,15 +203,16 @@ class Attention(torch.nn.Module):
                                           eps, qr_n, kv_n)
         q = self._linear(qr_n, "wq_b").view(T, H, D)
 
-        # Token → request, slots for the new tokens, each token's window.
+        # Token → request, slots for the new tokens, each token's window: planned on the host
+        # (block tables are host bookkeeping), then copied without blocking.
+        positions_cpu = batch.host_positions()
         token_to_req = torch.empty(T, dtype=torch.int32)
         for r, rid in enumerate(batch.request_ids):
             lo, hi = batch.query_start_loc[r], batch.query_start_loc[r + 1]
             token_to_req[lo:hi] = r
             if hi > lo:
-                cache.reserve(rid, int(batch.positions[hi - 1]) + 1)
+                cache.reserve(rid, int(positions_cpu[hi - 1]) + 1)
         table = cache.block_table(batch.request_ids)
-        positions_cpu = batch.positions.cpu()
         local = positions_cpu.to(torch.int32).view(T, 1)
         slots = torch.empty((T, 1), dtype=torch.int32)
         torch.ops.dsv4.local_to_global_slots(local, token_to_req, table, cache.block_size, slots,
@@ -209,7 +224,7 @@ class Attention(torch.nn.Module):
         dev = x.device
         torch.ops.dsv4.qnorm_rope_kv_insert(q, kv_n, batch.positions, self.cos_sin, eps,
                                             cache.data, "model1_fp8", cache.block_size, 1.0,
-                                            slots.view(T).to(torch.int64).to(dev))
+                                            _to_device(slots.view(T).to(torch.int64), dev))
 
         # Every token attends to its window in the cache (one decode row per token).
         num_splits, split_len, ws_bytes = _C.decode_schedule(T, 1, H, W, planner_sms(dev), D)
@@ -217,8 +232,9 @@ class Attention(torch.nn.Module):
         o = torch.empty((T, 1, H, D), dtype=torch.bfloat16, device=dev)
         lse = torch.empty((T, 1, H), dtype=torch.float32, device=dev)
         torch.ops.dsv4.sparse_decode(q.view(T, 1, H, D), cache.data, "model1_fp8",
-                                     cache.block_size, window.view(T, 1, W).to(dev),
-                                     window_lens.to(dev), None, "model1_fp8", cache.block_size,
+                                     cache.block_size, _to_device(window.view(T, 1, W), dev),
+                                     _to_device(window_lens, dev), None, "model1_fp8",
+                                     cache.block_size,
                                      None, None, self.w["attn_sink"], D ** -0.5, D, num_splits,
                                      split_len, ws_bytes, workspace, o, lse)
 

@@ -234,9 +234,9 @@ class Attention(torch.nn.Module):
         torch.ops.dsv4.sparse_decode(q.view(T, 1, H, D), cache.data, "model1_fp8",
                                      cache.block_size, _to_device(window.view(T, 1, W), dev),
                                      _to_device(window_lens, dev), None, "model1_fp8",
-                                     cache.block_size,
-                                     None, None, self.w["attn_sink"], D ** -0.5, D, num_splits,
-                                     split_len, ws_bytes, workspace, o, lse)
+                                     cache.block_size, None, None, self.w["attn_sink"],
+                                     D ** -0.5, D, num_splits, split_len, ws_bytes, workspace, o,
+                                     lse)
 
         # Inverse RoPE, grouped wo_a, wo_b.
         o_rot = torch.empty((T, H, D), dtype=torch.bfloat16, device=dev)

@@ -8,7 +8,9 @@ sys.path.insert(0, os.path.dirname(__file__))  # reference.py
 
 import dsv4attn  # noqa: E402
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and dsv4attn.with_cuda else [])
+HAVE_CUDA = torch.cuda.is_available() and dsv4attn.with_cuda
+requires_cuda = pytest.mark.skipif(not HAVE_CUDA, reason="needs a GPU and the CUDA backend")
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 
 
 @pytest.fixture(params=DEVICES)

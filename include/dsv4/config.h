@@ -62,7 +62,8 @@ struct ModelConfig {
   void validate() const;
 
   static ModelConfig builtin(std::string_view name);  // throws for an unknown name
-  static std::vector<std::string> builtin_names();    // v4-flash, v4-pro, v3.2, tiny, ...
+  // v4-flash, v4-pro, v3.2, tiny (H 16, ratios [0,4,128,4]), tiny-h64 (H 64), tiny-v3.2 (H 16).
+  static std::vector<std::string> builtin_names();
   static ModelConfig from_json_string(std::string_view json, std::string name = "json");
   // `path` is a config.json file or a directory containing one.
   static ModelConfig from_json_file(const std::string& path);

@@ -34,7 +34,8 @@ void local_to_global_slots_checked(const TensorView& local, const TensorView& to
 //   positions [T] int64 or int32, token_to_req [T] int32, block_table [R, max_blocks] int32,
 //   indices [T, W] int32, lens [T] int32 (= min(W, p+1)).
 // A window position whose block was released or lies beyond the table is an error (the cache
-// must hold the window).
+// must hold the window), as are a negative position and a token_to_req outside 0..R-1; all are
+// checked before anything is written.
 void swa_window_indices(const TensorView& positions, const TensorView& token_to_req,
                         const TensorView& block_table, int block_size, int window,
                         const TensorView& indices, const TensorView& lens);

@@ -86,7 +86,9 @@ struct KvCacheView {
   float tensor_scale = 1.0f;  // FP8_PER_TENSOR only
   int64_t num_slots() const { return data.ndim == 2 ? data.shape[0] * block_size : 0; }
 };
-// Validates that `cache.data` matches the layout geometry (dtype uint8, 2-d, row length).
+// Validates that `cache.data` matches the layout geometry: dtype uint8, 2-d [num_blocks,
+// block_bytes], contiguous, 16-byte aligned base (scales and rope are read in place); for
+// FP8_PER_TENSOR a finite tensor_scale > 0.
 void check_kv_cache(const char* where, const char* name, const KvCacheView& cache);
 
 // ---- per-token encode/decode (host and device) --------------------------------------------
@@ -182,7 +184,8 @@ DSV4_HD void kv_decode_token(const KvGeometry& g, const uint8_t* block, int offs
 
 // ---- CPU bulk helpers (validated) ---------------------------------------------------------
 // Quantizes values [n, dim] (fp32 or bf16) into `cache` at global slots [n] (int64 or int32;
-// -1 = skip). Any slot outside the cache is an error and nothing is written.
+// -1 = skip). Any slot outside the cache, or a slot given twice, is an error and nothing is
+// written. Host tensors only; tokens are quantized in parallel (OpenMP).
 void kv_quantize(const KvCacheView& cache, const TensorView& values, const TensorView& slots);
 // Dequantizes the tokens at slots [n] into out [n, dim] (fp32 or bf16). -1 → row of zeros.
 void kv_dequantize(const KvCacheView& cache, const TensorView& slots, const TensorView& out);

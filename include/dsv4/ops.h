@@ -69,9 +69,12 @@ void apply_rope(const TensorView& x, const TensorView& positions, const TensorVi
 // fused_qnorm_rope_kv_insert):
 //   q [T, H, D] bf16, in place: q ← rms_norm(q, no weight, eps) per head, then RoPE on q[..., N:].
 //   kv [T, D] bf16 (already RMS-normed), in place: RoPE on kv[N:], then the token is written to
-//   `cache` at slot_mapping[t] (int64 [T]; -1 = don't store) in the cache's layout, and kv is
-//   overwritten with exactly what the cache now holds (dequantized), so the caller can attend
-//   to the current chunk with the cached values.
+//   `cache` at slot_mapping[t] (int64 or int32 [T]; -1 = don't store) in the cache's layout, and
+//   kv is overwritten with exactly what the cache now holds (dequantized), so the caller can
+//   attend to the current chunk with the cached values. A token with slot -1 gets the same
+//   quantize-dequantize (kv always holds what the cache would hold). D must be the layout's dim
+//   (512; 576 for V32_FP8). Slots must be -1 or in [0, cache.num_slots()) and distinct, positions
+//   in [0, cos_sin.shape[0]) — checked on CPU before anything is written.
 void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const TensorView& positions,
                           const TensorView& cos_sin, float eps, const KvCacheView& cache,
                           const TensorView& slot_mapping, Stream stream = nullptr);
@@ -141,6 +144,8 @@ struct SparsePrefillArgs {
   TensorView max_logits;   // [s_q, H] fp32, natural units (scale · q·k); -inf when no valid key
   TensorView lse;          // [s_q, H] fp32, natural log; +inf when no valid key
 };
+// Index values are never errors (masked as FlashMLA does); on CPU, topk_length values outside
+// [0, topk] are (dsv4::Error before any output is written).
 void sparse_prefill(const SparsePrefillArgs& args, Stream stream = nullptr);
 
 // ================================ prefill gather =============================================
@@ -149,7 +154,9 @@ void sparse_prefill(const SparsePrefillArgs& args, Stream stream = nullptr);
 // gather_lens is undefined) are dequantized to workspace[r, offset + j] for j < g.
 //   workspace [R, M, d] bf16 (d = the layout's dim), block_table [R, max_blocks] int32,
 //   seq_lens [R] int32 (entries), gather_lens [R] int32 optional. Rows not written keep their
-//   contents. An entry whose block is -1 or beyond the table is an error (CPU validation).
+//   contents. An entry whose block is -1 or beyond the table, gather_lens[r] outside
+//   [0, seq_lens[r]], or offset + g > M is an error (CPU validation). CPU only for now: CUDA
+//   tensors throw dsv4::Error until a CUDA twin exists.
 void dequantize_and_gather(const KvCacheView& cache, const TensorView& block_table,
                            const TensorView& seq_lens, const TensorView& gather_lens,
                            int64_t offset, const TensorView& workspace, Stream stream = nullptr);
@@ -158,7 +165,8 @@ void dequantize_and_gather(const KvCacheView& cache, const TensorView& block_tab
 // Grouped low-rank output projection: view o [T, H*D] as G groups of H*D/G;
 // z[:, g*L:(g+1)*L] = o_g · wo_a_gᵀ with wo_a [G, L, H*D/G] (bf16, or fp8 with wo_a_scale
 // [G, ceil(L/128), ceil(H*D/G/128)] ue8m0/fp32). o: bf16/fp32, or fp8 with o_scale [T, H*D/128]
-// (the production path: quantize_act_fp8 first). z [T, G*L] bf16/fp32.
+// (the production path: quantize_act_fp8 first; 1×64 blocks [T, H*D/64] also accepted; a scale
+// block may not straddle two groups). z [T, G*L] bf16/fp32.
 void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorView& wo_a,
                   const TensorView& wo_a_scale, const TensorView& z, Stream stream = nullptr);
 

@@ -67,7 +67,9 @@ class PagedCache {
 
   // Reserves `count` new entries at the end of the request, allocating blocks as needed, and
   // returns their global slots. Atomic: if the pool runs out, nothing changes and it throws.
-  // Blocks holding only entries older than num_entries - retain are released first.
+  // Blocks holding only entries older than num_entries - retain (num_entries before this
+  // call, so the new entries and the window of the first one stay mapped) are released first
+  // and may be reused by this very call.
   std::vector<int64_t> append(int64_t req, int64_t count);
   // Global slot of entry `entry` of the request, or -1 if released / not yet appended.
   int64_t slot_of(int64_t req, int64_t entry) const;
@@ -124,10 +126,10 @@ struct CacheDefaults {
 
 // Sizes for the caches of one layer.
 struct LayerCacheOptions {
-  KvLayout layout = KvLayout::model1_fp8;
+  KvLayout layout = KvLayout::model1_fp8;  // of the SWA and compressed caches (dim = head_dim)
   int32_t swa_blocks = 256;
-  int32_t compressed_blocks = 256;
-  int32_t state_blocks = 64;
+  int32_t compressed_blocks = 256;  // also the indexer key cache's block count
+  int32_t state_blocks = 64;        // compressor state and indexer compressor state
   int swa_block_size = CacheDefaults::kSwaBlock;
 };
 

@@ -16,11 +16,20 @@ namespace {
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
+// These utilities run on the host; a CUDA twin will share the signatures (dispatch on device).
+void require_host(const char* where, const char* name, const TensorView& t) {
+  if (t.device == Device::cpu) return;
+#ifdef DSV4_WITH_CUDA
+  fail(where, ": ", name, ": expected a host tensor (no CUDA implementation yet), got a CUDA one");
+#else
+  fail(where, ": ", name, ": got a CUDA tensor, but the CUDA backend is not built");
+#endif
+}
+
 // An int32 host tensor of `ndim` dims whose rows are contiguous.
 void check_int32(const char* where, const char* name, const TensorView& t, int ndim) {
   check_defined(where, name, t);
-  if (t.device != Device::cpu)
-    fail(where, ": ", name, ": CUDA tensors are not supported by this CPU implementation");
+  require_host(where, name, t);
   check_dtype(where, name, t, DType::int32);
   check_ndim(where, name, t, ndim);
   check_inner_contiguous(where, name, t);
@@ -140,8 +149,7 @@ void swa_window_indices(const TensorView& positions, const TensorView& token_to_
   check_positive(where, "block_size", block_size);
   check_positive(where, "window", window);
   check_defined(where, "positions", positions);
-  if (positions.device != Device::cpu)
-    fail(where, ": positions: CUDA tensors are not supported by this CPU implementation");
+  require_host(where, "positions", positions);
   if (positions.dtype != DType::int64 && positions.dtype != DType::int32)
     fail_expected(where, "positions.dtype", "int64 or int32", dtype_name(positions.dtype));
   check_ndim(where, "positions", positions, 1);

@@ -275,8 +275,8 @@ std::string describe(const ModelConfig& c) {
   os << "norm_eps       " << c.norm_eps << "\n";
   os << "max position   " << c.max_position << "\n";
   if (v4) {
-    os << "rope (SWA)     " << rope_text(c.rope_for_kind(LayerKind::swa)) << "\n";
-    os << "rope (C4A/C128A) " << rope_text(c.rope_for_kind(LayerKind::c4a)) << "\n";
+    os << "rope SWA       " << rope_text(c.rope_for_kind(LayerKind::swa)) << "\n";
+    os << "rope C4A/C128A " << rope_text(c.rope_for_kind(LayerKind::c4a)) << "\n";
   } else {
     os << "rope           " << rope_text(c.rope_for_kind(LayerKind::swa)) << "\n";
   }

@@ -25,14 +25,8 @@ void check_optional_tensor(const char* where, const char* name, const TensorView
 }
 
 int check_cache(const char* where, const char* name, const KvCacheView& cache, Device device) {
-  check_kv_cache(where, name, cache);
-  const std::string data_name = detail::concat(name, ".data");
-  check_device(where, data_name.c_str(), cache.data, device);
-  check_inner_contiguous(where, data_name.c_str(), cache.data);
-  if (cache.layout == KvLayout::fp8_per_tensor &&
-      !(std::isfinite(cache.tensor_scale) && cache.tensor_scale > 0.0f))
-    fail_expected(where, detail::concat(name, ".tensor_scale"), "a finite positive scale",
-                  cache.tensor_scale);
+  check_kv_cache(where, name, cache);  // geometry, dtype, contiguity, alignment, tensor scale
+  check_device(where, detail::concat(name, ".data").c_str(), cache.data, device);
   return kv_geometry(cache.layout, cache.block_size).dim;
 }
 

@@ -20,8 +20,8 @@ void check_tensor(const char* where, const char* name, const TensorView& t, DTyp
 // Same, for an optional argument: an undefined view passes.
 void check_optional_tensor(const char* where, const char* name, const TensorView& t, DType dtype,
                            std::initializer_list<int64_t> shape, Device device);
-// A paged cache: layout geometry (check_kv_cache), dense rows, on `device`, a valid tensor scale.
-// Returns the layout's logical dim.
+// A paged cache: check_kv_cache (geometry, dtype, contiguity, alignment, tensor scale), on
+// `device`. Returns the layout's logical dim.
 int check_cache(const char* where, const char* name, const KvCacheView& cache, Device device);
 
 // Host data check: every v[i] (i < n) lies in [lo, hi] ("where: name[i]: expected ...").

@@ -46,6 +46,10 @@ class HeadGroupSoftmax {
   // split in the combine): it is skipped and its value never read, so garbage there cannot leak.
   void add(const float* logits, int64_t logit_stride, const float* values, int64_t value_stride,
            int n) {
+    if (static_cast<int>(weights_.size()) < n) {
+      weights_.resize(n);
+      rows_.resize(n);
+    }
     for (int h = 0; h < heads_; ++h) {
       const float* lh = logits + h * logit_stride;
       float tile_max = kNegInf;
@@ -59,16 +63,14 @@ class HeadGroupSoftmax {
 #pragma omp simd
         for (int d = 0; d < d_v_; ++d) acc[d] *= alpha;
       }
-      float sum = sum_[h];
+      int kept = 0;
       for (int j = 0; j < n; ++j) {
         if (lh[j] == kNegInf) continue;
-        const float p = std::exp(lh[j] - new_max);
-        sum += p;
-        const float* v = values + j * value_stride;
-#pragma omp simd
-        for (int d = 0; d < d_v_; ++d) acc[d] += p * v[d];
+        weights_[kept] = std::exp(lh[j] - new_max);
+        sum_[h] += weights_[kept];
+        rows_[kept++] = values + j * value_stride;
       }
-      sum_[h] = sum;
+      accumulate(acc, kept);
       max_[h] = new_max;
     }
   }
@@ -106,8 +108,28 @@ class HeadGroupSoftmax {
   }
 
  private:
+  // acc[0..d_v) += Σ_i weights_[i] · rows_[i][0..d_v), four rows per pass so that acc is loaded
+  // and stored once per four rows rather than once per row.
+  void accumulate(float* acc, int count) const {
+    int i = 0;
+    for (; i + 4 <= count; i += 4) {
+      const float w0 = weights_[i], w1 = weights_[i + 1], w2 = weights_[i + 2], w3 = weights_[i + 3];
+      const float *v0 = rows_[i], *v1 = rows_[i + 1], *v2 = rows_[i + 2], *v3 = rows_[i + 3];
+#pragma omp simd
+      for (int d = 0; d < d_v_; ++d) acc[d] += w0 * v0[d] + w1 * v1[d] + w2 * v2[d] + w3 * v3[d];
+    }
+    for (; i < count; ++i) {
+      const float w = weights_[i];
+      const float* v = rows_[i];
+#pragma omp simd
+      for (int d = 0; d < d_v_; ++d) acc[d] += w * v[d];
+    }
+  }
+
   int heads_, d_v_;
   std::vector<float> max_, sum_, acc_;
+  std::vector<float> weights_;       // scratch of add(): exp(P_j − max) of the kept rows
+  std::vector<const float*> rows_;   // and their values
 };
 
 // One query (all H heads, d_qk each) attending to rows fetched on demand. A fetcher
@@ -146,14 +168,37 @@ class QueryAttention {
   const HeadGroupSoftmax& softmax() const { return softmax_; }
 
  private:
+  // Logits of the tile for every head, then the softmax update. Four heads share each pass over
+  // a key row (the row is loaded once for four dot products).
   void add_tile(int n) {
-    for (int h = 0; h < heads_; ++h) {
-      const float* qh = q_.data() + static_cast<int64_t>(h) * d_qk_;
+    const int64_t d_qk = d_qk_;
+    int h = 0;
+    for (; h + 4 <= heads_; h += 4) {
+      const float *q0 = q_.data() + h * d_qk, *q1 = q0 + d_qk, *q2 = q1 + d_qk, *q3 = q2 + d_qk;
       for (int j = 0; j < n; ++j) {
-        const float* k = tile_.data() + static_cast<int64_t>(j) * d_qk_;
+        const float* k = tile_.data() + j * d_qk;
+        float dot0 = 0.0f, dot1 = 0.0f, dot2 = 0.0f, dot3 = 0.0f;
+#pragma omp simd reduction(+ : dot0, dot1, dot2, dot3)
+        for (int64_t d = 0; d < d_qk; ++d) {
+          dot0 += q0[d] * k[d];
+          dot1 += q1[d] * k[d];
+          dot2 += q2[d] * k[d];
+          dot3 += q3[d] * k[d];
+        }
+        float* l = logits_.data() + static_cast<int64_t>(h) * kRowTile + j;
+        l[0] = scale_ * dot0;
+        l[kRowTile] = scale_ * dot1;
+        l[2 * kRowTile] = scale_ * dot2;
+        l[3 * kRowTile] = scale_ * dot3;
+      }
+    }
+    for (; h < heads_; ++h) {
+      const float* qh = q_.data() + h * d_qk;
+      for (int j = 0; j < n; ++j) {
+        const float* k = tile_.data() + j * d_qk;
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-        for (int d = 0; d < d_qk_; ++d) dot += qh[d] * k[d];
+        for (int64_t d = 0; d < d_qk; ++d) dot += qh[d] * k[d];
         logits_[static_cast<size_t>(h) * kRowTile + j] = scale_ * dot;
       }
     }

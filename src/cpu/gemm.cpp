@@ -26,7 +26,6 @@ struct TileScratch {
   std::vector<float> w_t = std::vector<float>(kTileK * kTileN);  // [k][n]
   std::vector<float> x = std::vector<float>(kTileT * kTileK);    // [t][k]
   std::vector<float> acc = std::vector<float>(kTileT * kTileN);  // [t][n]
-  std::vector<float> row = std::vector<float>(kTileK);
 };
 
 // acc[t][0..kTileN) += Σ_k x[t][k] · w_t[k][0..kTileN) for t < tn, k < kn. Four activation rows
@@ -72,14 +71,13 @@ void run_item(const GemmProblem& p, const WorkItem& item, TileScratch& s) {
   const int64_t tn = std::min(kTileT, p.x.rows - item.t0);
   const int64_t nn = std::min(kTileN, p.w.rows - item.n0);
   std::fill(s.acc.begin(), s.acc.end(), 0.0f);
-  // Weight rows past N stay zero: their accumulators are computed but never stored.
+  // Lanes past N are computed but never stored; zeroing them keeps stale values (possibly NaN
+  // or denormal, which are slow) out of those lanes.
   if (nn < kTileN) std::fill(s.w_t.begin(), s.w_t.end(), 0.0f);
   for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
     const int64_t kn = std::min(kTileK, K - k0);
-    for (int64_t n = 0; n < nn; ++n) {
-      p.w.load_row_segment(item.n0 + n, k0, kn, s.row.data());
-      for (int64_t k = 0; k < kn; ++k) s.w_t[k * kTileN + n] = s.row[k];
-    }
+    for (int64_t n = 0; n < nn; ++n)
+      p.w.load_row_segment(item.n0 + n, k0, kn, s.w_t.data() + n, kTileN);
     for (int64_t t = 0; t < tn; ++t)
       p.x.load_row_segment(item.t0 + t, k0, kn, s.x.data() + t * kTileK);
     accumulate_tile(s.x.data(), s.w_t.data(), tn, kn, s.acc.data());
@@ -110,17 +108,22 @@ ScaledMatrix ScaledMatrix::from_views(const TensorView& values, const TensorView
   return m;
 }
 
-void ScaledMatrix::load_row_segment(int64_t r, int64_t c0, int64_t n, float* out) const {
-  const char* row = static_cast<const char*>(data) +
-                    (r * row_stride + c0) * static_cast<int64_t>(dtype_size(dtype));
-  load_row(row, dtype, n, out);
-  if (scale == nullptr) return;
+void ScaledMatrix::load_row_segment(int64_t r, int64_t c0, int64_t n, float* out,
+                                    int64_t out_stride) const {
+  const int64_t elem = static_cast<int64_t>(dtype_size(dtype));
+  const char* row = static_cast<const char*>(data) + r * row_stride * elem;
+  if (scale == nullptr) {
+    load_row_scaled(row + c0 * elem, dtype, n, 1.0f, out, out_stride);
+    return;
+  }
+  // One decode per scale block the range touches.
   const int64_t scale_row = (r / scale_block_rows) * scale_row_stride;
   for (int64_t c = c0; c < c0 + n;) {
     const int64_t block = c / scale_block_cols;
     const int64_t end = std::min((block + 1) * scale_block_cols, c0 + n);
-    const float sc = load_scale(scale, scale_dtype, scale_row + block);
-    for (; c < end; ++c) out[c - c0] *= sc;
+    load_row_scaled(row + c * elem, dtype, end - c, load_scale(scale, scale_dtype, scale_row + block),
+                    out + (c - c0) * out_stride, out_stride);
+    c = end;
   }
 }
 

@@ -32,8 +32,9 @@ struct ScaledMatrix {
   // From validated 2-d views (scale may be undefined). Blocks are block_rows × block_cols.
   static ScaledMatrix from_views(const TensorView& values, const TensorView& scale,
                                  int64_t block_rows, int64_t block_cols);
-  // Dequantizes columns [c0, c0 + n) of row r into out[0..n).
-  void load_row_segment(int64_t r, int64_t c0, int64_t n, float* out) const;
+  // Dequantizes columns [c0, c0 + n) of row r into out[0], out[s], out[2s], ... (s =
+  // out_stride; the GEMM writes weight rows as columns of a transposed tile).
+  void load_row_segment(int64_t r, int64_t c0, int64_t n, float* out, int64_t out_stride = 1) const;
 };
 
 // A rows × cols bf16 / fp32 output; every element is rounded once from the fp32 accumulator.

@@ -46,10 +46,10 @@ void rope_frequencies(const RopeConfig& cfg, double* freqs) {
   for (int i = 0; i < half; ++i) freqs[i] = std::pow(cfg.theta, -2.0 * i / R);
   if (!cfg.yarn) return;
   // Dims below `low` (fast rotations) keep their frequency, dims above `high` are slowed by
-  // `factor`, with a linear ramp between (DeepSeek / YaRN; a degenerate range is widened by
-  // 0.001 as the reference does).
-  const double low = std::max(std::floor(yarn_correction_dim(cfg, cfg.beta_fast)), 0.0);
-  double high = std::min(std::ceil(yarn_correction_dim(cfg, cfg.beta_slow)), R - 1.0);
+  // `factor`, with a linear ramp between; both ends clamped to [0, R-1] (SPEC §3), and a
+  // degenerate range widened by 0.001 as DeepSeek's reference does.
+  const double low = std::clamp(std::floor(yarn_correction_dim(cfg, cfg.beta_fast)), 0.0, R - 1.0);
+  double high = std::clamp(std::ceil(yarn_correction_dim(cfg, cfg.beta_slow)), 0.0, R - 1.0);
   if (high == low) high += 0.001;
   for (int i = 0; i < half; ++i) {
     const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);

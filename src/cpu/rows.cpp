@@ -16,26 +16,39 @@ const float* fp8_e4m3_table() {
   return table.v;
 }
 
-void load_row(const void* row, DType t, int64_t n, float* out) {
+namespace {
+// out[i · stride] = decode(i) · scale; the contiguous case is its own loop so it vectorizes.
+template <typename Decode>
+void emit_scaled(int64_t n, float scale, float* out, int64_t stride, Decode decode) {
+  if (stride == 1) {
+    for (int64_t i = 0; i < n; ++i) out[i] = decode(i) * scale;
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i * stride] = decode(i) * scale;
+  }
+}
+}  // namespace
+
+void load_row_scaled(const void* row, DType t, int64_t n, float scale, float* out,
+                     int64_t out_stride) {
   switch (t) {
     case DType::fp32: {
       const float* p = static_cast<const float*>(row);
-      for (int64_t i = 0; i < n; ++i) out[i] = p[i];
+      emit_scaled(n, scale, out, out_stride, [p](int64_t i) { return p[i]; });
       return;
     }
     case DType::bf16: {
       const uint16_t* p = static_cast<const uint16_t*>(row);
-      for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits_to_float(p[i]);
+      emit_scaled(n, scale, out, out_stride, [p](int64_t i) { return bf16_bits_to_float(p[i]); });
       return;
     }
     case DType::fp8_e4m3: {
       const uint8_t* p = static_cast<const uint8_t*>(row);
       const float* table = fp8_e4m3_table();
-      for (int64_t i = 0; i < n; ++i) out[i] = table[p[i]];
+      emit_scaled(n, scale, out, out_stride, [p, table](int64_t i) { return table[p[i]]; });
       return;
     }
     default:
-      for (int64_t i = 0; i < n; ++i) out[i] = load_as_float(row, t, i);
+      emit_scaled(n, scale, out, out_stride, [row, t](int64_t i) { return load_as_float(row, t, i); });
       return;
   }
 }

@@ -14,8 +14,15 @@ namespace dsv4::cpu {
 // fp8 e4m3 byte → float through a 256-entry table (decoding dominates dequantization loops).
 const float* fp8_e4m3_table();
 
-// out[i] = value i of a contiguous row of n elements of type t (bf16/fp16/fp32/fp8_e4m3).
-void load_row(const void* row, DType t, int64_t n, float* out);
+// out[i · out_stride] = scale · (value i of a contiguous row of n elements of type t: bf16 /
+// fp16 / fp32 / fp8_e4m3). A strided destination lets the GEMM write a transposed weight tile
+// while decoding, in one pass.
+void load_row_scaled(const void* row, DType t, int64_t n, float scale, float* out,
+                     int64_t out_stride = 1);
+// out[i] = value i of the row (× 1.0f is exact, so this is a plain decode).
+inline void load_row(const void* row, DType t, int64_t n, float* out) {
+  load_row_scaled(row, t, n, 1.0f, out, 1);
+}
 // Rounds in[0..n) once to type t (bf16/fp16/fp32/fp8_e4m3) into a contiguous row.
 void store_row(const float* in, DType t, int64_t n, void* row);
 

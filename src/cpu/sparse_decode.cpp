@@ -238,19 +238,20 @@ DecodeSchedule make_decode_schedule(int b, int s_q, int h, int topk_total, int n
 void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
                    const TensorView& workspace, Stream stream) {
   const DecodeDims dims = validate_decode(args, schedule, workspace);
-  // Carve the partials out of the workspace (layout documented in ops.h).
-  uint8_t* base = workspace.ptr<uint8_t>();
-  const int64_t splits = schedule.num_splits;
-  const TensorView partial_o(base, DType::fp32, {dims.b, dims.s_q, dims.h, splits, int64_t{args.d_v}},
-                             dims.device);
-  const TensorView partial_lse(base + partial_o_bytes(dims.b * dims.s_q, dims.h, splits, args.d_v),
-                               DType::fp32, {dims.b, dims.s_q, dims.h, splits}, dims.device);
   if (dims.device == Device::cpu) {
+    // Carve the partials out of the workspace (layout documented in ops.h).
+    uint8_t* base = workspace.ptr<uint8_t>();
+    const int64_t splits = schedule.num_splits;
+    const TensorView partial_o(base, DType::fp32,
+                               {dims.b, dims.s_q, dims.h, splits, int64_t{args.d_v}});
+    const TensorView partial_lse(
+        base + partial_o_bytes(dims.b * dims.s_q, dims.h, splits, args.d_v), DType::fp32,
+        {dims.b, dims.s_q, dims.h, splits});
     sparse_decode_cpu(args, dims, schedule, partial_o, partial_lse);
     return;
   }
 #ifdef DSV4_WITH_CUDA
-  cuda::sparse_decode(args, schedule, partial_o, partial_lse, stream);
+  cuda::sparse_decode(args, schedule, workspace, stream);
 #else
   (void)stream;
   fail(kOp, ": tensors are on CUDA but the CUDA backend is not built");

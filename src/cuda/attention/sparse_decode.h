@@ -8,12 +8,12 @@
 
 namespace dsv4::cuda {
 
-// Whole decode: partial attention per split of `schedule` into partial_o fp32
-// [b, s_q, H, num_splits, d_v] / partial_lse fp32 [b, s_q, H, num_splits] (−inf for an empty
-// split; both contiguous views carved from the caller's workspace), then the combine into
-// args.out / args.lse. An implementation may skip the partials when num_splits == 1.
+// Whole decode: partial attention per split of `schedule` into the workspace (partial_o fp32
+// [b, s_q, H, num_splits, d_v] from byte 0, partial_lse fp32 [b, s_q, H, num_splits] right after,
+// −inf for an empty split: the layout documented in ops.h), then the combine into args.out /
+// args.lse. An implementation may skip the partials when num_splits == 1.
 void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
-                   const TensorView& partial_o, const TensorView& partial_lse, Stream stream);
+                   const TensorView& workspace, Stream stream);
 
 // The combine alone, same contract as dsv4::sparse_attention_combine.
 void sparse_attention_combine(const TensorView& partial_o, const TensorView& partial_lse,

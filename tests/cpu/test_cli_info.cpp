@@ -1,0 +1,66 @@
+// Smoke test of the built `dsv4` binary: `info`, `info --layouts`, `info --model`, `--help`, and
+// an unknown flag. The binary's path comes from the build (DSV4_CLI_PATH).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <sys/wait.h>
+
+namespace {
+
+struct Result {
+  int status;
+  std::string output;
+};
+
+Result run_cli(const std::string& args) {
+  const std::string cmd = std::string(DSV4_CLI_PATH) + " " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return {-1, ""};
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  const int raw = pclose(pipe);
+  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, out};
+}
+
+TEST(CliInfo, LayoutsPrintBytesPerTokenAndBlock) {
+  const Result r = run_cli("info --layouts --block-size 64");
+  ASSERT_EQ(r.status, 0) << r.output;
+  // Hand-computed (SPEC §7): MODEL1 584 B/token, 37440 B/block of 64; V32 656 / 41984;
+  // BF16 1024 / 65536; FP8_PER_TENSOR 512 / 32768.
+  for (const char* want : {"MODEL1_FP8", "584", "37440", "V32_FP8", "656", "41984", "BF16",
+                           "65536", "FP8_PER_TENSOR", "32768"})
+    EXPECT_NE(r.output.find(want), std::string::npos) << want << " missing in:\n" << r.output;
+  const Result b256 = run_cli("info --layouts --block-size 256");
+  EXPECT_NE(b256.output.find("149760"), std::string::npos) << b256.output;
+}
+
+TEST(CliInfo, BuildModelAndHelp) {
+  const Result info = run_cli("info");
+  ASSERT_EQ(info.status, 0) << info.output;
+  EXPECT_NE(info.output.find("dsv4attn"), std::string::npos) << info.output;
+  EXPECT_NE(info.output.find("cpu backend"), std::string::npos) << info.output;
+  const Result model = run_cli("info --model v4-flash");
+  ASSERT_EQ(model.status, 0) << model.output;
+  EXPECT_NE(model.output.find("C128A"), std::string::npos) << model.output;
+  const Result help = run_cli("info --help");
+  EXPECT_EQ(help.status, 0);
+  EXPECT_NE(help.output.find("--layouts"), std::string::npos) << help.output;
+}
+
+TEST(CliInfo, BadArgumentsFail) {
+  const Result unknown = run_cli("info --no-such-flag");
+  EXPECT_NE(unknown.status, 0);
+  EXPECT_NE(unknown.output.find("unknown option '--no-such-flag'"), std::string::npos)
+      << unknown.output;
+  const Result bad_b = run_cli("info --layouts --block-size zero");
+  EXPECT_NE(bad_b.status, 0);
+  EXPECT_NE(bad_b.output.find("--block-size"), std::string::npos) << bad_b.output;
+  const Result missing = run_cli("info --config /nonexistent/dir");
+  EXPECT_NE(missing.status, 0);
+  EXPECT_NE(missing.output.find("cannot open"), std::string::npos) << missing.output;
+}
+
+}  // namespace

@@ -1,0 +1,500 @@
+// sparse_decode (and make_decode_schedule): split-KV sparse attention over the paged caches,
+// against the SPEC §6 formula in float64 with rows decoded by hand from the cache bytes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dsv4/ops.h"
+#include "sparse_attention_reference.h"
+
+namespace {
+
+using dsv4::DType;
+using dsv4::HostTensor;
+using dsv4::KvLayout;
+using dsv4::TensorView;
+using dsv4::test::TestCache;
+
+struct DecodeCase {
+  const char* name;
+  KvLayout layout;
+  int h, b, s_q, topk;
+  bool with_length;   // topk_length given (random, some 0), slots past it hold garbage
+  int extra_topk;     // 0: no extra scope
+  bool extra_length;  // extra_topk_length given
+  bool with_sink;
+  int block_size, extra_block_size;
+};
+
+std::ostream& operator<<(std::ostream& os, const DecodeCase& c) { return os << c.name; }
+
+// One scope: a cache with ~1/8 of its slots left as NaN bytes, and indices into it.
+struct ScopeData {
+  std::unique_ptr<TestCache> cache;
+  std::vector<int64_t> clean_slots, poisoned_slots;
+  HostTensor indices, lengths;  // lengths undefined when not used
+
+  ScopeData(KvLayout layout, int block_size, int b, int s_q, int topk, bool with_length,
+            std::mt19937& rng) {
+    const int64_t blocks = (4 * int64_t{topk} + block_size - 1) / block_size + 1;
+    cache = std::make_unique<TestCache>(layout, block_size, blocks,
+                                        layout == KvLayout::fp8_per_tensor ? 0.37f : 1.0f);
+    for (int64_t s = 0; s < cache->num_slots(); ++s) {
+      if (rng() % 8 == 0) {
+        poisoned_slots.push_back(s);
+      } else {
+        cache->fill_token(s, rng);
+        clean_slots.push_back(s);
+      }
+    }
+    indices = HostTensor(DType::int32, {b, s_q, topk});
+    if (with_length) lengths = HostTensor(DType::int32, {b});
+    for (int bi = 0; bi < b; ++bi) {
+      // Lengths: random, with 0 and the full topk among them.
+      const int len = !with_length ? topk : bi == 0 ? topk : bi == 1 ? 0 : int(rng() % (topk + 1));
+      if (with_length) lengths.data<int32_t>()[bi] = len;
+      for (int si = 0; si < s_q; ++si)
+        for (int k = 0; k < topk; ++k) {
+          int32_t& slot = indices.data<int32_t>()[(int64_t{bi} * s_q + si) * topk + k];
+          if (k >= len) {  // never counted: NaN rows or values no cache has (not an error)
+            slot = k % 2 ? int32_t(poisoned_slots[rng() % poisoned_slots.size()]) : 1 << 30;
+          } else if (rng() % 10 == 0) {
+            slot = -1;
+          } else if (k > 0 && rng() % 10 == 0) {
+            slot = indices.data<int32_t>()[(int64_t{bi} * s_q + si) * topk + k - 1];  // duplicate
+          } else {
+            slot = int32_t(clean_slots[rng() % clean_slots.size()]);
+          }
+        }
+    }
+  }
+  int32_t counted(int bi) const {
+    return lengths.view().defined() ? lengths.data<int32_t>()[bi] : int32_t(indices.shape()[2]);
+  }
+};
+
+// A whole decode problem: inputs, poisoned outputs and the float64 reference.
+struct DecodeProblem {
+  DecodeCase c;
+  int d_qk, d_v = 512;
+  float scale;
+  std::mt19937 rng;
+  std::unique_ptr<ScopeData> main, extra;
+  HostTensor q, sink, out, lse;
+
+  explicit DecodeProblem(const DecodeCase& cs, uint32_t seed = 1234)
+      : c(cs), d_qk(dsv4::test::spec_dim(cs.layout)), rng(seed) {
+    scale = 1.0f / std::sqrt(float(d_qk)) * 1.25f;  // not the default: the scale must be used
+    main = std::make_unique<ScopeData>(c.layout, c.block_size, c.b, c.s_q, c.topk, c.with_length, rng);
+    if (c.extra_topk > 0)
+      extra = std::make_unique<ScopeData>(c.layout, c.extra_block_size, c.b, c.s_q, c.extra_topk,
+                                          c.extra_length, rng);
+    q = HostTensor(DType::bf16, {c.b, c.s_q, c.h, d_qk});
+    dsv4::test::fill_bf16_normal(q, rng);
+    if (c.with_sink) {
+      sink = HostTensor(DType::fp32, {c.h});
+      std::normal_distribution<float> normal(0.0f, 2.0f);
+      for (int i = 0; i < c.h; ++i) sink.data<float>()[i] = normal(rng);
+    }
+    out = HostTensor(DType::bf16, {c.b, c.s_q, c.h, d_v});
+    lse = HostTensor(DType::fp32, {c.b, c.s_q, c.h});
+    poison();
+  }
+
+  void poison() {
+    out.fill_bytes(0xFF);  // bf16 NaN
+    lse.fill_bytes(0xFF);  // fp32 NaN
+  }
+
+  dsv4::SparseDecodeArgs args() const {
+    dsv4::SparseDecodeArgs a;
+    a.q = q;
+    a.k_cache = main->cache->view();
+    a.indices = main->indices;
+    a.topk_length = main->lengths;
+    if (extra) {
+      a.extra_k_cache = extra->cache->view();
+      a.extra_indices = extra->indices;
+      a.extra_topk_length = extra->lengths;
+    }
+    a.attn_sink = sink;
+    a.softmax_scale = scale;
+    a.d_v = d_v;
+    a.out = out;
+    a.lse = lse;
+    return a;
+  }
+  int topk_total() const { return c.topk + c.extra_topk; }
+
+  // Runs the decode with `schedule` (default: make_decode_schedule) into a NaN workspace.
+  void run(const dsv4::DecodeSchedule* schedule = nullptr) {
+    const dsv4::DecodeSchedule s =
+        schedule ? *schedule : dsv4::make_decode_schedule(c.b, c.s_q, c.h, topk_total(), 132, d_v);
+    HostTensor ws(DType::uint8, {s.workspace_bytes});
+    ws.fill_bytes(0xFF);
+    dsv4::sparse_decode(args(), s, ws);
+  }
+
+  // The float64 reference of one (b, s, h).
+  dsv4::test::HeadResult reference(int bi, int si, int hi,
+                                   std::map<std::pair<int, int64_t>, std::vector<double>>& rows_cache,
+                                   double sink_override = NAN, int drop = -1) const {
+    std::vector<double> qv(d_qk);
+    const uint16_t* qp = q.data<uint16_t>() + ((int64_t{bi} * c.s_q + si) * c.h + hi) * d_qk;
+    for (int d = 0; d < d_qk; ++d) qv[d] = dsv4::bf16_bits_to_float(qp[d]);
+    std::vector<const std::vector<double>*> rows;
+    int position = 0;
+    for (int scope = 0; scope < 2; ++scope) {
+      const ScopeData* sd = scope == 0 ? main.get() : extra.get();
+      if (!sd) continue;
+      const int topk = int(sd->indices.shape()[2]);
+      for (int k = 0; k < sd->counted(bi); ++k) {
+        const int32_t slot = sd->indices.data<int32_t>()[(int64_t{bi} * c.s_q + si) * topk + k];
+        if (slot == -1) continue;
+        if (position++ == drop) continue;
+        auto [it, fresh] = rows_cache.try_emplace({scope, slot});
+        if (fresh) it->second = sd->cache->decode(slot);
+        rows.push_back(&it->second);
+      }
+    }
+    const double s = !std::isnan(sink_override) ? sink_override
+                     : c.with_sink             ? double(sink.data<float>()[hi])
+                                               : -dsv4::test::kInf;
+    return dsv4::test::reference_head(qv, rows, scale, s, d_v);
+  }
+
+  // Compares out/lse with the reference (tolerances: sparse_attention_reference.h).
+  void expect_matches_reference() const {
+    std::map<std::pair<int, int64_t>, std::vector<double>> rows_cache;
+    std::vector<dsv4::test::HeadResult> ref;
+    double max_out = 0.0;
+    for (int bi = 0; bi < c.b; ++bi)
+      for (int si = 0; si < c.s_q; ++si)
+        for (int hi = 0; hi < c.h; ++hi) {
+          ref.push_back(reference(bi, si, hi, rows_cache));
+          for (double v : ref.back().out) max_out = std::max(max_out, std::abs(v));
+        }
+    const double out_tol = dsv4::test::kOutTol * std::max(max_out, 1e-30);
+    int bad = 0;
+    for (size_t r = 0; r < ref.size() && bad < 10; ++r) {
+      const float got_lse = lse.data<float>()[r];
+      if (std::isinf(ref[r].lse)) {
+        if (!(std::isinf(got_lse) && got_lse > 0)) ++bad;
+        EXPECT_TRUE(std::isinf(got_lse) && got_lse > 0) << "row " << r << " lse " << got_lse;
+      } else {
+        const double tol = dsv4::test::kLseTol * std::max(1.0, std::abs(ref[r].lse));
+        if (!(std::abs(got_lse - ref[r].lse) <= tol)) ++bad;
+        EXPECT_NEAR(got_lse, ref[r].lse, tol) << "row " << r;
+      }
+      for (int d = 0; d < d_v; ++d) {
+        const double got = dsv4::bf16_bits_to_float(out.data<uint16_t>()[r * d_v + d]);
+        if (!(std::abs(got - ref[r].out[d]) <= out_tol)) {
+          ADD_FAILURE() << "row " << r << " dim " << d << ": got " << got << ", want "
+                        << ref[r].out[d] << " (tol " << out_tol << ")";
+          if (++bad >= 10) break;
+        }
+      }
+    }
+  }
+};
+
+// ---- the grid --------------------------------------------------------------------------------
+class SparseDecodeGrid : public ::testing::TestWithParam<DecodeCase> {};
+
+TEST_P(SparseDecodeGrid, MatchesFloat64Reference) {
+  DecodeProblem p(GetParam());
+  p.run();
+  p.expect_matches_reference();
+}
+
+// Same inputs through one split and through the default (many-split) plan: equal up to fp32
+// rounding of the merge (the combine of one split is exact): outputs within 2 bf16 ulps.
+TEST_P(SparseDecodeGrid, OneSplitEqualsManySplits) {
+  DecodeProblem p(GetParam(), 99);
+  const dsv4::DecodeSchedule many =
+      dsv4::make_decode_schedule(p.c.b, p.c.s_q, p.c.h, p.topk_total(), 132, p.d_v);
+  dsv4::DecodeSchedule one;
+  one.num_splits = 1;
+  one.split_len = (p.topk_total() + 63) / 64 * 64;
+  one.workspace_bytes = int64_t{p.c.b} * p.c.s_q * p.c.h * (p.d_v + 1) * 4;
+  p.run(&one);
+  const HostTensor out1 = p.out, lse1 = p.lse;
+  std::vector<uint16_t> out_one(out1.data<uint16_t>(), out1.data<uint16_t>() + out1.numel());
+  std::vector<float> lse_one(lse1.data<float>(), lse1.data<float>() + lse1.numel());
+  p.out = HostTensor(DType::bf16, p.out.shape());
+  p.lse = HostTensor(DType::fp32, p.lse.shape());
+  p.poison();
+  p.run(&many);
+  for (int64_t i = 0; i < p.lse.numel(); ++i) {
+    if (std::isinf(lse_one[i]))
+      EXPECT_EQ(p.lse.data<float>()[i], lse_one[i]);
+    else
+      EXPECT_NEAR(p.lse.data<float>()[i], lse_one[i], 1e-5 * std::max(1.0f, std::abs(lse_one[i])));
+  }
+  // Elements near 0 come from cancelling sums: their fp32 reordering error is relative to the
+  // terms (~max|out|), not to the element; then each side may round to a different bf16.
+  float max_out = 0.0f;
+  for (uint16_t bits : out_one) max_out = std::max(max_out, std::abs(dsv4::bf16_bits_to_float(bits)));
+  for (int64_t i = 0; i < p.out.numel(); ++i) {
+    const float a = dsv4::bf16_bits_to_float(out_one[i]);
+    const float b = dsv4::bf16_bits_to_float(p.out.data<uint16_t>()[i]);
+    ASSERT_NEAR(a, b, std::abs(a) * (2.0f / 256) + 1e-5f * max_out) << "element " << i;
+  }
+}
+
+constexpr KvLayout M1 = KvLayout::model1_fp8, V32 = KvLayout::v32_fp8, BF = KvLayout::bf16,
+                   PT = KvLayout::fp8_per_tensor;
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, SparseDecodeGrid,
+    ::testing::Values(
+        //          name                   layout  h   b  s_q topk  len   extra elen  sink  B   eB
+        DecodeCase{"model1_h16_small",      M1,    16, 2, 2,  96,   false, 0,   false, true, 64, 64},
+        DecodeCase{"model1_h64_swa_c128",   M1,    64, 3, 1,  128,  true,  64,  true,  true, 64, 2},
+        DecodeCase{"model1_h128_c4a",       M1,   128, 2, 1,  512,  true,  128, true,  true, 64, 64},
+        DecodeCase{"model1_h16_tiny_blocks", M1,   16, 2, 1,  150,  true,  70,  false, false, 3, 2},
+        DecodeCase{"v32_h16_len",           V32,   16, 3, 1,  200,  true,  0,   false, true, 64, 64},
+        DecodeCase{"v32_h64_extra",         V32,   64, 2, 2,  256,  false, 64,  true,  false, 64, 64},
+        DecodeCase{"v32_h128_topk2048",     V32,  128, 1, 1,  2048, false, 0,   false, true, 64, 64},
+        DecodeCase{"bf16_h16",              BF,    16, 2, 1,  128,  true,  64,  true,  true, 64, 16},
+        DecodeCase{"fp8pt_h16",             PT,    16, 2, 1,  128,  false, 64,  false, true, 32, 64}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// ---- edge cases ------------------------------------------------------------------------------
+DecodeCase small_case(int topk = 64, int extra = 64) {
+  return DecodeCase{"small", M1, 16, 2, 1, topk, false, extra, false, true, 64, 64};
+}
+
+TEST(SparseDecode, AllInvalidGivesZeroAndInfLse) {
+  DecodeProblem p(small_case());
+  for (HostTensor* idx : {&p.main->indices, &p.extra->indices})
+    for (int64_t i = 0; i < idx->numel(); ++i) idx->data<int32_t>()[i] = -1;
+  p.run();
+  for (int64_t i = 0; i < p.lse.numel(); ++i) EXPECT_EQ(p.lse.data<float>()[i], INFINITY);
+  for (int64_t i = 0; i < p.out.numel(); ++i) ASSERT_EQ(p.out.data<uint16_t>()[i], 0u) << i;
+}
+
+TEST(SparseDecode, ZeroLengthsInBothScopesAreEmpty) {
+  DecodeCase c = small_case(64, 64);
+  c.with_length = c.extra_length = true;  // ScopeData gives batch 1 length 0
+  DecodeProblem p(c);
+  p.extra->lengths.data<int32_t>()[1] = 0;
+  p.run();
+  p.expect_matches_reference();
+  for (int h = 0; h < c.h; ++h) EXPECT_EQ(p.lse.data<float>()[c.h + h], INFINITY);
+}
+
+TEST(SparseDecode, SinkMinusInfIsNoSinkAndPlusInfZeroesOutput) {
+  DecodeProblem with_sink(small_case()), no_sink(small_case());
+  no_sink.sink = HostTensor();
+  no_sink.c.with_sink = false;
+  for (int h = 0; h < 16; ++h) with_sink.sink.data<float>()[h] = -INFINITY;
+  with_sink.run();
+  no_sink.run();
+  EXPECT_EQ(0, std::memcmp(with_sink.out.data<uint8_t>(), no_sink.out.data<uint8_t>(), with_sink.out.nbytes()));
+  EXPECT_EQ(0, std::memcmp(with_sink.lse.data<uint8_t>(), no_sink.lse.data<uint8_t>(), with_sink.lse.nbytes()));
+
+  for (int h = 0; h < 16; ++h) with_sink.sink.data<float>()[h] = INFINITY;
+  with_sink.poison();
+  with_sink.run();
+  for (int64_t i = 0; i < with_sink.out.numel(); ++i)
+    ASSERT_EQ(dsv4::bf16_bits_to_float(with_sink.out.data<uint16_t>()[i]), 0.0f) << i;
+  // lse excludes the sink: unchanged.
+  EXPECT_EQ(0, std::memcmp(with_sink.lse.data<uint8_t>(), no_sink.lse.data<uint8_t>(), with_sink.lse.nbytes()));
+}
+
+// Every slot the same row: uniform softmax, out = that row, lse = P + ln(count); duplicates
+// count once per occurrence, as in FlashMLA.
+TEST(SparseDecode, DuplicateIndicesCountEachTime) {
+  DecodeProblem p(small_case(64, 0));
+  p.sink = HostTensor();
+  p.c.with_sink = false;
+  const int32_t slot = int32_t(p.main->clean_slots[3]);
+  for (int64_t i = 0; i < p.main->indices.numel(); ++i) p.main->indices.data<int32_t>()[i] = slot;
+  p.run();
+  p.expect_matches_reference();
+  const std::vector<double> row = p.main->cache->decode(slot);
+  std::vector<double> q(p.d_qk);
+  for (int d = 0; d < p.d_qk; ++d) q[d] = dsv4::bf16_bits_to_float(p.q.data<uint16_t>()[d]);
+  double dot = 0;
+  for (int d = 0; d < p.d_qk; ++d) dot += q[d] * row[d];
+  EXPECT_NEAR(p.lse.data<float>()[0], p.scale * dot + std::log(64.0), 1e-4);
+  for (int d = 0; d < p.d_v; ++d)
+    EXPECT_NEAR(dsv4::bf16_bits_to_float(p.out.data<uint16_t>()[d]), row[d], std::abs(row[d]) / 128 + 1e-6);
+}
+
+// q and out may be row-strided views (e.g. heads padded in a larger buffer): same bits as the
+// dense run, and the padding of out is left alone.
+TEST(SparseDecode, StridedQueryAndOutputMatchDense) {
+  DecodeProblem p(small_case());
+  p.run();
+  const int b = p.c.b, h = p.c.h, d = p.d_qk, pad_heads = 3;
+  HostTensor q_big(DType::bf16, {b, 1, h + pad_heads, d}), out_big(DType::bf16, {b, 1, h + pad_heads, 512});
+  q_big.fill_bytes(0xFF);
+  out_big.fill_bytes(0x5A);
+  for (int bi = 0; bi < b; ++bi)
+    std::memcpy(q_big.data<uint16_t>() + int64_t{bi} * (h + pad_heads) * d,
+                p.q.data<uint16_t>() + int64_t{bi} * h * d, size_t(h) * d * 2);
+  TensorView q_view = q_big, out_view = out_big;
+  q_view.shape[2] = out_view.shape[2] = h;  // the first h heads of each row
+  dsv4::SparseDecodeArgs a = p.args();
+  a.q = q_view;
+  a.out = out_view;
+  const auto s = dsv4::make_decode_schedule(b, 1, h, p.topk_total());
+  HostTensor ws(DType::uint8, {s.workspace_bytes});
+  dsv4::sparse_decode(a, s, ws);
+  for (int bi = 0; bi < b; ++bi) {
+    const uint16_t* row = out_big.data<uint16_t>() + int64_t{bi} * (h + pad_heads) * 512;
+    EXPECT_EQ(0, std::memcmp(row, p.out.data<uint16_t>() + int64_t{bi} * h * 512, size_t(h) * 512 * 2));
+    for (int i = h * 512; i < (h + pad_heads) * 512; ++i) ASSERT_EQ(row[i], 0x5A5A) << i;
+  }
+}
+
+// The tolerance can fail: dropping one row or ignoring the sink moves the reference beyond it.
+TEST(SparseDecode, ReferenceIsSensitiveBeyondTolerance) {
+  DecodeProblem p(small_case(64, 0));
+  std::map<std::pair<int, int64_t>, std::vector<double>> rows;
+  const auto full = p.reference(0, 0, 0, rows, -INFINITY);
+  const auto dropped = p.reference(0, 0, 0, rows, -INFINITY, 5);
+  const auto sunk = p.reference(0, 0, 0, rows, full.lse - 2.0);  // a sink of ~1/8 the mass
+  double max_out = 0, d_drop = 0, d_sink = 0;
+  for (int d = 0; d < p.d_v; ++d) {
+    max_out = std::max(max_out, std::abs(full.out[d]));
+    d_drop = std::max(d_drop, std::abs(full.out[d] - dropped.out[d]));
+    d_sink = std::max(d_sink, std::abs(full.out[d] - sunk.out[d]));
+  }
+  EXPECT_GT(d_drop, dsv4::test::kOutTol * max_out);
+  EXPECT_GT(d_sink, dsv4::test::kOutTol * max_out);
+}
+
+// ---- the schedule ----------------------------------------------------------------------------
+TEST(DecodeSchedule, CoversTheIndexListWithoutEmptySplits) {
+  for (int b : {1, 2, 8, 64, 300})
+    for (int h : {16, 64, 128})
+      for (int topk_total : {1, 64, 100, 640, 2048, 2176}) {
+        const auto s = dsv4::make_decode_schedule(b, 1, h, topk_total, 132, 512);
+        SCOPED_TRACE(::testing::Message() << "b " << b << " h " << h << " topk " << topk_total);
+        EXPECT_GE(s.num_splits, 1);
+        EXPECT_EQ(s.split_len % dsv4::kDecodeTile, 0);
+        EXPECT_GT(s.split_len, 0);
+        EXPECT_GE(int64_t{s.num_splits} * s.split_len, topk_total);
+        EXPECT_LT(int64_t{s.num_splits - 1} * s.split_len, std::max(topk_total, 1));
+        EXPECT_EQ(s.workspace_bytes, int64_t{b} * h * s.num_splits * (512 + 1) * 4);
+        // CTAs per split: one per (b, s_q) row and 64-head group. Roughly fills the SMs when
+        // there is enough work, and adds no split beyond the one that reaches num_sms.
+        const int64_t per_split = int64_t{b} * ((h + 63) / 64);
+        const int64_t tiles = std::max(1, (topk_total + 63) / 64);
+        EXPECT_GE(per_split * s.num_splits, std::min<int64_t>(132, per_split * tiles) / 2);
+        EXPECT_LT(per_split * (s.num_splits - 1), 132);
+      }
+  EXPECT_EQ(dsv4::make_decode_schedule(1, 1, 64, 2048, 1).num_splits, 1);
+  EXPECT_THROW(dsv4::make_decode_schedule(1, 0, 64, 64), dsv4::Error);
+  EXPECT_THROW(dsv4::make_decode_schedule(1, 1, 0, 64), dsv4::Error);
+  EXPECT_THROW(dsv4::make_decode_schedule(-1, 1, 64, 64), dsv4::Error);
+  EXPECT_THROW(dsv4::make_decode_schedule(1, 1, 64, -1), dsv4::Error);
+  EXPECT_THROW(dsv4::make_decode_schedule(1, 1, 64, 64, 0), dsv4::Error);
+}
+
+// ---- bad input: the documented error, and no output byte changed --------------------------------
+struct BadDecode {
+  const char* what;  // substring of the error message
+  std::function<void(dsv4::SparseDecodeArgs&, dsv4::DecodeSchedule&, TensorView& ws)> mutate;
+};
+
+TEST(SparseDecode, BadInputThrowsAndWritesNothing) {
+  DecodeCase c = small_case(64, 64);
+  c.with_length = c.extra_length = true;
+  DecodeProblem p(c);
+  HostTensor q_fp32(DType::fp32, {c.b, c.s_q, c.h, 512}), q_576(DType::bf16, {c.b, c.s_q, c.h, 576});
+  HostTensor idx_bad_shape(DType::int32, {c.b, c.s_q + 1, 64}), idx_i64(DType::int64, {c.b, c.s_q, 64});
+  HostTensor sink_bad(DType::fp32, {c.h + 1}), out_bad(DType::bf16, {c.b, c.s_q, c.h, 256});
+  HostTensor out_fp32(DType::fp32, {c.b, c.s_q, c.h, 512}), lse_bad(DType::fp32, {c.b, c.h});
+  HostTensor small_ws(DType::uint8, {64});
+  HostTensor bad_cache(DType::uint8, {4, 1000});
+  TestCache v32_cache(V32, 64, 4);
+  const int64_t main_slots = p.main->cache->num_slots(), extra_slots = p.extra->cache->num_slots();
+  auto set_index = [](const HostTensor& t, int64_t i, int32_t v) { t.data<int32_t>()[i] = v; };
+
+  const std::vector<BadDecode> cases = {
+      {"q.dtype", [&](auto& a, auto&, auto&) { a.q = q_fp32; }},
+      {"q.shape[3]", [&](auto& a, auto&, auto&) { a.q = q_576; }},
+      {"indices.shape", [&](auto& a, auto&, auto&) { a.indices = idx_bad_shape; }},
+      {"indices.dtype", [&](auto& a, auto&, auto&) { a.indices = idx_i64; }},
+      {"indices[0][0][0]", [&](auto&, auto&, auto&) { set_index(p.main->indices, 0, int32_t(main_slots)); }},
+      {"indices[0][0][1]", [&](auto&, auto&, auto&) { set_index(p.main->indices, 1, -2); }},
+      {"extra_indices[0][0][2]", [&](auto&, auto&, auto&) { set_index(p.extra->indices, 2, int32_t(extra_slots)); }},
+      {"topk_length[0]", [&](auto&, auto&, auto&) { set_index(p.main->lengths, 0, -1); }},
+      {"topk_length[1]", [&](auto&, auto&, auto&) { set_index(p.main->lengths, 1, 65); }},
+      {"extra_topk_length[0]", [&](auto&, auto&, auto&) { set_index(p.extra->lengths, 0, -3); }},
+      {"attn_sink.shape", [&](auto& a, auto&, auto&) { a.attn_sink = sink_bad; }},
+      {"out.shape", [&](auto& a, auto&, auto&) { a.out = out_bad; }},
+      {"out.dtype", [&](auto& a, auto&, auto&) { a.out = out_fp32; }},
+      {"lse.shape", [&](auto& a, auto&, auto&) { a.lse = lse_bad; }},
+      {"lse.device", [&](auto& a, auto&, auto&) { a.lse.device = dsv4::Device::cuda; }},
+      {"d_v", [&](auto& a, auto&, auto&) { a.d_v = 600; }},
+      {"softmax_scale", [&](auto& a, auto&, auto&) { a.softmax_scale = NAN; }},
+      {"extra_k_cache.layout", [&](auto& a, auto&, auto&) { a.extra_k_cache = v32_cache.view(); }},
+      {"extra_indices", [&](auto& a, auto&, auto&) { a.extra_k_cache = dsv4::KvCacheView{}; }},
+      {"k_cache", [&](auto& a, auto&, auto&) { a.k_cache.data = bad_cache; }},
+      {"schedule.split_len", [&](auto&, auto& s, auto&) { s.split_len = 32; }},
+      {"schedule (num_splits * split_len)", [&](auto&, auto& s, auto&) { s.num_splits = 1; s.split_len = 64; }},
+      {"workspace bytes", [&](auto&, auto&, auto& ws) { ws = small_ws; }},
+  };
+  for (const BadDecode& bad : cases) {
+    SCOPED_TRACE(bad.what);
+    DecodeProblem fresh(c);  // identical inputs (same seed), fresh copies to mutate
+    p.main->indices = fresh.main->indices;
+    p.main->lengths = fresh.main->lengths;
+    p.extra->indices = fresh.extra->indices;
+    p.extra->lengths = fresh.extra->lengths;
+    p.out.fill_bytes(0xA5);
+    p.lse.fill_bytes(0xA5);
+    dsv4::DecodeSchedule s = dsv4::make_decode_schedule(c.b, c.s_q, c.h, 128, 132, 512);
+    HostTensor ws(DType::uint8, {s.workspace_bytes});
+    ws.fill_bytes(0xA5);
+    TensorView wsv = ws;
+    dsv4::SparseDecodeArgs a = p.args();
+    bad.mutate(a, s, wsv);
+    try {
+      dsv4::sparse_decode(a, s, wsv);
+      ADD_FAILURE() << "no error";
+    } catch (const dsv4::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(bad.what), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("sparse_decode"), std::string::npos) << e.what();
+    }
+    for (const HostTensor* t : {&p.out, &p.lse, &ws})
+      for (size_t i = 0; i < t->nbytes(); ++i) ASSERT_EQ(t->data<uint8_t>()[i], 0xA5) << i;
+  }
+}
+
+#ifndef DSV4_WITH_CUDA
+TEST(SparseDecode, CudaTensorsWithoutCudaBackendThrow) {
+  DecodeProblem p(small_case());
+  dsv4::SparseDecodeArgs a = p.args();
+  for (TensorView* t : {&a.q, &a.k_cache.data, &a.indices, &a.extra_k_cache.data, &a.extra_indices,
+                        &a.attn_sink, &a.out, &a.lse})
+    t->device = dsv4::Device::cuda;
+  const auto s = dsv4::make_decode_schedule(2, 1, 16, 128);
+  HostTensor ws(DType::uint8, {s.workspace_bytes});
+  TensorView wsv = ws;
+  wsv.device = dsv4::Device::cuda;
+  EXPECT_THROW(
+      {
+        try {
+          dsv4::sparse_decode(a, s, wsv);
+        } catch (const dsv4::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("not built"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      dsv4::Error);
+}
+#endif
+
+}  // namespace

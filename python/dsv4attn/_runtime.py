@@ -28,6 +28,21 @@ def device_guard(t: torch.Tensor):
     return contextlib.nullcontext()
 
 
+# Shape-only host computations, constant for given arguments: torch.compile evaluates them while
+# tracing instead of breaking the graph on the extension call.
+@torch.compiler.assume_constant_result
+def kv_geometry(layout: str, block_size: int) -> dict:
+    """Byte geometry (layout, block_size, dim, token_bytes, block_bytes) of a cache layout."""
+    return _C.kv_geometry(layout, block_size)
+
+
+@torch.compiler.assume_constant_result
+def decode_schedule(b: int, s_q: int, h: int, topk_total: int, num_sms: int,
+                    d_v: int) -> tuple:
+    """(num_splits, split_len, workspace_bytes) of the split-KV decode plan (shapes only)."""
+    return tuple(_C.decode_schedule(b, s_q, h, topk_total, num_sms, d_v))
+
+
 @functools.lru_cache(maxsize=None)
 def num_sms(device_index: int) -> int:
     """Streaming multiprocessors of a CUDA device (the decode split planner's parallelism)."""

@@ -36,8 +36,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from . import _C, Error
-from ._runtime import planner_sms
+from . import Error
+from ._runtime import decode_schedule, kv_geometry, planner_sms
 from . import ops  # noqa: F401  (registers the torch.ops.dsv4.* used below)
 
 __all__ = [
@@ -86,14 +86,14 @@ def get_mla_metadata(*args, **kwargs) -> Tuple[FlashMLASchedMeta, None]:
 
 def kv_cache_block_bytes(layout: str, page_block_size: int) -> int:
     """Bytes per cache block of `layout` ("model1_fp8", "v32_fp8", "bf16"), padding included."""
-    return int(_C.kv_geometry(layout, page_block_size)["block_bytes"])
+    return int(kv_geometry(layout, page_block_size)["block_bytes"])
 
 
 def alloc_kv_cache(num_blocks: int, page_block_size: int, layout: str = "model1_fp8",
                    device: Union[torch.device, str] = "cpu") -> torch.Tensor:
     """A zeroed paged cache in FlashMLA's view [num_blocks, page_block_size, 1, token_bytes]
     (uint8; bf16 [..., 512] for "bf16") whose block stride is the layout's padded block size."""
-    geo = _C.kv_geometry(layout, page_block_size)
+    geo = kv_geometry(layout, page_block_size)
     storage = torch.zeros((num_blocks, geo["block_bytes"]), dtype=torch.uint8, device=device)
     if layout == "bf16":
         return storage.view(torch.bfloat16).as_strided(
@@ -148,12 +148,12 @@ def block_bytes_view(where: str, flat: torch.Tensor, num_blocks: int,
                      block_bytes: int) -> torch.Tensor:
     """The uint8 [num_blocks, block_bytes] view (the C++ ops' cache argument) of a cache whose
     blocks start every block_bytes bytes from `flat`'s first byte."""
-    available = flat.untyped_storage().nbytes() - flat.storage_offset()
-    if available < num_blocks * block_bytes:
-        raise Error(f"{where}: storage: expected >= {num_blocks * block_bytes} bytes "
-                    f"({num_blocks} blocks of {block_bytes}), got {available}")
-    return torch.as_strided(flat, (num_blocks, block_bytes), (block_bytes, 1),
-                            flat.storage_offset())
+    if not torch.compiler.is_compiling():  # (as_strided bounds-checks the traced graph)
+        available = flat.untyped_storage().nbytes() - flat.storage_offset()
+        if available < num_blocks * block_bytes:
+            raise Error(f"{where}: storage: expected >= {num_blocks * block_bytes} bytes "
+                        f"({num_blocks} blocks of {block_bytes}), got {available}")
+    return flat.as_strided((num_blocks, block_bytes), (block_bytes, 1))  # same storage offset
 
 
 def _check_sched(meta: FlashMLASchedMeta, cfg: FlashMLASchedMeta.Config) -> None:
@@ -241,7 +241,7 @@ def flash_mla_with_kvcache(
     if meta.num_splits is None:
         topk_total = indices.shape[-1] + (extra_indices_in_kvcache.shape[-1]
                                           if extra_indices_in_kvcache is not None else 0)
-        meta.num_splits, meta.split_len, meta.workspace_bytes = _C.decode_schedule(
+        meta.num_splits, meta.split_len, meta.workspace_bytes = decode_schedule(
             b, s_q, h_q, topk_total, planner_sms(q.device), head_dim_v)
     workspace = torch.empty(max(meta.workspace_bytes, 16), dtype=torch.uint8, device=q.device)
     if out is None:

@@ -270,3 +270,16 @@ def test_torch_compile_traces_the_ops():
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
     got, want = compiled(q, kv, idx), f(q, kv, idx)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_torch_compile_decode_wrapper():
+    q, cache, idx = _decode_args(torch.device("cpu"))
+
+    def f(q, cache, idx):
+        out, lse = flash_mla_with_kvcache(q, cache, None, None, 512, get_mla_metadata()[0],
+                                          is_fp8_kvcache=True, indices=idx)
+        return out.float().sum(-1), lse
+
+    got = torch.compile(f, backend="aot_eager", fullgraph=True)(q, cache, idx)
+    want = f(q, cache, idx)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

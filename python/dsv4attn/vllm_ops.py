@@ -6,6 +6,7 @@
     combine_topk_swa_indices                             -> (combined_indices, combined_lens)
     compute_global_topk_indices_and_lens                 -> (global_indices, topk_lens)
     fused_inv_rope_fp8_quant                             -> (o_fp8 [T, G, D], o_scale [T, G, D/128])
+    deepseek_v4_fp8_einsum                               z[t, g] = o_g · wo_a_gᵀ (FP8 block-scaled)
 
 Differences from vLLM, by design: tensors may be CPU tensors (the reference backend); the
 UE8M0 scale floor is SPEC §7's max(amax / 448, 1e-4) (vLLM's Triton kernel floors amax at 1e-10;
@@ -29,7 +30,7 @@ from . import ops  # noqa: F401  (registers the torch.ops.dsv4.* used below)
 from .flash_mla import block_bytes_view, kv_cache_block_bytes
 
 __all__ = [
-    "combine_topk_swa_indices", "compute_global_topk_indices_and_lens",
+    "combine_topk_swa_indices", "compute_global_topk_indices_and_lens", "deepseek_v4_fp8_einsum",
     "dequantize_and_gather_k_cache", "fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert",
     "fused_inv_rope_fp8_quant", "fused_q_kv_rmsnorm",
 ]
@@ -230,3 +231,29 @@ def _pack_ue8m0(scale: torch.Tensor) -> torch.Tensor:
     grouped = exponent_bytes.view(*exponent_bytes.shape[:-1], -1, 4)
     shifts = torch.tensor([0, 8, 16, 24], dtype=torch.int32, device=scale.device)
     return (grouped << shifts).sum(-1, dtype=torch.int32)
+
+
+def deepseek_v4_fp8_einsum(o_fp8: torch.Tensor, o_scale: torch.Tensor, wo_a: torch.Tensor,
+                           wo_a_scale: torch.Tensor, z: torch.Tensor,
+                           equation: str = "bhr,hdr->bhd", recipe=None) -> None:
+    """vLLM's grouped wo_a GEMM: z[t, g, :] = (o_fp8[t, g] · o_scale) · (wo_a_g · wo_a_scale)ᵀ.
+
+    o_fp8 [T, G, Dg] float8_e4m3fn with o_scale [T, G, Dg/128] fp32 (fused_inv_rope_fp8_quant's
+    outputs); wo_a [G*L, Dg] (or [G, L, Dg]) float8_e4m3fn with wo_a_scale [G*L/128, Dg/128]
+    (or [G, L/128, Dg/128]) fp32 or UE8M0 (the checkpoint's weight_scale_inv); z [T, G, L]
+    bf16/fp32, written in place. `recipe` (DeepGEMM's scale granularity) is accepted and ignored:
+    only fp32/UE8M0 scales per 1x128 (activations) and 128x128 (weights) blocks are taken."""
+    if equation.replace(" ", "") != "bhr,hdr->bhd":
+        raise Error(f"deepseek_v4_fp8_einsum: equation: expected 'bhr,hdr->bhd', got {equation!r}")
+    if o_fp8.dim() != 3 or z.dim() != 3:
+        raise Error(f"deepseek_v4_fp8_einsum: o_fp8 / z: expected [T, G, Dg] / [T, G, L], got "
+                    f"{list(o_fp8.shape)} / {list(z.shape)}")
+    T, G, Dg = o_fp8.shape
+    L = z.shape[2]
+    w = wo_a.view(G, L, Dg) if wo_a.dim() == 2 else wo_a
+    ws = wo_a_scale.view(G, -1, wo_a_scale.shape[-1]) if wo_a_scale.dim() == 2 else wo_a_scale
+    z_flat = z if z.is_contiguous() else torch.empty(z.shape, dtype=z.dtype, device=z.device)
+    torch.ops.dsv4.grouped_wo_a(o_fp8.reshape(T, G * Dg), o_scale.reshape(T, -1), w, ws,
+                                z_flat.view(T, G * L))
+    if z_flat is not z:
+        z.copy_(z_flat)

@@ -181,6 +181,30 @@ def test_fused_inv_rope_fp8_quant(device, n_groups, heads_per_group, tma_aligned
     assert torch.all((got - want_q.view_as(got)).abs() <= step)
 
 
+def test_o_projection_fp8_einsum(device):
+    """inverse RoPE + FP8 quant + grouped FP8 einsum == float64 einsum of the dequantized
+    operands (the GEMM itself is exact up to fp32 accumulation: 1e-4 relative)."""
+    T, G, hpg, D, L = 3, 4, 2, 512, 128
+    o = torch.randn(T, G * hpg, D, dtype=torch.bfloat16, device=device)
+    positions = torch.tensor([0, 9, 77], device=device)
+    o_fp8, o_scale = vllm_ops.fused_inv_rope_fp8_quant(o, positions, dsv4attn.rope_cos_sin(128,
+                                                       device=device), G, hpg)
+    Dg = hpg * D
+    w_real = torch.randn(G * L, Dg) / 30
+    w_scale = ref.ue8m0_scale(w_real.view(G * L // 128, 128, Dg // 128, 128).abs()
+                              .amax(dim=(1, 3)).double())
+    w_fp8 = (w_real.double().view(G * L // 128, 128, Dg // 128, 128)
+             / w_scale[:, None, :, None]).view(G * L, Dg).float().to(torch.float8_e4m3fn)
+    z = torch.full((T, G, L), float("nan"), dtype=torch.float32, device=device)
+    vllm_ops.deepseek_v4_fp8_einsum(o_fp8, o_scale, w_fp8.to(device), w_scale.float().to(device),
+                                    z, "bhr,hdr->bhd", [1, 128, 128])
+    o_deq = (o_fp8.cpu().double().view(T, G, -1, 128) * o_scale.cpu().double()[..., None])
+    w_deq = (w_fp8.double().view(G * L // 128, 128, Dg // 128, 128)
+             * w_scale[:, None, :, None]).view(G, L, Dg)
+    want = torch.einsum("tgr,glr->tgl", o_deq.view(T, G, Dg), w_deq)
+    assert torch.allclose(z.cpu().double(), want, rtol=1e-4, atol=1e-4)
+
+
 def test_vllm_ops_errors():
     o = torch.randn(2, 16, 512, dtype=torch.bfloat16)
     cos_sin = dsv4attn.rope_cos_sin(64)
@@ -194,3 +218,7 @@ def test_vllm_ops_errors():
         vllm_ops.dequantize_and_gather_k_cache(
             torch.zeros(1, 8, 512, dtype=torch.bfloat16), cache,
             torch.tensor([4], dtype=torch.int32), None, torch.zeros(1, 1, dtype=torch.int32), 16, 0)
+    with pytest.raises(dsv4attn.Error, match="equation"):
+        vllm_ops.deepseek_v4_fp8_einsum(torch.zeros(1, 1, 128), torch.zeros(1, 1, 1),
+                                        torch.zeros(128, 128), torch.zeros(1, 1),
+                                        torch.zeros(1, 1, 128), "bhd,hdr->bhr")

@@ -6,7 +6,7 @@
     combine_topk_swa_indices                             -> (combined_indices, combined_lens)
     compute_global_topk_indices_and_lens                 -> (global_indices, topk_lens)
     fused_inv_rope_fp8_quant                             -> (o_fp8 [T, G, D], o_scale [T, G, D/128])
-    deepseek_v4_fp8_einsum                               z[t, g] = o_g · wo_a_gᵀ (FP8 block-scaled)
+    deepseek_v4_fp8_einsum                               z[t, g] = o_g · wo_a_gᵀ (FP8 blocks)
 
 Differences from vLLM, by design: tensors may be CPU tensors (the reference backend); the
 UE8M0 scale floor is SPEC §7's max(amax / 448, 1e-4) (vLLM's Triton kernel floors amax at 1e-10;

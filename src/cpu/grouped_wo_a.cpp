@@ -34,7 +34,7 @@ int64_t validate_grouped_wo_a(const TensorView& o, const TensorView& o_scale,
   check_shape(kOp, "z", z, {T, G * L});
   cpu::check_row_strided(kOp, "o", o);
   cpu::check_row_strided(kOp, "wo_a", wo_a);
-  cpu::check_row_strided(kOp, "z", z);
+  cpu::check_output_layout(kOp, "z", z);
   const int64_t block = cpu::check_activation_scale(kOp, "o", o, "o_scale", o_scale);
   if (block > 0 && Dg % block != 0)
     fail_expected(kOp, "o_scale.shape[1]",

@@ -26,7 +26,7 @@ int64_t validate_linear(const TensorView& x, const TensorView& x_scale, const Te
   check_shape(kOp, "y", y, {T, N});
   cpu::check_row_strided(kOp, "x", x);
   cpu::check_row_strided(kOp, "w", w);
-  cpu::check_row_strided(kOp, "y", y);
+  cpu::check_output_layout(kOp, "y", y);
   const int64_t x_block = cpu::check_activation_scale(kOp, "x", x, "x_scale", x_scale);
   cpu::check_weight_scale(kOp, "w", w, "w_scale", w_scale,
                           {(N + kWeightBlock - 1) / kWeightBlock, (K + kWeightBlock - 1) / kWeightBlock});

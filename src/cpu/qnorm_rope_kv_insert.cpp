@@ -32,8 +32,8 @@ int64_t validate_shapes(const TensorView& q, const TensorView& kv, const TensorV
   check_ndim(kOp, "kv", kv, 2);
   const int64_t T = q.shape[0], D = q.shape[2];
   check_shape(kOp, "kv", kv, {T, D});
-  cpu::check_row_strided(kOp, "q", q);
-  cpu::check_row_strided(kOp, "kv", kv);
+  cpu::check_output_layout(kOp, "q", q);
+  cpu::check_output_layout(kOp, "kv", kv);
   cpu::check_disjoint(kOp, "kv", kv, "q", q);
   cpu::check_index_vector(kOp, "positions", positions, T);
   cpu::check_index_vector(kOp, "slot_mapping", slot_mapping, T);

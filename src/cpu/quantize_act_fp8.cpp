@@ -32,8 +32,8 @@ void validate_quantize_act(const TensorView& x, int block, const TensorView& xq,
   check_shape(kOp, "xq", xq, {T, K});
   check_shape(kOp, "scale", scale, {T, K / block});
   cpu::check_row_strided(kOp, "x", x);
-  cpu::check_row_strided(kOp, "xq", xq);
-  cpu::check_row_strided(kOp, "scale", scale);
+  cpu::check_output_layout(kOp, "xq", xq);
+  cpu::check_output_layout(kOp, "scale", scale);
   cpu::check_disjoint(kOp, "xq", xq, "x", x);
   cpu::check_disjoint(kOp, "scale", scale, "x", x);
   cpu::check_disjoint(kOp, "scale", scale, "xq", xq);

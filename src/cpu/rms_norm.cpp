@@ -30,7 +30,7 @@ void validate_norm_operand(const char* where, const char* x_name, const TensorVi
   check_ndim(where, y_name, y, x.ndim);
   for (int d = 0; d < x.ndim; ++d) check_dim(where, y_name, y, d, x.shape[d]);
   cpu::check_row_strided(where, x_name, x);
-  cpu::check_row_strided(where, y_name, y);
+  cpu::check_output_layout(where, y_name, y);
   if (weight_required) check_defined(where, w_name, weight);
   if (weight.defined()) {
     cpu::check_dtype_in(where, w_name, weight, {DType::bf16, DType::fp32});

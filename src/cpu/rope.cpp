@@ -89,7 +89,7 @@ void apply_rope(const TensorView& x, const TensorView& positions, const TensorVi
   check_ndim(kOp, "y", y, x.ndim);
   for (int d = 0; d < x.ndim; ++d) check_dim(kOp, "y", y, d, x.shape[d]);
   cpu::check_row_strided(kOp, "x", x);
-  cpu::check_row_strided(kOp, "y", y);
+  cpu::check_output_layout(kOp, "y", y);
   cpu::check_alias_exact_or_disjoint(kOp, "y", y, "x", x);
   const int64_t T = x.shape[0], D = x.shape[x.ndim - 1];
   cpu::check_index_vector(kOp, "positions", positions, T);

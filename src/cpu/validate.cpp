@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace dsv4::cpu {
 
@@ -20,6 +22,23 @@ void check_row_strided(const char* where, const char* name, const TensorView& t)
     if (t.strides[d] < 0)
       fail_expected(where, std::string(name) + ".stride(" + std::to_string(d) + ")",
                     "a non-negative stride", t.strides[d]);
+}
+
+void check_output_layout(const char* where, const char* name, const TensorView& t) {
+  check_row_strided(where, name, t);
+  // Dims of size > 1 by increasing stride: each stride must step past everything spanned by the
+  // dims inside it (the standard sufficient condition for non-overlapping elements).
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] > 1) dims.emplace_back(t.strides[d], t.shape[d]);
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;  // elements covered by the dims processed so far
+  for (const auto& [stride, size] : dims) {
+    if (stride < span)
+      fail(where, ": ", name, ": expected an output whose elements do not overlap, got shape ",
+           t.shape_str(), " with a stride of ", stride, " (< ", span, ")");
+    span = stride * (size - 1) + span;
+  }
 }
 
 namespace {

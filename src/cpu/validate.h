@@ -16,6 +16,10 @@ void check_dtype_in(const char* where, const char* name, const TensorView& t,
 // Leading dims may be padded or sliced (e.g. a column range of a wider matrix).
 void check_row_strided(const char* where, const char* name, const TensorView& t);
 
+// An output: row-strided (above) and no two elements at the same address (e.g. no stride-0
+// broadcast dim), so every element is written once and the result does not depend on the order.
+void check_output_layout(const char* where, const char* name, const TensorView& t);
+
 // An output that may alias an input: either the very same view (data, dtype, strides) — the op
 // then works in place — or memory disjoint from it. Partial overlap is rejected.
 void check_alias_exact_or_disjoint(const char* where, const char* out_name, const TensorView& out,

@@ -191,6 +191,9 @@ TEST(ApplyRopeErrors, RejectBadArgumentsAndWriteNothing) {
   expect_error([&] { dsv4::apply_rope(x, p, wide_table, false, y); }, {"cos_sin.shape[1]", "514"});
   expect_error([&] { dsv4::apply_rope(x, p, bf16_table, false, y); }, {"cos_sin.dtype", "fp32"});
   expect_error([&] { dsv4::apply_rope(x4, p, table, false, x4); }, {"x.ndim"});
+  TensorView y_heads_alias = y.view();  // all heads of a token written to one row
+  y_heads_alias.strides[1] = 0;
+  expect_error([&] { dsv4::apply_rope(x, p, table, false, y_heads_alias); }, {"y", "do not overlap"});
   TensorView x_strided = x.view();  // every other element of a row
   x_strided.shape[2] = 256;
   x_strided.strides[2] = 2;

@@ -327,6 +327,10 @@ TEST_F(QnormRopeKvInsertErrors, ShapesDtypesAndCache) {
                   {"kv.stride(-1)", "expected 1", "got 2"});
   expect_rejected([&] { dsv4::qnorm_rope_kv_insert(q_strided, b.kv, b.positions, table, kEps, view(), b.slots); },
                   {"q.stride(-1)", "expected 1", "got 2"});
+  TensorView q_heads_alias = b.q.view();  // every head of a token at the same address
+  q_heads_alias.strides[1] = 0;
+  expect_rejected([&] { dsv4::qnorm_rope_kv_insert(q_heads_alias, b.kv, b.positions, table, kEps, view(), b.slots); },
+                  {"q", "do not overlap"});
   HostTensor slots_i8(DType::uint8, {T});
   expect_rejected([&] { dsv4::qnorm_rope_kv_insert(b.q, b.kv, b.positions, table, kEps, view(), slots_i8); },
                   {"slot_mapping.dtype", "int64 or int32"});

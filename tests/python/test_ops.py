@@ -103,6 +103,27 @@ def test_opcheck_fake_kernels():
     x = torch.randn(4, 64)
     torch.library.opcheck(torch.ops.dsv4.rms_norm.default, (x, None, 1e-6, torch.empty(4, 64)),
                           test_utils=("test_schema", "test_faketensor"))
+    # In-place ops on several arguments, a paged cache among them.
+    B = 16
+    cache = torch.zeros(2, dsv4attn.flash_mla.kv_cache_block_bytes("model1_fp8", B),
+                        dtype=torch.uint8)
+    qh = torch.randn(3, 4, 512, dtype=torch.bfloat16)
+    kvh = torch.randn(3, 512, dtype=torch.bfloat16)
+    torch.library.opcheck(torch.ops.dsv4.qnorm_rope_kv_insert.default,
+                          (qh, kvh, torch.tensor([0, 1, 2]), dsv4attn.rope_cos_sin(8), 1e-6,
+                           cache, "model1_fp8", B, 1.0, torch.tensor([0, 5, 17])),
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_aot_dispatch_dynamic"))
+    splits, split_len, ws = dsv4attn._C.decode_schedule(1, 1, 4, 64, 132, 512)
+    torch.library.opcheck(torch.ops.dsv4.sparse_decode.default,
+                          (qh[:1, None], cache, "model1_fp8", B,
+                           torch.randint(-1, 32, (1, 1, 64), dtype=torch.int32), None, None,
+                           "model1_fp8", B, None, None, None, 0.05, 512, splits, split_len, ws,
+                           torch.empty(ws, dtype=torch.uint8),
+                           torch.empty(1, 1, 4, 512, dtype=torch.bfloat16),
+                           torch.empty(1, 1, 4)),
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_aot_dispatch_dynamic"))
 
 
 def test_ops_trace_under_fake_tensors():

@@ -17,12 +17,13 @@ run: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+	$(MAKE) --no-print-directory pytest
 
 setup:
-	DSV4_CUDA=$(DSV4_CUDA) ./scripts/setup.sh
+	DSV4_CUDA=$(DSV4_CUDA) DSV4_VENV=$(VENV) ./scripts/setup.sh
 
 $(BUILD)/build.ninja: CMakeLists.txt | setup
-	cmake -S . -B $(BUILD) -G Ninja -DDSV4_CUDA=$(DSV4_CUDA) $(CMAKE_ARGS)
+	cmake -S . -B $(BUILD) -G Ninja -DDSV4_CUDA=$(DSV4_CUDA) -DPython_EXECUTABLE=$(VENV_PYTHON) $(CMAKE_ARGS)
 
 configure: setup $(BUILD)/build.ninja
 
@@ -31,3 +32,16 @@ build: configure
 
 clean:
 	rm -rf $(BUILD)
+
+# ---- Python package (dsv4attn) -----------------------------------------------------------------
+# The extension dsv4attn._C is built in $(BUILD) against the venv that `make setup` creates; the
+# tests import the package from $(BUILD)/python (the extension plus copies of python/dsv4attn).
+VENV ?= .venv
+VENV_PYTHON = $(abspath $(VENV))/bin/python
+.PHONY: python pytest
+python: build
+	cmake -S . -B $(BUILD) -DDSV4_PYTHON=ON -DPython_EXECUTABLE=$(VENV_PYTHON) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS) --target _C
+
+pytest: python
+	PYTHONPATH=$(BUILD)/python $(VENV_PYTHON) -m pytest -q tests/python

@@ -16,6 +16,8 @@ done
 if python3 -m pip --version >/dev/null 2>&1; then
   need=("${need[@]/python3-pip}")
 fi
+# The Python tests' virtual environment needs venv + ensurepip (Debian splits them out).
+python3 -c "import ensurepip, venv" >/dev/null 2>&1 || need+=(python3-venv)
 need=($(printf '%s\n' "${need[@]}" | grep -v '^$' || true))
 if ((${#need[@]})); then
   echo "setup: installing Debian packages: ${need[*]}"
@@ -36,4 +38,18 @@ if [ -n "$nvcc_bin" ] && [ "${DSV4_CUDA:-AUTO}" != OFF ] && [ ! -f third_party/c
   mv "$tmp/x/cutlass_library/source/include" third_party/cutlass/include
   echo "$CUTLASS_VERSION" > third_party/cutlass/VERSION
   rm -rf "$tmp"
+fi
+
+# ---- Python package (dsv4attn): a virtual environment for building and testing it ------------
+# torch (the only runtime dependency), nanobind + scikit-build-core (build), pytest (tests).
+# PyPI's Linux torch wheel is the CUDA build (torch ~0.5 GB + CUDA libraries ~3 GB, about 70 s to
+# install here); it runs on CPU-only machines. DSV4_PYTHON=OFF skips this step.
+DSV4_VENV=${DSV4_VENV:-.venv}
+TORCH_VERSION=2.15.0
+if [ "${DSV4_PYTHON:-AUTO}" != OFF ] &&
+   ! "$DSV4_VENV/bin/python" -c "import torch, nanobind, pytest" >/dev/null 2>&1; then
+  echo "setup: creating $DSV4_VENV (torch ${TORCH_VERSION}, nanobind, scikit-build-core, pytest)"
+  python3 -m venv "$DSV4_VENV"
+  "$DSV4_VENV/bin/python" -m pip install -q "torch==${TORCH_VERSION}" "nanobind==3.1.0" \
+    "scikit-build-core==1.1.2" "pytest==9.2.0" numpy
 fi

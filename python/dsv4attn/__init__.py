@@ -1,0 +1,34 @@
+"""dsv4attn: DeepSeek-V4 hybrid sparse attention (SWA + compressed, FlashMLA "MODEL1").
+
+    import dsv4attn                       # registers torch.ops.dsv4.*
+    from dsv4attn.flash_mla import flash_mla_with_kvcache, flash_mla_sparse_fwd
+    from dsv4attn import vllm_ops         # vLLM DeepSeek-V4 op semantics
+    layer = dsv4attn.Attention.from_checkpoint(path, layer=0)
+
+Tensors may live on the CPU (the reference backend) or on CUDA (when the extension was built
+with CUDA). Invalid arguments raise dsv4attn.Error.
+"""
+
+
+class Error(ValueError, RuntimeError):
+    """An argument was rejected by a dsv4attn op (the message names op, argument, expected and
+    actual value), or a backend is unavailable. Nothing was written when it is raised."""
+
+
+from . import _C  # noqa: E402
+
+_C._set_error_type(Error)
+
+from . import ops  # noqa: E402,F401  (registers torch.ops.dsv4.*)
+from ._C import ModelConfig  # noqa: E402
+from ._runtime import rope_cos_sin, rope_cos_sin_for  # noqa: E402
+from . import flash_mla, vllm_ops  # noqa: E402,F401
+from .layer import Attention, BatchDescription, LayerCache  # noqa: E402
+
+with_cuda: bool = _C.with_cuda
+__version__ = "0.1.0"
+
+__all__ = [
+    "Attention", "BatchDescription", "Error", "LayerCache", "ModelConfig", "flash_mla", "ops",
+    "rope_cos_sin", "rope_cos_sin_for", "vllm_ops", "with_cuda",
+]

@@ -1,0 +1,303 @@
+"""FlashMLA-compatible sparse attention: `from dsv4attn.flash_mla import ...` in place of
+`from flash_mla import ...`.
+
+Same function names, argument names, shapes, return values and conventions as FlashMLA's
+`flash_mla_interface.py` (the version with attn_sink / topk_length / extra_k_cache, i.e. the
+DeepSeek-V4 "MODEL1" kernels), on CPU and CUDA tensors:
+
+- `get_mla_metadata(*args, **kwargs) -> (FlashMLASchedMeta, None)`: an empty schedule, filled
+  on the first `flash_mla_with_kvcache` call and checked for consistency on later ones.
+- `flash_mla_with_kvcache(...)` (sparse mode) -> (out [b, s_q, h_q, d_v] bf16,
+  softmax_lse [b, h_q, s_q] fp32, a transposed view of a [b, s_q, h_q] buffer).
+- `flash_mla_sparse_fwd(...)` -> (out [s_q, h_q, d_v] bf16, max_logits [s_q, h_q] fp32,
+  lse [s_q, h_q] fp32) (+ lse_indexer when indexer_topk > 0).
+
+Conventions (as FlashMLA's kernels and tests/ref.py): lse and max_logits are natural-log /
+natural units (max_logits = max_i sm_scale·q·k_i). FlashMLA's 2025-09 (V3.2) README described a
+base-2 lse for the sparse prefill; the current kernels store `log(L) + m·ln2` (natural) and the
+current tests/ref.py checks natural-log values, which is what this module returns. The sink
+does not enter lse. A query with no valid key gets out = 0, lse = +inf (and max_logits = -inf).
+Invalid indices are -1 (decode) or -1 / >= s_kv (prefill); slots past topk_length are ignored.
+
+Caches (`k_cache`, `extra_k_cache`): FlashMLA's [num_blocks, page_block_size, 1, bytes_per_token]
+view of the paged byte cache (uint8, int8 or float8_e4m3fn). bytes_per_token picks the layout:
+584 → MODEL1_FP8 (d_qk 512: 448 fp8 + 64 bf16 + 8 scale bytes, blocks padded to 576 B),
+656 → V32_FP8 (d_qk 576). The block stride (k_cache.stride(0) bytes) must equal the layout's
+block size in bytes (see `kv_cache_block_bytes`; `alloc_kv_cache` makes such a tensor).
+Extension: `is_fp8_kvcache=False` with indices reads a BF16 cache [num_blocks, B, 1, 512] bf16.
+
+Extensions over FlashMLA: `out=` (and `lse=`) buffers to write into (as vLLM's fork has), and
+dsv4attn.Error (a ValueError) instead of AssertionError for inconsistent arguments.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Tuple, Union
+
+import torch
+
+from . import Error
+from ._runtime import decode_schedule, kv_geometry, planner_sms
+from . import ops  # noqa: F401  (registers the torch.ops.dsv4.* used below)
+
+__all__ = [
+    "FlashMLASchedMeta", "alloc_kv_cache", "flash_mla_sparse_fwd", "flash_mla_with_kvcache",
+    "get_mla_metadata", "kv_cache_block_bytes",
+]
+
+_FP8_LAYOUT_BY_TOKEN_BYTES = {584: "model1_fp8", 656: "v32_fp8"}
+_TOKEN_BYTES_BY_LAYOUT = {"model1_fp8": 584, "v32_fp8": 656}
+_BYTE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)
+
+
+@dataclasses.dataclass
+class FlashMLASchedMeta:
+    """Scheduler metadata, filled on the first flash_mla_with_kvcache call (as FlashMLA's).
+
+    Reuse it across calls (e.g. every layer of one decode step) only while the shapes are the
+    same; `num_splits` / `split_len` / `workspace_bytes` are dsv4attn's split-KV plan, which
+    depends only on shapes (so reusing it under CUDA graphs is safe).
+    """
+
+    @dataclasses.dataclass
+    class Config:
+        b: int
+        s_q: int
+        h_q: int
+        page_block_size: int
+        h_k: int
+        causal: bool
+        is_fp8_kvcache: bool
+        topk: Optional[int]
+        extra_page_block_size: Optional[int]
+        extra_topk: Optional[int]
+
+    have_initialized: bool = False
+    config: Optional[Config] = None
+    num_splits: Optional[int] = None
+    split_len: Optional[int] = None
+    workspace_bytes: Optional[int] = None
+
+
+def get_mla_metadata(*args, **kwargs) -> Tuple[FlashMLASchedMeta, None]:
+    """An empty FlashMLASchedMeta (arguments are accepted and ignored, as in FlashMLA)."""
+    return FlashMLASchedMeta(), None
+
+
+def kv_cache_block_bytes(layout: str, page_block_size: int) -> int:
+    """Bytes per cache block of `layout` ("model1_fp8", "v32_fp8", "bf16"), padding included."""
+    return int(kv_geometry(layout, page_block_size)["block_bytes"])
+
+
+def alloc_kv_cache(num_blocks: int, page_block_size: int, layout: str = "model1_fp8",
+                   device: Union[torch.device, str] = "cpu") -> torch.Tensor:
+    """A zeroed paged cache in FlashMLA's view [num_blocks, page_block_size, 1, token_bytes]
+    (uint8; bf16 [..., 512] for "bf16") whose block stride is the layout's padded block size."""
+    geo = kv_geometry(layout, page_block_size)
+    storage = torch.zeros((num_blocks, geo["block_bytes"]), dtype=torch.uint8, device=device)
+    if layout == "bf16":
+        return storage.view(torch.bfloat16).as_strided(
+            (num_blocks, page_block_size, 1, 512), (geo["block_bytes"] // 2, 512, 512, 1))
+    tb = geo["token_bytes"]
+    return storage.as_strided((num_blocks, page_block_size, 1, tb),
+                              (geo["block_bytes"], tb, tb, 1))
+
+
+def _cache_bytes(name: str, k_cache: torch.Tensor, is_fp8: bool, d_qk: int):
+    """(uint8 [num_blocks, block_bytes] view, layout, page_block_size) of a FlashMLA cache view."""
+    if k_cache.dim() != 4:
+        raise Error(f"flash_mla_with_kvcache: {name}.ndim: expected 4 "
+                    f"([num_blocks, page_block_size, 1, bytes_per_token]), got {k_cache.dim()}")
+    num_blocks, block_size, h_k, last = k_cache.shape
+    if h_k != 1:
+        raise Error(f"flash_mla_with_kvcache: {name}.shape[2] (num_heads_k): expected 1, got {h_k}")
+    if is_fp8:
+        if k_cache.dtype not in _BYTE_DTYPES:
+            raise Error(f"flash_mla_with_kvcache: {name}.dtype: expected uint8, int8 or "
+                        f"float8_e4m3fn for an FP8 cache, got {k_cache.dtype}")
+        layout = _FP8_LAYOUT_BY_TOKEN_BYTES.get(last)
+        if layout is None:
+            raise Error(f"flash_mla_with_kvcache: {name}.shape[3] (bytes per token): expected "
+                        f"584 (MODEL1_FP8) or 656 (V32_FP8), got {last}")
+        byte_view = k_cache.view(torch.uint8)
+        elem = 1
+    else:
+        if k_cache.dtype != torch.bfloat16 or last != 512:
+            raise Error(f"flash_mla_with_kvcache: {name}: expected a bf16 [.., .., 1, 512] cache "
+                        f"when is_fp8_kvcache is False, got {k_cache.dtype} {list(k_cache.shape)}")
+        layout, byte_view, elem = "bf16", k_cache, 2
+    dim = 576 if layout == "v32_fp8" else 512
+    if d_qk != dim:
+        raise Error(f"flash_mla_with_kvcache: q.shape[-1]: expected {dim} for a "
+                    f"{layout.upper()} {name}, got {d_qk}")
+    block_bytes = kv_cache_block_bytes(layout, block_size)
+    token_bytes = last * elem
+    if k_cache.stride(1) * elem != token_bytes or k_cache.stride(3) != 1:
+        raise Error(f"flash_mla_with_kvcache: {name}: the whole block must be contiguous "
+                    f"(stride(1) = bytes per token), got strides {tuple(k_cache.stride())}")
+    if num_blocks > 1 and k_cache.stride(0) * elem != block_bytes:
+        raise Error(f"flash_mla_with_kvcache: {name}.stride(0): expected {block_bytes // elem} "
+                    f"({block_bytes} bytes, the {layout.upper()} block at page_block_size "
+                    f"{block_size}), got {k_cache.stride(0)}")
+    flat = byte_view.view(torch.uint8) if elem != 1 else byte_view
+    return block_bytes_view(f"flash_mla_with_kvcache: {name}", flat, num_blocks, block_bytes), \
+        layout, block_size
+
+
+def block_bytes_view(where: str, flat: torch.Tensor, num_blocks: int,
+                     block_bytes: int) -> torch.Tensor:
+    """The uint8 [num_blocks, block_bytes] view (the C++ ops' cache argument) of a cache whose
+    blocks start every block_bytes bytes from `flat`'s first byte."""
+    if not torch.compiler.is_compiling():  # (as_strided bounds-checks the traced graph)
+        available = flat.untyped_storage().nbytes() - flat.storage_offset()
+        if available < num_blocks * block_bytes:
+            raise Error(f"{where}: storage: expected >= {num_blocks * block_bytes} bytes "
+                        f"({num_blocks} blocks of {block_bytes}), got {available}")
+    return flat.as_strided((num_blocks, block_bytes), (block_bytes, 1))  # same storage offset
+
+
+def _check_sched(meta: FlashMLASchedMeta, cfg: FlashMLASchedMeta.Config) -> None:
+    if not isinstance(meta, FlashMLASchedMeta):
+        raise Error("flash_mla_with_kvcache: tile_scheduler_metadata: expected the "
+                    f"FlashMLASchedMeta of get_mla_metadata(), got {type(meta).__name__}")
+    if not meta.have_initialized:
+        meta.have_initialized, meta.config = True, cfg
+        return
+    for field in dataclasses.fields(cfg):
+        want, got = getattr(meta.config, field.name), getattr(cfg, field.name)
+        if want != got:
+            raise Error(f"flash_mla_with_kvcache: sched_meta.config.{field.name}: expected "
+                        f"{want} (the value of the first call with this metadata), got {got}. "
+                        "Your input arguments are inconsistent with sched_meta.")
+
+
+def flash_mla_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    block_table: Optional[torch.Tensor],
+    cache_seqlens: Optional[torch.Tensor],
+    head_dim_v: int,
+    tile_scheduler_metadata: FlashMLASchedMeta,
+    num_splits: None = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    is_fp8_kvcache: bool = False,
+    indices: Optional[torch.Tensor] = None,
+    attn_sink: Optional[torch.Tensor] = None,
+    extra_k_cache: Optional[torch.Tensor] = None,
+    extra_indices_in_kvcache: Optional[torch.Tensor] = None,
+    topk_length: Optional[torch.Tensor] = None,
+    extra_topk_length: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+    lse: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Sparse decode over a paged cache (and an optional extra cache), FlashMLA's contract.
+
+    q [b, s_q, h_q, d_qk] bf16; indices [b, s_q, topk] int32 global slots
+    (block * page_block_size + offset, -1 invalid); topk_length [b] int32; attn_sink [h_q] fp32
+    (out *= exp(lse) / (exp(lse) + exp(sink))); extra_k_cache / extra_indices_in_kvcache /
+    extra_topk_length: a second scope joined into the same softmax. block_table and
+    cache_seqlens are unused in sparse mode. Returns (out [b, s_q, h_q, head_dim_v] bf16,
+    softmax_lse [b, h_q, s_q] fp32 natural log, +inf for a query with no valid key).
+    `out` / `lse` (extension): buffers [b, s_q, h_q, d_v] / [b, s_q, h_q] to write into.
+    """
+    if num_splits is not None:
+        raise Error("flash_mla_with_kvcache: num_splits: expected None (kept for compatibility "
+                    f"with the old interface), got {num_splits!r}")
+    if indices is None:
+        raise Error("flash_mla_with_kvcache: indices: expected a tensor; dense (non-sparse) "
+                    "MLA decode is not implemented by dsv4attn")
+    if causal:
+        raise Error("flash_mla_with_kvcache: causal: expected False when sparse attention is "
+                    "enabled (indices given), got True")
+    if extra_k_cache is None and (extra_indices_in_kvcache is not None
+                                  or extra_topk_length is not None):
+        raise Error("flash_mla_with_kvcache: extra_indices_in_kvcache / extra_topk_length must "
+                    "not be provided when extra_k_cache is not provided")
+    if extra_k_cache is not None and extra_indices_in_kvcache is None:
+        raise Error("flash_mla_with_kvcache: extra_indices_in_kvcache must be provided when "
+                    "extra_k_cache is provided")
+    if q.dim() != 4:
+        raise Error(f"flash_mla_with_kvcache: q.ndim: expected 4 ([b, s_q, h_q, d_qk]), "
+                    f"got {q.dim()}")
+    b, s_q, h_q, d_qk = q.shape
+    cfg = FlashMLASchedMeta.Config(
+        b, s_q, h_q, k_cache.shape[1] if k_cache.dim() > 1 else -1,
+        k_cache.shape[2] if k_cache.dim() > 2 else -1, causal, is_fp8_kvcache,
+        indices.shape[-1],
+        extra_k_cache.shape[1] if extra_k_cache is not None else None,
+        extra_indices_in_kvcache.shape[-1] if extra_indices_in_kvcache is not None else None)
+    _check_sched(tile_scheduler_metadata, cfg)
+
+    blocks, layout, block_size = _cache_bytes("k_cache", k_cache, is_fp8_kvcache, d_qk)
+    extra_blocks, extra_layout, extra_block_size = None, layout, block_size
+    if extra_k_cache is not None:
+        extra_blocks, extra_layout, extra_block_size = _cache_bytes(
+            "extra_k_cache", extra_k_cache, is_fp8_kvcache, d_qk)
+    if softmax_scale is None:
+        softmax_scale = d_qk ** (-0.5)
+
+    meta = tile_scheduler_metadata
+    if meta.num_splits is None:
+        topk_total = indices.shape[-1] + (extra_indices_in_kvcache.shape[-1]
+                                          if extra_indices_in_kvcache is not None else 0)
+        meta.num_splits, meta.split_len, meta.workspace_bytes = decode_schedule(
+            b, s_q, h_q, topk_total, planner_sms(q.device), head_dim_v)
+    workspace = torch.empty(max(meta.workspace_bytes, 16), dtype=torch.uint8, device=q.device)
+    if out is None:
+        out = torch.empty((b, s_q, h_q, head_dim_v), dtype=torch.bfloat16, device=q.device)
+    if lse is None:
+        lse = torch.empty((b, s_q, h_q), dtype=torch.float32, device=q.device)
+    torch.ops.dsv4.sparse_decode(
+        q, blocks, layout, block_size, indices, topk_length, extra_blocks, extra_layout,
+        extra_block_size, extra_indices_in_kvcache, extra_topk_length, attn_sink,
+        float(softmax_scale), int(head_dim_v), meta.num_splits, meta.split_len,
+        meta.workspace_bytes, workspace, out, lse)
+    return out, lse.transpose(1, 2)
+
+
+def flash_mla_sparse_fwd(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    d_v: int = 512,
+    attn_sink: Optional[torch.Tensor] = None,
+    topk_length: Optional[torch.Tensor] = None,
+    indexer_topk: int = 0,
+    out: Optional[torch.Tensor] = None,
+) -> Union[Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+           Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Sparse prefill, FlashMLA's contract.
+
+    q [s_q, h_q, d_qk] bf16, kv [s_kv, 1, d_qk] bf16, indices [s_q, 1, topk] int32 (-1 or
+    >= s_kv: invalid), topk_length [s_q] int32, attn_sink [h_q] fp32 (no effect on lse and
+    max_logits). Returns (out [s_q, h_q, d_v] bf16, max_logits [s_q, h_q] fp32,
+    lse [s_q, h_q] fp32), natural units; with indexer_topk > 0 also lse_indexer [s_q, h_q], the
+    lse over the first indexer_topk slots of indices only.
+    """
+    if q.dim() != 3:
+        raise Error(f"flash_mla_sparse_fwd: q.ndim: expected 3 ([s_q, h_q, d_qk]), got {q.dim()}")
+    if indexer_topk < 0 or (indexer_topk and indexer_topk > indices.shape[-1]):
+        raise Error(f"flash_mla_sparse_fwd: indexer_topk: expected 0 or 1..topk "
+                    f"({indices.shape[-1]}), got {indexer_topk}")
+    s_q, h_q, _ = q.shape
+    if out is None:
+        out = torch.empty((s_q, h_q, d_v), dtype=torch.bfloat16, device=q.device)
+    max_logits = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
+    lse = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
+    torch.ops.dsv4.sparse_prefill(q, kv, indices, topk_length, attn_sink, float(sm_scale),
+                                  int(d_v), out, max_logits, lse)
+    if not indexer_topk:
+        return out, max_logits, lse
+    # lse over the indexer's slots only: the same attention restricted to the first
+    # indexer_topk slots (a second pass; FlashMLA fuses it into the first).
+    sub_len = (torch.clamp(topk_length, max=indexer_topk) if topk_length is not None
+               else None)
+    scratch = torch.empty_like(out)
+    scratch_max = torch.empty_like(max_logits)
+    lse_indexer = torch.empty_like(lse)
+    head = indices[..., :indexer_topk].contiguous()
+    torch.ops.dsv4.sparse_prefill(q, kv, head, sub_len, None, float(sm_scale), int(d_v), scratch,
+                                  scratch_max, lse_indexer)
+    return out, max_logits, lse, lse_indexer

@@ -1,0 +1,188 @@
+"""`torch.ops.dsv4.*`: the C++ ops registered with torch.library.
+
+Each op mirrors one function of include/dsv4/ops.h (or kv_layout.h / indexing.h): the caller
+allocates the outputs, which the op writes in place (declared in `mutates_args`, so
+torch.compile functionalizes them), and nothing is returned. Every op has a fake kernel, so
+`torch.compile` traces through it. CUDA tensors run on torch's current stream of their device;
+no op synchronizes the host.
+
+Paged caches are passed as their byte tensor (uint8 [num_blocks, block_bytes]) plus `layout`
+("model1_fp8", "v32_fp8", "bf16", "fp8_per_tensor") and `block_size`.
+
+Bad arguments raise dsv4attn.Error (a ValueError) naming the op, the argument, what was expected
+and what was found, before any output is written.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _C
+from ._runtime import device_guard, stream_handle
+
+Tensor = torch.Tensor
+_registered = []
+
+
+def _op(name: str, mutates: tuple[str, ...]):
+    """Registers `fn` as torch.ops.dsv4.<name>, mutating `mutates`, with a no-output fake."""
+
+    def wrap(fn):
+        op = torch.library.custom_op(f"dsv4::{name}", mutates_args=mutates)(fn)
+
+        @op.register_fake
+        def _fake(*args, **kwargs):  # outputs are caller-allocated: nothing to produce
+            return None
+
+        _registered.append(op)
+        return op
+
+    return wrap
+
+
+# ---------------------------------------------------------------- dense projections and norms
+@_op("linear", ("y",))
+def linear(x: Tensor, x_scale: Optional[Tensor], w: Tensor, w_scale: Optional[Tensor],
+           y: Tensor) -> None:
+    """y [T, N] = x [T, K] · wᵀ with optional FP8 block scales (ops.h `linear`)."""
+    with device_guard(x):
+        _C.linear(x, x_scale, w, w_scale, y, stream_handle(x))
+
+
+@_op("quantize_act_fp8", ("xq", "scale"))
+def quantize_act_fp8(x: Tensor, block: int, xq: Tensor, scale: Tensor) -> None:
+    """Per-row, per-`block` FP8 e4m3 quantization with UE8M0 (power-of-two) scales."""
+    with device_guard(x):
+        _C.quantize_act_fp8(x, block, xq, scale, stream_handle(x))
+
+
+@_op("rms_norm", ("y",))
+def rms_norm(x: Tensor, weight: Optional[Tensor], eps: float, y: Tensor) -> None:
+    """y = x · rsqrt(mean(x²) + eps) · weight over the last dim (no weight: None)."""
+    with device_guard(x):
+        _C.rms_norm(x, weight, eps, y, stream_handle(x))
+
+
+@_op("fused_qkv_rms_norm", ("q_out", "kv_out"))
+def fused_qkv_rms_norm(q_in: Tensor, wq: Tensor, kv_in: Tensor, wkv: Tensor, eps: float,
+                       q_out: Tensor, kv_out: Tensor) -> None:
+    """q_out = RMSNorm(q_in; wq), kv_out = RMSNorm(kv_in; wkv)."""
+    with device_guard(q_in):
+        _C.fused_qkv_rms_norm(q_in, wq, kv_in, wkv, eps, q_out, kv_out, stream_handle(q_in))
+
+
+@_op("apply_rope", ("y",))
+def apply_rope(x: Tensor, positions: Tensor, cos_sin: Tensor, inverse: bool, y: Tensor) -> None:
+    """GPT-J interleaved RoPE (inverse: conjugate) on the last R dims of each head."""
+    with device_guard(x):
+        _C.apply_rope(x, positions, cos_sin, inverse, y, stream_handle(x))
+
+
+@_op("grouped_wo_a", ("z",))
+def grouped_wo_a(o: Tensor, o_scale: Optional[Tensor], wo_a: Tensor, wo_a_scale: Optional[Tensor],
+                 z: Tensor) -> None:
+    """Grouped low-rank output projection z[:, g] = o_g · wo_a_gᵀ (ops.h `grouped_wo_a`)."""
+    with device_guard(o):
+        _C.grouped_wo_a(o, o_scale, wo_a, wo_a_scale, z, stream_handle(o))
+
+
+# ---------------------------------------------------------------- KV cache
+@_op("qnorm_rope_kv_insert", ("q", "kv", "cache"))
+def qnorm_rope_kv_insert(q: Tensor, kv: Tensor, positions: Tensor, cos_sin: Tensor, eps: float,
+                         cache: Tensor, layout: str, block_size: int, tensor_scale: float,
+                         slot_mapping: Tensor) -> None:
+    """q head-norm + RoPE (in place), kv RoPE + quantized paged insert; kv ← the cached values."""
+    with device_guard(q):
+        _C.qnorm_rope_kv_insert(q, kv, positions, cos_sin, eps, cache, layout, block_size,
+                                tensor_scale, slot_mapping, stream_handle(q))
+
+
+@_op("kv_quantize", ("cache",))
+def kv_quantize(cache: Tensor, layout: str, block_size: int, tensor_scale: float, values: Tensor,
+                slots: Tensor) -> None:
+    """Writes values [n, dim] to `cache` at global slots [n] (-1 = skip). CPU only."""
+    _C.kv_quantize(cache, layout, block_size, tensor_scale, values, slots)
+
+
+@_op("kv_dequantize", ("out",))
+def kv_dequantize(cache: Tensor, layout: str, block_size: int, tensor_scale: float, slots: Tensor,
+                  out: Tensor) -> None:
+    """Reads the tokens at slots [n] into out [n, dim] (-1 → zeros). CPU only."""
+    _C.kv_dequantize(cache, layout, block_size, tensor_scale, slots, out)
+
+
+@_op("dequantize_and_gather", ("workspace",))
+def dequantize_and_gather(cache: Tensor, layout: str, block_size: int, tensor_scale: float,
+                          block_table: Tensor, seq_lens: Tensor, gather_lens: Optional[Tensor],
+                          offset: int, workspace: Tensor) -> None:
+    """Dequantizes each request's last gather_lens[r] entries into workspace[r, offset:]."""
+    with device_guard(cache):
+        _C.dequantize_and_gather(cache, layout, block_size, tensor_scale, block_table, seq_lens,
+                                 gather_lens, offset, workspace, stream_handle(cache))
+
+
+# ---------------------------------------------------------------- sparse attention
+@_op("sparse_decode", ("workspace", "out", "lse"))
+def sparse_decode(q: Tensor, k_cache: Tensor, k_layout: str, k_block_size: int, indices: Tensor,
+                  topk_length: Optional[Tensor], extra_k_cache: Optional[Tensor],
+                  extra_layout: str, extra_block_size: int, extra_indices: Optional[Tensor],
+                  extra_topk_length: Optional[Tensor], attn_sink: Optional[Tensor],
+                  softmax_scale: float, d_v: int, num_splits: int, split_len: int,
+                  workspace_bytes: int, workspace: Tensor, out: Tensor, lse: Tensor) -> None:
+    """Split-KV sparse decode over one or two paged-cache scopes; lse natural-log [b, s_q, H]."""
+    with device_guard(q):
+        _C.sparse_decode(q, k_cache, k_layout, k_block_size, indices, topk_length, extra_k_cache,
+                         extra_layout, extra_block_size, extra_indices, extra_topk_length,
+                         attn_sink, softmax_scale, d_v, num_splits, split_len, workspace_bytes,
+                         workspace, out, lse, stream_handle(q))
+
+
+@_op("sparse_attention_combine", ("out", "lse"))
+def sparse_attention_combine(partial_o: Tensor, partial_lse: Tensor, attn_sink: Optional[Tensor],
+                             out: Tensor, lse: Tensor) -> None:
+    """Merges per-split partial (o, lse) into out/lse, applying the sink."""
+    with device_guard(partial_o):
+        _C.sparse_attention_combine(partial_o, partial_lse, attn_sink, out, lse,
+                                    stream_handle(partial_o))
+
+
+@_op("sparse_prefill", ("out", "max_logits", "lse"))
+def sparse_prefill(q: Tensor, kv: Tensor, indices: Tensor, topk_length: Optional[Tensor],
+                   attn_sink: Optional[Tensor], softmax_scale: float, d_v: int, out: Tensor,
+                   max_logits: Tensor, lse: Tensor) -> None:
+    """Sparse prefill over a bf16 kv [s_kv, 1, d_qk]; max_logits/lse in natural units."""
+    with device_guard(q):
+        _C.sparse_prefill(q, kv, indices, topk_length, attn_sink, softmax_scale, d_v, out,
+                          max_logits, lse, stream_handle(q))
+
+
+# ---------------------------------------------------------------- index planning (CPU)
+@_op("local_to_global_slots", ("global_", "lens"))
+def local_to_global_slots(local: Tensor, token_to_req: Tensor, block_table: Tensor,
+                          block_size: int, global_: Tensor, lens: Optional[Tensor],
+                          checked: bool) -> None:
+    """global = block_table[req][i // B] * B + i % B (-1 stays -1; checked: bad i is an error)."""
+    _C.local_to_global_slots(local, token_to_req, block_table, block_size, global_, lens, checked)
+
+
+@_op("swa_window_indices", ("indices", "lens"))
+def swa_window_indices(positions: Tensor, token_to_req: Tensor, block_table: Tensor,
+                       block_size: int, window: int, indices: Tensor, lens: Tensor) -> None:
+    """Each token's SWA window (last min(W, p+1) positions) as global slots, -1 padded."""
+    _C.swa_window_indices(positions, token_to_req, block_table, block_size, window, indices, lens)
+
+
+@_op("combine_topk_swa_indices", ("out", "out_lens"))
+def combine_topk_swa_indices(topk: Tensor, query_start_loc: Tensor, seq_lens: Tensor,
+                             gather_lens: Tensor, window: int, compressed_region: int,
+                             rows_per_request: int, ratio: int, out: Tensor,
+                             out_lens: Tensor) -> None:
+    """Prefill gather-workspace indices: top-k compressed rows then the SWA window, packed."""
+    _C.combine_topk_swa_indices(topk, query_start_loc, seq_lens, gather_lens, window,
+                                compressed_region, rows_per_request, ratio, out, out_lens)
+
+
+def registered_ops() -> list:
+    """The torch.ops.dsv4 ops this module registered (for tests and introspection)."""
+    return list(_registered)

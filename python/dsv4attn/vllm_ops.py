@@ -1,0 +1,259 @@
+"""vLLM's DeepSeek-V4 attention ops, with vLLM's names, signatures and semantics, on dsv4attn.
+
+    fused_q_kv_rmsnorm                                   -> (qr, kv) RMS-normed copies
+    fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert    q in place; kv unchanged; cache written
+    dequantize_and_gather_k_cache                        paged MODEL1 cache -> bf16 workspace
+    combine_topk_swa_indices                             -> (combined_indices, combined_lens)
+    compute_global_topk_indices_and_lens                 -> (global_indices, topk_lens)
+    fused_inv_rope_fp8_quant                             -> (o_fp8 [T, G, D], o_scale [T, G, D/128])
+    deepseek_v4_fp8_einsum                               z[t, g] = o_g · wo_a_gᵀ (FP8 blocks)
+
+Differences from vLLM, by design: tensors may be CPU tensors (the reference backend); the
+UE8M0 scale floor is SPEC §7's max(amax / 448, 1e-4) (vLLM's Triton kernel floors amax at 1e-10;
+the two agree whenever a block's amax >= 0.0448); outputs are contiguous where vLLM returns
+transposed views of TMA-friendly buffers (same shapes, same values). The index utilities
+(combine_topk_swa_indices, compute_global_topk_indices_and_lens) run the validating C++ code on
+CPU tensors; on CUDA tensors (whose C++ twins are not written yet) they run as a few vectorized
+torch ops with the same results, which trust their inputs (no data-dependent checks: those would
+synchronize the host).
+Paged caches are MODEL1_FP8 byte caches: [num_blocks, block_bytes] or FlashMLA's
+[num_blocks, block_size, 584] view whose block stride is the padded MODEL1 block size.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import Error
+from . import ops  # noqa: F401  (registers the torch.ops.dsv4.* used below)
+from .flash_mla import block_bytes_view, kv_cache_block_bytes
+
+__all__ = [
+    "combine_topk_swa_indices", "compute_global_topk_indices_and_lens", "deepseek_v4_fp8_einsum",
+    "dequantize_and_gather_k_cache", "fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert",
+    "fused_inv_rope_fp8_quant", "fused_q_kv_rmsnorm",
+]
+
+_LAYOUT = "model1_fp8"
+
+
+def _model1_blocks(where: str, k_cache: torch.Tensor, block_size: int) -> torch.Tensor:
+    """uint8 [num_blocks, block_bytes] of a MODEL1 cache given 2-d, 3-d or 4-d."""
+    if k_cache.dtype not in (torch.uint8, torch.int8, torch.float8_e4m3fn):
+        raise Error(f"{where}: k_cache.dtype: expected uint8 (MODEL1_FP8 bytes), "
+                    f"got {k_cache.dtype}")
+    block_bytes = kv_cache_block_bytes(_LAYOUT, block_size)
+    if k_cache.dim() not in (2, 3, 4) or (k_cache.dim() > 2 and k_cache.shape[1] != block_size):
+        raise Error(f"{where}: k_cache.shape: expected [num_blocks, {block_bytes}] or "
+                    f"[num_blocks, {block_size}, (1,) 584], got {list(k_cache.shape)}")
+    if k_cache.shape[0] > 1 and k_cache.stride(0) != block_bytes:
+        raise Error(f"{where}: k_cache.stride(0): expected {block_bytes} (the MODEL1_FP8 block "
+                    f"at block_size {block_size}), got {k_cache.stride(0)}")
+    return block_bytes_view(where, k_cache.view(torch.uint8), k_cache.shape[0], block_bytes)
+
+
+def fused_q_kv_rmsnorm(qr: torch.Tensor, kv: torch.Tensor, q_weight: torch.Tensor,
+                       kv_weight: torch.Tensor, eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(qr; q_weight), RMSNorm(kv; kv_weight)), new tensors of the inputs' dtypes."""
+    q_out, kv_out = torch.empty_like(qr), torch.empty_like(kv)
+    torch.ops.dsv4.fused_qkv_rms_norm(qr, q_weight, kv, kv_weight, float(eps), q_out, kv_out)
+    return q_out, kv_out
+
+
+def fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(
+    q: torch.Tensor, kv: torch.Tensor, swa_kv_cache_2d: torch.Tensor, slot_mapping: torch.Tensor,
+    positions: torch.Tensor, cos_sin_cache: torch.Tensor, eps: float, block_size: int,
+) -> None:
+    """q [T, H, D] bf16 in place: per-head RMSNorm (no weight) + GPT-J RoPE on the last R dims.
+    kv [T, D] bf16: RoPE'd, FP8-quantized (UE8M0, MODEL1_FP8) and written to the paged cache at
+    slot_mapping[t] (-1 = skip); kv itself is left unchanged (vLLM reads it only via the cache).
+    cos_sin_cache: [max_pos, R] cos || sin (converted to fp32 if given in another dtype)."""
+    if cos_sin_cache.dtype != torch.float32:
+        cos_sin_cache = cos_sin_cache.float()
+    cache = _model1_blocks("fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert", swa_kv_cache_2d,
+                           block_size)
+    kv_scratch = kv.clone()  # the C++ op overwrites kv with the cached values; vLLM's doesn't
+    torch.ops.dsv4.qnorm_rope_kv_insert(q, kv_scratch, positions, cos_sin_cache, float(eps), cache,
+                                        _LAYOUT, int(block_size), 1.0, slot_mapping)
+
+
+def dequantize_and_gather_k_cache(
+    out: torch.Tensor, k_cache: torch.Tensor, seq_lens: torch.Tensor,
+    gather_lens: Optional[torch.Tensor], block_table: torch.Tensor, block_size: int, offset: int,
+) -> None:
+    """For request r: entries [seq_lens[r] - g, seq_lens[r]) (g = gather_lens[r], or seq_lens[r]
+    when None) of its paged cache, dequantized to bf16 into out[r, offset : offset + g].
+    out [num_reqs, M, 512] bf16; block_table [num_reqs, max_blocks] int32; seq_lens int32."""
+    cache = _model1_blocks("dequantize_and_gather_k_cache", k_cache, block_size)
+    torch.ops.dsv4.dequantize_and_gather(cache, _LAYOUT, int(block_size), 1.0, block_table,
+                                         seq_lens, gather_lens, int(offset), out)
+
+
+def combine_topk_swa_indices(
+    topk_indices: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+    gather_lens: torch.Tensor, window_size: int, compress_ratio: int, topk: int, M: int, N: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Indices into the prefill gather workspace (rows [r*M, (r+1)*M) per request: N compressed
+    entries, then the gathered SWA tokens): each token's first `topk` request-local compressed
+    indices, then its SWA window, packed and -1 padded. Returns (combined_indices
+    [T, topk + window_size] int32, combined_lens [T] int32)."""
+    T = topk_indices.shape[0]
+    topk_cols = topk_indices[:, :topk] if topk > 0 else topk_indices.new_empty((T, 0))
+    if topk_indices.device.type != "cpu":
+        return _combine_topk_swa_torch(topk_cols, query_start_loc, seq_lens, gather_lens,
+                                       int(window_size), int(M), int(N))
+    out = torch.empty((T, topk + window_size), dtype=torch.int32, device=topk_indices.device)
+    lens = torch.empty((T,), dtype=torch.int32, device=topk_indices.device)
+    ratio = compress_ratio if compress_ratio > 1 else 0  # vLLM writes 1 for SWA-only layers
+    torch.ops.dsv4.combine_topk_swa_indices(topk_cols, query_start_loc, seq_lens, gather_lens,
+                                            int(window_size), int(N), int(M), ratio, out, lens)
+    return out, lens
+
+
+def _combine_topk_swa_torch(topk: torch.Tensor, query_start_loc: torch.Tensor,
+                            seq_lens: torch.Tensor, gather_lens: torch.Tensor, window: int,
+                            M: int, N: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """combine_topk_swa_indices as vectorized torch ops (any device, no host synchronization)."""
+    T, K = topk.shape
+    dev = topk.device
+    qsl = query_start_loc.to(torch.int64)
+    token = qsl[0] + torch.arange(T, device=dev)
+    req = torch.searchsorted(qsl[1:], token, right=True)             # request of each token
+    seq = seq_lens.to(torch.int64)[req]
+    pos = seq - (qsl[1:][req] - token)                                 # absolute position
+    base = req * M
+    # Valid top-k entries first, in their order (a stable sort on "invalid").
+    local = topk.to(torch.int64)
+    valid = local >= 0
+    order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
+    comp = torch.where(valid, base[:, None] + local, -1).gather(1, order)
+    n_comp = valid.sum(1)
+    # The window: positions max(0, p - W + 1) .. p, rows N + (pos - first gathered position).
+    swa_len = torch.minimum(pos + 1, torch.full_like(pos, window))
+    first_gathered = seq - gather_lens.to(torch.int64)[req]
+    j = torch.arange(window, device=dev)
+    win_pos = pos[:, None] - swa_len[:, None] + 1 + j[None, :]
+    win_rows = base[:, None] + N + (win_pos - first_gathered[:, None])
+    out = torch.full((T, K + window + 1), -1, dtype=torch.int64, device=dev)
+    out[:, :K] = comp
+    in_window = j[None, :] < swa_len[:, None]
+    cols = torch.where(in_window, n_comp[:, None] + j[None, :], K + window)  # spill column
+    out.scatter_(1, cols, torch.where(in_window, win_rows, -1))
+    return out[:, :K + window].to(torch.int32), (n_comp + swa_len).to(torch.int32)
+
+
+def compute_global_topk_indices_and_lens(
+    topk_indices: torch.Tensor, token_to_req_indices: torch.Tensor, block_table: torch.Tensor,
+    block_size: int, is_valid_token: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Request-local compressed entry numbers -> global cache slots
+    (block_table[req][i // B] * B + i % B; -1 and entries beyond the table stay -1), and the
+    number of valid slots per token. Tokens with is_valid_token False get all -1 and length 0."""
+    if topk_indices.device.type != "cpu":
+        global_indices, lens = _local_to_global_torch(topk_indices, token_to_req_indices,
+                                                      block_table, int(block_size))
+    else:
+        global_indices = torch.empty_like(topk_indices, dtype=torch.int32)
+        lens = torch.empty((topk_indices.shape[0],), dtype=torch.int32,
+                           device=topk_indices.device)
+        torch.ops.dsv4.local_to_global_slots(topk_indices, token_to_req_indices, block_table,
+                                             int(block_size), global_indices, lens, False)
+    if is_valid_token is not None:
+        valid = is_valid_token.to(torch.bool)
+        global_indices = torch.where(valid[:, None], global_indices,
+                                     torch.full_like(global_indices, -1))
+        lens = torch.where(valid, lens, torch.zeros_like(lens))
+    return global_indices, lens
+
+
+def _local_to_global_torch(local: torch.Tensor, token_to_req: torch.Tensor,
+                           block_table: torch.Tensor, block_size: int
+                           ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """local_to_global_slots as vectorized torch ops (any device, no host synchronization)."""
+    R, max_blocks = block_table.shape
+    i = local.to(torch.int64)
+    req = token_to_req.to(torch.int64)[:, None].expand_as(i)
+    blk = torch.div(i, block_size, rounding_mode="floor")
+    valid = (i >= 0) & (blk < max_blocks) & (req >= 0) & (req < R)
+    table = block_table.to(torch.int64)[req.clamp(0, max(R - 1, 0)), blk.clamp(0, max_blocks - 1)]
+    valid &= table >= 0
+    g = torch.where(valid, table * block_size + i % block_size, -1)
+    return g.to(torch.int32), valid.sum(1).to(torch.int32)
+
+
+def fused_inv_rope_fp8_quant(
+    o: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, n_groups: int,
+    heads_per_group: int, nope_dim: int = 448, rope_dim: int = 64, quant_group_size: int = 128,
+    tma_aligned_scales: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Inverse RoPE on the last rope_dim dims of each head of o [T, H, D], then FP8 e4m3
+    quantization in blocks of quant_group_size with UE8M0 (power-of-two) scales, grouped for the
+    wo_a einsum. Returns o_fp8 [T, n_groups, heads_per_group * D] float8_e4m3fn and o_scale
+    [T, n_groups, heads_per_group * D / quant_group_size] fp32 (tma_aligned_scales: int32 with
+    4 UE8M0 bytes packed per element, little-endian, SM100's format)."""
+    where = "fused_inv_rope_fp8_quant"
+    if o.dim() != 3:
+        raise Error(f"{where}: o.ndim: expected 3 ([T, H, D]), got {o.dim()}")
+    T, H, D = o.shape
+    if H != n_groups * heads_per_group:
+        raise Error(f"{where}: o.shape[1]: expected n_groups * heads_per_group = "
+                    f"{n_groups * heads_per_group}, got {H}")
+    if D != nope_dim + rope_dim or cos_sin_cache.shape[-1] != rope_dim:
+        raise Error(f"{where}: head dims: expected D = nope_dim + rope_dim = "
+                    f"{nope_dim + rope_dim} and cos_sin_cache.shape[-1] = {rope_dim}, "
+                    f"got D = {D}, cos_sin_cache.shape[-1] = {cos_sin_cache.shape[-1]}")
+    if quant_group_size not in (64, 128) or D % quant_group_size:
+        raise Error(f"{where}: quant_group_size: expected 64 or 128 dividing D = {D}, "
+                    f"got {quant_group_size}")
+    if cos_sin_cache.dtype != torch.float32:
+        cos_sin_cache = cos_sin_cache.float()
+    rotated = torch.empty((T, H, D), dtype=torch.float32, device=o.device)
+    torch.ops.dsv4.apply_rope(o, positions, cos_sin_cache, True, rotated)
+    o_fp8 = torch.empty((T, H * D), dtype=torch.float8_e4m3fn, device=o.device)
+    scale = torch.empty((T, H * D // quant_group_size), dtype=torch.float32, device=o.device)
+    torch.ops.dsv4.quantize_act_fp8(rotated.view(T, H * D), int(quant_group_size), o_fp8, scale)
+    d = heads_per_group * D
+    o_fp8 = o_fp8.view(T, n_groups, d)
+    scale = scale.view(T, n_groups, d // quant_group_size)
+    if tma_aligned_scales:
+        scale = _pack_ue8m0(scale)
+    return o_fp8, scale
+
+
+def _pack_ue8m0(scale: torch.Tensor) -> torch.Tensor:
+    """fp32 powers of two [..., n] -> int32 [..., ceil(n / 4)] of their UE8M0 bytes, 4 per int."""
+    exponent_bytes = (scale.view(torch.int32) >> 23) & 0xFF
+    n = exponent_bytes.shape[-1]
+    pad = (-n) % 4
+    if pad:
+        exponent_bytes = torch.nn.functional.pad(exponent_bytes, (0, pad))
+    grouped = exponent_bytes.view(*exponent_bytes.shape[:-1], -1, 4)
+    shifts = torch.tensor([0, 8, 16, 24], dtype=torch.int32, device=scale.device)
+    return (grouped << shifts).sum(-1, dtype=torch.int32)
+
+
+def deepseek_v4_fp8_einsum(o_fp8: torch.Tensor, o_scale: torch.Tensor, wo_a: torch.Tensor,
+                           wo_a_scale: torch.Tensor, z: torch.Tensor,
+                           equation: str = "bhr,hdr->bhd", recipe=None) -> None:
+    """vLLM's grouped wo_a GEMM: z[t, g, :] = (o_fp8[t, g] · o_scale) · (wo_a_g · wo_a_scale)ᵀ.
+
+    o_fp8 [T, G, Dg] float8_e4m3fn with o_scale [T, G, Dg/128] fp32 (fused_inv_rope_fp8_quant's
+    outputs); wo_a [G*L, Dg] (or [G, L, Dg]) float8_e4m3fn with wo_a_scale [G*L/128, Dg/128]
+    (or [G, L/128, Dg/128]) fp32 or UE8M0 (the checkpoint's weight_scale_inv); z [T, G, L]
+    bf16/fp32, written in place. `recipe` (DeepGEMM's scale granularity) is accepted and ignored:
+    only fp32/UE8M0 scales per 1x128 (activations) and 128x128 (weights) blocks are taken."""
+    if equation.replace(" ", "") != "bhr,hdr->bhd":
+        raise Error(f"deepseek_v4_fp8_einsum: equation: expected 'bhr,hdr->bhd', got {equation!r}")
+    if o_fp8.dim() != 3 or z.dim() != 3:
+        raise Error(f"deepseek_v4_fp8_einsum: o_fp8 / z: expected [T, G, Dg] / [T, G, L], got "
+                    f"{list(o_fp8.shape)} / {list(z.shape)}")
+    T, G, Dg = o_fp8.shape
+    L = z.shape[2]
+    w = wo_a.view(G, L, Dg) if wo_a.dim() == 2 else wo_a
+    ws = wo_a_scale.view(G, -1, wo_a_scale.shape[-1]) if wo_a_scale.dim() == 2 else wo_a_scale
+    z_flat = z if z.is_contiguous() else torch.empty(z.shape, dtype=z.dtype, device=z.device)
+    torch.ops.dsv4.grouped_wo_a(o_fp8.reshape(T, G * Dg), o_scale.reshape(T, -1), w, ws,
+                                z_flat.view(T, G * L))
+    if z_flat is not z:
+        z.copy_(z_flat)

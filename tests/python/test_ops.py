@@ -1,0 +1,168 @@
+"""torch.ops.dsv4.*: registration, fake kernels (opcheck), dense ops vs float64 references, and
+wrong inputs surfacing as dsv4attn.Error (never a crash), with outputs left untouched.
+
+Tolerances: bf16 outputs 1e-2 relative (one bf16 rounding of an fp32 accumulation); fp32
+outputs 1e-4 relative (fp32 accumulation over <= 512 terms).
+"""
+import pytest
+import torch
+
+import dsv4attn
+import reference as ref
+from conftest import poisoned
+
+EXPECTED_OPS = {
+    "linear", "quantize_act_fp8", "rms_norm", "fused_qkv_rms_norm", "apply_rope", "grouped_wo_a",
+    "qnorm_rope_kv_insert", "kv_quantize", "kv_dequantize", "dequantize_and_gather",
+    "sparse_decode", "sparse_attention_combine", "sparse_prefill", "local_to_global_slots",
+    "swa_window_indices", "combine_topk_swa_indices",
+}
+
+
+def test_every_op_is_registered_under_dsv4():
+    for name in EXPECTED_OPS:
+        assert hasattr(torch.ops.dsv4, name), name
+
+
+def test_error_is_value_and_runtime_error():
+    assert issubclass(dsv4attn.Error, ValueError) and issubclass(dsv4attn.Error, RuntimeError)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_linear(device, out_dtype):
+    x = torch.randn(7, 96, dtype=torch.bfloat16, device=device)
+    w = torch.randn(40, 96, dtype=torch.bfloat16, device=device) / 10
+    y = poisoned((7, 40), out_dtype, device)
+    torch.ops.dsv4.linear(x, None, w, None, y)
+    want = x.cpu().double() @ w.cpu().double().T
+    rtol = 1e-2 if out_dtype == torch.bfloat16 else 1e-4
+    assert torch.allclose(y.cpu().double(), want, rtol=rtol, atol=rtol)
+
+
+def test_linear_fp8_block_scaled_weight(device):
+    x = torch.randn(3, 256, dtype=torch.bfloat16, device=device)
+    w_real = torch.randn(128, 256) / 16
+    # One UE8M0 scale per 128x128 block of w (a 1 x 2 grid), fp8 values w / scale.
+    blocks = w_real.view(1, 128, 2, 128)
+    scale = ref.ue8m0_scale(blocks.abs().amax(dim=(1, 3)).double())  # [1, 2]
+    w_fp8 = (w_real.double().view(1, 128, 2, 128) / scale[:, None, :, None]).view(128, 256)
+    w_fp8 = w_fp8.to(torch.float32).to(torch.float8_e4m3fn)
+    y = poisoned((3, 128), torch.float32, device)
+    torch.ops.dsv4.linear(x, None, w_fp8.to(device), scale.float().to(device), y)
+    w_deq = (w_fp8.double().view(1, 128, 2, 128) * scale[:, None, :, None]).view(128, 256)
+    want = x.cpu().double() @ w_deq.T
+    assert torch.allclose(y.cpu().double(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_rms_norm_and_rope(device):
+    x = torch.randn(4, 3, 512, dtype=torch.bfloat16, device=device)
+    y = poisoned(x.shape, torch.float32, device)
+    torch.ops.dsv4.rms_norm(x, None, 1e-6, y)
+    assert torch.allclose(y.cpu().double(), ref.rms_norm(x.cpu()), rtol=1e-4, atol=1e-4)
+    positions = torch.tensor([0, 5, 100, 1000], device=device)
+    cos_sin = dsv4attn.rope_cos_sin(1024, device=device)
+    for inverse in (False, True):
+        r = poisoned(x.shape, torch.float32, device)
+        torch.ops.dsv4.apply_rope(x, positions, cos_sin, inverse, r)
+        want = ref.rope(x.cpu(), positions.cpu(), inverse=inverse)
+        assert torch.allclose(r.cpu().double(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_quantize_act_fp8(device):
+    x = torch.randn(3, 512, device=device) * torch.logspace(-3, 2, 512, device=device)
+    xq = torch.empty(3, 512, dtype=torch.float8_e4m3fn, device=device)
+    scale = poisoned((3, 4), torch.float32, device)
+    torch.ops.dsv4.quantize_act_fp8(x, 128, xq, scale)
+    want, want_scale = ref.quantize_blocks(x.cpu(), 128)
+    assert torch.equal(scale.cpu().double(), want_scale)
+    got = (xq.cpu().double().view(3, 4, 128) * want_scale[..., None]).view(3, 512)
+    assert torch.equal(got, want)
+
+
+def test_grouped_wo_a(device):
+    T, G, L, K = 3, 4, 32, 128
+    o = torch.randn(T, G * K, dtype=torch.bfloat16, device=device)
+    wo_a = torch.randn(G, L, K, dtype=torch.bfloat16, device=device) / 10
+    z = poisoned((T, G * L), torch.float32, device)
+    torch.ops.dsv4.grouped_wo_a(o, None, wo_a, None, z)
+    want = torch.einsum("tgk,glk->tgl", o.cpu().double().view(T, G, K), wo_a.cpu().double())
+    assert torch.allclose(z.cpu().double(), want.reshape(T, G * L), rtol=1e-4, atol=1e-4)
+
+
+def test_opcheck_fake_kernels():
+    """torch.library.opcheck: schema, fake tensor (meta) and AOT dispatch for a few ops."""
+    q = torch.randn(2, 16, 512, dtype=torch.bfloat16)
+    kv = torch.randn(30, 1, 512, dtype=torch.bfloat16)
+    idx = torch.randint(-1, 30, (2, 1, 8), dtype=torch.int32)
+    out = torch.empty(2, 16, 512, dtype=torch.bfloat16)
+    m, l = torch.empty(2, 16), torch.empty(2, 16)
+    torch.library.opcheck(torch.ops.dsv4.sparse_prefill.default,
+                          (q, kv, idx, None, None, 0.05, 512, out, m, l),
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_aot_dispatch_dynamic"))
+    x = torch.randn(4, 64)
+    torch.library.opcheck(torch.ops.dsv4.rms_norm.default, (x, None, 1e-6, torch.empty(4, 64)),
+                          test_utils=("test_schema", "test_faketensor"))
+    # In-place ops on several arguments, a paged cache among them.
+    B = 16
+    cache = torch.zeros(2, dsv4attn.flash_mla.kv_cache_block_bytes("model1_fp8", B),
+                        dtype=torch.uint8)
+    qh = torch.randn(3, 4, 512, dtype=torch.bfloat16)
+    kvh = torch.randn(3, 512, dtype=torch.bfloat16)
+    torch.library.opcheck(torch.ops.dsv4.qnorm_rope_kv_insert.default,
+                          (qh, kvh, torch.tensor([0, 1, 2]), dsv4attn.rope_cos_sin(8), 1e-6,
+                           cache, "model1_fp8", B, 1.0, torch.tensor([0, 5, 17])),
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_aot_dispatch_dynamic"))
+    splits, split_len, ws = dsv4attn._C.decode_schedule(1, 1, 4, 64, 132, 512)
+    torch.library.opcheck(torch.ops.dsv4.sparse_decode.default,
+                          (qh[:1, None], cache, "model1_fp8", B,
+                           torch.randint(-1, 32, (1, 1, 64), dtype=torch.int32), None, None,
+                           "model1_fp8", B, None, None, None, 0.05, 512, splits, split_len, ws,
+                           torch.empty(ws, dtype=torch.uint8),
+                           torch.empty(1, 1, 4, 512, dtype=torch.bfloat16),
+                           torch.empty(1, 1, 4)),
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_aot_dispatch_dynamic"))
+
+
+def test_ops_trace_under_fake_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        x = torch.randn(4, 64)
+        y = torch.empty(4, 64)
+        torch.ops.dsv4.rms_norm(x, None, 1e-6, y)  # fake kernel: no C++ call on fake data
+
+
+@pytest.mark.parametrize("case", ["shape", "dtype", "mixed_device_or_stride", "eps"])
+def test_bad_input_raises_and_writes_nothing(case):
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    y = poisoned((4, 64), torch.bfloat16, "cpu")
+    eps = 1e-6
+    if case == "shape":
+        y = poisoned((4, 63), torch.bfloat16, "cpu")
+    elif case == "dtype":
+        x = x.to(torch.int32)
+    elif case == "mixed_device_or_stride":
+        x = torch.randn(64, 4, dtype=torch.bfloat16).T  # last dim not contiguous
+    elif case == "eps":
+        eps = -1.0
+    with pytest.raises(dsv4attn.Error, match="rms_norm"):
+        torch.ops.dsv4.rms_norm(x, None, eps, y)
+    assert torch.all(torch.isnan(y.float()))
+
+
+def test_unsupported_dtype_is_an_error_not_a_crash():
+    x = torch.randn(4, 64, dtype=torch.float64)
+    with pytest.raises(dsv4attn.Error, match="dtype"):
+        torch.ops.dsv4.rms_norm(x, None, 1e-6, torch.empty(4, 64))
+
+
+def test_index_utilities_validate_ranges():
+    local = torch.tensor([[0, 100]], dtype=torch.int32)
+    table = torch.tensor([[2, 3]], dtype=torch.int32)
+    out = torch.full((1, 2), 7, dtype=torch.int32)
+    with pytest.raises(dsv4attn.Error, match="local_to_global_slots"):
+        torch.ops.dsv4.local_to_global_slots(local, torch.zeros(1, dtype=torch.int32), table, 4,
+                                             out, None, True)
+    assert torch.all(out == 7)

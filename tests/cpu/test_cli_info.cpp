@@ -2,28 +2,14 @@
 // an unknown flag. The binary's path comes from the build (DSV4_CLI_PATH).
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <string>
-#include <sys/wait.h>
+
+#include "cli_test_support.h"
 
 namespace {
 
-struct Result {
-  int status;
-  std::string output;
-};
-
-Result run_cli(const std::string& args) {
-  const std::string cmd = std::string(DSV4_CLI_PATH) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return {-1, ""};
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-  const int raw = pclose(pipe);
-  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, out};
-}
+using Result = dsv4_test::CliResult;
+using dsv4_test::run_cli;
 
 TEST(CliInfo, LayoutsPrintBytesPerTokenAndBlock) {
   const Result r = run_cli("info --layouts --block-size 64");

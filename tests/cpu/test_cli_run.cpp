@@ -3,33 +3,20 @@
 // directory the test writes; and its argument errors.
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <sys/wait.h>
 
+#include "cli_test_support.h"
 #include "dsv4/weights.h"
 #include "weights_test_support.h"
 
 namespace {
 
-struct Result {
-  int status;
-  std::string output;
-};
+using Result = dsv4_test::CliResult;
 
-Result run_cli(const std::string& args) {
-  const std::string cmd = "OMP_NUM_THREADS=1 " + std::string(DSV4_CLI_PATH) + " run " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return {-1, ""};
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-  const int raw = pclose(pipe);
-  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, out};
-}
+// One OpenMP thread: ctest runs one test process per core.
+Result run_cli(const std::string& args) { return dsv4_test::run_cli("run " + args, "OMP_NUM_THREADS=1"); }
 
 // Prompts cross the SWA window, ratio-4 windows (and 40+ C4A entries > top-16) and a ratio-128
 // window; chunk 64 splits prompts inside windows; decodes ride along with prefills.

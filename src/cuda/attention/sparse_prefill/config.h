@@ -1,0 +1,81 @@
+// Sparse prefill kernel (sm_90a): compile-time configuration, shared-memory plan and the
+// parameters the host dispatch passes by value.
+//
+// One CTA = one query token × one group of 64 heads (the wgmma M dimension; all heads of a token
+// share its indices, MQA). The token's top-k rows are gathered 64 at a time ("tiles") into two
+// shared-memory buffers by a producer warpgroup; two math warpgroups alternate OWNERSHIP of tiles:
+// the owner of tile i computes S = Q·K_iᵀ (64×64) and the online softmax, publishes P_i (bf16) and
+// the row statistics in shared memory, and both warpgroups accumulate O[:, their 256 of d_v] +=
+// P_i · V_i. While one owner runs its softmax the other warpgroup's matrix products keep the
+// tensor cores busy. H that is not a multiple of 64 is padded inside the kernel: missing heads
+// read zeros and are never written.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/smem_layout.cuh"
+
+namespace dsv4::cuda::sparse_prefill_detail {
+
+struct Params {
+  const void* q;           // [s_q, H, d_qk] bf16
+  const void* kv;          // [s_kv, d_qk] bf16 (row stride kv_row_stride elements)
+  const int32_t* indices;  // [s_q, topk] (row stride indices_row_stride)
+  const int32_t* topk_length;  // [s_q] or nullptr
+  const float* attn_sink;      // [H] or nullptr
+  void* out;               // [s_q, H, 512] bf16
+  float* max_logits;       // [s_q, H] (strides ml_stride_s, ml_stride_h)
+  float* lse;              // [s_q, H]
+  int s_q, num_heads, s_kv, topk;
+  int64_t q_stride_s, q_stride_h, kv_row_stride, indices_row_stride;
+  int64_t out_stride_s, out_stride_h, ml_stride_s, ml_stride_h, lse_stride_s, lse_stride_h;
+  float scale_log2;  // softmax_scale · log2(e): logits are kept in base 2 inside the kernel
+};
+
+template <int D_QK>
+struct Config {
+  static_assert(D_QK == 512 || D_QK == 576, "d_qk must be 512 (MODEL1) or 576 (V3.2)");
+  static constexpr int kDqk = D_QK;
+  static constexpr int kDv = 512;
+  static constexpr int kHeads = 64;     // heads per CTA = wgmma M
+  static constexpr int kTile = 64;      // gathered rows per tile = S columns = P·V depth
+  static constexpr int kDvPerWarpgroup = kDv / 2;
+  static constexpr int kThreads = 3 * 128;  // WG0, WG1: math; WG2: producer
+  static constexpr int kChunksPerRow = kDqk / 8;  // 16-byte cp.async chunks per gathered row
+  static constexpr int kTileBytes = kTile * kDqk * 2;
+  static constexpr int kQBytes = kHeads * kDqk * 2;
+  static constexpr int kPBytes = kHeads * kTile * 2;
+  // d 576: the rope block (cols 512..575) of a K tile is read only by S = Q·Kᵀ, so P of that tile
+  // lives there once S is done; this is what lets Q + two 72 KB tiles fit in 227 KB.
+  static constexpr bool kPInRopeBlock = kDqk > kDv;
+  static constexpr int kPOffsetInTile = kDv * kTile * 2;  // byte offset of the rope block
+
+  // Register split (setmaxnreg): math warpgroups hold O (128 fp32) + S (32) + P (16); the producer
+  // only computes addresses. 2·232·128 + 40·128 = 64512 ≤ 65536.
+  static constexpr uint32_t kMathRegs = 232;
+  static constexpr uint32_t kProducerRegs = 40;
+
+  // Named barriers (0 is __syncthreads).
+  static constexpr uint32_t kBarPReady0 = 1;  // + (tile & 1): P and row stats of a tile published
+  static constexpr uint32_t kBarLExchange = 3;
+
+  struct SharedPlan {
+    alignas(1024) uint8_t q[kQBytes];
+    alignas(1024) uint8_t k[2][kTileBytes];
+    alignas(1024) uint8_t p[kPInRopeBlock ? 1 : 2][kPInRopeBlock ? 16 : kPBytes];
+    float row_max[2][kHeads];    // running max (base-2 units) after the tile, per buffer parity
+    float row_scale[2][kHeads];  // factor the tile's owner applied to O and l
+    float row_sum[2][kHeads];    // per-warpgroup partial l, exchanged at the end
+    uint64_t q_full;
+    uint64_t k_full[2];
+    uint64_t k_empty[2];
+  };
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedPlan)) + 1024;  // + alignment
+  static_assert(kSmemBytes <= 227 * 1024, "shared-memory plan exceeds the sm_90 limit");
+};
+
+// Kernel entry for one d_qk (defined in kernel.cuh, instantiated in instantiations/).
+template <int D_QK>
+void launch(const Params& params, CUstream_st* stream);
+
+}  // namespace dsv4::cuda::sparse_prefill_detail

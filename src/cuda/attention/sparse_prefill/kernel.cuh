@@ -1,0 +1,352 @@
+// Sparse prefill attention kernel for Hopper (sm_90a). See config.h for the work split.
+//
+// Per CTA (token t, head group g), with n = ceil(topk_length / 64) tiles:
+//   producer WG2: Q → smem once; for tile i: wait until buffer i%2 is free, gather its 64 rows
+//                 (cp.async, invalid rows zero-filled, never read), arrive on k_full[i%2].
+//   math WG w ∈ {0,1} owns tiles i ≡ w (mod 2). Iteration over its own tile i:
+//     A. own P·V of tile i-2 finished → release buffer (i-2)%2 to the producer
+//     B. issue S_i = Q·K_iᵀ (async)
+//     C. tile i-1 belongs to the other WG: wait for its published P and row stats, rescale O,
+//        issue O += P_{i-1}·V_{i-1}[:, my half] (A from smem)
+//     D. S_i done → mask, online softmax (base 2), publish P_i + stats, wait for C, release buffer
+//        (i-1)%2, rescale O, issue O += P_i·V_i[:, my half] (A from registers)
+//   Both WGs see every tile's scale factor, so their O halves and partial row sums stay in step;
+//   the row sums are added across WGs at the end (fixed order: deterministic).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/attention/sparse_prefill/config.h"
+#include "cuda/common/check.h"
+#include "cuda/common/ptx.cuh"
+#include "cuda/common/smem_layout.cuh"
+#include "cuda/common/wgmma.cuh"
+
+namespace dsv4::cuda::sparse_prefill_detail {
+
+namespace gmma = cute::SM90::GMMA;
+using cute::GMMA::Major;
+
+// S = Q·Kᵀ: M 64 heads, N 64 gathered rows, K over d_qk; both operands K-major in smem.
+using MmaS = decltype(cute::make_tiled_mma(gmma::MMA_64x64x16_F32BF16BF16_SS<Major::K, Major::K>{}));
+// O[:, 256] += P·V: P (64 heads × 64 rows) from registers (owner) or smem (other WG); V is the
+// same gathered tile read MN-major.
+using MmaPvRegs =
+    decltype(cute::make_tiled_mma(gmma::MMA_64x256x16_F32BF16BF16_RS<Major::K, Major::MN>{}));
+using MmaPvSmem =
+    decltype(cute::make_tiled_mma(gmma::MMA_64x256x16_F32BF16BF16_SS<Major::K, Major::MN>{}));
+
+__device__ __forceinline__ float fast_exp2(float x) { return exp2f(x); }  // ex2.approx
+
+template <int D_QK>
+__global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
+    sparse_prefill_kernel(const __grid_constant__ Params p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  using namespace cute;
+  using Cfg = Config<D_QK>;
+  using Plan = typename Cfg::SharedPlan;
+  constexpr int kTile = Cfg::kTile;
+  constexpr int kHeads = Cfg::kHeads;
+
+  extern __shared__ uint8_t smem_raw[];
+  Plan& plan = *reinterpret_cast<Plan*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                        ~uintptr_t(1023));
+
+  const int head_groups = (p.num_heads + kHeads - 1) / kHeads;
+  const int token = blockIdx.x / head_groups;
+  const int head0 = (blockIdx.x % head_groups) * kHeads;
+  const int warpgroup = threadIdx.x / 128;
+  const int tid = threadIdx.x % 128;
+
+  int valid_len = p.topk;
+  if (p.topk_length != nullptr) valid_len = max(0, min(p.topk, __ldg(p.topk_length + token)));
+  const int num_tiles = (valid_len + kTile - 1) / kTile;
+  const int32_t* token_indices = p.indices + token * p.indices_row_stride;
+
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(&plan.q_full, 128);
+    for (int b = 0; b < 2; ++b) {
+      ptx::mbarrier_init(&plan.k_full[b], 128);   // one cp.async arrival per producer thread
+      ptx::mbarrier_init(&plan.k_empty[b], 256);  // every math thread, after its P·V on the tile
+    }
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 2) {
+    // ============================== producer ==============================
+    ptx::warpgroup_regs_decrease<Cfg::kProducerRegs>();
+    const auto* q_base = static_cast<const uint8_t*>(p.q) + token * p.q_stride_s * 2;
+    for (int c = tid; c < kHeads * Cfg::kChunksPerRow; c += 128) {
+      const int row = c / Cfg::kChunksPerRow, chunk = c % Cfg::kChunksPerRow;
+      const bool valid = head0 + row < p.num_heads;  // padded heads read as zeros
+      const uint8_t* src = q_base + (valid ? (head0 + row) * p.q_stride_h * 2 + chunk * 16 : 0);
+      ptx::cp_async_16_zfill(plan.q + sw128_chunk_offset<kHeads>(row, chunk), src, valid);
+    }
+    ptx::cp_async_arrive_noinc(&plan.q_full);
+
+    const auto* kv_base = static_cast<const uint8_t*>(p.kv);
+    const int64_t kv_row_bytes = p.kv_row_stride * 2;
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      const int buf = tile & 1;
+      if (tile >= 2) ptx::mbarrier_wait(&plan.k_empty[buf], ((tile >> 1) - 1) & 1);
+      uint8_t* dst = plan.k[buf];
+#pragma unroll 4
+      for (int c = tid; c < kTile * Cfg::kChunksPerRow; c += 128) {
+        const int row = c / Cfg::kChunksPerRow, chunk = c % Cfg::kChunksPerRow;
+        const int slot = tile * kTile + row;
+        const int idx = slot < valid_len ? __ldg(token_indices + slot) : -1;
+        const bool valid = idx >= 0 && idx < p.s_kv;
+        const uint8_t* src = kv_base + (valid ? idx * kv_row_bytes + chunk * 16 : 0);
+        ptx::cp_async_16_zfill(dst + sw128_chunk_offset<kTile>(row, chunk), src, valid);
+      }
+      ptx::cp_async_arrive_noinc(&plan.k_full[buf]);
+    }
+  } else {
+    // ============================== math ==============================
+    ptx::warpgroup_regs_increase<Cfg::kMathRegs>();
+    const int wg = warpgroup;
+
+    auto sQ = make_tensor(make_smem_ptr(reinterpret_cast<bf16_t*>(plan.q)), SmemTileK<kHeads, D_QK>{});
+    auto k_tile = [&](int buf) {
+      return make_tensor(make_smem_ptr(reinterpret_cast<bf16_t*>(plan.k[buf])), SmemTileK<kTile, D_QK>{});
+    };
+    // This WG's half of V: tile columns [256·wg, 256·wg + 256) = 4 column blocks.
+    auto v_half = [&](int buf) {
+      auto* base = reinterpret_cast<bf16_t*>(plan.k[buf] + wg * 4 * kTile * 128);
+      return make_tensor(make_smem_ptr(base), SmemTileKTransposed<kTile, Cfg::kDvPerWarpgroup>{});
+    };
+    auto p_bytes = [&](int buf) -> uint8_t* {
+      if constexpr (Cfg::kPInRopeBlock) return plan.k[buf] + Cfg::kPOffsetInTile;
+      else return plan.p[buf];
+    };
+    auto p_tile = [&](int buf) {
+      return make_tensor(make_smem_ptr(reinterpret_cast<bf16_t*>(p_bytes(buf))), SmemTileK<kHeads, kTile>{});
+    };
+
+    Tensor rO = partition_fragment_C(MmaPvRegs{}, Shape<Int<kHeads>, Int<Cfg::kDvPerWarpgroup>>{});
+    Tensor rS = partition_fragment_C(MmaS{}, Shape<Int<kHeads>, Int<kTile>>{});
+    Tensor rP = make_tensor<bf16_t>(partition_shape_A(MmaPvRegs{}, Shape<Int<kHeads>, Int<kTile>>{}));
+    static_assert(decltype(size(rS))::value == decltype(size(rP))::value, "P mirrors S");
+    clear(rO);
+
+    // Rows of this thread: r0 = acc_row(0), r1 = r0 + 8. Running max in base-2 units.
+    const int row0 = acc_row(0, tid);
+    float m_run[2] = {-INFINITY, -INFINITY};
+    float l_part[2] = {0.f, 0.f};  // this thread's columns only; reduced at the end
+
+    auto rescale = [&](const float scale[2]) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(rO); ++i) rO(i) *= scale[(i >> 1) & 1];
+      l_part[0] *= scale[0];
+      l_part[1] *= scale[1];
+    };
+
+    // A. this WG's P·V of tile-2 has finished (caller waited) → buffer free for the producer.
+    auto release_own_tile = [&](int tile) {
+      if (tile >= 2) ptx::mbarrier_arrive(&plan.k_empty[tile & 1]);
+    };
+    // B. issue S = Q·K_tileᵀ.
+    auto issue_s = [&](int tile) {
+      ptx::mbarrier_wait(&plan.k_full[tile & 1], (tile >> 1) & 1);
+      wgmma_ss(MmaS{}, sQ, k_tile(tile & 1), rS, /*zero_init=*/true);
+      wgmma_commit();
+    };
+    // C. the other WG's tile: take its P and row stats, accumulate my half of O.
+    auto accumulate_remote = [&](int tile) {
+      const int rbuf = tile & 1;
+      ptx::named_barrier_sync(Cfg::kBarPReady0 + rbuf, 256);
+      float scale[2];
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        scale[r] = plan.row_scale[rbuf][row0 + 8 * r];
+        m_run[r] = plan.row_max[rbuf][row0 + 8 * r];
+      }
+      rescale(scale);
+      wgmma_ss(MmaPvSmem{}, p_tile(rbuf), v_half(rbuf), rO, false);
+      wgmma_commit();
+    };
+    // Validity of this thread's 16 S columns of a tile (slot < topk_length, index in [0, s_kv)).
+    auto column_mask = [&](int tile) {
+      uint32_t bits = 0;
+      CUTE_UNROLL
+      for (int i = 0; i < 32; i += 4) {
+        CUTE_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const int slot = tile * kTile + acc_col(i + e, tid);
+          const int idx = slot < valid_len ? __ldg(token_indices + slot) : -1;
+          if (idx >= 0 && idx < p.s_kv) bits |= 1u << (i / 2 + e);
+        }
+      }
+      return bits;
+    };
+    // D1. S of the own tile is complete (caller waited): masked online softmax (base 2),
+    // publish P and the row stats for the other WG. Returns the factor O must be scaled by.
+    auto softmax_publish = [&](int tile, uint32_t valid_bits, float scale[2]) {
+      const int buf = tile & 1;
+      float m_new[2];
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        float mx = -INFINITY;
+        CUTE_UNROLL
+        for (int i = 2 * r; i < size(rS); i += 4) {
+          CUTE_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            const bool v = (valid_bits >> (i / 4 * 2 + e)) & 1u;
+            rS(i + e) = v ? rS(i + e) * p.scale_log2 : -INFINITY;
+            mx = fmaxf(mx, rS(i + e));
+          }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        m_new[r] = fmaxf(m_run[r], mx);
+        // No valid key so far: keep exponents finite (every term is 0 anyway).
+        const float base = m_new[r] == -INFINITY ? 0.f : m_new[r];
+        scale[r] = fast_exp2(m_run[r] - base);
+        float sum = 0.f;
+        CUTE_UNROLL
+        for (int i = 2 * r; i < size(rS); i += 4) {
+          CUTE_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            const float pe = fast_exp2(rS(i + e) - base);
+            rP(i + e) = bf16_t(pe);
+            sum += pe;
+          }
+        }
+        l_part[r] = l_part[r] * scale[r] + sum;
+        m_run[r] = m_new[r];
+      }
+      // P as bf16 in the SW128 K-major layout: 4-byte stores, conflict-free thanks to the swizzle.
+      uint8_t* sp = p_bytes(buf);
+      CUTE_UNROLL
+      for (int i = 0; i < size(rP); i += 2) {
+        __nv_bfloat162 v2;
+        v2.x = reinterpret_cast<const __nv_bfloat16&>(rP(i));
+        v2.y = reinterpret_cast<const __nv_bfloat16&>(rP(i + 1));
+        *reinterpret_cast<__nv_bfloat162*>(sp + sw128_elem_offset<kHeads>(acc_row(i, tid), acc_col(i, tid))) = v2;
+      }
+      if ((tid & 3) == 0) {
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          plan.row_max[buf][row0 + 8 * r] = m_new[r];
+          plan.row_scale[buf][row0 + 8 * r] = scale[r];
+        }
+      }
+      ptx::fence_proxy_async_smem();
+      ptx::named_barrier_arrive(Cfg::kBarPReady0 + buf, 256);
+    };
+    // D2. (P·V of the remote tile done, caller waited) rescale O, issue O += P·V_tile.
+    auto accumulate_own = [&](int tile, const float scale[2]) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(rO); ++i) rO(i) *= scale[(i >> 1) & 1];
+      wgmma_rs(MmaPvRegs{}, rP, v_half(tile & 1), rO, false);
+      wgmma_commit();
+    };
+
+    ptx::mbarrier_wait(&plan.q_full, 0);
+
+    // The waits below are unconditional so ptxas can prove no accumulator is touched while a
+    // wgmma writing it is in flight (otherwise it serializes every wgmma: warning C7514).
+    int tile = wg;
+    if (wg == 0 && num_tiles > 0) {  // WG0's first tile has no remote predecessor
+      const uint32_t bits = column_mask(0);
+      issue_s(0);
+      wgmma_wait<0>();
+      float scale[2];
+      softmax_publish(0, bits, scale);
+      accumulate_own(0, scale);
+      tile = 2;
+    }
+    for (; tile < num_tiles; tile += 2) {
+      wgmma_wait<0>();              // A: own P·V of tile-2 done
+      release_own_tile(tile);
+      const uint32_t bits = column_mask(tile);
+      issue_s(tile);                // B
+      accumulate_remote(tile - 1);  // C
+      wgmma_wait<1>();              // S done; P·V of tile-1 may still run
+      float scale[2];
+      softmax_publish(tile, bits, scale);  // D
+      wgmma_wait<0>();
+      ptx::mbarrier_arrive(&plan.k_empty[(tile - 1) & 1]);
+      accumulate_own(tile, scale);
+    }
+    if (tile == num_tiles && tile >= 1) {  // the last tile is the other WG's
+      wgmma_wait<0>();
+      release_own_tile(tile);
+      accumulate_remote(tile - 1);
+    }
+    wgmma_wait<0>();
+
+    // ---- epilogue: total row sums across the two WGs, sink, normalise, store.
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      l_part[r] += __shfl_xor_sync(0xffffffffu, l_part[r], 1);
+      l_part[r] += __shfl_xor_sync(0xffffffffu, l_part[r], 2);
+    }
+    if ((tid & 3) == 0) {
+      plan.row_sum[wg][row0] = l_part[0];
+      plan.row_sum[wg][row0 + 8] = l_part[1];
+    }
+    ptx::named_barrier_sync(Cfg::kBarLExchange, 256);
+    float factor[2];
+    float l_total[2];
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + 8 * r;
+      l_total[r] = plan.row_sum[0][row] + plan.row_sum[1][row];  // fixed order in both WGs
+      const int head = head0 + row;
+      float sink_term = 0.f;
+      if (p.attn_sink != nullptr && head < p.num_heads) {
+        const float sink_log2 = __ldg(p.attn_sink + head) * 1.4426950408889634f;
+        sink_term = fast_exp2(sink_log2 - (m_run[r] == -INFINITY ? 0.f : m_run[r]));
+      }
+      factor[r] = l_total[r] > 0.f ? 1.f / (l_total[r] + sink_term) : 0.f;
+    }
+    auto* out_base = static_cast<uint8_t*>(p.out) + token * p.out_stride_s * 2;
+    CUTE_UNROLL
+    for (int i = 0; i < size(rO); i += 2) {
+      const int r = (i >> 1) & 1;
+      const int head = head0 + acc_row(i, tid);
+      if (head >= p.num_heads) continue;
+      const int col = wg * Cfg::kDvPerWarpgroup + acc_col(i, tid);
+      *reinterpret_cast<__nv_bfloat162*>(out_base + (head * p.out_stride_h + col) * 2) =
+          __floats2bfloat162_rn(rO(i) * factor[r], rO(i + 1) * factor[r]);
+    }
+    if (wg == 0 && (tid & 3) == 0) {
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const int head = head0 + row0 + 8 * r;
+        if (head >= p.num_heads) continue;
+        const bool empty = !(l_total[r] > 0.f);
+        constexpr float kLn2 = 0.6931471805599453f;
+        p.max_logits[token * p.ml_stride_s + head * p.ml_stride_h] =
+            empty ? -INFINITY : m_run[r] * kLn2;
+        p.lse[token * p.lse_stride_s + head * p.lse_stride_h] =
+            empty ? INFINITY : m_run[r] * kLn2 + logf(l_total[r]);
+      }
+    }
+  }
+#endif
+}
+
+template <int D_QK>
+void launch(const Params& params, CUstream_st* stream) {
+  using Cfg = Config<D_QK>;
+  static const bool attribute_set = [] {
+    DSV4_CUDA_CHECK("sparse_prefill",
+                    cudaFuncSetAttribute(sparse_prefill_kernel<D_QK>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+    return true;
+  }();
+  (void)attribute_set;
+  const int head_groups = (params.num_heads + Cfg::kHeads - 1) / Cfg::kHeads;
+  const dim3 grid(static_cast<unsigned>(params.s_q * head_groups));
+  sparse_prefill_kernel<D_QK><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
+  check_launch("sparse_prefill");
+}
+
+}  // namespace dsv4::cuda::sparse_prefill_detail

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# One device call: build, GPU tests, prefill benchmarks (logs under $OUT).
+#   bench/device_prefill.sh [gtest filter] [bench filter] [extra: memcheck]
+set -o pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+GT_FILTER=${1:-*}; BENCH_FILTER=${2:-prefill}; EXTRA=${3:-}
+cmake -S . -B build -G Ninja -DDSV4_CUDA=ON >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+cmake --build build -j16 --target dsv4_gpu_tests dsv4 >"$OUT/build.log" 2>&1 || { grep -B5 -A20 error "$OUT/build.log" | head -80; exit 1; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt"
+timeout 240 ./build/dsv4_gpu_tests --gtest_filter="$GT_FILTER" 2>&1 | tee "$OUT/tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error|got|^\[==" | head -60
+timeout 200 ./build/dsv4 bench --filter "$BENCH_FILTER" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+if [ "$EXTRA" = memcheck ]; then
+  SAN="compute-sanitizer --print-limit 5"
+  F='SparsePrefillEdge.*:Shapes/SparsePrefillGrid.*H64_d512_topk512*:Shapes/SparsePrefillGrid.*H128_d576_topk64*'
+  timeout 150 $SAN --tool memcheck ./build/dsv4_gpu_tests --gtest_filter="$F" 2>&1 | tail -5 | tee "$OUT/memcheck.log"
+  timeout 150 $SAN --tool racecheck ./build/dsv4_gpu_tests --gtest_filter="$F" 2>&1 | tail -5 | tee "$OUT/racecheck.log"
+fi

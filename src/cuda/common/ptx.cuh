@@ -42,11 +42,11 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t phase) {
 }
 
 // ---------------------------------------------------------------- cp.async gathers
-// 16-byte global→shared copy through L2 only (.cg). When `valid` is false nothing is read and the
-// 16 destination bytes are zero-filled, so masked rows never touch memory (src may be any
-// address then).
+// 16-byte global→shared copy through L2 only (.cg), hinting L2 to fetch the surrounding 256 B
+// (gathered rows are ≥ 1 KB contiguous). When `valid` is false nothing is read and the 16
+// destination bytes are zero-filled, so masked rows never touch memory (src may be any address).
 __device__ __forceinline__ void cp_async_16_zfill(void* smem_dst, const void* gmem_src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem_dst)),
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(smem_addr(smem_dst)),
                "l"(gmem_src), "r"(valid ? 16 : 0)
                : "memory");
 }

@@ -5,11 +5,11 @@
 //                 (cp.async, invalid rows zero-filled, never read), arrive on k_full[i%2].
 //   math WG w ∈ {0,1} owns tiles i ≡ w (mod 2). Iteration over its own tile i:
 //     A. own P·V of tile i-2 finished → release buffer (i-2)%2 to the producer
-//     B. issue S_i = Q·K_iᵀ (async)
 //     C. tile i-1 belongs to the other WG: wait for its published P and row stats, rescale O,
 //        issue O += P_{i-1}·V_{i-1}[:, my half] (A from smem)
-//     D. S_i done → mask, online softmax (base 2), publish P_i + stats, wait for C, release buffer
-//        (i-1)%2, rescale O, issue O += P_i·V_i[:, my half] (A from registers)
+//     B. issue S_i = Q·K_iᵀ (async); once C's product is done release buffer (i-1)%2
+//     D. S_i done → mask, online softmax (base 2), publish P_i + stats, rescale O,
+//        issue O += P_i·V_i[:, my half] (A from registers)
 //   Both WGs see every tile's scale factor, so their O halves and partial row sums stay in step;
 //   the row sums are added across WGs at the end (fixed order: deterministic).
 #pragma once
@@ -89,20 +89,34 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
     }
     ptx::cp_async_arrive_noinc(&plan.q_full);
 
-    const auto* kv_base = static_cast<const uint8_t*>(p.kv);
+    // Gather: thread (group g = tid/8, lane j = tid%8) copies chunk j of every 64-column block of
+    // rows g, g+16, g+32, g+48; a warp thus moves 4 rows × 128 contiguous bytes per instruction.
+    constexpr int kRowsPerThread = kTile / 16;
+    constexpr int kBlocks = D_QK / 64;
+    const int group = tid / 8, lane8 = tid % 8;
+    const auto* kv_base = static_cast<const uint8_t*>(p.kv) + lane8 * 16;
     const int64_t kv_row_bytes = p.kv_row_stride * 2;
     for (int tile = 0; tile < num_tiles; ++tile) {
       const int buf = tile & 1;
+      const uint8_t* src[kRowsPerThread];
+      bool valid[kRowsPerThread];
+#pragma unroll
+      for (int k = 0; k < kRowsPerThread; ++k) {
+        const int slot = tile * kTile + group + 16 * k;
+        const int idx = slot < valid_len ? __ldg(token_indices + slot) : -1;
+        valid[k] = idx >= 0 && idx < p.s_kv;
+        src[k] = kv_base + (valid[k] ? idx * kv_row_bytes : 0);
+      }
       if (tile >= 2) ptx::mbarrier_wait(&plan.k_empty[buf], ((tile >> 1) - 1) & 1);
       uint8_t* dst = plan.k[buf];
-#pragma unroll 4
-      for (int c = tid; c < kTile * Cfg::kChunksPerRow; c += 128) {
-        const int row = c / Cfg::kChunksPerRow, chunk = c % Cfg::kChunksPerRow;
-        const int slot = tile * kTile + row;
-        const int idx = slot < valid_len ? __ldg(token_indices + slot) : -1;
-        const bool valid = idx >= 0 && idx < p.s_kv;
-        const uint8_t* src = kv_base + (valid ? idx * kv_row_bytes + chunk * 16 : 0);
-        ptx::cp_async_16_zfill(dst + sw128_chunk_offset<kTile>(row, chunk), src, valid);
+#pragma unroll
+      for (int k = 0; k < kRowsPerThread; ++k) {
+        const int row = group + 16 * k;
+#pragma unroll
+        for (int blk = 0; blk < kBlocks; ++blk) {
+          ptx::cp_async_16_zfill(dst + sw128_chunk_offset<kTile>(row, blk * 8 + lane8), src[k] + blk * 128,
+                                 valid[k]);
+        }
       }
       ptx::cp_async_arrive_noinc(&plan.k_full[buf]);
     }
@@ -261,17 +275,21 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
       accumulate_own(0, scale);
       tile = 2;
     }
+    // The remote P·V is issued BEFORE the own S so that buffer (tile-1)%2 is released as early as
+    // possible: the gather of tile+1 into it then overlaps S, softmax and P·V of this tile (with
+    // S issued first, the release waited for the whole softmax and the gather sat on the critical
+    // path: 3.2 µs per tile instead of ~1.7; see bench/NOTES-prefill.md).
     for (; tile < num_tiles; tile += 2) {
       wgmma_wait<0>();              // A: own P·V of tile-2 done
       release_own_tile(tile);
       const uint32_t bits = column_mask(tile);
-      issue_s(tile);                // B
       accumulate_remote(tile - 1);  // C
-      wgmma_wait<1>();              // S done; P·V of tile-1 may still run
+      issue_s(tile);                // B
+      wgmma_wait<1>();              // P·V of tile-1 done → its buffer is free
+      ptx::mbarrier_arrive(&plan.k_empty[(tile - 1) & 1]);
+      wgmma_wait<0>();              // S done
       float scale[2];
       softmax_publish(tile, bits, scale);  // D
-      wgmma_wait<0>();
-      ptx::mbarrier_arrive(&plan.k_empty[(tile - 1) & 1]);
       accumulate_own(tile, scale);
     }
     if (tile == num_tiles && tile >= 1) {  // the last tile is the other WG's

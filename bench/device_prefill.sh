@@ -11,7 +11,8 @@ timeout 240 ./build/dsv4_gpu_tests --gtest_filter="$GT_FILTER" 2>&1 | tee "$OUT/
 timeout 200 ./build/dsv4 bench --filter "$BENCH_FILTER" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
 if [ "$EXTRA" = memcheck ]; then
   SAN="compute-sanitizer --print-limit 5"
-  F='SparsePrefillEdge.*:Shapes/SparsePrefillGrid.*H64_d512_topk512*:Shapes/SparsePrefillGrid.*H128_d576_topk64*'
-  timeout 150 $SAN --tool memcheck ./build/dsv4_gpu_tests --gtest_filter="$F" 2>&1 | tail -5 | tee "$OUT/memcheck.log"
-  timeout 150 $SAN --tool racecheck ./build/dsv4_gpu_tests --gtest_filter="$F" 2>&1 | tail -5 | tee "$OUT/racecheck.log"
+  F='SparsePrefillEdge.*:Shapes/SparsePrefillGrid.*H64_d512_topk512*:Shapes/SparsePrefillGrid.*H128_d576_topk64*-*BitIdentical*'
+  timeout 150 $SAN --tool memcheck ./build/dsv4_gpu_tests --gtest_filter="$F" >"$OUT/memcheck.log" 2>&1; tail -3 "$OUT/memcheck.log"
+  timeout 150 $SAN --tool racecheck --racecheck-report all ./build/dsv4_gpu_tests --gtest_filter="$F:*ManyItems*" >"$OUT/racecheck.log" 2>&1; tail -3 "$OUT/racecheck.log"
+  grep -m 12 -A6 "Error\|Warning" "$OUT/racecheck.log" | head -60
 fi

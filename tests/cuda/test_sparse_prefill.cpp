@@ -304,9 +304,24 @@ TEST(SparsePrefillEdge, PeakedSoftmaxLargeScale) {
   check(p);
 }
 
+// More (token, head group) items than SMs: persistent CTAs walk several items each, with empty and
+// short items mixed in (the Q / K buffer rings and barrier phases must carry across items).
+TEST(SparsePrefillEdge, ManyItemsPerCta) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const int shapes[][4] = {{400, 64, 512, 64}, {300, 128, 576, 128}};  // s_q, H, d_qk, topk
+  for (const auto& sh : shapes) {
+    Problem p = make_problem(sh[0], sh[1], sh[2], 700, sh[3], 20 + sh[2]);
+    std::mt19937 rng(21);
+    std::uniform_int_distribution<int> len(-20, sh[3]);  // ~1/6 of the tokens get length 0
+    for (int s = 0; s < p.s_q; ++s) p.topk_length.push_back(std::max(0, len(rng)));
+    p.sink = dsv4::test::random_f32(sh[1], rng);
+    check(p);
+  }
+}
+
 TEST(SparsePrefillEdge, BitIdenticalAcrossRuns) {
   DSV4_SKIP_WITHOUT_GPU();
-  Problem p = make_problem(8, 128, 512, 3000, 1024, 19);
+  Problem p = make_problem(300, 128, 512, 3000, 256, 19);
   std::mt19937 rng(1);
   p.sink = dsv4::test::random_f32(128, rng);
   const Result a = run_cuda(p), b = run_cuda(p);

@@ -1,8 +1,8 @@
 // Sparse prefill kernel (sm_90a): compile-time configuration, shared-memory plan and the
 // parameters the host dispatch passes by value.
 //
-// One CTA = one query token × one group of 64 heads (the wgmma M dimension; all heads of a token
-// share its indices, MQA). The token's top-k rows are gathered 64 at a time ("tiles") into two
+// One work item = one query token × one group of 64 heads (the wgmma M dimension; all heads of a
+// token share its indices, MQA); persistent CTAs (one per SM) walk the items round-robin. The token's top-k rows are gathered 64 at a time ("tiles") into two
 // shared-memory buffers by a producer warpgroup; two math warpgroups alternate OWNERSHIP of tiles:
 // the owner of tile i computes S = Q·K_iᵀ (64×64) and the online softmax, publishes P_i (bf16) and
 // the row statistics in shared memory, and both warpgroups accumulate O[:, their 256 of d_v] +=
@@ -65,8 +65,8 @@ struct Config {
     alignas(1024) uint8_t p[kPInRopeBlock ? 1 : 2][kPInRopeBlock ? 16 : kPBytes];
     float row_max[2][kHeads];    // running max (base-2 units) after the tile, per buffer parity
     float row_scale[2][kHeads];  // factor the tile's owner applied to O and l
-    float row_sum[2][kHeads];    // per-warpgroup partial l, exchanged at the end
-    uint64_t q_full;
+    float row_sum[2][2][kHeads];  // [item parity][WG] partial l, exchanged at the item's end
+    uint64_t q_full, q_empty;
     uint64_t k_full[2];
     uint64_t k_empty[2];
   };

@@ -56,21 +56,34 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
   Plan& plan = *reinterpret_cast<Plan*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                         ~uintptr_t(1023));
 
+  // Persistent CTAs: work item = (token, 64-head group), taken round-robin (item b, b + grid, ...)
+  // so the next item's Q and first tiles load while this item finishes. Tiles are numbered
+  // globally per CTA (g) for the buffer ring; ownership and published P/stats use the item-local
+  // tile number t.
   const int head_groups = (p.num_heads + kHeads - 1) / kHeads;
-  const int token = blockIdx.x / head_groups;
-  const int head0 = (blockIdx.x % head_groups) * kHeads;
+  const int num_items = p.s_q * head_groups;
   const int warpgroup = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
-
-  int valid_len = p.topk;
-  if (p.topk_length != nullptr) valid_len = max(0, min(p.topk, __ldg(p.topk_length + token)));
-  const int num_tiles = (valid_len + kTile - 1) / kTile;
-  const int32_t* token_indices = p.indices + token * p.indices_row_stride;
+  struct Item {
+    int token, head0, valid_len, num_tiles;
+    const int32_t* indices;
+  };
+  auto item_at = [&](int item) {
+    Item it;
+    it.token = item / head_groups;
+    it.head0 = (item % head_groups) * kHeads;
+    it.valid_len = p.topk;
+    if (p.topk_length != nullptr) it.valid_len = max(0, min(p.topk, __ldg(p.topk_length + it.token)));
+    it.num_tiles = (it.valid_len + kTile - 1) / kTile;
+    it.indices = p.indices + it.token * p.indices_row_stride;
+    return it;
+  };
 
   if (threadIdx.x == 0) {
-    ptx::mbarrier_init(&plan.q_full, 128);
+    ptx::mbarrier_init(&plan.q_full, 128);   // one cp.async arrival per producer thread
+    ptx::mbarrier_init(&plan.q_empty, 256);  // every math thread, after its last S of the item
     for (int b = 0; b < 2; ++b) {
-      ptx::mbarrier_init(&plan.k_full[b], 128);   // one cp.async arrival per producer thread
+      ptx::mbarrier_init(&plan.k_full[b], 128);
       ptx::mbarrier_init(&plan.k_empty[b], 256);  // every math thread, after its P·V on the tile
     }
     ptx::fence_barrier_init();
@@ -80,45 +93,53 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
   if (warpgroup == 2) {
     // ============================== producer ==============================
     ptx::warpgroup_regs_decrease<Cfg::kProducerRegs>();
-    const auto* q_base = static_cast<const uint8_t*>(p.q) + token * p.q_stride_s * 2;
-    for (int c = tid; c < kHeads * Cfg::kChunksPerRow; c += 128) {
-      const int row = c / Cfg::kChunksPerRow, chunk = c % Cfg::kChunksPerRow;
-      const bool valid = head0 + row < p.num_heads;  // padded heads read as zeros
-      const uint8_t* src = q_base + (valid ? (head0 + row) * p.q_stride_h * 2 + chunk * 16 : 0);
-      ptx::cp_async_16_zfill(plan.q + sw128_chunk_offset<kHeads>(row, chunk), src, valid);
-    }
-    ptx::cp_async_arrive_noinc(&plan.q_full);
-
-    // Gather: thread (group g = tid/8, lane j = tid%8) copies chunk j of every 64-column block of
-    // rows g, g+16, g+32, g+48; a warp thus moves 4 rows × 128 contiguous bytes per instruction.
-    constexpr int kRowsPerThread = kTile / 16;
+    // Gather: thread (group = tid/8, lane8 = tid%8) copies chunk lane8 of every 64-column block
+    // of rows group, group+16, ...; a warp moves 4 rows × 128 contiguous bytes per instruction.
     constexpr int kBlocks = D_QK / 64;
     const int group = tid / 8, lane8 = tid % 8;
     const auto* kv_base = static_cast<const uint8_t*>(p.kv) + lane8 * 16;
     const int64_t kv_row_bytes = p.kv_row_stride * 2;
-    for (int tile = 0; tile < num_tiles; ++tile) {
-      const int buf = tile & 1;
-      const uint8_t* src[kRowsPerThread];
-      bool valid[kRowsPerThread];
+    uint32_t g = 0;
+    int k = 0;
+    for (int item = blockIdx.x; item < num_items; item += gridDim.x, ++k) {
+      const Item it = item_at(item);
+      // Q of this item once the previous item's S products are done with the buffer.
+      if (k >= 1) ptx::mbarrier_wait(&plan.q_empty, (k - 1) & 1);
+      const auto* q_base = static_cast<const uint8_t*>(p.q) + it.token * p.q_stride_s * 2 + lane8 * 16;
 #pragma unroll
-      for (int k = 0; k < kRowsPerThread; ++k) {
-        const int slot = tile * kTile + group + 16 * k;
-        const int idx = slot < valid_len ? __ldg(token_indices + slot) : -1;
-        valid[k] = idx >= 0 && idx < p.s_kv;
-        src[k] = kv_base + (valid[k] ? idx * kv_row_bytes : 0);
+      for (int rk = 0; rk < kHeads / 16; ++rk) {
+        const int row = group + 16 * rk;
+        const bool valid = it.head0 + row < p.num_heads;  // padded heads read as zeros
+        const uint8_t* src = q_base + (valid ? (it.head0 + row) * p.q_stride_h * 2 : 0);
+#pragma unroll
+        for (int blk = 0; blk < kBlocks; ++blk)
+          ptx::cp_async_16_zfill(plan.q + sw128_chunk_offset<kHeads>(row, blk * 8 + lane8), src + blk * 128, valid);
       }
-      if (tile >= 2) ptx::mbarrier_wait(&plan.k_empty[buf], ((tile >> 1) - 1) & 1);
-      uint8_t* dst = plan.k[buf];
+      ptx::cp_async_arrive_noinc(&plan.q_full);
+
+      for (int t = 0; t < it.num_tiles; ++t, ++g) {
+        const int buf = g & 1;
+        const uint8_t* src[kTile / 16];
+        bool valid[kTile / 16];
 #pragma unroll
-      for (int k = 0; k < kRowsPerThread; ++k) {
-        const int row = group + 16 * k;
-#pragma unroll
-        for (int blk = 0; blk < kBlocks; ++blk) {
-          ptx::cp_async_16_zfill(dst + sw128_chunk_offset<kTile>(row, blk * 8 + lane8), src[k] + blk * 128,
-                                 valid[k]);
+        for (int rk = 0; rk < kTile / 16; ++rk) {
+          const int slot = t * kTile + group + 16 * rk;
+          const int idx = slot < it.valid_len ? __ldg(it.indices + slot) : -1;
+          valid[rk] = idx >= 0 && idx < p.s_kv;
+          src[rk] = kv_base + (valid[rk] ? idx * kv_row_bytes : 0);
         }
+        if (g >= 2) ptx::mbarrier_wait(&plan.k_empty[buf], ((g >> 1) - 1) & 1);
+        uint8_t* dst = plan.k[buf];
+#pragma unroll
+        for (int rk = 0; rk < kTile / 16; ++rk) {
+          const int row = group + 16 * rk;
+#pragma unroll
+          for (int blk = 0; blk < kBlocks; ++blk)
+            ptx::cp_async_16_zfill(dst + sw128_chunk_offset<kTile>(row, blk * 8 + lane8), src[rk] + blk * 128,
+                                   valid[rk]);
+        }
+        ptx::cp_async_arrive_noinc(&plan.k_full[buf]);
       }
-      ptx::cp_async_arrive_noinc(&plan.k_full[buf]);
     }
   } else {
     // ============================== math ==============================
@@ -134,24 +155,23 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
       auto* base = reinterpret_cast<bf16_t*>(plan.k[buf] + wg * 4 * kTile * 128);
       return make_tensor(make_smem_ptr(base), SmemTileKTransposed<kTile, Cfg::kDvPerWarpgroup>{});
     };
-    auto p_bytes = [&](int buf) -> uint8_t* {
+    // P of local tile t (in buffer buf): d 576 keeps it in the tile's rope block, d 512 in p[t&1].
+    auto p_bytes = [&](int t, int buf) -> uint8_t* {
       if constexpr (Cfg::kPInRopeBlock) return plan.k[buf] + Cfg::kPOffsetInTile;
-      else return plan.p[buf];
+      else return plan.p[t & 1];
     };
-    auto p_tile = [&](int buf) {
-      return make_tensor(make_smem_ptr(reinterpret_cast<bf16_t*>(p_bytes(buf))), SmemTileK<kHeads, kTile>{});
+    auto p_tile = [&](int t, int buf) {
+      return make_tensor(make_smem_ptr(reinterpret_cast<bf16_t*>(p_bytes(t, buf))), SmemTileK<kHeads, kTile>{});
     };
 
     Tensor rO = partition_fragment_C(MmaPvRegs{}, Shape<Int<kHeads>, Int<Cfg::kDvPerWarpgroup>>{});
     Tensor rS = partition_fragment_C(MmaS{}, Shape<Int<kHeads>, Int<kTile>>{});
     Tensor rP = make_tensor<bf16_t>(partition_shape_A(MmaPvRegs{}, Shape<Int<kHeads>, Int<kTile>>{}));
     static_assert(decltype(size(rS))::value == decltype(size(rP))::value, "P mirrors S");
-    clear(rO);
 
-    // Rows of this thread: r0 = acc_row(0), r1 = r0 + 8. Running max in base-2 units.
+    // Rows of this thread: row0 = acc_row(0) and row0 + 8. Running max in base-2 units.
     const int row0 = acc_row(0, tid);
-    float m_run[2] = {-INFINITY, -INFINITY};
-    float l_part[2] = {0.f, 0.f};  // this thread's columns only; reduced at the end
+    float m_run[2] = {-INFINITY, -INFINITY}, l_part[2] = {0.f, 0.f};  // l_part: this thread's columns only; reduced at the end
 
     auto rescale = [&](const float scale[2]) {
       CUTE_UNROLL
@@ -160,191 +180,208 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
       l_part[1] *= scale[1];
     };
 
-    // A. this WG's P·V of tile-2 has finished (caller waited) → buffer free for the producer.
-    auto release_own_tile = [&](int tile) {
-      if (tile >= 2) ptx::mbarrier_arrive(&plan.k_empty[tile & 1]);
-    };
-    // B. issue S = Q·K_tileᵀ.
-    auto issue_s = [&](int tile) {
-      ptx::mbarrier_wait(&plan.k_full[tile & 1], (tile >> 1) & 1);
-      wgmma_ss(MmaS{}, sQ, k_tile(tile & 1), rS, /*zero_init=*/true);
-      wgmma_commit();
-    };
-    // C. the other WG's tile: take its P and row stats, accumulate my half of O.
-    auto accumulate_remote = [&](int tile) {
-      const int rbuf = tile & 1;
-      ptx::named_barrier_sync(Cfg::kBarPReady0 + rbuf, 256);
-      float scale[2];
-      CUTE_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        scale[r] = plan.row_scale[rbuf][row0 + 8 * r];
-        m_run[r] = plan.row_max[rbuf][row0 + 8 * r];
-      }
-      rescale(scale);
-      wgmma_ss(MmaPvSmem{}, p_tile(rbuf), v_half(rbuf), rO, false);
-      wgmma_commit();
-    };
-    // Validity of this thread's 16 S columns of a tile (slot < topk_length, index in [0, s_kv)).
-    auto column_mask = [&](int tile) {
-      uint32_t bits = 0;
-      CUTE_UNROLL
-      for (int i = 0; i < 32; i += 4) {
-        CUTE_UNROLL
-        for (int e = 0; e < 2; ++e) {
-          const int slot = tile * kTile + acc_col(i + e, tid);
-          const int idx = slot < valid_len ? __ldg(token_indices + slot) : -1;
-          if (idx >= 0 && idx < p.s_kv) bits |= 1u << (i / 2 + e);
-        }
-      }
-      return bits;
-    };
-    // D1. S of the own tile is complete (caller waited): masked online softmax (base 2),
-    // publish P and the row stats for the other WG. Returns the factor O must be scaled by.
-    auto softmax_publish = [&](int tile, uint32_t valid_bits, float scale[2]) {
-      const int buf = tile & 1;
-      float m_new[2];
-      CUTE_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        float mx = -INFINITY;
-        CUTE_UNROLL
-        for (int i = 2 * r; i < size(rS); i += 4) {
-          CUTE_UNROLL
-          for (int e = 0; e < 2; ++e) {
-            const bool v = (valid_bits >> (i / 4 * 2 + e)) & 1u;
-            rS(i + e) = v ? rS(i + e) * p.scale_log2 : -INFINITY;
-            mx = fmaxf(mx, rS(i + e));
-          }
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        m_new[r] = fmaxf(m_run[r], mx);
-        // No valid key so far: keep exponents finite (every term is 0 anyway).
-        const float base = m_new[r] == -INFINITY ? 0.f : m_new[r];
-        scale[r] = fast_exp2(m_run[r] - base);
-        float sum = 0.f;
-        CUTE_UNROLL
-        for (int i = 2 * r; i < size(rS); i += 4) {
-          CUTE_UNROLL
-          for (int e = 0; e < 2; ++e) {
-            const float pe = fast_exp2(rS(i + e) - base);
-            rP(i + e) = bf16_t(pe);
-            sum += pe;
-          }
-        }
-        l_part[r] = l_part[r] * scale[r] + sum;
-        m_run[r] = m_new[r];
-      }
-      // P as bf16 in the SW128 K-major layout: 4-byte stores, conflict-free thanks to the swizzle.
-      uint8_t* sp = p_bytes(buf);
-      CUTE_UNROLL
-      for (int i = 0; i < size(rP); i += 2) {
-        __nv_bfloat162 v2;
-        v2.x = reinterpret_cast<const __nv_bfloat16&>(rP(i));
-        v2.y = reinterpret_cast<const __nv_bfloat16&>(rP(i + 1));
-        *reinterpret_cast<__nv_bfloat162*>(sp + sw128_elem_offset<kHeads>(acc_row(i, tid), acc_col(i, tid))) = v2;
-      }
-      if ((tid & 3) == 0) {
+    uint32_t g = 0;  // global number of the current item's tile 0
+    int k = 0;
+    for (int item = blockIdx.x; item < num_items; item += gridDim.x, ++k) {
+      const Item it = item_at(item);
+      const int n = it.num_tiles;
+      auto buf_of = [&](int t) { return static_cast<int>((g + t) & 1); };
+      clear(rO);
+      m_run[0] = m_run[1] = -INFINITY;
+      l_part[0] = l_part[1] = 0.f;
+
+      // A. this WG's P·V of tile t-2 has finished (caller waited) → its buffer goes back.
+      auto release_own_tile = [&](int t) {
+        if (t >= 2) ptx::mbarrier_arrive(&plan.k_empty[buf_of(t)]);
+      };
+      // B. issue S = Q·K_tᵀ.
+      auto issue_s = [&](int t) {
+        ptx::mbarrier_wait(&plan.k_full[buf_of(t)], ((g + t) >> 1) & 1);
+        wgmma_ss(MmaS{}, sQ, k_tile(buf_of(t)), rS, /*zero_init=*/true);
+        wgmma_commit();
+      };
+      // After S of tile t is complete: Q is free once this was the WG's last own tile.
+      auto s_done = [&](int t) {
+        if (t + 2 >= n) ptx::mbarrier_arrive(&plan.q_empty);
+      };
+      // C. the other WG's tile t: take its P and row stats, accumulate my half of O.
+      auto accumulate_remote = [&](int t) {
+        ptx::named_barrier_sync(Cfg::kBarPReady0 + (t & 1), 256);
+        float scale[2];
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {
-          plan.row_max[buf][row0 + 8 * r] = m_new[r];
-          plan.row_scale[buf][row0 + 8 * r] = scale[r];
+          scale[r] = plan.row_scale[t & 1][row0 + 8 * r];
+          m_run[r] = plan.row_max[t & 1][row0 + 8 * r];
         }
+        rescale(scale);
+        wgmma_ss(MmaPvSmem{}, p_tile(t, buf_of(t)), v_half(buf_of(t)), rO, false);
+        wgmma_commit();
+      };
+      // Validity of this thread's 16 S columns of tile t (slot < topk_length, index in [0, s_kv)).
+      auto column_mask = [&](int t) {
+        uint32_t bits = 0;
+        CUTE_UNROLL
+        for (int i = 0; i < 32; i += 4) {
+          CUTE_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            const int slot = t * kTile + acc_col(i + e, tid);
+            const int idx = slot < it.valid_len ? __ldg(it.indices + slot) : -1;
+            if (idx >= 0 && idx < p.s_kv) bits |= 1u << (i / 2 + e);
+          }
+        }
+        return bits;
+      };
+      // D1. S of the own tile t is complete: masked online softmax (base 2), publish P and the
+      // row stats for the other WG; `scale` is the factor O must be multiplied by.
+      auto softmax_publish = [&](int t, uint32_t valid_bits, float scale[2]) {
+        float m_new[2];
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          float mx = -INFINITY;
+          CUTE_UNROLL
+          for (int i = 2 * r; i < size(rS); i += 4) {
+            CUTE_UNROLL
+            for (int e = 0; e < 2; ++e) {
+              const bool v = (valid_bits >> (i / 4 * 2 + e)) & 1u;
+              rS(i + e) = v ? rS(i + e) * p.scale_log2 : -INFINITY;
+              mx = fmaxf(mx, rS(i + e));
+            }
+          }
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          m_new[r] = fmaxf(m_run[r], mx);
+          // No valid key so far: keep exponents finite (every term is 0 anyway).
+          const float base = m_new[r] == -INFINITY ? 0.f : m_new[r];
+          scale[r] = fast_exp2(m_run[r] - base);
+          float sum = 0.f;
+          CUTE_UNROLL
+          for (int i = 2 * r; i < size(rS); i += 4) {
+            CUTE_UNROLL
+            for (int e = 0; e < 2; ++e) {
+              const float pe = fast_exp2(rS(i + e) - base);
+              rP(i + e) = bf16_t(pe);
+              sum += pe;
+            }
+          }
+          l_part[r] = l_part[r] * scale[r] + sum;
+          m_run[r] = m_new[r];
+        }
+        // P as bf16 in the SW128 K-major layout: 4-byte stores, conflict-free thanks to the swizzle.
+        uint8_t* sp = p_bytes(t, buf_of(t));
+        CUTE_UNROLL
+        for (int i = 0; i < size(rP); i += 2) {
+          __nv_bfloat162 v2;
+          v2.x = reinterpret_cast<const __nv_bfloat16&>(rP(i));
+          v2.y = reinterpret_cast<const __nv_bfloat16&>(rP(i + 1));
+          *reinterpret_cast<__nv_bfloat162*>(sp + sw128_elem_offset<kHeads>(acc_row(i, tid), acc_col(i, tid))) = v2;
+        }
+        if ((tid & 3) == 0) {
+          CUTE_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            plan.row_max[t & 1][row0 + 8 * r] = m_new[r];
+            plan.row_scale[t & 1][row0 + 8 * r] = scale[r];
+          }
+        }
+        ptx::fence_proxy_async_smem();
+        ptx::named_barrier_arrive(Cfg::kBarPReady0 + (t & 1), 256);
+      };
+      // D2. (no P·V in flight) rescale O, issue O += P·V_t.
+      auto accumulate_own = [&](int t, const float scale[2]) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(rO); ++i) rO(i) *= scale[(i >> 1) & 1];
+        wgmma_rs(MmaPvRegs{}, rP, v_half(buf_of(t)), rO, false);
+        wgmma_commit();
+      };
+
+      ptx::mbarrier_wait(&plan.q_full, k & 1);
+      if (wg >= n) ptx::mbarrier_arrive(&plan.q_empty);  // no own tile: Q not needed
+
+      // The waits are unconditional so ptxas can prove no accumulator is touched while a wgmma
+      // writing it is in flight (otherwise it serializes every wgmma: warning C7514).
+      int t = wg;
+      if (wg == 0 && n > 0) {  // WG0's first tile has no remote predecessor
+        const uint32_t bits = column_mask(0);
+        issue_s(0);
+        wgmma_wait<0>();
+        s_done(0);
+        float scale[2];
+        softmax_publish(0, bits, scale);
+        accumulate_own(0, scale);
+        t = 2;
       }
-      ptx::fence_proxy_async_smem();
-      ptx::named_barrier_arrive(Cfg::kBarPReady0 + buf, 256);
-    };
-    // D2. (P·V of the remote tile done, caller waited) rescale O, issue O += P·V_tile.
-    auto accumulate_own = [&](int tile, const float scale[2]) {
-      CUTE_UNROLL
-      for (int i = 0; i < size(rO); ++i) rO(i) *= scale[(i >> 1) & 1];
-      wgmma_rs(MmaPvRegs{}, rP, v_half(tile & 1), rO, false);
-      wgmma_commit();
-    };
-
-    ptx::mbarrier_wait(&plan.q_full, 0);
-
-    // The waits below are unconditional so ptxas can prove no accumulator is touched while a
-    // wgmma writing it is in flight (otherwise it serializes every wgmma: warning C7514).
-    int tile = wg;
-    if (wg == 0 && num_tiles > 0) {  // WG0's first tile has no remote predecessor
-      const uint32_t bits = column_mask(0);
-      issue_s(0);
-      wgmma_wait<0>();
-      float scale[2];
-      softmax_publish(0, bits, scale);
-      accumulate_own(0, scale);
-      tile = 2;
-    }
-    // The remote P·V is issued BEFORE the own S so that buffer (tile-1)%2 is released as early as
-    // possible: the gather of tile+1 into it then overlaps S, softmax and P·V of this tile (with
-    // S issued first, the release waited for the whole softmax and the gather sat on the critical
-    // path: 3.2 µs per tile instead of ~1.7; see bench/NOTES-prefill.md).
-    for (; tile < num_tiles; tile += 2) {
-      wgmma_wait<0>();              // A: own P·V of tile-2 done
-      release_own_tile(tile);
-      const uint32_t bits = column_mask(tile);
-      accumulate_remote(tile - 1);  // C
-      issue_s(tile);                // B
-      wgmma_wait<1>();              // P·V of tile-1 done → its buffer is free
-      ptx::mbarrier_arrive(&plan.k_empty[(tile - 1) & 1]);
-      wgmma_wait<0>();              // S done
-      float scale[2];
-      softmax_publish(tile, bits, scale);  // D
-      accumulate_own(tile, scale);
-    }
-    if (tile == num_tiles && tile >= 1) {  // the last tile is the other WG's
-      wgmma_wait<0>();
-      release_own_tile(tile);
-      accumulate_remote(tile - 1);
-    }
-    wgmma_wait<0>();
-
-    // ---- epilogue: total row sums across the two WGs, sink, normalise, store.
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      l_part[r] += __shfl_xor_sync(0xffffffffu, l_part[r], 1);
-      l_part[r] += __shfl_xor_sync(0xffffffffu, l_part[r], 2);
-    }
-    if ((tid & 3) == 0) {
-      plan.row_sum[wg][row0] = l_part[0];
-      plan.row_sum[wg][row0 + 8] = l_part[1];
-    }
-    ptx::named_barrier_sync(Cfg::kBarLExchange, 256);
-    float factor[2];
-    float l_total[2];
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      const int row = row0 + 8 * r;
-      l_total[r] = plan.row_sum[0][row] + plan.row_sum[1][row];  // fixed order in both WGs
-      const int head = head0 + row;
-      float sink_term = 0.f;
-      if (p.attn_sink != nullptr && head < p.num_heads) {
-        const float sink_log2 = __ldg(p.attn_sink + head) * 1.4426950408889634f;
-        sink_term = fast_exp2(sink_log2 - (m_run[r] == -INFINITY ? 0.f : m_run[r]));
+      // The remote P·V is issued BEFORE the own S so that buffer of tile t-1 is released as early
+      // as possible: the gather of tile t+1 into it then overlaps S, softmax and P·V of tile t
+      // (bench/NOTES-prefill.md, v2: 3.2 → 2.3 µs per tile).
+      for (; t < n; t += 2) {
+        wgmma_wait<0>();  // A: own P·V of tile t-2 done
+        release_own_tile(t);
+        const uint32_t bits = column_mask(t);
+        accumulate_remote(t - 1);  // C
+        issue_s(t);                // B
+        wgmma_wait<1>();           // P·V of tile t-1 done → its buffer is free
+        ptx::mbarrier_arrive(&plan.k_empty[buf_of(t - 1)]);
+        wgmma_wait<0>();           // S done
+        s_done(t);
+        float scale[2];
+        softmax_publish(t, bits, scale);  // D
+        accumulate_own(t, scale);
       }
-      factor[r] = l_total[r] > 0.f ? 1.f / (l_total[r] + sink_term) : 0.f;
-    }
-    auto* out_base = static_cast<uint8_t*>(p.out) + token * p.out_stride_s * 2;
-    CUTE_UNROLL
-    for (int i = 0; i < size(rO); i += 2) {
-      const int r = (i >> 1) & 1;
-      const int head = head0 + acc_row(i, tid);
-      if (head >= p.num_heads) continue;
-      const int col = wg * Cfg::kDvPerWarpgroup + acc_col(i, tid);
-      *reinterpret_cast<__nv_bfloat162*>(out_base + (head * p.out_stride_h + col) * 2) =
-          __floats2bfloat162_rn(rO(i) * factor[r], rO(i + 1) * factor[r]);
-    }
-    if (wg == 0 && (tid & 3) == 0) {
+      if (t == n && t >= 1) {  // the item's last tile is the other WG's
+        wgmma_wait<0>();
+        release_own_tile(t);
+        accumulate_remote(t - 1);
+      }
+      wgmma_wait<0>();
+      // Every tile's buffer is released once by each WG; the last one is still held here.
+      if (n >= 1) ptx::mbarrier_arrive(&plan.k_empty[buf_of(n - 1)]);
+      g += n;
+
+      // ---- epilogue: total row sums across the two WGs, sink, normalise, store.
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
-        const int head = head0 + row0 + 8 * r;
+        l_part[r] += __shfl_xor_sync(0xffffffffu, l_part[r], 1);
+        l_part[r] += __shfl_xor_sync(0xffffffffu, l_part[r], 2);
+      }
+      float(&row_sum)[2][kHeads] = plan.row_sum[k & 1];  // double-buffered across items
+      if ((tid & 3) == 0) {
+        row_sum[wg][row0] = l_part[0];
+        row_sum[wg][row0 + 8] = l_part[1];
+      }
+      ptx::named_barrier_sync(Cfg::kBarLExchange, 256);
+      float factor[2], l_total[2];
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + 8 * r;
+        l_total[r] = row_sum[0][row] + row_sum[1][row];  // same order in both WGs
+        const int head = it.head0 + row;
+        float sink_term = 0.f;
+        if (p.attn_sink != nullptr && head < p.num_heads) {
+          const float sink_log2 = __ldg(p.attn_sink + head) * 1.4426950408889634f;
+          sink_term = fast_exp2(sink_log2 - (m_run[r] == -INFINITY ? 0.f : m_run[r]));
+        }
+        factor[r] = l_total[r] > 0.f ? 1.f / (l_total[r] + sink_term) : 0.f;
+      }
+      auto* out_base = static_cast<uint8_t*>(p.out) + it.token * p.out_stride_s * 2;
+      CUTE_UNROLL
+      for (int i = 0; i < size(rO); i += 2) {
+        const int r = (i >> 1) & 1;
+        const int head = it.head0 + acc_row(i, tid);
         if (head >= p.num_heads) continue;
-        const bool empty = !(l_total[r] > 0.f);
-        constexpr float kLn2 = 0.6931471805599453f;
-        p.max_logits[token * p.ml_stride_s + head * p.ml_stride_h] =
-            empty ? -INFINITY : m_run[r] * kLn2;
-        p.lse[token * p.lse_stride_s + head * p.lse_stride_h] =
-            empty ? INFINITY : m_run[r] * kLn2 + logf(l_total[r]);
+        const int col = wg * Cfg::kDvPerWarpgroup + acc_col(i, tid);
+        *reinterpret_cast<__nv_bfloat162*>(out_base + (head * p.out_stride_h + col) * 2) =
+            __floats2bfloat162_rn(rO(i) * factor[r], rO(i + 1) * factor[r]);
+      }
+      if (wg == 0 && (tid & 3) == 0) {
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          const int head = it.head0 + row0 + 8 * r;
+          if (head >= p.num_heads) continue;
+          const bool empty = !(l_total[r] > 0.f);
+          constexpr float kLn2 = 0.6931471805599453f;
+          p.max_logits[it.token * p.ml_stride_s + head * p.ml_stride_h] = empty ? -INFINITY : m_run[r] * kLn2;
+          p.lse[it.token * p.lse_stride_s + head * p.lse_stride_h] =
+              empty ? INFINITY : m_run[r] * kLn2 + logf(l_total[r]);
+        }
       }
     }
   }
@@ -362,7 +399,11 @@ void launch(const Params& params, CUstream_st* stream) {
   }();
   (void)attribute_set;
   const int head_groups = (params.num_heads + Cfg::kHeads - 1) / Cfg::kHeads;
-  const dim3 grid(static_cast<unsigned>(params.s_q * head_groups));
+  const int64_t items = int64_t{params.s_q} * head_groups;
+  int device = 0, sms = 0;
+  DSV4_CUDA_CHECK("sparse_prefill", cudaGetDevice(&device));
+  DSV4_CUDA_CHECK("sparse_prefill", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const dim3 grid(static_cast<unsigned>(items < sms ? items : sms));  // persistent: one CTA per SM
   sparse_prefill_kernel<D_QK><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
   check_launch("sparse_prefill");
 }

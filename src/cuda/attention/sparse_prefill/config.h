@@ -55,9 +55,11 @@ struct Config {
   static constexpr uint32_t kMathRegs = 232;
   static constexpr uint32_t kProducerRegs = 40;
 
-  // Named barriers (0 is __syncthreads).
-  static constexpr uint32_t kBarPReady0 = 1;  // + (tile & 1): P and row stats of a tile published
-  static constexpr uint32_t kBarLExchange = 3;
+  // A tile arrives in two halves (columns [0, 256) and [256, d_qk)) so S can start on the first.
+  static constexpr int kSplitBlocks = 4;           // 64-column blocks in the first half
+  static constexpr int kSplitKSteps = kSplitBlocks * 64 / 16;
+  // Named barrier (0 is __syncthreads) for the end-of-item row-sum exchange between math WGs.
+  static constexpr uint32_t kBarLExchange = 1;
 
   struct SharedPlan {
     alignas(1024) uint8_t q[kQBytes];
@@ -67,7 +69,8 @@ struct Config {
     float row_scale[2][kHeads];  // factor the tile's owner applied to O and l
     float row_sum[2][2][kHeads];  // [item parity][WG] partial l, exchanged at the item's end
     uint64_t q_full, q_empty;
-    uint64_t k_full[2];
+    uint64_t k_full[2][2];  // [buffer][half]
+    uint64_t p_ready[2];    // [local tile parity]: P and row stats of a tile published by its owner
     uint64_t k_empty[2];
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedPlan)) + 1024;  // + alignment

@@ -83,7 +83,9 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
     ptx::mbarrier_init(&plan.q_full, 128);   // one cp.async arrival per producer thread
     ptx::mbarrier_init(&plan.q_empty, 256);  // every math thread, after its last S of the item
     for (int b = 0; b < 2; ++b) {
-      ptx::mbarrier_init(&plan.k_full[b], 128);
+      ptx::mbarrier_init(&plan.k_full[b][0], 128);
+      ptx::mbarrier_init(&plan.k_full[b][1], 128);
+      ptx::mbarrier_init(&plan.p_ready[b], 128);  // the owner WG's threads
       ptx::mbarrier_init(&plan.k_empty[b], 256);  // every math thread, after its P·V on the tile
     }
     ptx::fence_barrier_init();
@@ -99,6 +101,7 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
     const int group = tid / 8, lane8 = tid % 8;
     const auto* kv_base = static_cast<const uint8_t*>(p.kv) + lane8 * 16;
     const int64_t kv_row_bytes = p.kv_row_stride * 2;
+    const uint64_t keep_in_l2 = ptx::l2_policy_evict_last(), stream_through = ptx::l2_policy_evict_first();
     uint32_t g = 0;
     int k = 0;
     for (int item = blockIdx.x; item < num_items; item += gridDim.x, ++k) {
@@ -113,7 +116,8 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
         const uint8_t* src = q_base + (valid ? (it.head0 + row) * p.q_stride_h * 2 : 0);
 #pragma unroll
         for (int blk = 0; blk < kBlocks; ++blk)
-          ptx::cp_async_16_zfill(plan.q + sw128_chunk_offset<kHeads>(row, blk * 8 + lane8), src + blk * 128, valid);
+          ptx::cp_async_16_zfill(plan.q + sw128_chunk_offset<kHeads>(row, blk * 8 + lane8), src + blk * 128, valid,
+                                 stream_through);
       }
       ptx::cp_async_arrive_noinc(&plan.q_full);
 
@@ -130,15 +134,20 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
         }
         if (g >= 2) ptx::mbarrier_wait(&plan.k_empty[buf], ((g >> 1) - 1) & 1);
         uint8_t* dst = plan.k[buf];
+        auto gather_blocks = [&](int blk_begin, int blk_end) {
 #pragma unroll
-        for (int rk = 0; rk < kTile / 16; ++rk) {
-          const int row = group + 16 * rk;
+          for (int rk = 0; rk < kTile / 16; ++rk) {
+            const int row = group + 16 * rk;
 #pragma unroll
-          for (int blk = 0; blk < kBlocks; ++blk)
-            ptx::cp_async_16_zfill(dst + sw128_chunk_offset<kTile>(row, blk * 8 + lane8), src[rk] + blk * 128,
-                                   valid[rk]);
-        }
-        ptx::cp_async_arrive_noinc(&plan.k_full[buf]);
+            for (int blk = blk_begin; blk < blk_end; ++blk)
+              ptx::cp_async_16_zfill(dst + sw128_chunk_offset<kTile>(row, blk * 8 + lane8), src[rk] + blk * 128,
+                                     valid[rk], keep_in_l2);
+          }
+        };
+        gather_blocks(0, Cfg::kSplitBlocks);
+        ptx::cp_async_arrive_noinc(&plan.k_full[buf][0]);
+        gather_blocks(Cfg::kSplitBlocks, kBlocks);
+        ptx::cp_async_arrive_noinc(&plan.k_full[buf][1]);
       }
     }
   } else {
@@ -180,6 +189,9 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
       l_part[1] *= scale[1];
     };
 
+    // Publications of the other WG's tiles seen so far (mod 2): WG w only ever waits on
+    // p_ready[1 - w], once per completed phase.
+    uint32_t remote_phase = 0;
     uint32_t g = 0;  // global number of the current item's tile 0
     int k = 0;
     for (int item = blockIdx.x; item < num_items; item += gridDim.x, ++k) {
@@ -196,8 +208,11 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
       };
       // B. issue S = Q·K_tᵀ.
       auto issue_s = [&](int t) {
-        ptx::mbarrier_wait(&plan.k_full[buf_of(t)], ((g + t) >> 1) & 1);
-        wgmma_ss(MmaS{}, sQ, k_tile(buf_of(t)), rS, /*zero_init=*/true);
+        const uint32_t phase = ((g + t) >> 1) & 1;
+        ptx::mbarrier_wait(&plan.k_full[buf_of(t)][0], phase);
+        wgmma_ss<0, Cfg::kSplitKSteps>(MmaS{}, sQ, k_tile(buf_of(t)), rS, /*zero_init=*/true);
+        ptx::mbarrier_wait(&plan.k_full[buf_of(t)][1], phase);
+        wgmma_ss<Cfg::kSplitKSteps>(MmaS{}, sQ, k_tile(buf_of(t)), rS, /*zero_init=*/false);
         wgmma_commit();
       };
       // After S of tile t is complete: Q is free once this was the WG's last own tile.
@@ -206,7 +221,8 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
       };
       // C. the other WG's tile t: take its P and row stats, accumulate my half of O.
       auto accumulate_remote = [&](int t) {
-        ptx::named_barrier_sync(Cfg::kBarPReady0 + (t & 1), 256);
+        ptx::mbarrier_wait(&plan.p_ready[t & 1], remote_phase);
+        remote_phase ^= 1;
         float scale[2];
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {
@@ -283,7 +299,7 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
           }
         }
         ptx::fence_proxy_async_smem();
-        ptx::named_barrier_arrive(Cfg::kBarPReady0 + (t & 1), 256);
+        ptx::mbarrier_arrive(&plan.p_ready[t & 1]);
       };
       // D2. (no P·V in flight) rescale O, issue O += P·V_t.
       auto accumulate_own = [&](int t, const float scale[2]) {
@@ -368,8 +384,9 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
         const int head = it.head0 + acc_row(i, tid);
         if (head >= p.num_heads) continue;
         const int col = wg * Cfg::kDvPerWarpgroup + acc_col(i, tid);
-        *reinterpret_cast<__nv_bfloat162*>(out_base + (head * p.out_stride_h + col) * 2) =
-            __floats2bfloat162_rn(rO(i) * factor[r], rO(i + 1) * factor[r]);
+        const __nv_bfloat162 o2 = __floats2bfloat162_rn(rO(i) * factor[r], rO(i + 1) * factor[r]);
+        __stcs(reinterpret_cast<unsigned int*>(out_base + (head * p.out_stride_h + col) * 2),
+               reinterpret_cast<const unsigned int&>(o2));  // streaming store: out is not re-read
       }
       if (wg == 0 && (tid & 3) == 0) {
         CUTE_UNROLL

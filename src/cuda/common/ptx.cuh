@@ -50,26 +50,6 @@ __device__ __forceinline__ void cp_async_16_zfill(void* smem_dst, const void* gm
                "l"(gmem_src), "r"(valid ? 16 : 0)
                : "memory");
 }
-// L2 eviction-priority policies for the hinted copies below: gathered KV rows are re-read by
-// other CTAs (keep them: evict_last), streamed operands are read once (evict_first).
-__device__ __forceinline__ uint64_t l2_policy_evict_last() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-__device__ __forceinline__ uint64_t l2_policy_evict_first() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-// cp_async_16_zfill with an L2 eviction policy from the functions above.
-__device__ __forceinline__ void cp_async_16_zfill(void* smem_dst, const void* gmem_src, bool valid,
-                                                  uint64_t l2_policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;" ::"r"(
-                   smem_addr(smem_dst)),
-               "l"(gmem_src), "r"(valid ? 16 : 0), "l"(l2_policy)
-               : "memory");
-}
 // The barrier receives one arrival when every cp.async this thread issued so far has landed
 // (.noinc: the arrival counts against the count given at mbarrier_init).
 __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {

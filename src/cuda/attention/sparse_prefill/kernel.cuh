@@ -101,7 +101,6 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
     const int group = tid / 8, lane8 = tid % 8;
     const auto* kv_base = static_cast<const uint8_t*>(p.kv) + lane8 * 16;
     const int64_t kv_row_bytes = p.kv_row_stride * 2;
-    const uint64_t keep_in_l2 = ptx::l2_policy_evict_last(), stream_through = ptx::l2_policy_evict_first();
     uint32_t g = 0;
     int k = 0;
     for (int item = blockIdx.x; item < num_items; item += gridDim.x, ++k) {
@@ -116,8 +115,7 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
         const uint8_t* src = q_base + (valid ? (it.head0 + row) * p.q_stride_h * 2 : 0);
 #pragma unroll
         for (int blk = 0; blk < kBlocks; ++blk)
-          ptx::cp_async_16_zfill(plan.q + sw128_chunk_offset<kHeads>(row, blk * 8 + lane8), src + blk * 128, valid,
-                                 stream_through);
+          ptx::cp_async_16_zfill(plan.q + sw128_chunk_offset<kHeads>(row, blk * 8 + lane8), src + blk * 128, valid);
       }
       ptx::cp_async_arrive_noinc(&plan.q_full);
 
@@ -141,7 +139,7 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
 #pragma unroll
             for (int blk = blk_begin; blk < blk_end; ++blk)
               ptx::cp_async_16_zfill(dst + sw128_chunk_offset<kTile>(row, blk * 8 + lane8), src[rk] + blk * 128,
-                                     valid[rk], keep_in_l2);
+                                     valid[rk]);
           }
         };
         gather_blocks(0, Cfg::kSplitBlocks);

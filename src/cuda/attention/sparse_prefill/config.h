@@ -11,6 +11,8 @@
 // read zeros and are never written.
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 
 #include "cuda/common/smem_layout.cuh"
@@ -18,8 +20,10 @@
 namespace dsv4::cuda::sparse_prefill_detail {
 
 struct Params {
-  const void* q;           // [s_q, H, d_qk] bf16
-  const void* kv;          // [s_kv, d_qk] bf16 (row stride kv_row_stride elements)
+  // TMA maps: q as (d_qk, H, s_q) with 64×64×1 boxes; kv as (d_qk, s_kv) with 64×1 boxes (one
+  // row segment: the gather). Both 128-byte swizzled.
+  CUtensorMap q_map;  // (CUtensorMap is 64-byte aligned by its declaration)
+  CUtensorMap kv_map;
   const int32_t* indices;  // [s_q, topk] (row stride indices_row_stride)
   const int32_t* topk_length;  // [s_q] or nullptr
   const float* attn_sink;      // [H] or nullptr
@@ -27,7 +31,7 @@ struct Params {
   float* max_logits;       // [s_q, H] (strides ml_stride_s, ml_stride_h)
   float* lse;              // [s_q, H]
   int s_q, num_heads, s_kv, topk;
-  int64_t q_stride_s, q_stride_h, kv_row_stride, indices_row_stride;
+  int64_t indices_row_stride;
   int64_t out_stride_s, out_stride_h, ml_stride_s, ml_stride_h, lse_stride_s, lse_stride_h;
   float scale_log2;  // softmax_scale · log2(e): logits are kept in base 2 inside the kernel
 };

@@ -1,5 +1,5 @@
 // Host dispatch of the CUDA sparse prefill (SPEC §6): checks what the kernel relies on (device,
-// dtypes, shapes, 16-byte aligned rows for TMA), encodes the q / kv tensor maps, picks the d_qk
+// dtypes, shapes, 16-byte aligned rows), encodes the q tensor map, picks the d_qk
 // instantiation and launches on the caller's stream. No allocation, no synchronization.
 #include "cuda/attention/sparse_prefill.h"
 
@@ -19,7 +19,7 @@ constexpr const char* kOp = "sparse_prefill";
 void check_aligned_rows(const char* name, const TensorView& t, int row_dims) {
   check_inner_contiguous(kOp, name, t);
   DSV4_CHECK(reinterpret_cast<uintptr_t>(t.data) % 16 == 0, kOp, ": ", name,
-             ": expected a 16-byte aligned pointer (TMA)");
+             ": expected a 16-byte aligned pointer (16-byte row copies)");
   for (int d = 0; d < row_dims; ++d) {
     DSV4_CHECK(t.stride(d) % 8 == 0, kOp, ": ", name, ".stride(", d,
                "): expected a multiple of 8 elements (16-byte rows), got ", t.stride(d));
@@ -88,6 +88,8 @@ void sparse_prefill(const SparsePrefillArgs& a, Stream stream) {
   if (s_q == 0 || heads == 0) return;
 
   sparse_prefill_detail::Params p{};
+  p.kv = a.kv.data;
+  p.kv_row_stride = a.kv.stride(0);
   p.indices = a.indices.ptr<const int32_t>();
   p.topk_length = a.topk_length.defined() ? a.topk_length.ptr<const int32_t>() : nullptr;
   p.attn_sink = a.attn_sink.defined() ? a.attn_sink.ptr<const float>() : nullptr;
@@ -111,11 +113,6 @@ void sparse_prefill(const SparsePrefillArgs& a, Stream stream) {
     const uint64_t q_strides[2] = {static_cast<uint64_t>(a.q.stride(1)) * 2, static_cast<uint64_t>(a.q.stride(0)) * 2};
     const uint32_t q_box[3] = {64, 64, 1};
     p.q_map = make_tensor_map_bf16_sw128(kOp, a.q.data, 3, q_dims, q_strides, q_box);
-    // s_kv = 0: a 1-row map that is never read (every index is invalid then).
-    const uint64_t kv_dims[2] = {static_cast<uint64_t>(d_qk), static_cast<uint64_t>(s_kv > 0 ? s_kv : 1)};
-    const uint64_t kv_strides[1] = {static_cast<uint64_t>(a.kv.stride(0)) * 2};
-    const uint32_t kv_box[2] = {64, 1};
-    p.kv_map = make_tensor_map_bf16_sw128(kOp, a.kv.data, 2, kv_dims, kv_strides, kv_box);
   }
 
 #if defined(DSV4_HAVE_CUTLASS)

@@ -4,7 +4,9 @@
 // A map describes a strided bf16 tensor; the kernel copies boxes of it into shared memory with
 // cp.async.bulk.tensor (ptx.cuh) and 128-byte swizzle, the layout wgmma reads (smem_layout.cuh).
 // The swizzle follows the destination address, so a 1-row box written at row r of a 1024-byte
-// aligned SW128 tile lands exactly where the tile expects row r: TMA can GATHER rows one by one.
+// aligned SW128 tile lands exactly where the tile expects row r: TMA can gather rows one by one
+// (verified by the prefill tests) — but 128-byte boxes are slow (the sparse prefill ran 6.5x
+// slower than with cp.async, bench/NOTES-prefill.md v5); use TMA for dense boxes.
 // Coordinates outside the tensor (negative or past the end) are filled with zeros and never read.
 #pragma once
 

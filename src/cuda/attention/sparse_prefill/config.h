@@ -20,10 +20,9 @@
 namespace dsv4::cuda::sparse_prefill_detail {
 
 struct Params {
-  // TMA maps: q as (d_qk, H, s_q) with 64×64×1 boxes; kv as (d_qk, s_kv) with 64×1 boxes (one
-  // row segment: the gather). Both 128-byte swizzled.
-  CUtensorMap q_map;  // (CUtensorMap is 64-byte aligned by its declaration)
-  CUtensorMap kv_map;
+  // TMA map of q as (d_qk, H, s_q) with 64×64×1 boxes, 128-byte swizzled (64-byte aligned type).
+  CUtensorMap q_map;
+  const void* kv;          // [s_kv, d_qk] bf16 (row stride kv_row_stride elements)
   const int32_t* indices;  // [s_q, topk] (row stride indices_row_stride)
   const int32_t* topk_length;  // [s_q] or nullptr
   const float* attn_sink;      // [H] or nullptr
@@ -31,7 +30,7 @@ struct Params {
   float* max_logits;       // [s_q, H] (strides ml_stride_s, ml_stride_h)
   float* lse;              // [s_q, H]
   int s_q, num_heads, s_kv, topk;
-  int64_t indices_row_stride;
+  int64_t kv_row_stride, indices_row_stride;
   int64_t out_stride_s, out_stride_h, ml_stride_s, ml_stride_h, lse_stride_s, lse_stride_h;
   float scale_log2;  // softmax_scale · log2(e): logits are kept in base 2 inside the kernel
 };

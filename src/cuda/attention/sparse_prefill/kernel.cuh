@@ -1,8 +1,8 @@
 // Sparse prefill attention kernel for Hopper (sm_90a). See config.h for the work split.
 //
 // Per CTA (token t, head group g), with n = ceil(topk_length / 64) tiles:
-//   producer WG2 (one warp): Q → smem by TMA; for tile i: wait until buffer i%2 is free, gather its
-//                 64 rows with 1-row TMA boxes (invalid rows zero-filled, never read) onto k_full.
+//   producer WG2: Q → smem by TMA; for tile i: wait until buffer i%2 is free, gather its 64 rows
+//                 (cp.async, invalid rows zero-filled, never read), arrive on k_full[i%2].
 //   math WG w ∈ {0,1} owns tiles i ≡ w (mod 2). Iteration over its own tile i:
 //     A. own P·V of tile i-2 finished → release buffer (i-2)%2 to the producer
 //     C. tile i-1 belongs to the other WG: wait for its published P and row stats, rescale O,
@@ -83,8 +83,8 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
     ptx::mbarrier_init(&plan.q_full, 1);     // the producer's expect-tx arrival (+ TMA bytes)
     ptx::mbarrier_init(&plan.q_empty, 256);  // every math thread, after its last S of the item
     for (int b = 0; b < 2; ++b) {
-      ptx::mbarrier_init(&plan.k_full[b][0], 1);
-      ptx::mbarrier_init(&plan.k_full[b][1], 1);
+      ptx::mbarrier_init(&plan.k_full[b][0], 128);  // one cp.async arrival per producer thread
+      ptx::mbarrier_init(&plan.k_full[b][1], 128);
       ptx::mbarrier_init(&plan.p_ready[b], 128);  // the owner WG's threads
       ptx::mbarrier_init(&plan.k_empty[b], 256);  // every math thread, after its P·V on the tile
     }
@@ -95,50 +95,54 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
   if (warpgroup == 2) {
     // ============================== producer ==============================
     ptx::warpgroup_regs_decrease<Cfg::kProducerRegs>();
-    // One warp issues every copy with TMA: Q as 64×64 boxes, each gathered KV row as D/64 boxes of
-    // 64 columns (a 1-row box lands swizzled at its row of the tile, see tma.h). Invalid rows get
-    // coordinate -1: TMA zero-fills them without reading memory. The other producer warps idle.
-    if (tid < 32) {
-      constexpr int kBlocks = D_QK / 64;
-      constexpr uint32_t kHalf0Bytes = kTile * Cfg::kSplitBlocks * 128;
-      constexpr uint32_t kHalf1Bytes = kTile * (kBlocks - Cfg::kSplitBlocks) * 128;
-      const int lane = tid;
-      uint32_t g = 0;
-      int k = 0;
-      for (int item = blockIdx.x; item < num_items; item += gridDim.x, ++k) {
-        const Item it = item_at(item);
+    // Q: 64×64 TMA boxes issued by one thread (heads past H are out of bounds: zero-filled).
+    // KV: gathered with cp.async by all 128 threads — thread (group = tid/8, lane8 = tid%8) copies
+    // chunk lane8 of every 64-column block of rows group, group+16, ...; a warp moves 4 rows × 128
+    // contiguous bytes per instruction; invalid rows are zero-filled without a read. (One-row TMA
+    // boxes gather correctly but ran 6.5x slower: bench/NOTES-prefill.md, v5.)
+    constexpr int kBlocks = D_QK / 64;
+    const int group = tid / 8, lane8 = tid % 8;
+    const auto* kv_base = static_cast<const uint8_t*>(p.kv) + lane8 * 16;
+    const int64_t kv_row_bytes = p.kv_row_stride * 2;
+    uint32_t g = 0;
+    int k = 0;
+    for (int item = blockIdx.x; item < num_items; item += gridDim.x, ++k) {
+      const Item it = item_at(item);
+      if (tid == 0) {
         // Q of this item once the previous item's S products are done with the buffer.
         if (k >= 1) ptx::mbarrier_wait(&plan.q_empty, (k - 1) & 1);
-        if (lane == 0) {
-          ptx::mbarrier_arrive_expect_tx(&plan.q_full, Cfg::kQBytes);
+        ptx::mbarrier_arrive_expect_tx(&plan.q_full, Cfg::kQBytes);
 #pragma unroll
-          for (int blk = 0; blk < kBlocks; ++blk)
-            ptx::tma_load_3d(plan.q + blk * kHeads * 128, &p.q_map, blk * 64, it.head0, it.token, &plan.q_full);
+        for (int blk = 0; blk < kBlocks; ++blk)
+          ptx::tma_load_3d(plan.q + blk * kHeads * 128, &p.q_map, blk * 64, it.head0, it.token, &plan.q_full);
+      }
+      for (int t = 0; t < it.num_tiles; ++t, ++g) {
+        const int buf = g & 1;
+        const uint8_t* src[kTile / 16];
+        bool valid[kTile / 16];
+#pragma unroll
+        for (int rk = 0; rk < kTile / 16; ++rk) {
+          const int slot = t * kTile + group + 16 * rk;
+          const int idx = slot < it.valid_len ? __ldg(it.indices + slot) : -1;
+          valid[rk] = idx >= 0 && idx < p.s_kv;
+          src[rk] = kv_base + (valid[rk] ? idx * kv_row_bytes : 0);
         }
-        for (int t = 0; t < it.num_tiles; ++t, ++g) {
-          const int buf = g & 1;
-          int rows[kTile / 32];
+        if (g >= 2) ptx::mbarrier_wait(&plan.k_empty[buf], ((g >> 1) - 1) & 1);
+        uint8_t* dst = plan.k[buf];
+        auto gather_blocks = [&](int blk_begin, int blk_end) {
 #pragma unroll
-          for (int j = 0; j < kTile / 32; ++j) {
-            const int slot = t * kTile + lane + 32 * j;
-            const int idx = slot < it.valid_len ? __ldg(it.indices + slot) : -1;
-            rows[j] = idx >= 0 && idx < p.s_kv ? idx : -1;
-          }
-          if (g >= 2) ptx::mbarrier_wait(&plan.k_empty[buf], ((g >> 1) - 1) & 1);
-          if (lane == 0) {
-            ptx::mbarrier_arrive_expect_tx(&plan.k_full[buf][0], kHalf0Bytes);
-            ptx::mbarrier_arrive_expect_tx(&plan.k_full[buf][1], kHalf1Bytes);
-          }
-          __syncwarp();
-          uint8_t* dst = plan.k[buf];
+          for (int rk = 0; rk < kTile / 16; ++rk) {
+            const int row = group + 16 * rk;
 #pragma unroll
-          for (int blk = 0; blk < kBlocks; ++blk) {
-            uint64_t* bar = &plan.k_full[buf][blk < Cfg::kSplitBlocks ? 0 : 1];
-#pragma unroll
-            for (int j = 0; j < kTile / 32; ++j)
-              ptx::tma_load_2d(dst + blk * kTile * 128 + (lane + 32 * j) * 128, &p.kv_map, blk * 64, rows[j], bar);
+            for (int blk = blk_begin; blk < blk_end; ++blk)
+              ptx::cp_async_16_zfill(dst + sw128_chunk_offset<kTile>(row, blk * 8 + lane8), src[rk] + blk * 128,
+                                     valid[rk]);
           }
-        }
+        };
+        gather_blocks(0, Cfg::kSplitBlocks);
+        ptx::cp_async_arrive_noinc(&plan.k_full[buf][0]);
+        gather_blocks(Cfg::kSplitBlocks, kBlocks);
+        ptx::cp_async_arrive_noinc(&plan.k_full[buf][1]);
       }
     }
   } else {

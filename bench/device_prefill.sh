@@ -24,3 +24,23 @@ if [ "$PROFILE" = ncu ]; then
     grep -E "Duration|Throughput|Hit Rate|L2 Cache|Stall|Issued|Eligible|Active Warps|Bandwidth" "$OUT/ncu_$c.txt" | head -40
   done
 fi
+if [ "$PROFILE" = ceil ]; then
+  # Ceilings (PERF.md method): 8192^3 bf16 matmul and a 1 GiB device-to-device copy, median of 20.
+  python3 - <<'PY' 2>&1 | tee "$OUT/ceilings.txt"
+import torch
+def med(f, n=20):
+    for _ in range(3): f()
+    ts = []
+    for _ in range(n):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(); f(); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e))
+    return sorted(ts)[n // 2] / 1e3
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
+t = med(lambda: a @ b); print(f"bf16 matmul 8192^3: {2 * 8192**3 / t / 1e12:.0f} TFLOP/s")
+x = torch.empty(1 << 29, device="cuda", dtype=torch.int16).random_(); y = torch.empty_like(x)
+t = med(lambda: y.copy_(x)); print(f"D2D copy 1 GiB: {2 * x.numel() * 2 / t / 1e9:.0f} GB/s (read + write)")
+PY
+  for c in prefill_d512_h128_d512_topk2048_skv8192 prefill_flash_h64_d512_topk512_skv8192; do
+    ./build/dsv4 bench --filter "$c" --reps 50 2>&1 | grep prefill_ | tee -a "$OUT/bench_repeat.log"
+  done
+fi

@@ -31,7 +31,7 @@ void check(cudaError_t e, const char* what) {
 }
 #endif
 
-std::string utc_now() {
+[[maybe_unused]] std::string utc_now() {  // unused when CUDA is not built
   const std::time_t t = std::time(nullptr);
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));

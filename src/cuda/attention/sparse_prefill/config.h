@@ -2,13 +2,15 @@
 // parameters the host dispatch passes by value.
 //
 // One work item = one query token × one group of 64 heads (the wgmma M dimension; all heads of a
-// token share its indices, MQA); persistent CTAs (one per SM) walk the items round-robin. The token's top-k rows are gathered 64 at a time ("tiles") into two
-// shared-memory buffers by a producer warpgroup; two math warpgroups alternate OWNERSHIP of tiles:
+// token share its indices, MQA); persistent CTAs (one per SM) walk the items round-robin. The
+// token's top-k rows are gathered 64 at a time ("tiles") into two shared-memory buffers by a
+// producer warpgroup; two math warpgroups alternate OWNERSHIP of tiles:
 // the owner of tile i computes S = Q·K_iᵀ (64×64) and the online softmax, publishes P_i (bf16) and
 // the row statistics in shared memory, and both warpgroups accumulate O[:, their 256 of d_v] +=
 // P_i · V_i. While one owner runs its softmax the other warpgroup's matrix products keep the
-// tensor cores busy. H that is not a multiple of 64 is padded inside the kernel: missing heads
-// read zeros and are never written.
+// tensor cores busy. H that is not a multiple of 64 is padded inside the kernel: the last group's
+// missing heads are out of bounds of the q tensor map (TMA fills zeros) and are never written, so
+// any H ≥ 1 runs (H 64 and 128 without waste).
 #pragma once
 
 #include <cuda.h>
@@ -44,7 +46,6 @@ struct Config {
   static constexpr int kTile = 64;      // gathered rows per tile = S columns = P·V depth
   static constexpr int kDvPerWarpgroup = kDv / 2;
   static constexpr int kThreads = 3 * 128;  // WG0, WG1: math; WG2: producer
-  static constexpr int kChunksPerRow = kDqk / 8;  // 16-byte cp.async chunks per gathered row
   static constexpr int kTileBytes = kTile * kDqk * 2;
   static constexpr int kQBytes = kHeads * kDqk * 2;
   static constexpr int kPBytes = kHeads * kTile * 2;

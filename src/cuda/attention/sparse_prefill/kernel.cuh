@@ -1,6 +1,7 @@
 // Sparse prefill attention kernel for Hopper (sm_90a). See config.h for the work split.
 //
-// Per CTA (token t, head group g), with n = ceil(topk_length / 64) tiles:
+// Per work item (token t, head group g) of a persistent CTA, n = ceil(topk_length / 64) tiles,
+// numbered per item for ownership and per CTA (g) for the two-buffer ring:
 //   producer WG2: Q → smem by TMA; for tile i: wait until buffer i%2 is free, gather its 64 rows
 //                 (cp.async, invalid rows zero-filled, never read), arrive on k_full[i%2].
 //   math WG w ∈ {0,1} owns tiles i ≡ w (mod 2). Iteration over its own tile i:

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -179,6 +180,11 @@ struct GridCase {
   int heads, d_qk, topk, s_kv, s_q;
   bool sink, topk_length;
 };
+
+void PrintTo(const GridCase& c, std::ostream* os) {
+  *os << "H " << c.heads << ", d_qk " << c.d_qk << ", topk " << c.topk << ", s_kv " << c.s_kv << ", s_q " << c.s_q
+      << (c.sink ? ", sink" : "") << (c.topk_length ? ", topk_length" : "");
+}
 
 class SparsePrefillGrid : public ::testing::TestWithParam<GridCase> {};
 

@@ -1,10 +1,6 @@
-#include <cstdio>
-
+#include "bench_harness.h"
 #include "commands.h"
 
 namespace dsv4::cli {
-int cmd_bench(const Args&) {
-  std::fprintf(stderr, "dsv4 bench: not available yet in this build\n");
-  return 2;
-}
+int cmd_bench(const Args& args) { return dsv4::bench::run_bench_cli(args); }
 }  // namespace dsv4::cli

@@ -1,0 +1,50 @@
+// Shared-memory tile layouts for wgmma operands (bf16, 128-byte swizzle).
+//
+// A "K-major SW128 tile" holds kRows rows of kCols bf16 values as kCols/64 column blocks; each
+// block is kRows × 128 B (1024-B aligned), and the 16-byte chunk c of row r inside a block sits at
+// chunk position c ^ (r % 8). This is exactly CuTe's
+//   tile_to_shape(GMMA::Layout_K_SW128_Atom<bf16>, (kRows, kCols), Step<_1,_2>)
+// so wgmma descriptors that CuTe builds over SmemTileK see the bytes our own cp.async gathers wrote
+// with sw128_chunk_offset(). The same tile read as (kCols, kRows) — SmemTileKTransposed — is the
+// MN-major B operand of a P·V product (K = V: a gathered row is stored once, used twice).
+#pragma once
+
+#include <cstdint>
+
+#if defined(DSV4_HAVE_CUTLASS)
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+#endif
+
+namespace dsv4::cuda {
+
+// Byte offset of 16-byte chunk `chunk` (8 bf16 values) of row `row` in a K-major SW128 tile.
+template <int kRows>
+__host__ __device__ __forceinline__ uint32_t sw128_chunk_offset(int row, int chunk) {
+  return static_cast<uint32_t>((chunk >> 3) * (kRows * 128) + row * 128 +
+                               (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+// Byte offset of the bf16 element (row, col) in the same tile.
+template <int kRows>
+__host__ __device__ __forceinline__ uint32_t sw128_elem_offset(int row, int col) {
+  return sw128_chunk_offset<kRows>(row, col >> 3) + ((col & 7) << 1);
+}
+
+#if defined(DSV4_HAVE_CUTLASS)
+using bf16_t = cutlass::bfloat16_t;
+
+template <int kRows, int kCols>
+using SmemTileK = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<bf16_t>{},
+                                               cute::Shape<cute::Int<kRows>, cute::Int<kCols>>{},
+                                               cute::Step<cute::_1, cute::_2>{}));
+
+// (kCols, kRows) view of a SmemTileK<kRows, kCols>: element (c, r) is tile element (r, c).
+template <int kRows, int kCols>
+using SmemTileKTransposed = decltype(cute::composition(
+    SmemTileK<kRows, kCols>{},
+    cute::Layout<cute::Shape<cute::Int<kCols>, cute::Int<kRows>>,
+                 cute::Stride<cute::Int<kRows>, cute::_1>>{}));
+#endif
+
+}  // namespace dsv4::cuda

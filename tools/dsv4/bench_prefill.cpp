@@ -10,7 +10,6 @@
 #if defined(DSV4_WITH_CUDA)
 #include <cuda_runtime.h>
 
-#include "cuda/attention/sparse_prefill.h"
 #include "cuda/common/random_fill.h"
 #endif
 
@@ -76,7 +75,7 @@ Case make_case(const PrefillShape& s, bool sink, bool with_length) {
     a.lse = TensorView(lse.get(), DType::fp32, {kSq, s.heads}, Device::cuda);
     // The closure owns the buffers (shared_ptr copies) for as long as the case runs.
     return [a, keep = std::vector<std::shared_ptr<void>>{q, kv, idx, out, ml, lse, sink_buf, len_buf}](
-               CUstream_st* stream, int) { cuda::sparse_prefill(a, stream); };
+               CUstream_st* stream, int) { sparse_prefill(a, stream); };
   };
 #else
   c.setup = []() -> LaunchFn { fail("bench prefill: CUDA backend not built"); };

@@ -1,0 +1,98 @@
+// Compile-time shape of the sparse FP8 decode kernel and the per-layout facts it needs.
+//
+// One CTA computes one query token (b, s) × one block of 64 heads × one split of the concatenated
+// index list [main scope | extra scope]. All heads of a token share its indices, so the 64 heads
+// are the M dimension of the tensor-core products and each gathered KV row is reused 64 times.
+// H = 128 runs two head blocks (adjacent CTAs, so the second gather hits L2); any other H is
+// padded up to a multiple of 64 with zero query rows that are never stored.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "dsv4/kv_layout.h"
+
+namespace dsv4::cuda::decode {
+
+inline constexpr int kHeadsPerCta = 64;   // M of the products (4 warps × 16 rows)
+inline constexpr int kTileKeys = 64;      // index slots gathered per pipeline step
+inline constexpr int kWarps = 8;          // 4 row groups × 2 halves (keys for S, d_v for O)
+inline constexpr int kThreads = 32 * kWarps;
+inline constexpr int kDv = 512;           // value dims (V = the first 512 dims of K)
+inline constexpr int kPRowBytes = kTileKeys * 2;  // bf16 probabilities, one row per head
+
+// What the gather and dequantization need to know about a cache layout.
+template <KvLayout L>
+struct LayoutTraits;
+
+template <>
+struct LayoutTraits<KvLayout::model1_fp8> {
+  static constexpr int kDqk = model1::kDim;              // 512
+  static constexpr int kNope = model1::kNope;            // 448 fp8 values
+  static constexpr int kQuantBlock = model1::kQuantBlock;  // one UE8M0 byte per 64
+  static constexpr int kRopeOffset = model1::kNope;      // bf16 rope right after the nope bytes
+  // Staged row in shared memory: 576 data bytes, then the 8-byte scale row, padded to 16 B.
+  static constexpr int kRawRowBytes = model1::kDataBytes + 16;
+  static constexpr int kRawScaleOffset = model1::kDataBytes;
+  static constexpr int kDataChunks = model1::kDataBytes / 16;  // 36 × 16 B from the data row
+};
+
+template <>
+struct LayoutTraits<KvLayout::v32_fp8> {
+  static constexpr int kDqk = v32::kDim;                 // 576
+  static constexpr int kNope = v32::kNope;               // 512 fp8 values
+  static constexpr int kQuantBlock = v32::kQuantBlock;   // one fp32 scale per 128
+  static constexpr int kRopeOffset = v32::kRopeOffset;   // 528
+  static constexpr int kRawRowBytes = v32::kTokenBytes;  // 656: the token as stored
+  static constexpr int kRawScaleOffset = v32::kScaleOffset;
+  static constexpr int kDataChunks = v32::kTokenBytes / 16;  // 41 × 16 B (scales inside)
+};
+
+// Shared-memory plan of one CTA (bytes). Q and the dequantized KV tile are bf16 rows of d_qk,
+// K-major SW128 tiles (smem_layout.cuh); the raw tile receives the next gather while the current one is being multiplied.
+template <KvLayout L>
+struct SmemPlan {
+  static constexpr int kRowBytes = LayoutTraits<L>::kDqk * 2;
+  static constexpr int kQ = 0;
+  static constexpr int kKv = kQ + kHeadsPerCta * kRowBytes;
+  static constexpr int kRaw = kKv + kTileKeys * kRowBytes;
+  static constexpr int kP = kRaw + kTileKeys * LayoutTraits<L>::kRawRowBytes;
+  static constexpr int kRowMax = kP + kHeadsPerCta * kPRowBytes;  // float [2][64]
+  static constexpr int kRowSum = kRowMax + 2 * kHeadsPerCta * 4;  // float [2][64]
+  static constexpr int kKeyValid = kRowSum + 2 * kHeadsPerCta * 4;  // uint8 [2][64]
+  static constexpr int kBytes = kKeyValid + 2 * kTileKeys;
+};
+
+// One index scope as the kernel reads it (validated by the host).
+struct DecodeScope {
+  const uint8_t* cache = nullptr;   // block 0 of the paged cache
+  int64_t block_stride = 0;         // bytes between blocks
+  int64_t num_slots = 0;            // indices >= this are invalid
+  const int32_t* indices = nullptr; // [rows, topk] contiguous
+  const int32_t* topk_length = nullptr;  // optional [b]
+  int block_size = 1;
+  int topk = 0;
+};
+
+struct DecodeParams {
+  const uint16_t* q = nullptr;  // bf16 bits, [rows, H, d_qk] with the strides below
+  int64_t q_row_stride = 0, q_head_stride = 0;  // elements
+  int num_rows = 0, s_q = 1, num_heads = 0;
+  DecodeScope main, extra;      // extra.topk == 0: no extra scope
+  int topk_total = 0, num_splits = 1, split_len = 0;
+  float scale_log2 = 0.0f;      // softmax_scale · log2(e): logits in base 2
+  // num_splits > 1: partial_o [rows, H, splits, 512] fp32, partial_lse [rows, H, splits].
+  float* partial_o = nullptr;
+  float* partial_lse = nullptr;
+  // num_splits == 1: the kernel finishes the row itself (out bf16 [rows, H, 512], lse [rows, H],
+  // optional sink [H]) and the combine is skipped.
+  uint16_t* out = nullptr;
+  float* lse = nullptr;
+  const float* sink = nullptr;
+};
+
+template <KvLayout L>
+void launch_sparse_decode(const DecodeParams& params, cudaStream_t stream);
+
+}  // namespace dsv4::cuda::decode

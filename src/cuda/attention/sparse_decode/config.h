@@ -92,7 +92,8 @@ struct DecodeParams {
   const float* sink = nullptr;
 };
 
-template <KvLayout L>
+// kWgmma: warpgroup tensor-core products (else per-warp mma.sync); see kernel.cuh.
+template <KvLayout L, bool kWgmma>
 void launch_sparse_decode(const DecodeParams& params, cudaStream_t stream);
 
 }  // namespace dsv4::cuda::decode

@@ -23,6 +23,7 @@
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/smem_layout.cuh"
 #include "cuda/common/warp_mma.cuh"
+#include "cuda/common/wgmma.cuh"
 #include "dsv4/dtype.h"
 
 namespace dsv4::cuda::decode {
@@ -139,9 +140,91 @@ __device__ __forceinline__ void dequantize_tile(const uint8_t* raw, uint8_t* kv)
   }
 }
 
+// ---- the two products of a tile, per warpgroup (half) -------------------------------------
+// Accumulators use the m64nN wgmma fragment order, which is also the order of 16×8 mma.sync
+// tiles stacked by warp: element i of a warp's 16-row slice sits at row lane/4 + 8·((i/2)%2),
+// column 8·(i/4) + 2·(lane%4) + i%2. kWgmma picks the tensor-core path (measured A/B).
+using MmaQK = decltype(cute::make_tiled_mma(
+    cute::GMMA::MMA_64x32x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>{}));
+using MmaPV = decltype(cute::make_tiled_mma(
+    cute::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>{}));
+
+// s[16] = Q (64 heads × d_qk) · K[32·half .. +32]ᵀ for this warp's 16 heads.
+template <KvLayout L, bool kWgmma>
+__device__ __forceinline__ void qk_product(float (&s)[16], const uint8_t* q_tile, const uint8_t* kv_tile,
+                                           int half) {
+  constexpr int kDqk = LayoutTraits<L>::kDqk;
+  if constexpr (kWgmma) {
+    using namespace cute;
+    Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(q_tile)), SmemTileK<kHeadsPerCta, kDqk>{});
+    Tensor sK = local_tile(make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(kv_tile)),
+                                       SmemTileK<kTileKeys, kDqk>{}),
+                           Shape<_32, Int<kDqk>>{}, make_coord(half, 0));
+    Tensor rS = make_tensor(make_rmem_ptr(&s[0]), partition_fragment_C(MmaQK{}, Shape<_64, _32>{}).layout());
+    wgmma_ss(MmaQK{}, sQ, sK, rS, true);
+    wgmma_commit();
+    wgmma_wait<0>();
+  } else {
+    const int lane = threadIdx.x % 32, group = (threadIdx.x / 32) % 4;
+    const uint32_t q_base = ptx::smem_addr(q_tile), kv_base = ptx::smem_addr(kv_tile);
+    const int a_row = group * 16 + (lane % 16);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) s[i] = 0.0f;
+#pragma unroll 4
+    for (int ks = 0; ks < kDqk / 16; ++ks) {
+      uint32_t a[4];
+      warp::ldmatrix_x4(a, q_base + sw128_chunk_offset<kHeadsPerCta>(a_row, 2 * ks + lane / 16));
+#pragma unroll
+      for (int jp = 0; jp < 2; ++jp) {
+        const int key = half * 32 + jp * 16 + (lane % 8) + 8 * (lane / 16);
+        uint32_t b[4];
+        warp::ldmatrix_x4(b, kv_base + sw128_chunk_offset<kTileKeys>(key, 2 * ks + (lane / 8) % 2));
+        warp::mma_bf16_16816(*reinterpret_cast<float(*)[4]>(&s[8 * jp]), a, b[0], b[1]);
+        warp::mma_bf16_16816(*reinterpret_cast<float(*)[4]>(&s[8 * jp + 4]), a, b[2], b[3]);
+      }
+    }
+  }
+}
+
+// o[128] += P (64 heads × 64 keys, bf16) · V[:, 256·half .. +256] for this warp's 16 heads.
+template <KvLayout L, bool kWgmma>
+__device__ __forceinline__ void pv_product(float (&o)[128], const uint8_t* p_tile, const uint8_t* kv_tile,
+                                           int half) {
+  constexpr int kDqk = LayoutTraits<L>::kDqk;
+  if constexpr (kWgmma) {
+    using namespace cute;
+    Tensor sP = make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(p_tile)), SmemTileK<kHeadsPerCta, kTileKeys>{});
+    Tensor sV = local_tile(make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(kv_tile)),
+                                       SmemTileKTransposed<kTileKeys, kDqk>{}),
+                           Shape<_256, Int<kTileKeys>>{}, make_coord(half, 0));
+    Tensor rO = make_tensor(make_rmem_ptr(&o[0]), partition_fragment_C(MmaPV{}, Shape<_64, _256>{}).layout());
+    wgmma_ss(MmaPV{}, sP, sV, rO, false);
+    wgmma_commit();
+    wgmma_wait<0>();
+  } else {
+    const int lane = threadIdx.x % 32, group = (threadIdx.x / 32) % 4;
+    const uint32_t p_base = ptx::smem_addr(p_tile), kv_base = ptx::smem_addr(kv_tile);
+    const int a_row = group * 16 + (lane % 16);
+#pragma unroll
+    for (int kk = 0; kk < kTileKeys / 16; ++kk) {
+      uint32_t a[4];
+      warp::ldmatrix_x4(a, p_base + sw128_chunk_offset<kHeadsPerCta>(a_row, 2 * kk + lane / 16));
+      const int key = kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+#pragma unroll
+      for (int jp = 0; jp < 16; ++jp) {
+        const int chunk = (half * 256 + jp * 16) / 8 + lane / 16;
+        uint32_t b[4];
+        warp::ldmatrix_x4_trans(b, kv_base + sw128_chunk_offset<kTileKeys>(key, chunk));
+        warp::mma_bf16_16816(*reinterpret_cast<float(*)[4]>(&o[8 * jp]), a, b[0], b[1]);
+        warp::mma_bf16_16816(*reinterpret_cast<float(*)[4]>(&o[8 * jp + 4]), a, b[2], b[3]);
+      }
+    }
+  }
+}
+
 }  // namespace detail
 
-template <KvLayout L>
+template <KvLayout L, bool kWgmma>
 __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid_constant__ DecodeParams p) {
   using T = LayoutTraits<L>;
   using S = SmemPlan<L>;
@@ -182,20 +265,18 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
   if (num_tiles > 0) detail::issue_gather<L>(p, row, split_begin, split_end, raw_tile, key_valid);
   ptx::cp_async_commit();
 
-  float o_acc[32][4];  // 16 heads × 256 value dims of this warp
+  float o_acc[128];  // 16 heads × 256 value dims of this warp
 #pragma unroll
-  for (int j = 0; j < 32; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.0f;
+  for (int i = 0; i < 128; ++i) o_acc[i] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY};  // rows g, g+8 (base-2 logits)
   float l_run[2] = {0.0f, 0.0f};            // this lane's share of the row sums
 
-  const uint32_t q_base = ptx::smem_addr(q_tile), kv_base = ptx::smem_addr(kv_tile);
-  const uint32_t p_base = ptx::smem_addr(p_tile);
-  const int a_row = group * 16 + (lane % 16);  // ldmatrix row of the A operands (Q, P)
 
   for (int t = 0; t < num_tiles; ++t) {
     ptx::cp_async_wait<0>();
     __syncthreads();  // raw tile t landed; tile t-1's S/P/V reads are finished
     detail::dequantize_tile<L>(raw_tile, kv_tile);
+    ptx::fence_proxy_async_smem();  // the tensor cores read Q (cp.async) and K/V (st.shared)
     __syncthreads();
     const uint8_t* valid = key_valid + (t & 1) * kTileKeys;
     if (t + 1 < num_tiles) {
@@ -205,22 +286,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
     ptx::cp_async_commit();
 
     // ---- S = Q·Kᵀ for 16 heads × 32 keys --------------------------------------------------
-    float s_acc[4][4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) s_acc[j][0] = s_acc[j][1] = s_acc[j][2] = s_acc[j][3] = 0.0f;
-#pragma unroll 4
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      uint32_t a[4];
-      warp::ldmatrix_x4(a, q_base + sw128_chunk_offset<kHeadsPerCta>(a_row, 2 * ks + lane / 16));
-#pragma unroll
-      for (int jp = 0; jp < 2; ++jp) {
-        const int key = half * 32 + jp * 16 + (lane % 8) + 8 * (lane / 16);
-        uint32_t b[4];
-        warp::ldmatrix_x4(b, kv_base + sw128_chunk_offset<kTileKeys>(key, 2 * ks + (lane / 8) % 2));
-        warp::mma_bf16_16816(s_acc[2 * jp], a, b[0], b[1]);
-        warp::mma_bf16_16816(s_acc[2 * jp + 1], a, b[2], b[3]);
-      }
-    }
+    float s_acc[16];
+    detail::qk_product<L, kWgmma>(s_acc, q_tile, kv_tile, half);
 
     // ---- online softmax (base 2) -----------------------------------------------------------
     float tile_max[2] = {-INFINITY, -INFINITY};
@@ -228,12 +295,12 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
     for (int j = 0; j < 4; ++j) {
       const int col = half * 32 + j * 8 + 2 * q4;
       const bool v0 = valid[col] != 0, v1 = valid[col + 1] != 0;
-      s_acc[j][0] = v0 ? s_acc[j][0] * p.scale_log2 : -INFINITY;
-      s_acc[j][1] = v1 ? s_acc[j][1] * p.scale_log2 : -INFINITY;
-      s_acc[j][2] = v0 ? s_acc[j][2] * p.scale_log2 : -INFINITY;
-      s_acc[j][3] = v1 ? s_acc[j][3] * p.scale_log2 : -INFINITY;
-      tile_max[0] = fmaxf(tile_max[0], fmaxf(s_acc[j][0], s_acc[j][1]));
-      tile_max[1] = fmaxf(tile_max[1], fmaxf(s_acc[j][2], s_acc[j][3]));
+      s_acc[4 * j + 0] = v0 ? s_acc[4 * j + 0] * p.scale_log2 : -INFINITY;
+      s_acc[4 * j + 1] = v1 ? s_acc[4 * j + 1] * p.scale_log2 : -INFINITY;
+      s_acc[4 * j + 2] = v0 ? s_acc[4 * j + 2] * p.scale_log2 : -INFINITY;
+      s_acc[4 * j + 3] = v1 ? s_acc[4 * j + 3] * p.scale_log2 : -INFINITY;
+      tile_max[0] = fmaxf(tile_max[0], fmaxf(s_acc[4 * j + 0], s_acc[4 * j + 1]));
+      tile_max[1] = fmaxf(tile_max[1], fmaxf(s_acc[4 * j + 2], s_acc[4 * j + 3]));
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -257,8 +324,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
     }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float p0 = exp2f(s_acc[j][0] - m_use[0]), p1 = exp2f(s_acc[j][1] - m_use[0]);
-      const float p2 = exp2f(s_acc[j][2] - m_use[1]), p3 = exp2f(s_acc[j][3] - m_use[1]);
+      const float p0 = exp2f(s_acc[4 * j + 0] - m_use[0]), p1 = exp2f(s_acc[4 * j + 1] - m_use[0]);
+      const float p2 = exp2f(s_acc[4 * j + 2] - m_use[1]), p3 = exp2f(s_acc[4 * j + 3] - m_use[1]);
       l_run[0] += p0 + p1;
       l_run[1] += p2 + p3;
       const int chunk = half * 4 + j;  // 8 keys = one 16-byte chunk of a P row
@@ -270,28 +337,16 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
     }
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
-      o_acc[j][0] *= corr[0];
-      o_acc[j][1] *= corr[0];
-      o_acc[j][2] *= corr[1];
-      o_acc[j][3] *= corr[1];
+      o_acc[4 * j + 0] *= corr[0];
+      o_acc[4 * j + 1] *= corr[0];
+      o_acc[4 * j + 2] *= corr[1];
+      o_acc[4 * j + 3] *= corr[1];
     }
-    ptx::named_barrier_sync(1 + group, 64);  // P of both halves written
+    ptx::fence_proxy_async_smem();
+    __syncthreads();  // P of both halves written (each warpgroup reads all 64 rows × 64 keys)
 
     // ---- O += P·V for 16 heads × 256 value dims --------------------------------------------
-#pragma unroll
-    for (int kk = 0; kk < kTileKeys / 16; ++kk) {
-      uint32_t a[4];
-      warp::ldmatrix_x4(a, p_base + sw128_chunk_offset<kHeadsPerCta>(a_row, 2 * kk + lane / 16));
-      const int key = kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-#pragma unroll
-      for (int jp = 0; jp < 16; ++jp) {
-        const int chunk = (half * 256 + jp * 16) / 8 + lane / 16;
-        uint32_t b[4];
-        warp::ldmatrix_x4_trans(b, kv_base + sw128_chunk_offset<kTileKeys>(key, chunk));
-        warp::mma_bf16_16816(o_acc[2 * jp], a, b[0], b[1]);
-        warp::mma_bf16_16816(o_acc[2 * jp + 1], a, b[2], b[3]);
-      }
-    }
+    detail::pv_product<L, kWgmma>(o_acc, p_tile, kv_tile, half);
   }
 
   ptx::cp_async_wait<0>();  // nothing may land after the CTA is gone (num_tiles == 0)
@@ -323,7 +378,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
         *reinterpret_cast<uint32_t*>(dst + j * 8) =
-            warp::pack_bf16x2(o_acc[j][2 * r] * factor, o_acc[j][2 * r + 1] * factor);
+            warp::pack_bf16x2(o_acc[4 * j + 2 * r] * factor, o_acc[4 * j + 2 * r + 1] * factor);
       }
       if (half == 0 && q4 == 0) p.lse[out_row] = empty ? INFINITY : lse;
     } else {
@@ -331,22 +386,22 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
         *reinterpret_cast<float2*>(dst + j * 8) =
-            make_float2(o_acc[j][2 * r] * factor, o_acc[j][2 * r + 1] * factor);
+            make_float2(o_acc[4 * j + 2 * r] * factor, o_acc[4 * j + 2 * r + 1] * factor);
       }
       if (half == 0 && q4 == 0) p.partial_lse[out_row * p.num_splits + split] = lse;
     }
   }
 }
 
-template <KvLayout L>
+template <KvLayout L, bool kWgmma>
 void launch_sparse_decode(const DecodeParams& params, cudaStream_t stream) {
   constexpr int kSmem = SmemPlan<L>::kBytes;
   static const cudaError_t attr_status = cudaFuncSetAttribute(
-      sparse_decode_kernel<L>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      sparse_decode_kernel<L, kWgmma>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   check_cuda(attr_status, "sparse_decode", "cudaFuncSetAttribute(max dynamic shared memory)");
   const int num_head_blocks = (params.num_heads + kHeadsPerCta - 1) / kHeadsPerCta;
   const dim3 grid(num_head_blocks * params.num_splits, params.num_rows);
-  sparse_decode_kernel<L><<<grid, kThreads, kSmem, stream>>>(params);
+  sparse_decode_kernel<L, kWgmma><<<grid, kThreads, kSmem, stream>>>(params);
   check_launch("sparse_decode");
 }
 

@@ -5,7 +5,6 @@
 #include "cuda/attention/sparse_decode.h"
 
 #include <cmath>
-#include <cstdlib>
 
 #include "cuda/attention/combine/combine.h"
 #include "cuda/attention/sparse_decode/config.h"
@@ -139,13 +138,10 @@ void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
     p.partial_lse = reinterpret_cast<float*>(workspace.ptr<uint8_t>() + partial_o_bytes);
   }
 
-  static const bool use_mma_sync = std::getenv("DSV4_DECODE_MMA_SYNC") != nullptr;  // A/B (temporary)
   if (layout == KvLayout::model1_fp8) {
-    use_mma_sync ? sd::launch_sparse_decode<KvLayout::model1_fp8, false>(p, stream)
-                 : sd::launch_sparse_decode<KvLayout::model1_fp8, true>(p, stream);
+    sd::launch_sparse_decode<KvLayout::model1_fp8>(p, stream);
   } else {
-    use_mma_sync ? sd::launch_sparse_decode<KvLayout::v32_fp8, false>(p, stream)
-                 : sd::launch_sparse_decode<KvLayout::v32_fp8, true>(p, stream);
+    sd::launch_sparse_decode<KvLayout::v32_fp8>(p, stream);
   }
   if (schedule.num_splits > 1) {
     combine::CombineParams c;

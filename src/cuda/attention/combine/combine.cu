@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "cuda/common/check.h"
-#include "cuda/common/warp_mma.cuh"
+#include "cuda/common/fp8_convert.cuh"
 
 namespace dsv4::cuda::combine {
 namespace {
@@ -56,8 +56,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) combine_kernel(const Comb
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     *reinterpret_cast<uint2*>(out + i * 128 + lane * 4) =
-        make_uint2(warp::pack_bf16x2(acc[i].x * factor, acc[i].y * factor),
-                   warp::pack_bf16x2(acc[i].z * factor, acc[i].w * factor));
+        make_uint2(pack_bf16x2(acc[i].x * factor, acc[i].y * factor),
+                   pack_bf16x2(acc[i].z * factor, acc[i].w * factor));
   }
   if (lane == 0) p.lse[row] = lse;
 }

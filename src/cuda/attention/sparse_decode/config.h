@@ -22,44 +22,45 @@ inline constexpr int kThreads = 32 * kWarps;
 inline constexpr int kDv = 512;           // value dims (V = the first 512 dims of K)
 inline constexpr int kPRowBytes = kTileKeys * 2;  // bf16 probabilities, one row per head
 
-// What the gather and dequantization need to know about a cache layout.
+// What the gather and dequantization need to know about a cache layout. Four threads share a
+// slot: thread `sub` of a slot loads fp8 chunks (16 values) sub, sub+4, ... and rope chunks (8 bf16)
+// sub and sub+4, so every thread needs the same scale entries in the same order.
+inline constexpr int kThreadsPerKey = kThreads / kTileKeys;  // 4
+inline constexpr int kRopeChunksPerThread = 64 * 2 / 16 / kThreadsPerKey;  // 2
+
 template <KvLayout L>
 struct LayoutTraits;
 
 template <>
 struct LayoutTraits<KvLayout::model1_fp8> {
-  static constexpr int kDqk = model1::kDim;              // 512
-  static constexpr int kNope = model1::kNope;            // 448 fp8 values
+  static constexpr int kDqk = model1::kDim;                // 512
+  static constexpr int kNope = model1::kNope;              // 448 fp8 values
   static constexpr int kQuantBlock = model1::kQuantBlock;  // one UE8M0 byte per 64
-  static constexpr int kRopeOffset = model1::kNope;      // bf16 rope right after the nope bytes
-  // Staged row in shared memory: 576 data bytes, then the 8-byte scale row, padded to 16 B.
-  static constexpr int kRawRowBytes = model1::kDataBytes + 16;
-  static constexpr int kRawScaleOffset = model1::kDataBytes;
-  static constexpr int kDataChunks = model1::kDataBytes / 16;  // 36 × 16 B from the data row
+  static constexpr int kRopeOffset = model1::kNope;        // bf16 rope right after the nope bytes
 };
 
 template <>
 struct LayoutTraits<KvLayout::v32_fp8> {
-  static constexpr int kDqk = v32::kDim;                 // 576
-  static constexpr int kNope = v32::kNope;               // 512 fp8 values
-  static constexpr int kQuantBlock = v32::kQuantBlock;   // one fp32 scale per 128
-  static constexpr int kRopeOffset = v32::kRopeOffset;   // 528
-  static constexpr int kRawRowBytes = v32::kTokenBytes;  // 656: the token as stored
-  static constexpr int kRawScaleOffset = v32::kScaleOffset;
-  static constexpr int kDataChunks = v32::kTokenBytes / 16;  // 41 × 16 B (scales inside)
+  static constexpr int kDqk = v32::kDim;                   // 576
+  static constexpr int kNope = v32::kNope;                 // 512 fp8 values
+  static constexpr int kQuantBlock = v32::kQuantBlock;     // one fp32 scale per 128
+  static constexpr int kRopeOffset = v32::kRopeOffset;     // 528
 };
 
-// Shared-memory plan of one CTA (bytes). Q and the dequantized KV tile are bf16 rows of d_qk,
-// K-major SW128 tiles (smem_layout.cuh); the raw tile receives the next gather while the current one is being multiplied.
+template <KvLayout L>
+inline constexpr int kFp8ChunksPerThread = LayoutTraits<L>::kNope / 16 / kThreadsPerKey;  // 7 / 8
+
+// Shared-memory plan of one CTA (bytes). Q and two KV stages are bf16 K-major SW128 tiles
+// (smem_layout.cuh): the tensor cores multiply one stage while the threads fill the other.
 template <KvLayout L>
 struct SmemPlan {
   static constexpr int kRowBytes = LayoutTraits<L>::kDqk * 2;
   static constexpr int kQ = 0;
-  static constexpr int kKv = kQ + kHeadsPerCta * kRowBytes;
-  static constexpr int kRaw = kKv + kTileKeys * kRowBytes;
-  static constexpr int kP = kRaw + kTileKeys * LayoutTraits<L>::kRawRowBytes;
-  static constexpr int kRowMax = kP + kHeadsPerCta * kPRowBytes;  // float [2][64]
-  static constexpr int kRowSum = kRowMax + 2 * kHeadsPerCta * 4;  // float [2][64]
+  static constexpr int kKv = kQ + kHeadsPerCta * kRowBytes;         // [2] stages
+  static constexpr int kKvStage = kTileKeys * kRowBytes;
+  static constexpr int kP = kKv + 2 * kKvStage;
+  static constexpr int kRowMax = kP + kHeadsPerCta * kPRowBytes;    // float [2][64]
+  static constexpr int kRowSum = kRowMax + 2 * kHeadsPerCta * 4;    // float [2][64]
   static constexpr int kKeyValid = kRowSum + 2 * kHeadsPerCta * 4;  // uint8 [2][64]
   static constexpr int kBytes = kKeyValid + 2 * kTileKeys;
 };
@@ -92,8 +93,7 @@ struct DecodeParams {
   const float* sink = nullptr;
 };
 
-// kWgmma: warpgroup tensor-core products (else per-warp mma.sync); see kernel.cuh.
-template <KvLayout L, bool kWgmma>
+template <KvLayout L>
 void launch_sparse_decode(const DecodeParams& params, cudaStream_t stream);
 
 }  // namespace dsv4::cuda::decode

@@ -1,238 +1,181 @@
 // The sparse FP8 decode kernel (split-KV), templated on the cache layout.
 //
-// Per CTA: one query token row, 64 heads, one split of the index list. Per tile of 64 slots:
-//   1. gather  — cp.async copies each selected token's bytes (fp8 nope + scales + bf16 rope) from
-//                the paged cache into a raw staging tile; invalid slots are zero-filled.
-//   2. dequant — all threads turn the raw tile into a bf16 [64, d_qk] tile (fp8 · scale is exact
-//                in bf16), which is K for S = Q·Kᵀ and, through its first 512 columns, V.
-//   3. compute — 8 warps: warp (g, half) owns heads 16g..16g+15; for S it takes keys
-//                32·half..+32, for O += P·V it takes value dims 256·half..+256. The two halves
-//                exchange row maxima and the bf16 P through shared memory.
-// The gather of tile t+1 runs while tile t is dequantized-and-multiplied (one raw stage).
-// Softmax runs in base 2 (exp2) with the logits pre-multiplied by scale·log2(e).
+// Per CTA: one query token row, 64 heads, one split of the index list; 2 warpgroups. Per tile of
+// 64 index slots:
+//   gather  — each slot's bytes (fp8 nope, scales, bf16 rope) are loaded from the paged cache
+//             into registers (4 threads per slot, 16-byte loads), one tile AHEAD of its use;
+//   dequant — fp8 · scale → bf16 (exact) into a K-major SW128 KV stage in shared memory, which is K
+//             for S = Q·Kᵀ and, through its first 512 columns, V;
+//   S       — warpgroup `half` computes S for all 64 heads × keys 32·half..+32 (wgmma, Q and K in
+//             shared memory); the halves exchange row maxima through shared memory;
+//   softmax — online, base 2 (logits pre-multiplied by scale·log2 e); P (bf16) goes to shared
+//             memory because each warpgroup multiplies all 64 keys;
+//   O += PV — warpgroup `half` owns value dims 256·half..+256 (wgmma, 64×256 accumulators).
+// Overlap: tile t+1's loads are issued before S of tile t, and converted into the other KV stage
+// while the tensor cores run P·V of tile t.
 #pragma once
-
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
 #include <cmath>
 
 #include "cuda/attention/sparse_decode/config.h"
 #include "cuda/common/check.h"
 #include "cuda/common/cp_async.cuh"
+#include "cuda/common/fp8_convert.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/smem_layout.cuh"
-#include "cuda/common/warp_mma.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "dsv4/dtype.h"
+
+#if !defined(DSV4_HAVE_CUTLASS)
+#error "the sparse decode kernel needs CuTe (third_party/cutlass)"
+#endif
 
 namespace dsv4::cuda::decode {
 
 namespace detail {
 
-struct KeySource {
-  const uint8_t* row = nullptr;     // token data (V32: the whole token)
-  const uint8_t* scales = nullptr;  // MODEL1: the token's 8-byte scale row
-  bool valid = false;
-};
-
-// Where slot `pos` of the concatenated list [main | extra] of query row `row` lives, if valid.
-// Scope fields are picked one by one with selects: a run-time choice of a whole struct inside the
+// Global slot of position `pos` of the concatenated list [main | extra] of query row `row`, or
+// −1 when the position is past the split, past topk_length, −1, or outside the cache. Scope
+// fields are picked one by one with selects: a run-time choice of a whole struct inside the
 // kernel parameters could be copied to local memory.
-template <KvLayout L>
-__device__ __forceinline__ KeySource resolve_key(const DecodeParams& p, int row, int pos,
-                                                 int split_end) {
-  KeySource src;
-  if (pos >= split_end) return src;
+__device__ __forceinline__ int32_t slot_of(const DecodeParams& p, int row, int pos, int split_end) {
+  if (pos >= split_end) return -1;
   const bool in_main = pos < p.main.topk;
   const int topk = in_main ? p.main.topk : p.extra.topk;
   const int32_t* lengths = in_main ? p.main.topk_length : p.extra.topk_length;
   const int local = in_main ? pos : pos - p.main.topk;
   const int len = lengths != nullptr ? min(topk, lengths[row / p.s_q]) : topk;
-  if (local >= len) return src;
-  const int32_t* indices = in_main ? p.main.indices : p.extra.indices;
-  const int32_t idx = indices[static_cast<int64_t>(row) * topk + local];
-  if (idx < 0 || idx >= (in_main ? p.main.num_slots : p.extra.num_slots)) return src;
+  if (local >= len) return -1;
+  const int32_t idx = (in_main ? p.main.indices : p.extra.indices)[static_cast<int64_t>(row) * topk + local];
+  return idx >= 0 && idx < (in_main ? p.main.num_slots : p.extra.num_slots) ? idx : -1;
+}
+
+// One tile's share of a thread, in registers: its slot's fp8 chunks, rope chunks and scales.
+template <KvLayout L>
+struct TileRegs {
+  uint4 fp8[kFp8ChunksPerThread<L>];
+  uint4 rope[kRopeChunksPerThread];
+  uint4 scales;  // MODEL1: 7 UE8M0 bytes (+pad) in .x/.y; V32: 4 fp32 scales
+  bool valid;
+};
+
+// Issues the loads of slot `slot` (scope picked by `pos`): nothing is read for an invalid slot.
+template <KvLayout L>
+__device__ __forceinline__ void load_slot(const DecodeParams& p, int pos, int32_t slot, int sub,
+                                          TileRegs<L>& regs) {
+  using T = LayoutTraits<L>;
+  regs.valid = slot >= 0;
+  if (!regs.valid) return;
+  const bool in_main = pos < p.main.topk;
   const int block_size = in_main ? p.main.block_size : p.extra.block_size;
-  const int block = idx / block_size;
-  const int offset = idx - block * block_size;
+  const int block = slot / block_size;
+  const int offset = slot - block * block_size;
   const uint8_t* base = (in_main ? p.main.cache : p.extra.cache) +
                         block * (in_main ? p.main.block_stride : p.extra.block_stride);
+  const uint8_t* data;
   if constexpr (L == KvLayout::model1_fp8) {
-    src.row = base + offset * model1::kDataBytes;
-    src.scales = base + static_cast<int64_t>(block_size) * model1::kDataBytes +
-                 offset * model1::kScaleBytes;
+    data = base + offset * model1::kDataBytes;
+    const uint2 s = __ldg(reinterpret_cast<const uint2*>(
+        base + static_cast<int64_t>(block_size) * model1::kDataBytes + offset * model1::kScaleBytes));
+    regs.scales = make_uint4(s.x, s.y, 0u, 0u);
   } else {
-    src.row = base + offset * v32::kTokenBytes;
+    data = base + offset * v32::kTokenBytes;
+    regs.scales = __ldg(reinterpret_cast<const uint4*>(data + v32::kScaleOffset));
   }
-  src.valid = true;
-  return src;
-}
-
-// Step 1: start the gather of the tile at `tile_start` into the raw stage, and record which of
-// its slots are valid (read by the masking of the same tile). Four threads share one slot, so
-// each resolves its index once and the four copy interleaved 16-byte chunks of the row.
-template <KvLayout L>
-__device__ __forceinline__ void issue_gather(const DecodeParams& p, int row, int tile_start,
-                                             int split_end, uint8_t* raw, uint8_t* key_valid) {
-  using T = LayoutTraits<L>;
-  constexpr int kThreadsPerKey = kThreads / kTileKeys;
-  static_assert(kThreadsPerKey * kTileKeys == kThreads);
-  constexpr int kCopies = T::kDataChunks + (L == KvLayout::model1_fp8 ? 1 : 0);
-  const int key = threadIdx.x / kThreadsPerKey;
-  const int sub = threadIdx.x % kThreadsPerKey;
-  const KeySource src = resolve_key<L>(p, row, tile_start + key, split_end);
-  uint8_t* dst = raw + key * T::kRawRowBytes;
-  const uint8_t* dummy = p.main.cache;  // never read: src-size 0
 #pragma unroll
-  for (int c = sub; c < kCopies; c += kThreadsPerKey) {
-    if (c < T::kDataChunks) {
-      ptx::cp_async_16_zfill(dst + c * 16, src.valid ? src.row + c * 16 : dummy, src.valid);
-    } else {
-      ptx::cp_async_8_zfill(dst + T::kRawScaleOffset, src.valid ? src.scales : dummy, src.valid);
-    }
-  }
-  if (sub == 0) key_valid[key] = src.valid ? 1 : 0;
+  for (int i = 0; i < kFp8ChunksPerThread<L>; ++i)
+    regs.fp8[i] = __ldg(reinterpret_cast<const uint4*>(data + 16 * (sub + kThreadsPerKey * i)));
+#pragma unroll
+  for (int i = 0; i < kRopeChunksPerThread; ++i)
+    regs.rope[i] = __ldg(reinterpret_cast<const uint4*>(data + T::kRopeOffset + 16 * (sub + kThreadsPerKey * i)));
 }
 
-// Four fp8 e4m3 values (little-endian in a word) times `scale` → two bf16x2 words (exact).
-__device__ __forceinline__ uint2 dequant4(uint32_t fp8x4, float scale) {
-  const __half2 lo = __half2(__nv_cvt_fp8x2_to_halfraw2(
-      static_cast<__nv_fp8x2_storage_t>(fp8x4 & 0xffffu), __NV_E4M3));
-  const __half2 hi = __half2(__nv_cvt_fp8x2_to_halfraw2(
-      static_cast<__nv_fp8x2_storage_t>(fp8x4 >> 16), __NV_E4M3));
-  const float2 a = __half22float2(lo), b = __half22float2(hi);
-  return make_uint2(warp::pack_bf16x2(a.x * scale, a.y * scale),
-                    warp::pack_bf16x2(b.x * scale, b.y * scale));
-}
-
-// Step 2: raw tile → bf16 [64, d_qk] K-major SW128 tile (smem_layout.cuh). Unit u < kNope/16 converts 16 fp8
-// values; the remaining 8 units copy the bf16 rope (16 B each).
+// Dequantizes a thread's share into row `key` of a KV stage (zeros for an invalid slot, so
+// masked keys contribute 0 · 0 to P·V, never NaN).
 template <KvLayout L>
-__device__ __forceinline__ void dequantize_tile(const uint8_t* raw, uint8_t* kv) {
+__device__ __forceinline__ void store_slot(const TileRegs<L>& regs, int key, int sub, uint8_t* stage) {
   using T = LayoutTraits<L>;
-  constexpr int kNopeUnits = T::kNope / 16;
-  constexpr int kUnits = kNopeUnits + 8;
-  for (int i = threadIdx.x; i < kTileKeys * kUnits; i += kThreads) {
-    const int key = i / kUnits;
-    const int u = i - key * kUnits;
-    const uint8_t* src = raw + key * T::kRawRowBytes;
-    if (u < kNopeUnits) {
-      const uint4 v = *reinterpret_cast<const uint4*>(src + u * 16);
-      const int blk = u * 16 / T::kQuantBlock;
-      float scale;
-      if constexpr (L == KvLayout::model1_fp8) {
-        scale = ue8m0_to_float(src[T::kRawScaleOffset + blk]);
-      } else {
-        scale = reinterpret_cast<const float*>(src + T::kRawScaleOffset)[blk];
-      }
-      const uint2 a = dequant4(v.x, scale), b = dequant4(v.y, scale);
-      const uint2 c = dequant4(v.z, scale), d = dequant4(v.w, scale);
-      *reinterpret_cast<uint4*>(kv + sw128_chunk_offset<kTileKeys>(key, 2 * u)) =
-          make_uint4(a.x, a.y, b.x, b.y);
-      *reinterpret_cast<uint4*>(kv + sw128_chunk_offset<kTileKeys>(key, 2 * u + 1)) =
-          make_uint4(c.x, c.y, d.x, d.y);
+  constexpr int kChunksPerScale = T::kQuantBlock / 16 / kThreadsPerKey;  // fp8 chunks i per scale
+#pragma unroll
+  for (int i = 0; i < kFp8ChunksPerThread<L>; ++i) {
+    const int blk = i / kChunksPerScale;
+    float scale;
+    if constexpr (L == KvLayout::model1_fp8) {
+      const uint32_t word = blk < 4 ? regs.scales.x : regs.scales.y;
+      scale = ue8m0_to_float(static_cast<uint8_t>(word >> (8 * (blk % 4))));
     } else {
-      const int r = u - kNopeUnits;
-      *reinterpret_cast<uint4*>(kv + sw128_chunk_offset<kTileKeys>(key, T::kNope / 8 + r)) =
-          *reinterpret_cast<const uint4*>(src + T::kRopeOffset + r * 16);
+      scale = __uint_as_float(blk == 0 ? regs.scales.x : blk == 1 ? regs.scales.y
+                              : blk == 2 ? regs.scales.z : regs.scales.w);
     }
+    uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;
+    if (regs.valid) fp8x16_to_bf16x16(regs.fp8[i], scale, lo, hi);
+    const int c = sub + kThreadsPerKey * i;  // fp8 chunk → bf16 chunks 2c, 2c+1
+    *reinterpret_cast<uint4*>(stage + sw128_chunk_offset<kTileKeys>(key, 2 * c)) = lo;
+    *reinterpret_cast<uint4*>(stage + sw128_chunk_offset<kTileKeys>(key, 2 * c + 1)) = hi;
+  }
+#pragma unroll
+  for (int i = 0; i < kRopeChunksPerThread; ++i) {
+    const int r = sub + kThreadsPerKey * i;
+    *reinterpret_cast<uint4*>(stage + sw128_chunk_offset<kTileKeys>(key, T::kNope / 8 + r)) =
+        regs.valid ? regs.rope[i] : make_uint4(0u, 0u, 0u, 0u);
   }
 }
 
 // ---- the two products of a tile, per warpgroup (half) -------------------------------------
-// Accumulators use the m64nN wgmma fragment order, which is also the order of 16×8 mma.sync
-// tiles stacked by warp: element i of a warp's 16-row slice sits at row lane/4 + 8·((i/2)%2),
-// column 8·(i/4) + 2·(lane%4) + i%2. kWgmma picks the tensor-core path (measured A/B).
+// Accumulators are m64nN wgmma fragments: element i of warp w sits at row 16w + lane/4 +
+// 8·((i/2)%2), column 8·(i/4) + 2·(lane%4) + i%2.
 using MmaQK = decltype(cute::make_tiled_mma(
     cute::GMMA::MMA_64x32x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>{}));
 using MmaPV = decltype(cute::make_tiled_mma(
     cute::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>{}));
 
-// s[16] = Q (64 heads × d_qk) · K[32·half .. +32]ᵀ for this warp's 16 heads.
-template <KvLayout L, bool kWgmma>
-__device__ __forceinline__ void qk_product(float (&s)[16], const uint8_t* q_tile, const uint8_t* kv_tile,
+// s[16] = Q (64 heads × d_qk) · K[32·half .. +32]ᵀ (waits for the result).
+template <KvLayout L>
+__device__ __forceinline__ void qk_product(float (&s)[16], const uint8_t* q_tile, const uint8_t* stage,
                                            int half) {
+  using namespace cute;
   constexpr int kDqk = LayoutTraits<L>::kDqk;
-  if constexpr (kWgmma) {
-    using namespace cute;
-    Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(q_tile)), SmemTileK<kHeadsPerCta, kDqk>{});
-    Tensor sK = local_tile(make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(kv_tile)),
-                                       SmemTileK<kTileKeys, kDqk>{}),
-                           Shape<_32, Int<kDqk>>{}, make_coord(half, 0));
-    Tensor rS = make_tensor(make_rmem_ptr(&s[0]), partition_fragment_C(MmaQK{}, Shape<_64, _32>{}).layout());
-    wgmma_ss(MmaQK{}, sQ, sK, rS, true);
-    wgmma_commit();
-    wgmma_wait<0>();
-  } else {
-    const int lane = threadIdx.x % 32, group = (threadIdx.x / 32) % 4;
-    const uint32_t q_base = ptx::smem_addr(q_tile), kv_base = ptx::smem_addr(kv_tile);
-    const int a_row = group * 16 + (lane % 16);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) s[i] = 0.0f;
-#pragma unroll 4
-    for (int ks = 0; ks < kDqk / 16; ++ks) {
-      uint32_t a[4];
-      warp::ldmatrix_x4(a, q_base + sw128_chunk_offset<kHeadsPerCta>(a_row, 2 * ks + lane / 16));
-#pragma unroll
-      for (int jp = 0; jp < 2; ++jp) {
-        const int key = half * 32 + jp * 16 + (lane % 8) + 8 * (lane / 16);
-        uint32_t b[4];
-        warp::ldmatrix_x4(b, kv_base + sw128_chunk_offset<kTileKeys>(key, 2 * ks + (lane / 8) % 2));
-        warp::mma_bf16_16816(*reinterpret_cast<float(*)[4]>(&s[8 * jp]), a, b[0], b[1]);
-        warp::mma_bf16_16816(*reinterpret_cast<float(*)[4]>(&s[8 * jp + 4]), a, b[2], b[3]);
-      }
-    }
-  }
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(q_tile)), SmemTileK<kHeadsPerCta, kDqk>{});
+  Tensor sK = local_tile(make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(stage)),
+                                     SmemTileK<kTileKeys, kDqk>{}),
+                         Shape<_32, Int<kDqk>>{}, make_coord(half, 0));
+  Tensor rS = make_tensor(make_rmem_ptr(&s[0]), partition_fragment_C(MmaQK{}, Shape<_64, _32>{}).layout());
+  wgmma_ss(MmaQK{}, sQ, sK, rS, true);
+  wgmma_commit();
+  wgmma_wait<0>();
+  warpgroup_fence_operand(rS);
 }
 
-// o[128] += P (64 heads × 64 keys, bf16) · V[:, 256·half .. +256] for this warp's 16 heads.
-template <KvLayout L, bool kWgmma>
-__device__ __forceinline__ void pv_product(float (&o)[128], const uint8_t* p_tile, const uint8_t* kv_tile,
-                                           int half) {
+// Issues o[128] += P (64 heads × 64 keys, bf16) · V[:, 256·half .. +256]; pv_wait() completes it.
+template <KvLayout L>
+__device__ __forceinline__ void pv_issue(float (&o)[128], const uint8_t* p_tile, const uint8_t* stage,
+                                         int half) {
+  using namespace cute;
   constexpr int kDqk = LayoutTraits<L>::kDqk;
-  if constexpr (kWgmma) {
-    using namespace cute;
-    Tensor sP = make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(p_tile)), SmemTileK<kHeadsPerCta, kTileKeys>{});
-    Tensor sV = local_tile(make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(kv_tile)),
-                                       SmemTileKTransposed<kTileKeys, kDqk>{}),
-                           Shape<_256, Int<kTileKeys>>{}, make_coord(half, 0));
-    Tensor rO = make_tensor(make_rmem_ptr(&o[0]), partition_fragment_C(MmaPV{}, Shape<_64, _256>{}).layout());
-    wgmma_ss(MmaPV{}, sP, sV, rO, false);
-    wgmma_commit();
-    wgmma_wait<0>();
-  } else {
-    const int lane = threadIdx.x % 32, group = (threadIdx.x / 32) % 4;
-    const uint32_t p_base = ptx::smem_addr(p_tile), kv_base = ptx::smem_addr(kv_tile);
-    const int a_row = group * 16 + (lane % 16);
-#pragma unroll
-    for (int kk = 0; kk < kTileKeys / 16; ++kk) {
-      uint32_t a[4];
-      warp::ldmatrix_x4(a, p_base + sw128_chunk_offset<kHeadsPerCta>(a_row, 2 * kk + lane / 16));
-      const int key = kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-#pragma unroll
-      for (int jp = 0; jp < 16; ++jp) {
-        const int chunk = (half * 256 + jp * 16) / 8 + lane / 16;
-        uint32_t b[4];
-        warp::ldmatrix_x4_trans(b, kv_base + sw128_chunk_offset<kTileKeys>(key, chunk));
-        warp::mma_bf16_16816(*reinterpret_cast<float(*)[4]>(&o[8 * jp]), a, b[0], b[1]);
-        warp::mma_bf16_16816(*reinterpret_cast<float(*)[4]>(&o[8 * jp + 4]), a, b[2], b[3]);
-      }
-    }
-  }
+  Tensor sP = make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(p_tile)), SmemTileK<kHeadsPerCta, kTileKeys>{});
+  Tensor sV = local_tile(make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(stage)),
+                                     SmemTileKTransposed<kTileKeys, kDqk>{}),
+                         Shape<_256, Int<kTileKeys>>{}, make_coord(half, 0));
+  Tensor rO = make_tensor(make_rmem_ptr(&o[0]), partition_fragment_C(MmaPV{}, Shape<_64, _256>{}).layout());
+  wgmma_ss(MmaPV{}, sP, sV, rO, false);
+  wgmma_commit();
+}
+__device__ __forceinline__ void pv_wait(float (&o)[128]) {
+  using namespace cute;
+  wgmma_wait<0>();
+  Tensor rO = make_tensor(make_rmem_ptr(&o[0]), partition_fragment_C(MmaPV{}, Shape<_64, _256>{}).layout());
+  warpgroup_fence_operand(rO);  // no use of o may be scheduled before the wait
 }
 
 }  // namespace detail
 
-template <KvLayout L, bool kWgmma>
+template <KvLayout L>
 __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid_constant__ DecodeParams p) {
   using T = LayoutTraits<L>;
   using S = SmemPlan<L>;
-  constexpr int kKSteps = T::kDqk / 16;
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t* q_tile = smem + S::kQ;
-  uint8_t* kv_tile = smem + S::kKv;
-  uint8_t* raw_tile = smem + S::kRaw;
+  auto kv_stage = [&](int i) { return smem + S::kKv + (i & 1) * S::kKvStage; };  // 2 stages
   uint8_t* p_tile = smem + S::kP;
   float* row_max_x = reinterpret_cast<float*>(smem + S::kRowMax);
   float* row_sum_x = reinterpret_cast<float*>(smem + S::kRowSum);
@@ -247,10 +190,11 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
   const int num_tiles = split_end > split_begin ? (split_end - split_begin + kTileKeys - 1) / kTileKeys : 0;
 
   const int warp_id = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int group = warp_id % 4, half = warp_id / 4;
-  const int g = lane / 4, q4 = lane % 4;  // fragment row / column-pair of this lane
+  const int group = warp_id % 4, half = warp_id / 4;  // warp in warpgroup, warpgroup
+  const int g = lane / 4, q4 = lane % 4;              // fragment row / column pair
+  const int my_key = threadIdx.x / kThreadsPerKey, my_sub = threadIdx.x % kThreadsPerKey;
 
-  // Query rows of this head block (zero rows past H), laid out like the KV tile.
+  // Query rows of this head block (zero rows past H), same tile layout as the KV stages.
   {
     constexpr int kChunks = T::kDqk / 8;
     for (int i = threadIdx.x; i < kHeadsPerCta * kChunks; i += kThreads) {
@@ -261,33 +205,42 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
                             static_cast<int64_t>(ok ? h : 0) * p.q_head_stride + c * 8;
       ptx::cp_async_16_zfill(q_tile + sw128_chunk_offset<kHeadsPerCta>(r, c), src, ok);
     }
+    ptx::cp_async_commit();
   }
-  if (num_tiles > 0) detail::issue_gather<L>(p, row, split_begin, split_end, raw_tile, key_valid);
-  ptx::cp_async_commit();
 
-  float o_acc[128];  // 16 heads × 256 value dims of this warp
+  // Prologue: tile 0 straight into stage 0; the slot of tile 1 is fetched ahead.
+  detail::TileRegs<L> regs;
+  int32_t next_slot = -1;
+  if (num_tiles > 0) {
+    const int pos = split_begin + my_key;
+    detail::load_slot<L>(p, pos, detail::slot_of(p, row, pos, split_end), my_sub, regs);
+    detail::store_slot<L>(regs, my_key, my_sub, kv_stage(0));
+    if (my_sub == 0) key_valid[my_key] = regs.valid;
+    next_slot = detail::slot_of(p, row, pos + kTileKeys, split_end);
+  }
+  ptx::cp_async_wait<0>();
+  ptx::fence_proxy_async_smem();  // Q (cp.async) and stage 0 (st.shared) are read by wgmma
+
+  float o_acc[128];  // 64 heads × 256 value dims of this warpgroup (fragment order)
 #pragma unroll
   for (int i = 0; i < 128; ++i) o_acc[i] = 0.0f;
-  float m_run[2] = {-INFINITY, -INFINITY};  // rows g, g+8 (base-2 logits)
+  float m_run[2] = {-INFINITY, -INFINITY};  // rows g, g+8 of this warp (base-2 logits)
   float l_run[2] = {0.0f, 0.0f};            // this lane's share of the row sums
 
-
   for (int t = 0; t < num_tiles; ++t) {
-    ptx::cp_async_wait<0>();
-    __syncthreads();  // raw tile t landed; tile t-1's S/P/V reads are finished
-    detail::dequantize_tile<L>(raw_tile, kv_tile);
-    ptx::fence_proxy_async_smem();  // the tensor cores read Q (cp.async) and K/V (st.shared)
-    __syncthreads();
+    __syncthreads();  // stage t%2 and its valid flags are written; tile t-1 is fully consumed
+    const uint8_t* stage = kv_stage(t);
     const uint8_t* valid = key_valid + (t & 1) * kTileKeys;
-    if (t + 1 < num_tiles) {
-      detail::issue_gather<L>(p, row, split_begin + (t + 1) * kTileKeys, split_end, raw_tile,
-                              key_valid + ((t + 1) & 1) * kTileKeys);
+    const bool has_next = t + 1 < num_tiles;
+    if (has_next) {  // loads in flight during S, softmax and the issue of P·V
+      const int pos = split_begin + (t + 1) * kTileKeys + my_key;
+      detail::load_slot<L>(p, pos, next_slot, my_sub, regs);
+      next_slot = detail::slot_of(p, row, pos + kTileKeys, split_end);
     }
-    ptx::cp_async_commit();
 
-    // ---- S = Q·Kᵀ for 16 heads × 32 keys --------------------------------------------------
+    // ---- S = Q·Kᵀ for 64 heads × 32 keys ---------------------------------------------------
     float s_acc[16];
-    detail::qk_product<L, kWgmma>(s_acc, q_tile, kv_tile, half);
+    detail::qk_product<L>(s_acc, q_tile, stage, half);
 
     // ---- online softmax (base 2) -----------------------------------------------------------
     float tile_max[2] = {-INFINITY, -INFINITY};
@@ -311,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
       row_max_x[half * kHeadsPerCta + group * 16 + g] = tile_max[0];
       row_max_x[half * kHeadsPerCta + group * 16 + g + 8] = tile_max[1];
     }
-    ptx::named_barrier_sync(1 + group, 64);  // the two warps of this head group
+    ptx::named_barrier_sync(1 + group, 64);  // warp `group` of both warpgroups: same 16 heads
     float corr[2], m_use[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -331,9 +284,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
       const int chunk = half * 4 + j;  // 8 keys = one 16-byte chunk of a P row
       const int prow = group * 16 + g;
       *reinterpret_cast<uint32_t*>(p_tile + sw128_chunk_offset<kHeadsPerCta>(prow, chunk) + 4 * q4) =
-          warp::pack_bf16x2(p0, p1);
+          pack_bf16x2(p0, p1);
       *reinterpret_cast<uint32_t*>(p_tile + sw128_chunk_offset<kHeadsPerCta>(prow + 8, chunk) + 4 * q4) =
-          warp::pack_bf16x2(p2, p3);
+          pack_bf16x2(p2, p3);
     }
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
@@ -345,11 +298,15 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
     ptx::fence_proxy_async_smem();
     __syncthreads();  // P of both halves written (each warpgroup reads all 64 rows × 64 keys)
 
-    // ---- O += P·V for 16 heads × 256 value dims --------------------------------------------
-    detail::pv_product<L, kWgmma>(o_acc, p_tile, kv_tile, half);
+    // ---- O += P·V (async), meanwhile tile t+1 → the other stage -------------------------------
+    detail::pv_issue<L>(o_acc, p_tile, stage, half);
+    if (has_next) {
+      detail::store_slot<L>(regs, my_key, my_sub, kv_stage(t + 1));
+      if (my_sub == 0) key_valid[((t + 1) & 1) * kTileKeys + my_key] = regs.valid;
+      ptx::fence_proxy_async_smem();
+    }
+    detail::pv_wait(o_acc);
   }
-
-  ptx::cp_async_wait<0>();  // nothing may land after the CTA is gone (num_tiles == 0)
 
   // ---- finish: full row sums, normalise, write -----------------------------------------------
 #pragma unroll
@@ -378,7 +335,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
         *reinterpret_cast<uint32_t*>(dst + j * 8) =
-            warp::pack_bf16x2(o_acc[4 * j + 2 * r] * factor, o_acc[4 * j + 2 * r + 1] * factor);
+            pack_bf16x2(o_acc[4 * j + 2 * r] * factor, o_acc[4 * j + 2 * r + 1] * factor);
       }
       if (half == 0 && q4 == 0) p.lse[out_row] = empty ? INFINITY : lse;
     } else {
@@ -393,15 +350,15 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
   }
 }
 
-template <KvLayout L, bool kWgmma>
+template <KvLayout L>
 void launch_sparse_decode(const DecodeParams& params, cudaStream_t stream) {
   constexpr int kSmem = SmemPlan<L>::kBytes;
   static const cudaError_t attr_status = cudaFuncSetAttribute(
-      sparse_decode_kernel<L, kWgmma>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      sparse_decode_kernel<L>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   check_cuda(attr_status, "sparse_decode", "cudaFuncSetAttribute(max dynamic shared memory)");
   const int num_head_blocks = (params.num_heads + kHeadsPerCta - 1) / kHeadsPerCta;
   const dim3 grid(num_head_blocks * params.num_splits, params.num_rows);
-  sparse_decode_kernel<L, kWgmma><<<grid, kThreads, kSmem, stream>>>(params);
+  sparse_decode_kernel<L><<<grid, kThreads, kSmem, stream>>>(params);
   check_launch("sparse_decode");
 }
 

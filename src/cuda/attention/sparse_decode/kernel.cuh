@@ -11,8 +11,8 @@
 //   softmax — online, base 2 (logits pre-multiplied by scale·log2 e); P (bf16) goes to shared
 //             memory because each warpgroup multiplies all 64 keys;
 //   O += PV — warpgroup `half` owns value dims 256·half..+256 (wgmma, 64×256 accumulators).
-// Overlap: tile t+1's loads are issued before S of tile t, and converted into the other KV stage
-// while the tensor cores run P·V of tile t.
+// Overlap: tile t+2's rows are prefetched into L2, tile t+1's register loads are issued before S
+// of tile t and converted into the other KV stage while the tensor cores run P·V of tile t.
 #pragma once
 
 #include <cmath>
@@ -21,6 +21,7 @@
 #include "cuda/common/check.h"
 #include "cuda/common/cp_async.cuh"
 #include "cuda/common/fp8_convert.cuh"
+#include "cuda/common/prefetch.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/smem_layout.cuh"
 #include "cuda/common/wgmma.cuh"
@@ -59,35 +60,63 @@ struct TileRegs {
   bool valid;
 };
 
-// Issues the loads of slot `slot` (scope picked by `pos`): nothing is read for an invalid slot.
+// Where a valid slot's bytes live: its data row (V32: the whole token) and, for MODEL1, its
+// 8-byte scale row. The scope is picked by the slot's position `pos` in the concatenated list.
+struct SlotBytes {
+  const uint8_t* data;
+  const uint8_t* scales;
+};
 template <KvLayout L>
-__device__ __forceinline__ void load_slot(const DecodeParams& p, int pos, int32_t slot, int sub,
-                                          TileRegs<L>& regs) {
-  using T = LayoutTraits<L>;
-  regs.valid = slot >= 0;
-  if (!regs.valid) return;
+__device__ __forceinline__ SlotBytes slot_bytes(const DecodeParams& p, int pos, int32_t slot) {
   const bool in_main = pos < p.main.topk;
   const int block_size = in_main ? p.main.block_size : p.extra.block_size;
   const int block = slot / block_size;
   const int offset = slot - block * block_size;
   const uint8_t* base = (in_main ? p.main.cache : p.extra.cache) +
                         block * (in_main ? p.main.block_stride : p.extra.block_stride);
-  const uint8_t* data;
   if constexpr (L == KvLayout::model1_fp8) {
-    data = base + offset * model1::kDataBytes;
-    const uint2 s = __ldg(reinterpret_cast<const uint2*>(
-        base + static_cast<int64_t>(block_size) * model1::kDataBytes + offset * model1::kScaleBytes));
+    return {base + offset * model1::kDataBytes,
+            base + static_cast<int64_t>(block_size) * model1::kDataBytes + offset * model1::kScaleBytes};
+  } else {
+    const uint8_t* data = base + offset * v32::kTokenBytes;
+    return {data, data + v32::kScaleOffset};
+  }
+}
+
+// Pulls a valid slot's bytes into L2 (no registers): thread 0 of the slot prefetches the data
+// row in one bulk request, thread 1 the MODEL1 scale row. Issued two tiles ahead, so the
+// register loads one tile ahead hit L2 instead of waiting on DRAM.
+template <KvLayout L>
+__device__ __forceinline__ void prefetch_slot(const DecodeParams& p, int pos, int32_t slot, int sub) {
+  if (slot < 0) return;
+  const SlotBytes bytes = slot_bytes<L>(p, pos, slot);
+  if (sub == 0) {
+    ptx::prefetch_l2_bulk(bytes.data, L == KvLayout::model1_fp8 ? model1::kDataBytes : v32::kTokenBytes);
+  } else if (L == KvLayout::model1_fp8 && sub == 1) {
+    ptx::prefetch_l2(bytes.scales);
+  }
+}
+
+// Issues the register loads of slot `slot`: nothing is read for an invalid slot.
+template <KvLayout L>
+__device__ __forceinline__ void load_slot(const DecodeParams& p, int pos, int32_t slot, int sub,
+                                          TileRegs<L>& regs) {
+  using T = LayoutTraits<L>;
+  regs.valid = slot >= 0;
+  if (!regs.valid) return;
+  const SlotBytes bytes = slot_bytes<L>(p, pos, slot);
+  if constexpr (L == KvLayout::model1_fp8) {
+    const uint2 s = __ldg(reinterpret_cast<const uint2*>(bytes.scales));
     regs.scales = make_uint4(s.x, s.y, 0u, 0u);
   } else {
-    data = base + offset * v32::kTokenBytes;
-    regs.scales = __ldg(reinterpret_cast<const uint4*>(data + v32::kScaleOffset));
+    regs.scales = __ldg(reinterpret_cast<const uint4*>(bytes.scales));
   }
 #pragma unroll
   for (int i = 0; i < kFp8ChunksPerThread<L>; ++i)
-    regs.fp8[i] = __ldg(reinterpret_cast<const uint4*>(data + 16 * (sub + kThreadsPerKey * i)));
+    regs.fp8[i] = __ldg(reinterpret_cast<const uint4*>(bytes.data + 16 * (sub + kThreadsPerKey * i)));
 #pragma unroll
   for (int i = 0; i < kRopeChunksPerThread; ++i)
-    regs.rope[i] = __ldg(reinterpret_cast<const uint4*>(data + T::kRopeOffset + 16 * (sub + kThreadsPerKey * i)));
+    regs.rope[i] = __ldg(reinterpret_cast<const uint4*>(bytes.data + T::kRopeOffset + 16 * (sub + kThreadsPerKey * i)));
 }
 
 // Dequantizes a thread's share into row `key` of a KV stage (zeros for an invalid slot, so
@@ -208,15 +237,19 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
     ptx::cp_async_commit();
   }
 
-  // Prologue: tile 0 straight into stage 0; the slot of tile 1 is fetched ahead.
+  // Prologue: tile 0 straight into stage 0. Then, per tile t, this thread's slot (my_key) of
+  // tile t+1 (`slot_ahead1`, rows already in L2) is loaded into registers, the rows of tile t+2
+  // (`slot_ahead2`) are prefetched into L2, and the index of tile t+3 is read.
   detail::TileRegs<L> regs;
-  int32_t next_slot = -1;
+  const int my_pos = split_begin + my_key;  // position of my slot in tile 0
+  int32_t slot_ahead1 = -1, slot_ahead2 = -1;
   if (num_tiles > 0) {
-    const int pos = split_begin + my_key;
-    detail::load_slot<L>(p, pos, detail::slot_of(p, row, pos, split_end), my_sub, regs);
+    detail::load_slot<L>(p, my_pos, detail::slot_of(p, row, my_pos, split_end), my_sub, regs);
+    slot_ahead1 = detail::slot_of(p, row, my_pos + kTileKeys, split_end);
+    slot_ahead2 = detail::slot_of(p, row, my_pos + 2 * kTileKeys, split_end);
+    detail::prefetch_slot<L>(p, my_pos + kTileKeys, slot_ahead1, my_sub);
     detail::store_slot<L>(regs, my_key, my_sub, kv_stage(0));
     if (my_sub == 0) key_valid[my_key] = regs.valid;
-    next_slot = detail::slot_of(p, row, pos + kTileKeys, split_end);
   }
   ptx::cp_async_wait<0>();
   ptx::fence_proxy_async_smem();  // Q (cp.async) and stage 0 (st.shared) are read by wgmma
@@ -233,9 +266,11 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
     const uint8_t* valid = key_valid + (t & 1) * kTileKeys;
     const bool has_next = t + 1 < num_tiles;
     if (has_next) {  // loads in flight during S, softmax and the issue of P·V
-      const int pos = split_begin + (t + 1) * kTileKeys + my_key;
-      detail::load_slot<L>(p, pos, next_slot, my_sub, regs);
-      next_slot = detail::slot_of(p, row, pos + kTileKeys, split_end);
+      const int pos1 = my_pos + (t + 1) * kTileKeys;
+      detail::load_slot<L>(p, pos1, slot_ahead1, my_sub, regs);
+      detail::prefetch_slot<L>(p, pos1 + kTileKeys, slot_ahead2, my_sub);
+      slot_ahead1 = slot_ahead2;
+      slot_ahead2 = detail::slot_of(p, row, pos1 + 2 * kTileKeys, split_end);
     }
 
     // ---- S = Q·Kᵀ for 64 heads × 32 keys ---------------------------------------------------

@@ -11,8 +11,9 @@
 //   softmax — online, base 2 (logits pre-multiplied by scale·log2 e); P (bf16) goes to shared
 //             memory because each warpgroup multiplies all 64 keys;
 //   O += PV — warpgroup `half` owns value dims 256·half..+256 (wgmma, 64×256 accumulators).
-// Overlap: tile t+2's rows are prefetched into L2, tile t+1's register loads are issued before S
-// of tile t and converted into the other KV stage while the tensor cores run P·V of tile t.
+// Overlap (per tile t): tile t+1 — loaded into registers a whole tile earlier — is converted into
+// the other KV stage while the tensor cores run P·V of tile t; then tile t+2's register loads are
+// issued and tile t+3's rows are prefetched into L2.
 #pragma once
 
 #include <cmath>
@@ -237,9 +238,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
     ptx::cp_async_commit();
   }
 
-  // Prologue: tile 0 straight into stage 0. Then, per tile t, this thread's slot (my_key) of
-  // tile t+1 (`slot_ahead1`, rows already in L2) is loaded into registers, the rows of tile t+2
-  // (`slot_ahead2`) are prefetched into L2, and the index of tile t+3 is read.
+  // Prologue: tile 0 straight into stage 0, tile 1's loads issued. Then, right after tile t+1 is
+  // stored (during P·V of tile t), this thread's slot (my_key) of tile t+2 (`slot_ahead1`, rows
+  // already in L2) is loaded into registers, the rows of tile t+3 (`slot_ahead2`) are prefetched
+  // into L2, and the index of tile t+4 is read.
   detail::TileRegs<L> regs;
   const int my_pos = split_begin + my_key;  // position of my slot in tile 0
   int32_t slot_ahead1 = -1, slot_ahead2 = -1;
@@ -250,6 +252,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
     detail::prefetch_slot<L>(p, my_pos + kTileKeys, slot_ahead1, my_sub);
     detail::store_slot<L>(regs, my_key, my_sub, kv_stage(0));
     if (my_sub == 0) key_valid[my_key] = regs.valid;
+    detail::load_slot<L>(p, my_pos + kTileKeys, slot_ahead1, my_sub, regs);  // tile 1
+    detail::prefetch_slot<L>(p, my_pos + 2 * kTileKeys, slot_ahead2, my_sub);
+    slot_ahead1 = slot_ahead2;
+    slot_ahead2 = detail::slot_of(p, row, my_pos + 3 * kTileKeys, split_end);
   }
   ptx::cp_async_wait<0>();
   ptx::fence_proxy_async_smem();  // Q (cp.async) and stage 0 (st.shared) are read by wgmma
@@ -265,13 +271,6 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
     const uint8_t* stage = kv_stage(t);
     const uint8_t* valid = key_valid + (t & 1) * kTileKeys;
     const bool has_next = t + 1 < num_tiles;
-    if (has_next) {  // loads in flight during S, softmax and the issue of P·V
-      const int pos1 = my_pos + (t + 1) * kTileKeys;
-      detail::load_slot<L>(p, pos1, slot_ahead1, my_sub, regs);
-      detail::prefetch_slot<L>(p, pos1 + kTileKeys, slot_ahead2, my_sub);
-      slot_ahead1 = slot_ahead2;
-      slot_ahead2 = detail::slot_of(p, row, pos1 + 2 * kTileKeys, split_end);
-    }
 
     // ---- S = Q·Kᵀ for 64 heads × 32 keys ---------------------------------------------------
     float s_acc[16];
@@ -339,6 +338,13 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
       detail::store_slot<L>(regs, my_key, my_sub, kv_stage(t + 1));
       if (my_sub == 0) key_valid[((t + 1) & 1) * kTileKeys + my_key] = regs.valid;
       ptx::fence_proxy_async_smem();
+      // The registers are free again: start tile t+2's loads now (rows prefetched to L2 one
+      // tile ago), so they fly during P·V, the barrier, S and softmax of tile t+1.
+      const int pos2 = my_pos + (t + 2) * kTileKeys;
+      detail::load_slot<L>(p, pos2, slot_ahead1, my_sub, regs);
+      detail::prefetch_slot<L>(p, pos2 + kTileKeys, slot_ahead2, my_sub);
+      slot_ahead1 = slot_ahead2;
+      slot_ahead2 = detail::slot_of(p, row, pos2 + 2 * kTileKeys, split_end);
     }
     detail::pv_wait(o_acc);
   }

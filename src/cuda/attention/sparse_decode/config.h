@@ -17,16 +17,23 @@ namespace dsv4::cuda::decode {
 
 inline constexpr int kHeadsPerCta = 64;   // M of the products (4 warps × 16 rows)
 inline constexpr int kTileKeys = 64;      // index slots gathered per pipeline step
-inline constexpr int kWarps = 8;          // 4 row groups × 2 halves (keys for S, d_v for O)
-inline constexpr int kThreads = 32 * kWarps;
+// Warpgroups 0 and 1 consume (S, softmax, P·V; warp w of warpgroup `half` owns heads
+// 16w..16w+15; `half` picks the keys of S and the value dims of O); warpgroup 2 produces (gathers
+// and dequantizes the KV tiles into two shared-memory stages).
+inline constexpr int kConsumerThreads = 256;
+inline constexpr int kProducerThreads = 128;
+inline constexpr int kThreads = kConsumerThreads + kProducerThreads;
+// setmaxnreg split of the 64 Ki registers: 128·(160 + 2·176). Measured by ptxas: the consumers
+// (128 accumulators + S) spill at 168, the producer (a tile of gathered bytes) spills at 112.
+inline constexpr int kProducerRegs = 160, kConsumerRegs = 176;
 inline constexpr int kDv = 512;           // value dims (V = the first 512 dims of K)
 inline constexpr int kPRowBytes = kTileKeys * 2;  // bf16 probabilities, one row per head
 
-// What the gather and dequantization need to know about a cache layout. Four threads share a
-// slot: thread `sub` of a slot loads fp8 chunks (16 values) sub, sub+4, ... and rope chunks (8 bf16)
-// sub and sub+4, so every thread needs the same scale entries in the same order.
-inline constexpr int kThreadsPerKey = kThreads / kTileKeys;  // 4
-inline constexpr int kRopeChunksPerThread = 64 * 2 / 16 / kThreadsPerKey;  // 2
+// What the gather and dequantization need to know about a cache layout. Two producer threads
+// share a slot: thread `sub` loads fp8 chunks (16 values) sub, sub+2, ... and rope chunks (8 bf16)
+// sub, sub+2, ..., so both need the same scale entries in the same order.
+inline constexpr int kThreadsPerKey = kProducerThreads / kTileKeys;  // 2
+inline constexpr int kRopeChunksPerThread = 64 * 2 / 16 / kThreadsPerKey;  // 4
 
 template <KvLayout L>
 struct LayoutTraits;
@@ -48,7 +55,7 @@ struct LayoutTraits<KvLayout::v32_fp8> {
 };
 
 template <KvLayout L>
-inline constexpr int kFp8ChunksPerThread = LayoutTraits<L>::kNope / 16 / kThreadsPerKey;  // 7 / 8
+inline constexpr int kFp8ChunksPerThread = LayoutTraits<L>::kNope / 16 / kThreadsPerKey;  // 14 / 16
 
 // Shared-memory plan of one CTA (bytes). Q and two KV stages are bf16 K-major SW128 tiles
 // (smem_layout.cuh): the tensor cores multiply one stage while the threads fill the other.
@@ -62,7 +69,8 @@ struct SmemPlan {
   static constexpr int kRowMax = kP + kHeadsPerCta * kPRowBytes;    // float [2][64]
   static constexpr int kRowSum = kRowMax + 2 * kHeadsPerCta * 4;    // float [2][64]
   static constexpr int kKeyValid = kRowSum + 2 * kHeadsPerCta * 4;  // uint8 [2][64]
-  static constexpr int kBytes = kKeyValid + 2 * kTileKeys;
+  static constexpr int kBars = kKeyValid + 2 * kTileKeys;            // uint64 full[2], empty[2]
+  static constexpr int kBytes = kBars + 4 * 8;
 };
 
 // One index scope as the kernel reads it (validated by the host).

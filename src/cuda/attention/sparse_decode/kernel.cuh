@@ -1,19 +1,20 @@
 // The sparse FP8 decode kernel (split-KV), templated on the cache layout.
 //
-// Per CTA: one query token row, 64 heads, one split of the index list; 2 warpgroups. Per tile of
-// 64 index slots:
+// Per CTA: one query token row, 64 heads, one split of the index list; 3 warpgroups.
+// Producer (warpgroup 2), per tile of 64 index slots:
 //   gather  — each slot's bytes (fp8 nope, scales, bf16 rope) are loaded from the paged cache
-//             into registers (4 threads per slot, 16-byte loads), one tile AHEAD of its use;
-//   dequant — fp8 · scale → bf16 (exact) into a K-major SW128 KV stage in shared memory, which is K
-//             for S = Q·Kᵀ and, through its first 512 columns, V;
+//             into registers (2 threads per slot, 16-byte loads) one tile ahead of their use, the
+//             rows of the tile after are prefetched into L2;
+//   dequant — fp8 · scale → bf16 (exact) into one of two K-major SW128 KV stages in shared memory
+//             (mbarriers full/empty), which is K for S = Q·Kᵀ and, through its first 512
+//             columns, V.
+// Consumers (warpgroups 0, 1 = `half`), per tile:
 //   S       — warpgroup `half` computes S for all 64 heads × keys 32·half..+32 (wgmma, Q and K in
 //             shared memory); the halves exchange row maxima through shared memory;
 //   softmax — online, base 2 (logits pre-multiplied by scale·log2 e); P (bf16) goes to shared
 //             memory because each warpgroup multiplies all 64 keys;
 //   O += PV — warpgroup `half` owns value dims 256·half..+256 (wgmma, 64×256 accumulators).
-// Overlap (per tile t): tile t+1 — loaded into registers a whole tile earlier — is converted into
-// the other KV stage while the tensor cores run P·V of tile t; then tile t+2's register loads are
-// issued and tile t+3's rows are prefetched into L2.
+// The producer fills stage t+1 while the consumers multiply stage t.
 #pragma once
 
 #include <cmath>
@@ -197,68 +198,80 @@ __device__ __forceinline__ void pv_wait(float (&o)[128]) {
   warpgroup_fence_operand(rO);  // no use of o may be scheduled before the wait
 }
 
-}  // namespace detail
+// Where one CTA works: its query row, head block and split.
+struct CtaWork {
+  int row, head_block, split, split_begin, split_end, num_tiles;
+};
 
+// Named barriers (0 is __syncthreads): 1..4 pair warp w of both consumer warpgroups, 5 all
+// consumers.
+inline constexpr int kBarConsumers = 5;
+
+// Warpgroup 2: per tile t, the slot (my_key) of this thread is loaded into registers one tile
+// ahead, the rows of the tile after are prefetched into L2, and the index of the one after that
+// is read; the registers are dequantized into stage t%2 once the consumers have released it.
 template <KvLayout L>
-__global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid_constant__ DecodeParams p) {
+__device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w, uint8_t* smem) {
+  using S = SmemPlan<L>;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBars);
+  uint64_t* empty = full + 2;
+  uint8_t* key_valid = smem + S::kKeyValid;
+  const int tid = threadIdx.x - kConsumerThreads;
+  const int my_key = tid / kThreadsPerKey, my_sub = tid % kThreadsPerKey;
+  const int my_pos = w.split_begin + my_key;  // my slot's position in tile 0
+  TileRegs<L> regs;
+  load_slot<L>(p, my_pos, slot_of(p, w.row, my_pos, w.split_end), my_sub, regs);
+  int32_t slot_ahead1 = slot_of(p, w.row, my_pos + kTileKeys, w.split_end);
+  int32_t slot_ahead2 = slot_of(p, w.row, my_pos + 2 * kTileKeys, w.split_end);
+  prefetch_slot<L>(p, my_pos + kTileKeys, slot_ahead1, my_sub);
+  for (int t = 0; t < w.num_tiles; ++t) {
+    const int stage = t & 1;
+    if (t >= 2) ptx::mbarrier_wait(&empty[stage], ((t >> 1) + 1) & 1);  // tile t-2 consumed
+    store_slot<L>(regs, my_key, my_sub, smem + S::kKv + stage * S::kKvStage);
+    if (my_sub == 0) key_valid[stage * kTileKeys + my_key] = regs.valid;
+    ptx::fence_proxy_async_smem();  // the stage is read by wgmma
+    ptx::mbarrier_arrive(&full[stage]);
+    const int pos1 = my_pos + (t + 1) * kTileKeys;
+    load_slot<L>(p, pos1, slot_ahead1, my_sub, regs);  // −1 past the split: nothing loaded
+    prefetch_slot<L>(p, pos1 + kTileKeys, slot_ahead2, my_sub);
+    slot_ahead1 = slot_ahead2;
+    slot_ahead2 = slot_of(p, w.row, pos1 + 2 * kTileKeys, w.split_end);
+  }
+}
+
+// Warpgroups 0 and 1: S, online softmax, P·V per tile; then the row's output.
+template <KvLayout L>
+__device__ __forceinline__ void consume(const DecodeParams& p, const CtaWork& w, uint8_t* smem) {
   using T = LayoutTraits<L>;
   using S = SmemPlan<L>;
-  extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t* q_tile = smem + S::kQ;
-  auto kv_stage = [&](int i) { return smem + S::kKv + (i & 1) * S::kKvStage; };  // 2 stages
   uint8_t* p_tile = smem + S::kP;
   float* row_max_x = reinterpret_cast<float*>(smem + S::kRowMax);
   float* row_sum_x = reinterpret_cast<float*>(smem + S::kRowSum);
-  uint8_t* key_valid = smem + S::kKeyValid;
-
-  const int num_head_blocks = (p.num_heads + kHeadsPerCta - 1) / kHeadsPerCta;
-  const int head_block = blockIdx.x % num_head_blocks;
-  const int split = blockIdx.x / num_head_blocks;
-  const int row = blockIdx.y;
-  const int split_begin = split * p.split_len;
-  const int split_end = min(split_begin + p.split_len, p.topk_total);
-  const int num_tiles = split_end > split_begin ? (split_end - split_begin + kTileKeys - 1) / kTileKeys : 0;
+  const uint8_t* key_valid = smem + S::kKeyValid;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBars);
+  uint64_t* empty = full + 2;
 
   const int warp_id = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = warp_id % 4, half = warp_id / 4;  // warp in warpgroup, warpgroup
   const int g = lane / 4, q4 = lane % 4;              // fragment row / column pair
-  const int my_key = threadIdx.x / kThreadsPerKey, my_sub = threadIdx.x % kThreadsPerKey;
 
   // Query rows of this head block (zero rows past H), same tile layout as the KV stages.
   {
     constexpr int kChunks = T::kDqk / 8;
-    for (int i = threadIdx.x; i < kHeadsPerCta * kChunks; i += kThreads) {
+    for (int i = threadIdx.x; i < kHeadsPerCta * kChunks; i += kConsumerThreads) {
       const int r = i / kChunks, c = i - r * kChunks;
-      const int h = head_block * kHeadsPerCta + r;
+      const int h = w.head_block * kHeadsPerCta + r;
       const bool ok = h < p.num_heads;
-      const uint16_t* src = p.q + static_cast<int64_t>(row) * p.q_row_stride +
+      const uint16_t* src = p.q + static_cast<int64_t>(w.row) * p.q_row_stride +
                             static_cast<int64_t>(ok ? h : 0) * p.q_head_stride + c * 8;
       ptx::cp_async_16_zfill(q_tile + sw128_chunk_offset<kHeadsPerCta>(r, c), src, ok);
     }
     ptx::cp_async_commit();
+    ptx::cp_async_wait<0>();
+    ptx::fence_proxy_async_smem();  // Q is read by wgmma
+    ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);
   }
-
-  // Prologue: tile 0 straight into stage 0, tile 1's loads issued. Then, right after tile t+1 is
-  // stored (during P·V of tile t), this thread's slot (my_key) of tile t+2 (`slot_ahead1`, rows
-  // already in L2) is loaded into registers, the rows of tile t+3 (`slot_ahead2`) are prefetched
-  // into L2, and the index of tile t+4 is read.
-  detail::TileRegs<L> regs;
-  const int my_pos = split_begin + my_key;  // position of my slot in tile 0
-  int32_t slot_ahead1 = -1, slot_ahead2 = -1;
-  if (num_tiles > 0) {
-    detail::load_slot<L>(p, my_pos, detail::slot_of(p, row, my_pos, split_end), my_sub, regs);
-    slot_ahead1 = detail::slot_of(p, row, my_pos + kTileKeys, split_end);
-    slot_ahead2 = detail::slot_of(p, row, my_pos + 2 * kTileKeys, split_end);
-    detail::prefetch_slot<L>(p, my_pos + kTileKeys, slot_ahead1, my_sub);
-    detail::store_slot<L>(regs, my_key, my_sub, kv_stage(0));
-    if (my_sub == 0) key_valid[my_key] = regs.valid;
-    detail::load_slot<L>(p, my_pos + kTileKeys, slot_ahead1, my_sub, regs);  // tile 1
-    detail::prefetch_slot<L>(p, my_pos + 2 * kTileKeys, slot_ahead2, my_sub);
-    slot_ahead1 = slot_ahead2;
-    slot_ahead2 = detail::slot_of(p, row, my_pos + 3 * kTileKeys, split_end);
-  }
-  ptx::cp_async_wait<0>();
-  ptx::fence_proxy_async_smem();  // Q (cp.async) and stage 0 (st.shared) are read by wgmma
 
   float o_acc[128];  // 64 heads × 256 value dims of this warpgroup (fragment order)
 #pragma unroll
@@ -266,15 +279,15 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
   float m_run[2] = {-INFINITY, -INFINITY};  // rows g, g+8 of this warp (base-2 logits)
   float l_run[2] = {0.0f, 0.0f};            // this lane's share of the row sums
 
-  for (int t = 0; t < num_tiles; ++t) {
-    __syncthreads();  // stage t%2 and its valid flags are written; tile t-1 is fully consumed
-    const uint8_t* stage = kv_stage(t);
-    const uint8_t* valid = key_valid + (t & 1) * kTileKeys;
-    const bool has_next = t + 1 < num_tiles;
+  for (int t = 0; t < w.num_tiles; ++t) {
+    const int stage_idx = t & 1;
+    ptx::mbarrier_wait(&full[stage_idx], (t >> 1) & 1);  // stage and valid flags written
+    const uint8_t* stage = smem + S::kKv + stage_idx * S::kKvStage;
+    const uint8_t* valid = key_valid + stage_idx * kTileKeys;
 
     // ---- S = Q·Kᵀ for 64 heads × 32 keys ---------------------------------------------------
     float s_acc[16];
-    detail::qk_product<L>(s_acc, q_tile, stage, half);
+    qk_product<L>(s_acc, q_tile, stage, half);
 
     // ---- online softmax (base 2) -----------------------------------------------------------
     float tile_max[2] = {-INFINITY, -INFINITY};
@@ -330,23 +343,14 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
       o_acc[4 * j + 3] *= corr[1];
     }
     ptx::fence_proxy_async_smem();
-    __syncthreads();  // P of both halves written (each warpgroup reads all 64 rows × 64 keys)
+    ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);  // P of both halves written
 
-    // ---- O += P·V (async), meanwhile tile t+1 → the other stage -------------------------------
-    detail::pv_issue<L>(o_acc, p_tile, stage, half);
-    if (has_next) {
-      detail::store_slot<L>(regs, my_key, my_sub, kv_stage(t + 1));
-      if (my_sub == 0) key_valid[((t + 1) & 1) * kTileKeys + my_key] = regs.valid;
-      ptx::fence_proxy_async_smem();
-      // The registers are free again: start tile t+2's loads now (rows prefetched to L2 one
-      // tile ago), so they fly during P·V, the barrier, S and softmax of tile t+1.
-      const int pos2 = my_pos + (t + 2) * kTileKeys;
-      detail::load_slot<L>(p, pos2, slot_ahead1, my_sub, regs);
-      detail::prefetch_slot<L>(p, pos2 + kTileKeys, slot_ahead2, my_sub);
-      slot_ahead1 = slot_ahead2;
-      slot_ahead2 = detail::slot_of(p, row, pos2 + 2 * kTileKeys, split_end);
-    }
-    detail::pv_wait(o_acc);
+    // ---- O += P·V for 64 heads × 256 value dims ---------------------------------------------
+    pv_issue<L>(o_acc, p_tile, stage, half);
+    pv_wait(o_acc);
+    ptx::mbarrier_arrive(&empty[stage_idx]);  // this thread is done with the stage
+    // Both warpgroups' P·V read all of P: nobody writes the next P before both are done.
+    ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);
   }
 
   // ---- finish: full row sums, normalise, write -----------------------------------------------
@@ -359,35 +363,68 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
     row_sum_x[half * kHeadsPerCta + group * 16 + g] = l_run[0];
     row_sum_x[half * kHeadsPerCta + group * 16 + g + 8] = l_run[1];
   }
-  __syncthreads();
+  ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int hr = group * 16 + g + 8 * r;
-    const int h = head_block * kHeadsPerCta + hr;
+    const int h = w.head_block * kHeadsPerCta + hr;
     if (h >= p.num_heads) continue;
     const float l = l_run[r] + row_sum_x[(1 - half) * kHeadsPerCta + hr];
-    const bool empty = !(l > 0.0f);
-    const float lse = empty ? -INFINITY : (m_run[r] + log2f(l)) * 0.69314718055994531f;
-    const int64_t out_row = static_cast<int64_t>(row) * p.num_heads + h;
-    float factor = empty ? 0.0f : 1.0f / l;
+    const bool empty_row = !(l > 0.0f);
+    const float lse = empty_row ? -INFINITY : (m_run[r] + log2f(l)) * 0.69314718055994531f;
+    const int64_t out_row = static_cast<int64_t>(w.row) * p.num_heads + h;
+    float factor = empty_row ? 0.0f : 1.0f / l;
     if (p.num_splits == 1) {
-      if (!empty && p.sink != nullptr) factor /= 1.0f + expf(p.sink[h] - lse);
+      if (!empty_row && p.sink != nullptr) factor /= 1.0f + expf(p.sink[h] - lse);
       uint16_t* dst = p.out + out_row * kDv + half * 256 + 2 * q4;
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
         *reinterpret_cast<uint32_t*>(dst + j * 8) =
             pack_bf16x2(o_acc[4 * j + 2 * r] * factor, o_acc[4 * j + 2 * r + 1] * factor);
       }
-      if (half == 0 && q4 == 0) p.lse[out_row] = empty ? INFINITY : lse;
+      if (half == 0 && q4 == 0) p.lse[out_row] = empty_row ? INFINITY : lse;
     } else {
-      float* dst = p.partial_o + (out_row * p.num_splits + split) * kDv + half * 256 + 2 * q4;
+      float* dst = p.partial_o + (out_row * p.num_splits + w.split) * kDv + half * 256 + 2 * q4;
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
         *reinterpret_cast<float2*>(dst + j * 8) =
             make_float2(o_acc[4 * j + 2 * r] * factor, o_acc[4 * j + 2 * r + 1] * factor);
       }
-      if (half == 0 && q4 == 0) p.partial_lse[out_row * p.num_splits + split] = lse;
+      if (half == 0 && q4 == 0) p.partial_lse[out_row * p.num_splits + w.split] = lse;
     }
+  }
+}
+
+}  // namespace detail
+
+template <KvLayout L>
+__global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid_constant__ DecodeParams p) {
+  using S = SmemPlan<L>;
+  extern __shared__ __align__(1024) uint8_t smem[];
+  detail::CtaWork w;
+  const int num_head_blocks = (p.num_heads + kHeadsPerCta - 1) / kHeadsPerCta;
+  w.head_block = blockIdx.x % num_head_blocks;
+  w.split = blockIdx.x / num_head_blocks;
+  w.row = blockIdx.y;
+  w.split_begin = w.split * p.split_len;
+  w.split_end = min(w.split_begin + p.split_len, p.topk_total);
+  w.num_tiles = w.split_end > w.split_begin ? (w.split_end - w.split_begin + kTileKeys - 1) / kTileKeys : 0;
+
+  if (threadIdx.x == 0) {
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
+    ptx::mbarrier_init(&bars[0], kProducerThreads);  // full[2]: every producer thread arrives
+    ptx::mbarrier_init(&bars[1], kProducerThreads);
+    ptx::mbarrier_init(&bars[2], kConsumerThreads);  // empty[2]: every consumer thread arrives
+    ptx::mbarrier_init(&bars[3], kConsumerThreads);
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();  // the last block-wide barrier: the roles below sync among themselves
+  if (threadIdx.x >= kConsumerThreads) {
+    ptx::warpgroup_regs_decrease<kProducerRegs>();
+    detail::produce<L>(p, w, smem);
+  } else {
+    ptx::warpgroup_regs_increase<kConsumerRegs>();
+    detail::consume<L>(p, w, smem);
   }
 }
 

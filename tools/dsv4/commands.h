@@ -12,6 +12,5 @@ using Args = std::vector<std::string>;
 int cmd_info(const Args& args);   // build, backends, device; --config, --layouts
 int cmd_run(const Args& args);    // the main job: serving simulation through the attention stack
 int cmd_bench(const Args& args);  // kernel benchmarks of PERF.md
-int bench_decode(const Args& args);  // `dsv4 bench decode`: sparse FP8 decode cases (bench_decode.cpp)
 
 }  // namespace dsv4::cli

@@ -42,11 +42,11 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t phase) {
 }
 
 // ---------------------------------------------------------------- cp.async gathers
-// 16-byte global→shared copy through L2 only (.cg). When `valid` is false nothing is read and the
-// 16 destination bytes are zero-filled, so masked rows never touch memory (src may be any
-// address then).
+// 16-byte global→shared copy through L2 only (.cg), hinting L2 to fetch the surrounding 256 B
+// (gathered rows are ≥ 1 KB contiguous). When `valid` is false nothing is read and the 16
+// destination bytes are zero-filled, so masked rows never touch memory (src may be any address).
 __device__ __forceinline__ void cp_async_16_zfill(void* smem_dst, const void* gmem_src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem_dst)),
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(smem_addr(smem_dst)),
                "l"(gmem_src), "r"(valid ? 16 : 0)
                : "memory");
 }
@@ -55,6 +55,29 @@ __device__ __forceinline__ void cp_async_16_zfill(void* smem_dst, const void* gm
 __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar))
                : "memory");
+}
+
+// ---------------------------------------------------------------- TMA (bulk tensor copies)
+// One arrival that also announces `bytes` more to come from bulk copies completing on `bar`.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+// Copies the box at coordinates (c0 innermost, c1[, c2]) of the tensor map (a __grid_constant__
+// kernel parameter) to shared memory; its bytes complete on `bar`.
+__device__ __forceinline__ void tma_load_2d(void* smem_dst, const void* tensor_map, int c0, int c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+      ::"r"(smem_addr(smem_dst)), "l"(tensor_map), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(void* smem_dst, const void* tensor_map, int c0, int c1, int c2,
+                                            uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];" ::"r"(smem_addr(smem_dst)),
+      "l"(tensor_map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+      : "memory");
 }
 
 // ---------------------------------------------------------------- named barriers

@@ -13,18 +13,23 @@
 
 namespace dsv4::cuda {
 
-template <class TiledMma, class SmemA, class SmemB, class RegC>
+// kBegin/kEnd restrict the product to K steps [kBegin, kEnd) of the instruction's K (16 for bf16),
+// so a product can start on the part of an operand that has already arrived (kEnd -1: all).
+template <int kBegin = 0, int kEnd = -1, class TiledMma, class SmemA, class SmemB, class RegC>
 __device__ __forceinline__ void wgmma_ss(TiledMma mma, const SmemA& sA, const SmemB& sB, RegC& rC,
                                          bool zero_init) {
   using namespace cute;
   auto thr = mma.get_slice(threadIdx.x % 128);
   Tensor tA = thr.partition_fragment_A(sA);  // smem descriptors, (MMA, MMA_M, MMA_K)
   Tensor tB = thr.partition_fragment_B(sB);
+  constexpr int kSteps = decltype(size<2>(tA))::value;
+  constexpr int kLast = kEnd < 0 ? kSteps : kEnd;
+  static_assert(0 <= kBegin && kBegin < kLast && kLast <= kSteps, "K-step range out of bounds");
   warpgroup_fence_operand(rC);
   warpgroup_arrive();
   mma.accumulate_ = zero_init ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
   CUTE_UNROLL
-  for (int k = 0; k < size<2>(tA); ++k) {
+  for (int k = kBegin; k < kLast; ++k) {
     cute::gemm(mma, tA(_, _, k), tB(_, _, k), rC);
     mma.accumulate_ = GMMA::ScaleOut::One;
   }

@@ -1,0 +1,127 @@
+// Host dispatch of the CUDA sparse prefill (SPEC §6): checks what the kernel relies on (device,
+// dtypes, shapes, 16-byte aligned rows), encodes the q tensor map, picks the d_qk
+// instantiation and launches on the caller's stream. No allocation, no synchronization.
+#include "cuda/attention/sparse_prefill.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/attention/sparse_prefill/config.h"
+#include "cuda/common/tma.h"
+#include "dsv4/status.h"
+#include "dsv4/tensor.h"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr const char* kOp = "sparse_prefill";
+
+void check_aligned_rows(const char* name, const TensorView& t, int row_dims) {
+  check_inner_contiguous(kOp, name, t);
+  DSV4_CHECK(reinterpret_cast<uintptr_t>(t.data) % 16 == 0, kOp, ": ", name,
+             ": expected a 16-byte aligned pointer (16-byte row copies)");
+  for (int d = 0; d < row_dims; ++d) {
+    DSV4_CHECK(t.stride(d) % 8 == 0, kOp, ": ", name, ".stride(", d,
+               "): expected a multiple of 8 elements (16-byte rows), got ", t.stride(d));
+  }
+}
+
+}  // namespace
+
+void sparse_prefill(const SparsePrefillArgs& a, Stream stream) {
+  const TensorView* required[] = {&a.q, &a.kv, &a.indices, &a.out, &a.max_logits, &a.lse};
+  const char* names[] = {"q", "kv", "indices", "out", "max_logits", "lse"};
+  for (int i = 0; i < 6; ++i) {
+    check_defined(kOp, names[i], *required[i]);
+    check_device(kOp, names[i], *required[i], Device::cuda);
+  }
+  check_dtype(kOp, "q", a.q, DType::bf16);
+  check_ndim(kOp, "q", a.q, 3);
+  const int64_t s_q = a.q.size(0), heads = a.q.size(1), d_qk = a.q.size(2);
+  DSV4_CHECK(d_qk == 512 || d_qk == 576, kOp, ": q.shape[2] (d_qk): expected 512 or 576, got ", d_qk);
+  DSV4_CHECK_EQ(kOp, "d_v", 512, a.d_v);
+  check_aligned_rows("q", a.q, 2);
+
+  check_dtype(kOp, "kv", a.kv, DType::bf16);
+  check_ndim(kOp, "kv", a.kv, 3);
+  check_dim(kOp, "kv", a.kv, 1, 1);
+  check_dim(kOp, "kv", a.kv, 2, d_qk);
+  check_aligned_rows("kv", a.kv, 1);
+  const int64_t s_kv = a.kv.size(0);
+
+  check_dtype(kOp, "indices", a.indices, DType::int32);
+  check_ndim(kOp, "indices", a.indices, 3);
+  check_dim(kOp, "indices", a.indices, 0, s_q);
+  check_dim(kOp, "indices", a.indices, 1, 1);
+  check_inner_contiguous(kOp, "indices", a.indices);
+  const int64_t topk = a.indices.size(2);
+
+  if (a.topk_length.defined()) {
+    check_device(kOp, "topk_length", a.topk_length, Device::cuda);
+    check_dtype(kOp, "topk_length", a.topk_length, DType::int32);
+    check_shape(kOp, "topk_length", a.topk_length, {s_q});
+    check_contiguous(kOp, "topk_length", a.topk_length);
+  }
+  if (a.attn_sink.defined()) {
+    check_device(kOp, "attn_sink", a.attn_sink, Device::cuda);
+    check_dtype(kOp, "attn_sink", a.attn_sink, DType::fp32);
+    check_shape(kOp, "attn_sink", a.attn_sink, {heads});
+    check_contiguous(kOp, "attn_sink", a.attn_sink);
+  }
+  check_dtype(kOp, "out", a.out, DType::bf16);
+  check_shape(kOp, "out", a.out, {s_q, heads, 512});
+  check_inner_contiguous(kOp, "out", a.out);
+  DSV4_CHECK(a.out.stride(0) % 2 == 0 && a.out.stride(1) % 2 == 0 &&
+                 reinterpret_cast<uintptr_t>(a.out.data) % 4 == 0,
+             kOp, ": out: expected even strides and a 4-byte aligned pointer (bf16 pairs)");
+  for (const auto* t : {&a.max_logits, &a.lse}) {
+    const char* name = t == &a.lse ? "lse" : "max_logits";
+    check_dtype(kOp, name, *t, DType::fp32);
+    check_shape(kOp, name, *t, {s_q, heads});
+  }
+  const float scale = a.softmax_scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(d_qk))
+                                              : a.softmax_scale;
+  DSV4_CHECK(std::isfinite(scale), kOp, ": softmax_scale: expected a finite value, got ", scale);
+  DSV4_CHECK(s_q <= (int64_t{1} << 30) / ((heads + 63) / 64) && s_kv < (int64_t{1} << 31) &&
+                 topk < (int64_t{1} << 30),
+             kOp, ": sizes exceed the kernel's 32-bit index range");
+  if (s_q == 0 || heads == 0) return;
+
+  sparse_prefill_detail::Params p{};
+  p.kv = a.kv.data;
+  p.kv_row_stride = a.kv.stride(0);
+  p.indices = a.indices.ptr<const int32_t>();
+  p.topk_length = a.topk_length.defined() ? a.topk_length.ptr<const int32_t>() : nullptr;
+  p.attn_sink = a.attn_sink.defined() ? a.attn_sink.ptr<const float>() : nullptr;
+  p.out = a.out.data;
+  p.max_logits = a.max_logits.ptr<float>();
+  p.lse = a.lse.ptr<float>();
+  p.s_q = static_cast<int>(s_q);
+  p.num_heads = static_cast<int>(heads);
+  p.s_kv = static_cast<int>(s_kv);
+  p.topk = static_cast<int>(topk);
+  p.indices_row_stride = a.indices.stride(0);
+  p.out_stride_s = a.out.stride(0);
+  p.out_stride_h = a.out.stride(1);
+  p.ml_stride_s = a.max_logits.stride(0);
+  p.ml_stride_h = a.max_logits.stride(1);
+  p.lse_stride_s = a.lse.stride(0);
+  p.lse_stride_h = a.lse.stride(1);
+  p.scale_log2 = scale * 1.4426950408889634f;
+  {
+    const uint64_t q_dims[3] = {static_cast<uint64_t>(d_qk), static_cast<uint64_t>(heads), static_cast<uint64_t>(s_q)};
+    const uint64_t q_strides[2] = {static_cast<uint64_t>(a.q.stride(1)) * 2, static_cast<uint64_t>(a.q.stride(0)) * 2};
+    const uint32_t q_box[3] = {64, 64, 1};
+    p.q_map = make_tensor_map_bf16_sw128(kOp, a.q.data, 3, q_dims, q_strides, q_box);
+  }
+
+#if defined(DSV4_HAVE_CUTLASS)
+  if (d_qk == 512) sparse_prefill_detail::launch<512>(p, stream);
+  else sparse_prefill_detail::launch<576>(p, stream);
+#else
+  (void)stream;
+  fail(kOp, ": the CUDA kernel needs the CUTLASS/CuTe headers (third_party/cutlass), not found at build time");
+#endif
+}
+
+}  // namespace dsv4::cuda

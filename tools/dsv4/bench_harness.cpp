@@ -1,0 +1,187 @@
+#include "bench_harness.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dsv4/status.h"
+
+#if defined(DSV4_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+namespace dsv4::bench {
+namespace {
+
+std::vector<RegisteredGroup>& groups() {
+  static std::vector<RegisteredGroup> g;
+  return g;
+}
+
+#if defined(DSV4_WITH_CUDA)
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail("dsv4 bench: ", what, ": ", cudaGetErrorString(e));
+}
+#endif
+
+[[maybe_unused]] std::string utc_now() {  // unused when CUDA is not built
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+void usage() {
+  std::puts(
+      "usage: dsv4 bench [--filter SUBSTR] [--list] [--json FILE] [--warmup N] [--reps N]\n"
+      "  Runs the kernel benchmarks of PERF.md on the first CUDA device: median of --reps (>= 20)\n"
+      "  CUDA-event timed runs after --warmup runs; prints µs, TFLOP/s, GB/s, % of the bound\n"
+      "  ceiling and the FlashMLA anchor. --filter keeps cases whose name contains SUBSTR.");
+}
+
+}  // namespace
+
+Registrar::Registrar(const char* group, CaseFactory factory) { groups().push_back({group, factory}); }
+const std::vector<RegisteredGroup>& registered_groups() { return groups(); }
+
+#if defined(DSV4_WITH_CUDA)
+Timing time_launch(const LaunchFn& launch, int rotations, int warmup, int reps) {
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  for (int i = 0; i < warmup; ++i) launch(stream, i % rotations);
+  check(cudaStreamSynchronize(stream), "warm-up");
+  std::vector<cudaEvent_t> events(2 * static_cast<size_t>(reps));
+  for (auto& e : events) check(cudaEventCreate(&e), "cudaEventCreate");
+  for (int i = 0; i < reps; ++i) {
+    check(cudaEventRecord(events[2 * i], stream), "cudaEventRecord");
+    launch(stream, (warmup + i) % rotations);
+    check(cudaEventRecord(events[2 * i + 1], stream), "cudaEventRecord");
+  }
+  check(cudaStreamSynchronize(stream), "timed runs");
+  std::vector<double> us(reps);
+  for (int i = 0; i < reps; ++i) {
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]), "cudaEventElapsedTime");
+    us[i] = 1000.0 * ms;
+  }
+  for (auto& e : events) cudaEventDestroy(e);
+  cudaStreamDestroy(stream);
+  std::sort(us.begin(), us.end());
+  return {us[us.size() / 2], us.front(), us.back(), reps};
+}
+
+std::shared_ptr<void> device_alloc(size_t bytes) {
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes), "cudaMalloc");
+  return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+}
+
+int device_count() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+std::string device_name() {
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  return std::string(prop.name) + " (" + std::to_string(prop.multiProcessorCount) + " SMs, sm_" +
+         std::to_string(prop.major) + std::to_string(prop.minor) + ")";
+}
+
+int rotations_beyond_l2(double bytes_per_set) {
+  int l2 = 0;
+  check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0), "L2 size");
+  return std::max(1, static_cast<int>(std::ceil(2.0 * l2 / std::max(bytes_per_set, 1.0))));
+}
+#else
+Timing time_launch(const LaunchFn&, int, int, int) { fail("dsv4 bench: CUDA backend not built"); }
+std::shared_ptr<void> device_alloc(size_t) { fail("dsv4 bench: CUDA backend not built"); }
+int device_count() { return 0; }
+std::string device_name() { return "none"; }
+int rotations_beyond_l2(double) { return 1; }
+#endif
+
+int run_bench_cli(const std::vector<std::string>& args) {
+  std::string filter, json_path;
+  bool list = false;
+  int warmup = 5, reps = 30;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) fail("dsv4 bench: ", a, ": expected a value");
+      return args[++i];
+    };
+    if (a == "--help" || a == "-h") { usage(); return 0; }
+    else if (a == "--filter") filter = value();
+    else if (a == "--json") json_path = value();
+    else if (a == "--list") list = true;
+    else if (a == "--warmup") warmup = std::stoi(value());
+    else if (a == "--reps") reps = std::stoi(value());
+    else { std::fprintf(stderr, "dsv4 bench: unknown option '%s'\n", a.c_str()); usage(); return 2; }
+  }
+  if (reps < 20) fail("dsv4 bench: --reps: expected >= 20 (median of at least 20 runs), got ", reps);
+  if (warmup < 1) fail("dsv4 bench: --warmup: expected >= 1, got ", warmup);
+
+  std::vector<std::pair<std::string, Case>> selected;
+  for (const auto& g : registered_groups())
+    for (auto& c : g.factory())
+      if (filter.empty() || c.name.find(filter) != std::string::npos) selected.emplace_back(g.group, std::move(c));
+  if (list) {
+    for (const auto& [group, c] : selected) std::printf("%-8s %-44s %s\n", group.c_str(), c.name.c_str(), c.config.c_str());
+    return 0;
+  }
+#if !defined(DSV4_WITH_CUDA)
+  std::fprintf(stderr, "dsv4 bench: this build has no CUDA backend; the benchmarks need a GPU\n");
+  return 2;
+#else
+  if (device_count() == 0) {
+    std::fprintf(stderr, "dsv4 bench: no CUDA device found; the benchmarks need a GPU\n");
+    return 2;
+  }
+  if (selected.empty()) { std::fprintf(stderr, "dsv4 bench: no case matches '%s'\n", filter.c_str()); return 2; }
+  const std::string device = device_name();
+  std::printf("device: %s   date: %s   median of %d runs after %d warm-up\n", device.c_str(), utc_now().c_str(), reps, warmup);
+  std::printf("%-44s %10s %9s %9s %8s %10s %8s\n", "case", "us", "TFLOP/s", "GB/s", "%ceil", "FlashMLA", "ratio");
+  nlohmann::json results = nlohmann::json::array();
+  for (const auto& [group, c] : selected) {
+    const LaunchFn launch = c.setup();
+    const Timing t = time_launch(launch, c.rotations, warmup, reps);
+    const double tflops = c.flops / (t.median_us * 1e-6) / 1e12;
+    const double gbps = c.bytes / (t.median_us * 1e-6) / 1e9;
+    const double pct = c.memory_bound ? 100.0 * gbps / kHbmGbpsCeiling : 100.0 * tflops / kBf16TflopsCeiling;
+    const double ratio = c.anchor_tflops > 0 ? tflops / c.anchor_tflops : 0.0;
+    char anchor[32] = "-", ratio_s[32] = "-";
+    if (c.anchor_tflops > 0) {
+      std::snprintf(anchor, sizeof anchor, "%.0f", c.anchor_tflops);
+      std::snprintf(ratio_s, sizeof ratio_s, "%.2fx", ratio);
+    }
+    std::printf("%-44s %10.1f %9.1f %9.0f %7.1f%% %10s %8s\n", c.name.c_str(), t.median_us, tflops, gbps, pct, anchor, ratio_s);
+    std::fflush(stdout);
+    results.push_back({{"group", group}, {"name", c.name}, {"config", c.config}, {"median_us", t.median_us},
+                       {"min_us", t.min_us}, {"max_us", t.max_us}, {"reps", t.reps}, {"flops", c.flops},
+                       {"bytes", c.bytes}, {"tflops", tflops}, {"gbps", gbps},
+                       {"bound", c.memory_bound ? "memory" : "compute"}, {"percent_of_ceiling", pct},
+                       {"flashmla_us", c.anchor_us}, {"flashmla_tflops", c.anchor_tflops},
+                       {"ratio_vs_flashmla", ratio}});
+  }
+  std::printf("TFLOP/s counted as FlashMLA does (PERF.md); ratio = our TFLOP/s / FlashMLA's (> 1: faster).\n");
+  if (!json_path.empty()) {
+    nlohmann::json doc = {{"device", device}, {"date", utc_now()}, {"warmup", warmup}, {"reps", reps},
+                          {"ceilings", {{"bf16_tflops", kBf16TflopsCeiling}, {"hbm_gbps", kHbmGbpsCeiling}}},
+                          {"results", results}};
+    std::ofstream f(json_path);
+    if (!f) fail("dsv4 bench: --json: cannot write '", json_path, "'");
+    f << doc.dump(2) << "\n";
+  }
+  return 0;
+#endif
+}
+
+}  // namespace dsv4::bench

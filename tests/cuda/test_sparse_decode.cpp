@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cuda/attention/sparse_decode.h"
+#include "cuda/gpu_test_util.h"
 #include "dsv4/dtype.h"
 #include "dsv4/kv_layout.h"
 #include "dsv4/ops.h"
@@ -29,34 +30,13 @@
 namespace dsv4 {
 namespace {
 
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+using test::DeviceBuffer;
 
-bool has_device() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+// A device copy of `host`, or an empty buffer (null pointer) for an empty vector.
+template <typename T>
+DeviceBuffer<T> upload_or_empty(const std::vector<T>& host) {
+  return host.empty() ? DeviceBuffer<T>() : DeviceBuffer<T>(host);
 }
-
-// Owning device buffer for the test (freed at scope exit).
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  explicit DeviceBuffer(size_t n) : bytes(n) {
-    if (cudaMalloc(&ptr, std::max<size_t>(n, 16)) != cudaSuccess) ptr = nullptr;
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <typename T>
-  void upload(const std::vector<T>& h) {
-    ASSERT_EQ(cudaMemcpy(ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  template <typename T>
-  std::vector<T> download() const {
-    std::vector<T> h(bytes / sizeof(T));
-    EXPECT_EQ(cudaMemcpy(h.data(), ptr, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-};
 
 int64_t block_bytes_of(KvLayout layout, int block_size) {
   if (layout == KvLayout::model1_fp8) return (int64_t{block_size} * 584 + 575) / 576 * 576;
@@ -243,42 +223,38 @@ struct DeviceResult {
 DeviceResult run_cuda(const Problem& pb) {
   const Case& c = pb.c;
   DeviceResult res;
-  DeviceBuffer q(pb.q.size() * 2), kc(pb.main_cache.bytes.size()), ki(pb.main.indices.size() * 4 + 4),
-      kl(pb.main.lengths.size() * 4 + 4), ec(pb.extra_cache.bytes.size()),
-      ei(pb.extra.indices.size() * 4 + 4), el(pb.extra.lengths.size() * 4 + 4), sink(c.h * 4),
-      out(static_cast<size_t>(pb.rows * c.h * 512 * 2)), lse(static_cast<size_t>(pb.rows * c.h * 4));
-  q.upload(pb.q);
-  kc.upload(pb.main_cache.bytes);
-  ki.upload(pb.main.indices);
-  if (!pb.main.lengths.empty()) kl.upload(pb.main.lengths);
-  if (c.extra_topk > 0) {
-    ec.upload(pb.extra_cache.bytes);
-    ei.upload(pb.extra.indices);
-    if (!pb.extra.lengths.empty()) el.upload(pb.extra.lengths);
-  }
-  if (c.sink) sink.upload(pb.sink);
-  EXPECT_EQ(cudaMemset(out.ptr, 0xFF, out.bytes), cudaSuccess);
-  EXPECT_EQ(cudaMemset(lse.ptr, 0xFF, lse.bytes), cudaSuccess);
+  const DeviceBuffer<uint16_t> q(pb.q);
+  const DeviceBuffer<uint8_t> kc(pb.main_cache.bytes);
+  const DeviceBuffer<int32_t> ki(pb.main.indices);
+  const auto kl = upload_or_empty(pb.main.lengths);
+  const auto ec = c.extra_topk > 0 ? DeviceBuffer<uint8_t>(pb.extra_cache.bytes) : DeviceBuffer<uint8_t>();
+  const auto ei = upload_or_empty(pb.extra.indices);
+  const auto el = upload_or_empty(pb.extra.lengths);
+  const auto sink = upload_or_empty(pb.sink);
+  DeviceBuffer<uint16_t> out(static_cast<size_t>(pb.rows * c.h * 512));
+  DeviceBuffer<float> lse(static_cast<size_t>(pb.rows * c.h));
+  out.poison();
+  lse.poison();
 
   const Device gpu = Device::cuda;
   SparseDecodeArgs a;
-  a.q = TensorView(q.ptr, DType::bf16, {c.b, c.s_q, c.h, pb.d_qk}, gpu);
-  a.k_cache.data = TensorView(kc.ptr, DType::uint8, {pb.main_cache.num_blocks, pb.main_cache.block_bytes}, gpu);
+  a.q = TensorView(q.data(), DType::bf16, {c.b, c.s_q, c.h, pb.d_qk}, gpu);
+  a.k_cache.data = TensorView(kc.data(), DType::uint8, {pb.main_cache.num_blocks, pb.main_cache.block_bytes}, gpu);
   a.k_cache.layout = c.layout;
   a.k_cache.block_size = c.block;
-  a.indices = TensorView(ki.ptr, DType::int32, {c.b, c.s_q, c.topk}, gpu);
-  if (!pb.main.lengths.empty()) a.topk_length = TensorView(kl.ptr, DType::int32, {c.b}, gpu);
+  a.indices = TensorView(ki.data(), DType::int32, {c.b, c.s_q, c.topk}, gpu);
+  if (!pb.main.lengths.empty()) a.topk_length = TensorView(kl.data(), DType::int32, {c.b}, gpu);
   if (c.extra_topk > 0) {
-    a.extra_k_cache.data = TensorView(ec.ptr, DType::uint8,
+    a.extra_k_cache.data = TensorView(ec.data(), DType::uint8,
                                       {pb.extra_cache.num_blocks, pb.extra_cache.block_bytes}, gpu);
     a.extra_k_cache.layout = c.layout;
     a.extra_k_cache.block_size = c.extra_block;
-    a.extra_indices = TensorView(ei.ptr, DType::int32, {c.b, c.s_q, c.extra_topk}, gpu);
-    if (!pb.extra.lengths.empty()) a.extra_topk_length = TensorView(el.ptr, DType::int32, {c.b}, gpu);
+    a.extra_indices = TensorView(ei.data(), DType::int32, {c.b, c.s_q, c.extra_topk}, gpu);
+    if (!pb.extra.lengths.empty()) a.extra_topk_length = TensorView(el.data(), DType::int32, {c.b}, gpu);
   }
-  if (c.sink) a.attn_sink = TensorView(sink.ptr, DType::fp32, {c.h}, gpu);
-  a.out = TensorView(out.ptr, DType::bf16, {c.b, c.s_q, c.h, 512}, gpu);
-  a.lse = TensorView(lse.ptr, DType::fp32, {c.b, c.s_q, c.h}, gpu);
+  if (c.sink) a.attn_sink = TensorView(sink.data(), DType::fp32, {c.h}, gpu);
+  a.out = TensorView(out.data(), DType::bf16, {c.b, c.s_q, c.h, 512}, gpu);
+  a.lse = TensorView(lse.data(), DType::fp32, {c.b, c.s_q, c.h}, gpu);
 
   // Hand-made schedule: splits of equal length, a multiple of the 64-slot tile.
   const int total = c.topk + c.extra_topk;
@@ -286,12 +262,12 @@ DeviceResult run_cuda(const Problem& pb) {
   sched.num_splits = c.splits;
   sched.split_len = ((total + c.splits - 1) / c.splits + 63) / 64 * 64;
   sched.workspace_bytes = pb.rows * c.h * c.splits * (512 + 1) * 4;
-  DeviceBuffer ws(static_cast<size_t>(sched.workspace_bytes));
-  EXPECT_EQ(cudaMemset(ws.ptr, 0xFF, ws.bytes), cudaSuccess);  // partials must all be written
-  cuda::sparse_decode(a, sched, TensorView(ws.ptr, DType::uint8, {sched.workspace_bytes}, gpu), nullptr);
+  DeviceBuffer<uint8_t> ws(static_cast<size_t>(sched.workspace_bytes));
+  ws.poison();  // partials must all be written
+  cuda::sparse_decode(a, sched, ws.view(DType::uint8, {sched.workspace_bytes}), nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  res.out = out.download<uint16_t>();
-  res.lse = lse.download<float>();
+  res.out = out.download();
+  res.lse = lse.download();
   return res;
 }
 
@@ -348,9 +324,7 @@ std::vector<Case> grid() {
 
 class SparseDecodeCuda : public ::testing::TestWithParam<Case> {
  protected:
-  void SetUp() override {
-    if (!has_device()) GTEST_SKIP() << "no CUDA device";
-  }
+  void SetUp() override { DSV4_SKIP_WITHOUT_GPU(); }
 };
 
 TEST_P(SparseDecodeCuda, MatchesFloat64Reference) {
@@ -373,9 +347,7 @@ INSTANTIATE_TEST_SUITE_P(Grid, SparseDecodeCuda, ::testing::ValuesIn(grid()),
 // ---- edge cases ------------------------------------------------------------------------------
 class SparseDecodeCudaEdge : public ::testing::Test {
  protected:
-  void SetUp() override {
-    if (!has_device()) GTEST_SKIP() << "no CUDA device";
-  }
+  void SetUp() override { DSV4_SKIP_WITHOUT_GPU(); }
 };
 
 TEST_F(SparseDecodeCudaEdge, AllInvalidIndicesGiveZeroAndPlusInf) {
@@ -440,21 +412,18 @@ TEST_F(SparseDecodeCudaEdge, CombineMatchesFloat64Formula) {
   for (int64_t i = 0; i < rows * splits; ++i) plse[i] = (i % 7 == 3) ? -INFINITY : 4.0f * normal(rng);
   for (int s = 0; s < splits; ++s) plse[5 * splits + s] = -INFINITY;  // one row with no valid key
   for (int i = 0; i < h; ++i) sink[i] = i == 0 ? INFINITY : i == 1 ? -INFINITY : normal(rng);
-  DeviceBuffer dpo(po.size() * 4), dplse(plse.size() * 4), dsink(h * 4), dout(rows * 512 * 2), dlse(rows * 4);
-  dpo.upload(po);
-  dplse.upload(plse);
-  dsink.upload(sink);
-  CUDA_OK(cudaMemset(dout.ptr, 0xFF, dout.bytes));
-  CUDA_OK(cudaMemset(dlse.ptr, 0xFF, dlse.bytes));
-  const Device gpu = Device::cuda;
-  cuda::sparse_attention_combine(TensorView(dpo.ptr, DType::fp32, {b, s_q, h, splits, 512}, gpu),
-                                 TensorView(dplse.ptr, DType::fp32, {b, s_q, h, splits}, gpu),
-                                 TensorView(dsink.ptr, DType::fp32, {h}, gpu),
-                                 TensorView(dout.ptr, DType::bf16, {b, s_q, h, 512}, gpu),
-                                 TensorView(dlse.ptr, DType::fp32, {b, s_q, h}, gpu), nullptr);
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto out = dout.download<uint16_t>();
-  const auto lse = dlse.download<float>();
+  const DeviceBuffer<float> dpo(po), dplse(plse), dsink(sink);
+  DeviceBuffer<uint16_t> dout(static_cast<size_t>(rows * 512));
+  DeviceBuffer<float> dlse(static_cast<size_t>(rows));
+  dout.poison();
+  dlse.poison();
+  cuda::sparse_attention_combine(dpo.view(DType::fp32, {b, s_q, h, splits, 512}),
+                                 dplse.view(DType::fp32, {b, s_q, h, splits}), dsink.view(DType::fp32, {h}),
+                                 dout.view(DType::bf16, {b, s_q, h, 512}), dlse.view(DType::fp32, {b, s_q, h}),
+                                 nullptr);
+  DSV4_ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto out = dout.download();
+  const auto lse = dlse.download();
   for (int64_t r = 0; r < rows; ++r) {
     double m = -INFINITY;
     for (int s = 0; s < splits; ++s) m = std::max(m, double(plse[r * splits + s]));
@@ -483,18 +452,19 @@ TEST_F(SparseDecodeCudaEdge, RejectsBadArguments) {
   std::mt19937 rng(12);
   Case c{"bad", KvLayout::model1_fp8, 64, 1, 1, 64, 64, 0, 0, 1};
   const Problem pb(c, rng);
-  DeviceBuffer q(pb.q.size() * 2), out(64 * 512 * 2), lse(64 * 4), idx(64 * 4),
-      kc(pb.main_cache.bytes.size());
-  const Device gpu = Device::cuda;
+  const DeviceBuffer<uint16_t> q(64 * 576), out(64 * 512);
+  const DeviceBuffer<float> lse(64);
+  const DeviceBuffer<int32_t> idx(64);
+  const DeviceBuffer<uint8_t> kc(pb.main_cache.bytes.size());
   SparseDecodeArgs a;
-  a.q = TensorView(q.ptr, DType::bf16, {1, 1, 64, 576}, gpu);  // wrong d_qk for MODEL1
-  a.k_cache.data = TensorView(kc.ptr, DType::uint8, {pb.main_cache.num_blocks, pb.main_cache.block_bytes}, gpu);
-  a.indices = TensorView(idx.ptr, DType::int32, {1, 1, 64}, gpu);
-  a.out = TensorView(out.ptr, DType::bf16, {1, 1, 64, 512}, gpu);
-  a.lse = TensorView(lse.ptr, DType::fp32, {1, 1, 64}, gpu);
+  a.q = q.view(DType::bf16, {1, 1, 64, 576});  // wrong d_qk for MODEL1
+  a.k_cache.data = kc.view(DType::uint8, {pb.main_cache.num_blocks, pb.main_cache.block_bytes});
+  a.indices = idx.view(DType::int32, {1, 1, 64});
+  a.out = out.view(DType::bf16, {1, 1, 64, 512});
+  a.lse = lse.view(DType::fp32, {1, 1, 64});
   DecodeSchedule sched{1, 64, 0};
   EXPECT_THROW(cuda::sparse_decode(a, sched, TensorView(), nullptr), Error);
-  a.q = TensorView(q.ptr, DType::bf16, {1, 1, 64, 512}, gpu);
+  a.q = q.view(DType::bf16, {1, 1, 64, 512});
   sched = DecodeSchedule{2, 64, 0};  // needs a workspace
   EXPECT_THROW(cuda::sparse_decode(a, sched, TensorView(), nullptr), Error);
   sched = DecodeSchedule{1, 32, 0};  // does not cover topk

@@ -23,8 +23,9 @@ inline constexpr int kTileKeys = 64;      // index slots gathered per pipeline s
 inline constexpr int kConsumerThreads = 256;
 inline constexpr int kProducerThreads = 128;
 inline constexpr int kThreads = kConsumerThreads + kProducerThreads;
-// setmaxnreg split of the 64 Ki registers: 128·(160 + 2·176). Measured by ptxas: the consumers
-// (128 accumulators + S) spill at 168, the producer (a tile of gathered bytes) spills at 112.
+// setmaxnreg split of the 168·384 registers the CTA holds at launch: 128·(152 + 2·176) fits it
+// exactly (a larger total makes setmaxnreg.inc wait forever). ptxas: the consumers (128
+// accumulators + S) spill at 168, the producer (a tile of gathered bytes) at 112.
 inline constexpr int kProducerRegs = 152, kConsumerRegs = 176;
 inline constexpr int kDv = 512;           // value dims (V = the first 512 dims of K)
 inline constexpr int kPRowBytes = kTileKeys * 2;  // bf16 probabilities, one row per head

@@ -1,0 +1,187 @@
+// Host side of the CUDA sparse decode: checks what the kernels rely on for memory safety
+// (dtypes, shapes, contiguity, alignment, the workspace), maps the views to kernel parameters and
+// launches split-KV attention, then — when the schedule has more than one split — the combine.
+// Argument checks of the public API (index ranges etc.) live in the dispatching src/cpu op.
+#include "cuda/attention/sparse_decode.h"
+
+#include <cmath>
+
+#include "cuda/attention/combine/combine.h"
+#include "cuda/attention/sparse_decode/config.h"
+#include "dsv4/status.h"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr const char* kOp = "sparse_decode";
+namespace sd = decode;
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+void check_cuda_tensor(const char* where, const char* name, const TensorView& t, DType dtype,
+                       std::initializer_list<int64_t> shape) {
+  check_defined(where, name, t);
+  check_device(where, name, t, Device::cuda);
+  check_dtype(where, name, t, dtype);
+  check_shape(where, name, t, shape);
+  check_contiguous(where, name, t);
+}
+
+// Bytes of one cache block as the layout defines it (SPEC §7).
+int64_t min_block_bytes(KvLayout layout, int block_size) {
+  if (layout == KvLayout::model1_fp8) {
+    const int64_t raw = int64_t{block_size} * model1::kTokenBytes;
+    return (raw + model1::kBlockAlign - 1) / model1::kBlockAlign * model1::kBlockAlign;
+  }
+  return int64_t{block_size} * v32::kTokenBytes;
+}
+
+sd::DecodeScope make_scope(const char* name, const KvCacheView& cache, KvLayout layout,
+                           const TensorView& indices, const TensorView& topk_length, int64_t b,
+                           int64_t s_q) {
+  DSV4_CHECK(cache.layout == layout, kOp, ": ", name, ".layout: expected ",
+             kv_layout_name(layout), ", got ", kv_layout_name(cache.layout));
+  check_defined(kOp, name, cache.data);
+  check_device(kOp, name, cache.data, Device::cuda);
+  check_dtype(kOp, name, cache.data, DType::uint8);
+  check_ndim(kOp, name, cache.data, 2);
+  DSV4_CHECK(cache.block_size >= 1, kOp, ": ", name, ".block_size: expected >= 1, got ",
+             cache.block_size);
+  const int64_t need = min_block_bytes(layout, cache.block_size);
+  if (cache.data.shape[1] < need) fail_expected(kOp, std::string(name) + ".data.shape[1]", need, cache.data.shape[1]);
+  DSV4_CHECK(cache.data.strides[1] == 1 && cache.data.strides[0] % 16 == 0 && aligned16(cache.data.data),
+             kOp, ": ", name, ": expected 16-byte aligned blocks with contiguous bytes");
+  check_defined(kOp, "indices", indices);
+  check_device(kOp, "indices", indices, Device::cuda);
+  check_dtype(kOp, "indices", indices, DType::int32);
+  check_ndim(kOp, "indices", indices, 3);
+  check_shape(kOp, "indices", indices, {b, s_q, indices.shape[2]});
+  check_contiguous(kOp, "indices", indices);
+  sd::DecodeScope scope;
+  scope.cache = static_cast<const uint8_t*>(cache.data.data);
+  scope.block_stride = cache.data.strides[0];
+  scope.num_slots = cache.data.shape[0] * cache.block_size;
+  scope.indices = indices.ptr<const int32_t>();
+  scope.block_size = cache.block_size;
+  scope.topk = static_cast<int>(indices.shape[2]);
+  if (topk_length.defined()) {
+    check_cuda_tensor(kOp, "topk_length", topk_length, DType::int32, {b});
+    scope.topk_length = topk_length.ptr<const int32_t>();
+  }
+  return scope;
+}
+
+}  // namespace
+
+void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
+                   const TensorView& workspace, Stream stream) {
+  const KvLayout layout = args.k_cache.layout;
+  DSV4_CHECK(layout == KvLayout::model1_fp8 || layout == KvLayout::v32_fp8, kOp,
+             ": k_cache.layout: expected MODEL1_FP8 or V32_FP8, got ", kv_layout_name(layout));
+  const int64_t d_qk = layout == KvLayout::model1_fp8 ? model1::kDim : v32::kDim;
+  check_defined(kOp, "q", args.q);
+  check_device(kOp, "q", args.q, Device::cuda);
+  check_dtype(kOp, "q", args.q, DType::bf16);
+  check_ndim(kOp, "q", args.q, 4);
+  const int64_t b = args.q.shape[0], s_q = args.q.shape[1], h = args.q.shape[2];
+  check_dim(kOp, "q", args.q, 3, d_qk);
+  DSV4_CHECK(args.q.strides[3] == 1 && args.q.strides[0] == s_q * args.q.strides[1] &&
+                 args.q.strides[1] % 8 == 0 && args.q.strides[2] % 8 == 0 && aligned16(args.q.data),
+             kOp, ": q: expected 16-byte aligned rows, [b, s_q] mergeable, got strides of ",
+             args.q.shape_str());
+  DSV4_CHECK(h >= 1 && b >= 1 && s_q >= 1, kOp, ": q: expected non-empty, got ", args.q.shape_str());
+  DSV4_CHECK(args.d_v == sd::kDv, kOp, ": d_v: expected 512, got ", args.d_v);
+
+  sd::DecodeParams p;
+  p.main = make_scope("k_cache", args.k_cache, layout, args.indices, args.topk_length, b, s_q);
+  if (args.extra_k_cache.data.defined()) {
+    p.extra = make_scope("extra_k_cache", args.extra_k_cache, layout, args.extra_indices,
+                         args.extra_topk_length, b, s_q);
+  }
+  check_cuda_tensor(kOp, "out", args.out, DType::bf16, {b, s_q, h, sd::kDv});
+  check_cuda_tensor(kOp, "lse", args.lse, DType::fp32, {b, s_q, h});
+  if (args.attn_sink.defined()) check_cuda_tensor(kOp, "attn_sink", args.attn_sink, DType::fp32, {h});
+
+  const int64_t topk_total = int64_t{p.main.topk} + p.extra.topk;
+  DSV4_CHECK(schedule.num_splits >= 1 && schedule.split_len >= 1 &&
+                 int64_t{schedule.num_splits} * schedule.split_len >= topk_total,
+             kOp, ": schedule: expected num_splits · split_len >= ", topk_total, ", got ",
+             schedule.num_splits, " · ", schedule.split_len);
+  const int64_t rows = b * s_q;
+  const int64_t partial_o_bytes = rows * h * schedule.num_splits * sd::kDv * 4;
+  const int64_t partial_bytes = partial_o_bytes + rows * h * schedule.num_splits * 4;
+  if (schedule.num_splits > 1) {
+    check_defined(kOp, "workspace", workspace);
+    check_device(kOp, "workspace", workspace, Device::cuda);
+    const int64_t have = workspace.numel() * static_cast<int64_t>(dtype_size(workspace.dtype));
+    if (have < partial_bytes) fail_expected(kOp, "workspace bytes", partial_bytes, have);
+    DSV4_CHECK(aligned16(workspace.data), kOp, ": workspace: expected 16-byte alignment");
+  }
+
+  p.q = args.q.ptr<const uint16_t>();
+  p.q_row_stride = args.q.strides[1];
+  p.q_head_stride = args.q.strides[2];
+  p.num_rows = static_cast<int>(rows);
+  p.s_q = static_cast<int>(s_q);
+  p.num_heads = static_cast<int>(h);
+  p.topk_total = static_cast<int>(topk_total);
+  p.num_splits = schedule.num_splits;
+  p.split_len = schedule.split_len;
+  const float scale = args.softmax_scale != 0.0f ? args.softmax_scale
+                                                 : static_cast<float>(1.0 / std::sqrt(double(d_qk)));
+  p.scale_log2 = scale * 1.4426950408889634f;
+  p.out = args.out.ptr<uint16_t>();
+  p.lse = args.lse.ptr<float>();
+  p.sink = args.attn_sink.defined() ? args.attn_sink.ptr<const float>() : nullptr;
+  if (schedule.num_splits > 1) {
+    p.partial_o = workspace.ptr<float>();
+    p.partial_lse = reinterpret_cast<float*>(workspace.ptr<uint8_t>() + partial_o_bytes);
+  }
+
+  if (layout == KvLayout::model1_fp8) {
+    sd::launch_sparse_decode<KvLayout::model1_fp8>(p, stream);
+  } else {
+    sd::launch_sparse_decode<KvLayout::v32_fp8>(p, stream);
+  }
+  if (schedule.num_splits > 1) {
+    combine::CombineParams c;
+    c.partial_o = p.partial_o;
+    c.partial_lse = p.partial_lse;
+    c.sink = p.sink;
+    c.out = p.out;
+    c.lse = p.lse;
+    c.num_rows = rows * h;
+    c.num_heads = p.num_heads;
+    c.num_splits = schedule.num_splits;
+    combine::launch_combine(c, stream);
+  }
+}
+
+void sparse_attention_combine(const TensorView& partial_o, const TensorView& partial_lse,
+                              const TensorView& attn_sink, const TensorView& out,
+                              const TensorView& lse, Stream stream) {
+  constexpr const char* kCombine = "sparse_attention_combine";
+  check_defined(kCombine, "partial_o", partial_o);
+  check_ndim(kCombine, "partial_o", partial_o, 5);
+  const int64_t b = partial_o.shape[0], s_q = partial_o.shape[1], h = partial_o.shape[2];
+  const int64_t splits = partial_o.shape[3];
+  check_cuda_tensor(kCombine, "partial_o", partial_o, DType::fp32, {b, s_q, h, splits, sd::kDv});
+  check_cuda_tensor(kCombine, "partial_lse", partial_lse, DType::fp32, {b, s_q, h, splits});
+  check_cuda_tensor(kCombine, "out", out, DType::bf16, {b, s_q, h, sd::kDv});
+  check_cuda_tensor(kCombine, "lse", lse, DType::fp32, {b, s_q, h});
+  if (attn_sink.defined()) check_cuda_tensor(kCombine, "attn_sink", attn_sink, DType::fp32, {h});
+  DSV4_CHECK(aligned16(partial_o.data) && aligned16(out.data), kCombine,
+             ": partial_o, out: expected 16-byte alignment");
+  combine::CombineParams c;
+  c.partial_o = partial_o.ptr<const float>();
+  c.partial_lse = partial_lse.ptr<const float>();
+  c.sink = attn_sink.defined() ? attn_sink.ptr<const float>() : nullptr;
+  c.out = out.ptr<uint16_t>();
+  c.lse = lse.ptr<float>();
+  c.num_rows = b * s_q * h;
+  c.num_heads = static_cast<int>(h);
+  c.num_splits = static_cast<int>(splits);
+  combine::launch_combine(c, stream);
+}
+
+}  // namespace dsv4::cuda

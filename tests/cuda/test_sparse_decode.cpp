@@ -1,0 +1,475 @@
+// CUDA sparse FP8 decode (split-KV + combine) against a float64 reference written here.
+//
+// The reference decodes the cache bytes by hand (fp8 · scale, bf16 rope) following SPEC §7 and
+// evaluates SPEC §6 in double precision over the valid slots of both scopes. Inputs are fresh
+// random data; outputs are poisoned (NaN bytes) before every call; rows of the cache that no
+// selected slot refers to hold NaN bytes, so reading one shows up.
+//
+// Tolerances: K/V are exact in bf16 (fp8 · power-of-two scale), q is bf16, so the kernel's only
+// roundings are the fp32 accumulation, exp2/log2 approximations, the bf16 rounding of the
+// probabilities P before P·V (relative 2^-9 each) and of the output (2^-9). Per output element
+// we allow 1.5e-2 of the row's largest |out| (a few bf16 ulps of the biggest value); lse (fp32
+// from fp32 logits) within 2e-3 absolute.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <random>
+#include <vector>
+
+#include "cuda/attention/sparse_decode.h"
+#include "cuda/gpu_test_util.h"
+#include "dsv4/dtype.h"
+#include "dsv4/kv_layout.h"
+#include "dsv4/ops.h"
+
+namespace dsv4 {
+namespace {
+
+using test::DeviceBuffer;
+
+// A device copy of `host`, or an empty buffer (null pointer) for an empty vector.
+template <typename T>
+DeviceBuffer<T> upload_or_empty(const std::vector<T>& host) {
+  return host.empty() ? DeviceBuffer<T>() : DeviceBuffer<T>(host);
+}
+
+int64_t block_bytes_of(KvLayout layout, int block_size) {
+  if (layout == KvLayout::model1_fp8) return (int64_t{block_size} * 584 + 575) / 576 * 576;
+  return int64_t{block_size} * 656;
+}
+
+// One paged cache, host bytes (poisoned with 0xFF = NaN except encoded tokens).
+struct HostCache {
+  KvLayout layout;
+  int block_size;
+  int64_t num_blocks, block_bytes;
+  std::vector<uint8_t> bytes;
+  HostCache(KvLayout l, int bs, int64_t slots)
+      : layout(l), block_size(bs), num_blocks((slots + bs - 1) / bs), block_bytes(block_bytes_of(l, bs)),
+        bytes(static_cast<size_t>(num_blocks * block_bytes), 0xFF) {}
+  int64_t num_slots() const { return num_blocks * block_size; }
+  int dim() const { return layout == KvLayout::model1_fp8 ? 512 : 576; }
+  void encode(int64_t slot, const std::vector<float>& v) {
+    const KvGeometry g{layout, block_size, dim(), layout == KvLayout::model1_fp8 ? 584 : 656, block_bytes};
+    kv_encode_token(g, bytes.data() + (slot / block_size) * block_bytes, static_cast<int>(slot % block_size), v.data());
+  }
+  // Hand decode of value i of a slot (SPEC §7), independent of kv_layout.h's decoder.
+  double value(int64_t slot, int i) const {
+    const uint8_t* blk = bytes.data() + (slot / block_size) * block_bytes;
+    const int off = static_cast<int>(slot % block_size);
+    uint16_t bits;
+    if (layout == KvLayout::model1_fp8) {
+      const uint8_t* row = blk + off * 576;
+      if (i >= 448) {
+        std::memcpy(&bits, row + 448 + 2 * (i - 448), 2);
+        return bf16_bits_to_float(bits);
+      }
+      const uint8_t e = blk[int64_t{block_size} * 576 + off * 8 + i / 64];
+      return double(fp8_e4m3_to_float(row[i])) * std::ldexp(1.0, int(e) - 127);
+    }
+    const uint8_t* row = blk + int64_t{off} * 656;
+    if (i >= 512) {
+      std::memcpy(&bits, row + 528 + 2 * (i - 512), 2);
+      return bf16_bits_to_float(bits);
+    }
+    float scale;
+    std::memcpy(&scale, row + 512 + 4 * (i / 128), 4);
+    return double(fp8_e4m3_to_float(row[i])) * scale;
+  }
+};
+
+struct Scope {
+  int topk = 0;
+  std::vector<int32_t> indices;   // [rows, topk]
+  std::vector<int32_t> lengths;   // [b] or empty
+};
+
+struct Case {
+  const char* name;
+  KvLayout layout;
+  int h, b, s_q;
+  int topk, block;              // main scope
+  int extra_topk, extra_block;  // extra scope (0 = none)
+  int splits;
+  bool lengths = false;         // random topk_length per batch
+  bool sink = false;
+  double invalid_frac = 0.1;    // fraction of −1 / out-of-range indices
+};
+
+// Everything one decode call needs, on the host and device.
+struct Problem {
+  Case c;
+  int d_qk;
+  int64_t rows;
+  std::vector<uint16_t> q;      // bf16 bits [rows, H, d_qk]
+  HostCache main_cache, extra_cache;
+  Scope main, extra;
+  std::vector<float> sink;
+  float scale;
+
+  Problem(const Case& cs, std::mt19937& rng)
+      : c(cs), d_qk(cs.layout == KvLayout::model1_fp8 ? 512 : 576), rows(int64_t{cs.b} * cs.s_q),
+        main_cache(cs.layout, cs.block, std::max<int64_t>(2 * rows * cs.topk, 64)),
+        extra_cache(cs.layout, cs.extra_block > 0 ? cs.extra_block : 64,
+                    std::max<int64_t>(2 * rows * cs.extra_topk, 64)),
+        scale(static_cast<float>(1.0 / std::sqrt(double(d_qk)))) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    q.resize(static_cast<size_t>(rows * c.h * d_qk));
+    for (auto& x : q) x = float_to_bf16_bits(2.0f * normal(rng));
+    make_scope(main, main_cache, c.topk, rng);
+    if (c.extra_topk > 0) make_scope(extra, extra_cache, c.extra_topk, rng);
+    if (c.sink) {
+      sink.resize(c.h);
+      for (auto& s : sink) s = 3.0f * normal(rng);
+    }
+  }
+
+  void make_scope(Scope& s, HostCache& cache, int topk, std::mt19937& rng) {
+    s.topk = topk;
+    std::uniform_int_distribution<int64_t> slot(0, cache.num_slots() - 1);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    s.indices.resize(static_cast<size_t>(rows * topk));
+    for (auto& x : s.indices) {
+      const double r = u(rng);
+      x = r < c.invalid_frac * 0.8 ? -1
+          : r < c.invalid_frac     ? static_cast<int32_t>(cache.num_slots() + slot(rng) % 1000)
+                                   : static_cast<int32_t>(slot(rng));
+    }
+    if (c.lengths) {
+      std::uniform_int_distribution<int> len(0, topk);
+      s.lengths.resize(c.b);
+      for (auto& l : s.lengths) l = len(rng);
+    }
+    // Encode only the tokens some selected slot refers to; the rest stay NaN bytes.
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> v(cache.dim());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int j = 0; j < selected_len(s, r); ++j) {
+        const int32_t idx = s.indices[r * topk + j];
+        if (idx < 0 || idx >= cache.num_slots()) continue;
+        for (int i = 0; i < cache.dim(); ++i) {
+          const float block_gain = std::ldexp(1.0f, (i / 64) % 5 - 2);  // exercise the scales
+          v[i] = block_gain * normal(rng);
+        }
+        cache.encode(idx, v);
+      }
+    }
+  }
+  int selected_len(const Scope& s, int64_t row) const {
+    return s.lengths.empty() ? s.topk : std::min(s.topk, s.lengths[row / c.s_q]);
+  }
+
+  // float64 SPEC §6 for every (row, head): out [rows, H, 512], lse [rows, H].
+  void reference(std::vector<double>& out, std::vector<double>& lse) const {
+    out.assign(static_cast<size_t>(rows * c.h * 512), 0.0);
+    lse.assign(static_cast<size_t>(rows * c.h), 0.0);
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<std::vector<double>> keys;
+      auto gather = [&](const Scope& s, const HostCache& cache) {
+        for (int j = 0; j < selected_len(s, r); ++j) {
+          const int32_t idx = s.indices[r * s.topk + j];
+          if (idx < 0 || idx >= cache.num_slots()) continue;
+          std::vector<double> k(d_qk);
+          for (int i = 0; i < d_qk; ++i) k[i] = cache.value(idx, i);
+          keys.push_back(std::move(k));
+        }
+      };
+      gather(main, main_cache);
+      if (c.extra_topk > 0) gather(extra, extra_cache);
+      for (int h = 0; h < c.h; ++h) {
+        double* o = &out[(r * c.h + h) * 512];
+        if (keys.empty()) {
+          lse[r * c.h + h] = INFINITY;
+          continue;
+        }
+        const uint16_t* qh = &q[(r * c.h + h) * d_qk];
+        std::vector<double> logit(keys.size());
+        double mx = -INFINITY;
+        for (size_t k = 0; k < keys.size(); ++k) {
+          double dot = 0.0;
+          for (int i = 0; i < d_qk; ++i) dot += double(bf16_bits_to_float(qh[i])) * keys[k][i];
+          logit[k] = double(scale) * dot;
+          mx = std::max(mx, logit[k]);
+        }
+        double sum = 0.0;
+        for (double l : logit) sum += std::exp(l - mx);
+        const double l = mx + std::log(sum);
+        for (size_t k = 0; k < keys.size(); ++k) {
+          const double w = std::exp(logit[k] - l);
+          for (int i = 0; i < 512; ++i) o[i] += w * keys[k][i];
+        }
+        if (c.sink) {
+          const double f = 1.0 / (1.0 + std::exp(double(sink[h]) - l));
+          for (int i = 0; i < 512; ++i) o[i] *= f;
+        }
+        lse[r * c.h + h] = l;
+      }
+    }
+  }
+};
+
+struct DeviceResult {
+  std::vector<uint16_t> out;
+  std::vector<float> lse;
+};
+
+// Uploads, poisons the outputs, runs dsv4::cuda::sparse_decode with a hand-made schedule.
+DeviceResult run_cuda(const Problem& pb) {
+  const Case& c = pb.c;
+  DeviceResult res;
+  const DeviceBuffer<uint16_t> q(pb.q);
+  const DeviceBuffer<uint8_t> kc(pb.main_cache.bytes);
+  const DeviceBuffer<int32_t> ki(pb.main.indices);
+  const auto kl = upload_or_empty(pb.main.lengths);
+  const auto ec = c.extra_topk > 0 ? DeviceBuffer<uint8_t>(pb.extra_cache.bytes) : DeviceBuffer<uint8_t>();
+  const auto ei = upload_or_empty(pb.extra.indices);
+  const auto el = upload_or_empty(pb.extra.lengths);
+  const auto sink = upload_or_empty(pb.sink);
+  DeviceBuffer<uint16_t> out(static_cast<size_t>(pb.rows * c.h * 512));
+  DeviceBuffer<float> lse(static_cast<size_t>(pb.rows * c.h));
+  out.poison();
+  lse.poison();
+
+  const Device gpu = Device::cuda;
+  SparseDecodeArgs a;
+  a.q = TensorView(q.data(), DType::bf16, {c.b, c.s_q, c.h, pb.d_qk}, gpu);
+  a.k_cache.data = TensorView(kc.data(), DType::uint8, {pb.main_cache.num_blocks, pb.main_cache.block_bytes}, gpu);
+  a.k_cache.layout = c.layout;
+  a.k_cache.block_size = c.block;
+  a.indices = TensorView(ki.data(), DType::int32, {c.b, c.s_q, c.topk}, gpu);
+  if (!pb.main.lengths.empty()) a.topk_length = TensorView(kl.data(), DType::int32, {c.b}, gpu);
+  if (c.extra_topk > 0) {
+    a.extra_k_cache.data = TensorView(ec.data(), DType::uint8,
+                                      {pb.extra_cache.num_blocks, pb.extra_cache.block_bytes}, gpu);
+    a.extra_k_cache.layout = c.layout;
+    a.extra_k_cache.block_size = c.extra_block;
+    a.extra_indices = TensorView(ei.data(), DType::int32, {c.b, c.s_q, c.extra_topk}, gpu);
+    if (!pb.extra.lengths.empty()) a.extra_topk_length = TensorView(el.data(), DType::int32, {c.b}, gpu);
+  }
+  if (c.sink) a.attn_sink = TensorView(sink.data(), DType::fp32, {c.h}, gpu);
+  a.out = TensorView(out.data(), DType::bf16, {c.b, c.s_q, c.h, 512}, gpu);
+  a.lse = TensorView(lse.data(), DType::fp32, {c.b, c.s_q, c.h}, gpu);
+
+  // Hand-made schedule: splits of equal length, a multiple of the 64-slot tile.
+  const int total = c.topk + c.extra_topk;
+  DecodeSchedule sched;
+  sched.num_splits = c.splits;
+  sched.split_len = ((total + c.splits - 1) / c.splits + 63) / 64 * 64;
+  sched.workspace_bytes = pb.rows * c.h * c.splits * (512 + 1) * 4;
+  DeviceBuffer<uint8_t> ws(static_cast<size_t>(sched.workspace_bytes));
+  ws.poison();  // partials must all be written
+  cuda::sparse_decode(a, sched, ws.view(DType::uint8, {sched.workspace_bytes}), nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  res.out = out.download();
+  res.lse = lse.download();
+  return res;
+}
+
+void expect_matches_reference(const Problem& pb, const DeviceResult& res) {
+  std::vector<double> ref_out, ref_lse;
+  pb.reference(ref_out, ref_lse);
+  const int64_t n_rows = pb.rows * pb.c.h;
+  int bad = 0;
+  double worst = 0.0;
+  for (int64_t r = 0; r < n_rows && bad < 8; ++r) {
+    const double ref_l = ref_lse[r], got_l = res.lse[r];
+    if (std::isinf(ref_l)) {
+      if (!(std::isinf(got_l) && got_l > 0)) ++bad, ADD_FAILURE() << "row " << r << ": lse " << got_l << " want +inf";
+    } else if (!(std::fabs(got_l - ref_l) <= 2e-3)) {
+      ++bad, ADD_FAILURE() << "row " << r << ": lse " << got_l << " want " << ref_l;
+    }
+    double amax = 0.0;
+    for (int i = 0; i < 512; ++i) amax = std::max(amax, std::fabs(ref_out[r * 512 + i]));
+    const double tol = 1.5e-2 * amax + 1e-30;
+    for (int i = 0; i < 512; ++i) {
+      const double got = bf16_bits_to_float(res.out[r * 512 + i]);
+      const double err = std::fabs(got - ref_out[r * 512 + i]);
+      if (amax > 0) worst = std::max(worst, err / amax);
+      if (!(err <= tol) && !(amax == 0.0 && got == 0.0)) {
+        ++bad, ADD_FAILURE() << "row " << r << " dim " << i << ": out " << got << " want " << ref_out[r * 512 + i];
+        break;
+      }
+    }
+  }
+  ::testing::Test::RecordProperty("worst_rel_err", std::to_string(worst));
+}
+
+std::vector<Case> grid() {
+  using L = KvLayout;
+  return {
+      // MODEL1 V4-Flash-like: SWA 128 (block 256) + extra 512 (block 64), H 64.
+      {"flash_h64_b2_sq2_direct", L::model1_fp8, 64, 2, 2, 128, 256, 512, 64, 1, false, true},
+      {"flash_h64_b2_sq2_split3", L::model1_fp8, 64, 2, 2, 128, 256, 512, 64, 3, false, true},
+      {"flash_h64_b16_sq1_split2", L::model1_fp8, 64, 16, 1, 128, 256, 512, 64, 2, true, false},
+      // MODEL1 V4-Pro-like: H 128, extra 1024 with block 64 and block 2.
+      {"pro_h128_b2_sq2_blk64", L::model1_fp8, 128, 2, 2, 128, 64, 1024, 64, 4, true, true},
+      {"pro_h128_b3_sq1_blk2", L::model1_fp8, 128, 3, 1, 128, 256, 1024, 2, 5, false, true},
+      {"pro_h128_b1_sq2_blk2_direct", L::model1_fp8, 128, 1, 2, 128, 64, 1024, 2, 1, true, false},
+      // V3.2: d 576, H 128, topk 2048.
+      {"v32_h128_b2_sq2_direct", L::v32_fp8, 128, 2, 2, 2048, 64, 0, 0, 1, false, false},
+      {"v32_h128_b2_sq2_split8", L::v32_fp8, 128, 2, 2, 2048, 64, 0, 0, 8, true, true},
+      // Odd sizes: topk not a multiple of the tile, padded H (32 → one 64-row block), tiny topk.
+      {"odd_topk_h64", L::model1_fp8, 64, 1, 2, 100, 64, 37, 2, 2, false, true},
+      {"padded_h32", L::model1_fp8, 32, 2, 1, 128, 64, 64, 64, 1, true, true},
+      {"padded_h96_v32", L::v32_fp8, 96, 1, 1, 200, 16, 0, 0, 2, false, false},
+      {"tiny_topk3", L::model1_fp8, 64, 2, 1, 3, 64, 0, 0, 1, false, false},
+  };
+}
+
+class SparseDecodeCuda : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { DSV4_SKIP_WITHOUT_GPU(); }
+};
+
+TEST_P(SparseDecodeCuda, MatchesFloat64Reference) {
+  std::mt19937 rng(1234 + static_cast<unsigned>(std::hash<std::string>{}(GetParam().name) & 0xffff));
+  const Problem pb(GetParam(), rng);
+  expect_matches_reference(pb, run_cuda(pb));
+}
+
+TEST_P(SparseDecodeCuda, BitIdenticalAcrossRuns) {
+  std::mt19937 rng(99);
+  const Problem pb(GetParam(), rng);
+  const DeviceResult a = run_cuda(pb), b = run_cuda(pb);
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4));
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, SparseDecodeCuda, ::testing::ValuesIn(grid()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// ---- edge cases ------------------------------------------------------------------------------
+class SparseDecodeCudaEdge : public ::testing::Test {
+ protected:
+  void SetUp() override { DSV4_SKIP_WITHOUT_GPU(); }
+};
+
+TEST_F(SparseDecodeCudaEdge, AllInvalidIndicesGiveZeroAndPlusInf) {
+  for (int splits : {1, 3}) {
+    std::mt19937 rng(7);
+    Case c{"all_invalid", KvLayout::model1_fp8, 64, 2, 2, 128, 64, 64, 64, splits, false, true, 1.0};
+    const Problem pb(c, rng);  // invalid_frac 1: every index −1 or out of range
+    const DeviceResult r = run_cuda(pb);
+    for (float l : r.lse) ASSERT_TRUE(std::isinf(l) && l > 0) << "splits " << splits;
+    for (uint16_t o : r.out) ASSERT_EQ(o & 0x7fff, 0) << "splits " << splits;
+  }
+}
+
+TEST_F(SparseDecodeCudaEdge, ZeroAndShortTopkLengths) {
+  for (int splits : {1, 4}) {
+    std::mt19937 rng(8);
+    Case c{"lengths", KvLayout::model1_fp8, 64, 4, 2, 128, 64, 512, 64, splits, true, true};
+    Problem pb(c, rng);
+    pb.main.lengths = {0, 5, 128, 64};
+    pb.extra.lengths = {0, 512, 1, 300};  // batch 0: nothing valid at all
+    // Re-encode so every selected slot is a real token (lengths changed after construction).
+    std::vector<float> v(512);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (auto* s : {&pb.main, &pb.extra}) {
+      HostCache& cache = s == &pb.main ? pb.main_cache : pb.extra_cache;
+      for (int64_t r = 0; r < pb.rows; ++r)
+        for (int j = 0; j < pb.selected_len(*s, r); ++j) {
+          const int32_t idx = s->indices[r * s->topk + j];
+          if (idx < 0 || idx >= cache.num_slots()) continue;
+          for (auto& x : v) x = normal(rng);
+          cache.encode(idx, v);
+        }
+    }
+    const DeviceResult r = run_cuda(pb);
+    expect_matches_reference(pb, r);
+    for (int i = 0; i < 2 * 64; ++i) EXPECT_TRUE(std::isinf(r.lse[i]) && r.lse[i] > 0);
+  }
+}
+
+TEST_F(SparseDecodeCudaEdge, InfiniteSinks) {
+  for (int splits : {1, 2}) {
+    std::mt19937 rng(9);
+    Case c{"sinks", KvLayout::model1_fp8, 64, 1, 1, 128, 64, 128, 64, splits, false, true};
+    Problem pb(c, rng);
+    for (int h = 0; h < 64; ++h) pb.sink[h] = h % 2 ? INFINITY : -INFINITY;
+    const DeviceResult r = run_cuda(pb);
+    expect_matches_reference(pb, r);  // −inf: no effect; +inf: out = 0, lse unchanged
+    for (int h = 1; h < 64; h += 2)
+      for (int i = 0; i < 512; ++i) ASSERT_EQ(r.out[h * 512 + i] & 0x7fff, 0);
+  }
+}
+
+// ---- combine alone ---------------------------------------------------------------------------
+TEST_F(SparseDecodeCudaEdge, CombineMatchesFloat64Formula) {
+  const int b = 3, s_q = 2, h = 64, splits = 5;
+  const int64_t rows = int64_t{b} * s_q * h;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> po(static_cast<size_t>(rows * splits * 512)), plse(static_cast<size_t>(rows * splits)),
+      sink(h);
+  for (auto& x : po) x = normal(rng);
+  for (int64_t i = 0; i < rows * splits; ++i) plse[i] = (i % 7 == 3) ? -INFINITY : 4.0f * normal(rng);
+  for (int s = 0; s < splits; ++s) plse[5 * splits + s] = -INFINITY;  // one row with no valid key
+  for (int i = 0; i < h; ++i) sink[i] = i == 0 ? INFINITY : i == 1 ? -INFINITY : normal(rng);
+  const DeviceBuffer<float> dpo(po), dplse(plse), dsink(sink);
+  DeviceBuffer<uint16_t> dout(static_cast<size_t>(rows * 512));
+  DeviceBuffer<float> dlse(static_cast<size_t>(rows));
+  dout.poison();
+  dlse.poison();
+  cuda::sparse_attention_combine(dpo.view(DType::fp32, {b, s_q, h, splits, 512}),
+                                 dplse.view(DType::fp32, {b, s_q, h, splits}), dsink.view(DType::fp32, {h}),
+                                 dout.view(DType::bf16, {b, s_q, h, 512}), dlse.view(DType::fp32, {b, s_q, h}),
+                                 nullptr);
+  DSV4_ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto out = dout.download();
+  const auto lse = dlse.download();
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = -INFINITY;
+    for (int s = 0; s < splits; ++s) m = std::max(m, double(plse[r * splits + s]));
+    if (m == -INFINITY) {
+      ASSERT_TRUE(std::isinf(lse[r]) && lse[r] > 0) << r;
+      for (int i = 0; i < 512; ++i) ASSERT_EQ(out[r * 512 + i] & 0x7fff, 0);
+      continue;
+    }
+    double sum = 0.0;
+    for (int s = 0; s < splits; ++s) sum += std::exp(double(plse[r * splits + s]) - m);
+    const double l = m + std::log(sum);
+    ASSERT_NEAR(lse[r], l, 1e-4 * std::max(1.0, std::fabs(l))) << r;
+    const double f = 1.0 / (1.0 + std::exp(double(sink[r % h]) - l));
+    for (int i = 0; i < 512; ++i) {
+      double o = 0.0;
+      for (int s = 0; s < splits; ++s)
+        o += std::exp(double(plse[r * splits + s]) - l) * po[(r * splits + s) * 512 + i];
+      o *= f;
+      // bf16 output rounding (2^-9 relative) plus fp32 arithmetic on O(1) values.
+      ASSERT_NEAR(bf16_bits_to_float(out[r * 512 + i]), o, 4e-3 * std::fabs(o) + 1e-5) << r << "," << i;
+    }
+  }
+}
+
+TEST_F(SparseDecodeCudaEdge, RejectsBadArguments) {
+  std::mt19937 rng(12);
+  Case c{"bad", KvLayout::model1_fp8, 64, 1, 1, 64, 64, 0, 0, 1};
+  const Problem pb(c, rng);
+  const DeviceBuffer<uint16_t> q(64 * 576), out(64 * 512);
+  const DeviceBuffer<float> lse(64);
+  const DeviceBuffer<int32_t> idx(64);
+  const DeviceBuffer<uint8_t> kc(pb.main_cache.bytes.size());
+  SparseDecodeArgs a;
+  a.q = q.view(DType::bf16, {1, 1, 64, 576});  // wrong d_qk for MODEL1
+  a.k_cache.data = kc.view(DType::uint8, {pb.main_cache.num_blocks, pb.main_cache.block_bytes});
+  a.indices = idx.view(DType::int32, {1, 1, 64});
+  a.out = out.view(DType::bf16, {1, 1, 64, 512});
+  a.lse = lse.view(DType::fp32, {1, 1, 64});
+  DecodeSchedule sched{1, 64, 0};
+  EXPECT_THROW(cuda::sparse_decode(a, sched, TensorView(), nullptr), Error);
+  a.q = q.view(DType::bf16, {1, 1, 64, 512});
+  sched = DecodeSchedule{2, 64, 0};  // needs a workspace
+  EXPECT_THROW(cuda::sparse_decode(a, sched, TensorView(), nullptr), Error);
+  sched = DecodeSchedule{1, 32, 0};  // does not cover topk
+  EXPECT_THROW(cuda::sparse_decode(a, sched, TensorView(), nullptr), Error);
+}
+
+}  // namespace
+}  // namespace dsv4

@@ -1,0 +1,209 @@
+// Sparse FP8 decode benchmark cases (`dsv4 bench --filter decode`): every decode config of PERF.md
+// (split-KV + combine end to end, attention sink on) plus the s_q 1 latency cases.
+//
+// Each case builds MODEL1 / V32 paged caches of valid random tokens (≥ 1 GiB, so rows gathered by
+// different input sets rarely share cache lines), and rotates query / index sets beyond L2. FLOPs
+// as FlashMLA counts them: 2 · b · s_q · H · (topk + extra_topk) · (d_qk + d_v); bytes = every
+// gathered row once + q + out.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_harness.h"
+#include "dsv4/kv_layout.h"
+#include "dsv4/ops.h"
+
+#if defined(DSV4_WITH_CUDA)
+#include <cuda_runtime.h>
+
+#include "cuda/attention/sparse_decode.h"
+#include "cuda/common/random_fill.h"
+#endif
+
+namespace dsv4::bench {
+namespace {
+
+constexpr int kDv = 512;
+
+struct DecodeShape {
+  const char* name;
+  KvLayout layout;
+  int b, s_q, h;
+  int topk, block;              // main scope
+  int extra_topk, extra_block;  // extra scope (0: none)
+  double anchor_us, anchor_tflops;  // FlashMLA on the same GPU (PERF.md), 0 = none
+};
+
+int64_t block_bytes_of(KvLayout layout, int block_size) {
+  if (layout == KvLayout::model1_fp8) {
+    return (int64_t{block_size} * model1::kTokenBytes + model1::kBlockAlign - 1) / model1::kBlockAlign *
+           model1::kBlockAlign;
+  }
+  return int64_t{block_size} * v32::kTokenBytes;
+}
+
+// Split plan until the dispatching make_decode_schedule (attn helper) is merged; same idea: the
+// fewest splits whose CTAs (rows × ceil(H/64) × splits) fill the SMs in whole waves, counting one
+// tile of fixed cost per CTA and a little for the combine.
+DecodeSchedule bench_schedule(int rows, int h, int topk_total, int num_sms) {
+  const int tiles = (topk_total + 63) / 64;
+  const int64_t base = int64_t{rows} * ((h + 63) / 64);
+  int best = 1;
+  double best_cost = 1e30;
+  for (int s = 1; s <= std::min(tiles, 64); ++s) {
+    const int per_split = (tiles + s - 1) / s;
+    const int64_t waves = (base * s + num_sms - 1) / num_sms;
+    const double cost = double(waves) * (per_split + 1.0) + (s > 1 ? 0.5 : 0.0);
+    if (cost < best_cost - 1e-9) best_cost = cost, best = s;
+  }
+  DecodeSchedule sch;
+  sch.num_splits = best;
+  sch.split_len = (tiles + best - 1) / best * 64;
+  sch.workspace_bytes = best > 1 ? int64_t{rows} * h * best * (kDv + 1) * 4 : 0;
+  return sch;
+}
+
+#if defined(DSV4_WITH_CUDA)
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail("bench decode: ", what, ": ", cudaGetErrorString(e));
+}
+
+// A paged cache of valid random tokens: one host-encoded pattern (≤ 64 MiB) repeated.
+KvCacheView make_cache(KvLayout layout, int block_size, int64_t slots, std::shared_ptr<void>& owner) {
+  const int64_t bb = block_bytes_of(layout, block_size);
+  const int64_t blocks = (slots + block_size - 1) / block_size;
+  const KvGeometry g{layout, block_size, layout == KvLayout::model1_fp8 ? model1::kDim : v32::kDim,
+                     layout == KvLayout::model1_fp8 ? model1::kTokenBytes : v32::kTokenBytes, bb};
+  const int64_t pattern_blocks = std::min<int64_t>(blocks, std::max<int64_t>(1, (int64_t{64} << 20) / bb));
+  std::vector<uint8_t> pattern(static_cast<size_t>(pattern_blocks * bb), 0);
+  std::mt19937 rng(2026);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(g.dim);
+  for (int64_t blk = 0; blk < pattern_blocks; ++blk)
+    for (int t = 0; t < block_size; ++t) {
+      for (auto& x : v) x = normal(rng);
+      kv_encode_token(g, pattern.data() + blk * bb, t, v.data());
+    }
+  owner = device_alloc(static_cast<size_t>(blocks * bb));
+  for (int64_t blk = 0; blk < blocks; blk += pattern_blocks) {
+    const int64_t n = std::min(pattern_blocks, blocks - blk);
+    check(cudaMemcpy(static_cast<uint8_t*>(owner.get()) + blk * bb, pattern.data(), n * bb,
+                     cudaMemcpyHostToDevice), "upload cache");
+  }
+  KvCacheView view;
+  view.data = TensorView(owner.get(), DType::uint8, {blocks, bb}, Device::cuda);
+  view.layout = layout;
+  view.block_size = block_size;
+  return view;
+}
+#endif
+
+Case make_case(const DecodeShape& s) {
+  const int d_qk = s.layout == KvLayout::model1_fp8 ? model1::kDim : v32::kDim;
+  const int token_bytes = s.layout == KvLayout::model1_fp8 ? model1::kTokenBytes : v32::kTokenBytes;
+  const int64_t rows = int64_t{s.b} * s.s_q;
+  const int topk_total = s.topk + s.extra_topk;
+  Case c;
+  c.name = std::string("decode_") + s.name;
+  c.config = std::string(kv_layout_name(s.layout)) + ", b " + std::to_string(s.b) + ", s_q " +
+             std::to_string(s.s_q) + ", H " + std::to_string(s.h) + ", topk " + std::to_string(s.topk) +
+             " (block " + std::to_string(s.block) + ")" +
+             (s.extra_topk > 0 ? " + " + std::to_string(s.extra_topk) + " (block " + std::to_string(s.extra_block) + ")"
+                               : std::string()) +
+             ", attn_sink";
+  c.flops = 2.0 * rows * s.h * double(topk_total) * (d_qk + kDv);
+  const double touched = double(rows) * topk_total * token_bytes + double(rows) * topk_total * 4;
+  c.bytes = touched + double(rows) * s.h * d_qk * 2 + double(rows) * s.h * kDv * 2;
+  c.memory_bound = false;
+  c.anchor_us = s.anchor_us;
+  c.anchor_tflops = s.anchor_tflops;
+  // Input sets: enough that one pass over them is 2× the H100's 50 MB L2 (a constant, so listing
+  // the cases needs no device).
+  c.rotations = static_cast<int>(std::clamp(std::ceil(2.0 * 50e6 / touched), 1.0, 512.0));
+#if defined(DSV4_WITH_CUDA)
+  c.setup = [s, d_qk, rows, topk_total, sets = c.rotations]() -> LaunchFn {
+    auto keep = std::make_shared<std::vector<std::shared_ptr<void>>>();
+    auto cache_slots = [&](int topk, int block) {  // ≥ 4× what one call touches and ≥ 1 GiB
+      return std::max<int64_t>(4 * rows * topk, (int64_t{1} << 30) / block_bytes_of(s.layout, block) * block);
+    };
+    std::shared_ptr<void> main_owner, extra_owner;
+    const KvCacheView main = make_cache(s.layout, s.block, cache_slots(s.topk, s.block), main_owner);
+    KvCacheView extra;
+    if (s.extra_topk > 0) extra = make_cache(s.layout, s.extra_block, cache_slots(s.extra_topk, s.extra_block), extra_owner);
+    const size_t q_n = static_cast<size_t>(rows) * s.h * d_qk;
+    auto q = device_alloc(q_n * 2 * sets);
+    auto idx = device_alloc(static_cast<size_t>(rows) * s.topk * 4 * sets);
+    auto eidx = device_alloc(static_cast<size_t>(rows) * std::max(s.extra_topk, 1) * 4 * sets);
+    auto out = device_alloc(static_cast<size_t>(rows) * s.h * kDv * 2);
+    auto lse = device_alloc(static_cast<size_t>(rows) * s.h * 4);
+    auto sink = device_alloc(static_cast<size_t>(s.h) * 4);
+    cuda::fill_random_bf16(q.get(), q_n * sets, 11, -1.f, 1.f, nullptr);
+    cuda::fill_random_int32(static_cast<int32_t*>(idx.get()), static_cast<size_t>(rows) * s.topk * sets, 12,
+                            static_cast<int32_t>(main.num_slots()), nullptr);
+    if (s.extra_topk > 0)
+      cuda::fill_random_int32(static_cast<int32_t*>(eidx.get()), static_cast<size_t>(rows) * s.extra_topk * sets,
+                              13, static_cast<int32_t>(extra.num_slots()), nullptr);
+    std::vector<float> sink_h(s.h);
+    for (int h = 0; h < s.h; ++h) sink_h[h] = -1.f + 2.f * h / s.h;
+    check(cudaMemcpy(sink.get(), sink_h.data(), sink_h.size() * 4, cudaMemcpyHostToDevice), "upload sink");
+    int num_sms = 0;
+    check(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
+    const DecodeSchedule sch = bench_schedule(static_cast<int>(rows), s.h, topk_total, num_sms);
+    auto ws = device_alloc(static_cast<size_t>(std::max<int64_t>(sch.workspace_bytes, 16)));
+    check(cudaDeviceSynchronize(), "input setup");
+    *keep = {main_owner, extra_owner, q, idx, eidx, out, lse, sink, ws};
+
+    SparseDecodeArgs base;
+    base.k_cache = main;
+    if (s.extra_topk > 0) base.extra_k_cache = extra;
+    base.attn_sink = TensorView(sink.get(), DType::fp32, {s.h}, Device::cuda);
+    base.out = TensorView(out.get(), DType::bf16, {s.b, s.s_q, s.h, kDv}, Device::cuda);
+    base.lse = TensorView(lse.get(), DType::fp32, {s.b, s.s_q, s.h}, Device::cuda);
+    const TensorView wsv(ws.get(), DType::uint8, {std::max<int64_t>(sch.workspace_bytes, 16)}, Device::cuda);
+    return [s, d_qk, rows, q_n, base, wsv, sch, keep](CUstream_st* stream, int set) {
+      SparseDecodeArgs a = base;
+      const auto& buffers = *keep;
+      a.q = TensorView(static_cast<uint16_t*>(buffers[2].get()) + set * q_n, DType::bf16, {s.b, s.s_q, s.h, d_qk},
+                       Device::cuda);
+      a.indices = TensorView(static_cast<int32_t*>(buffers[3].get()) + set * rows * s.topk, DType::int32,
+                             {s.b, s.s_q, s.topk}, Device::cuda);
+      if (s.extra_topk > 0)
+        a.extra_indices = TensorView(static_cast<int32_t*>(buffers[4].get()) + set * rows * s.extra_topk,
+                                     DType::int32, {s.b, s.s_q, s.extra_topk}, Device::cuda);
+      cuda::sparse_decode(a, sch, wsv, stream);
+    };
+  };
+#else
+  c.setup = []() -> LaunchFn { fail("bench decode: CUDA backend not built"); };
+#endif
+  return c;
+}
+
+std::vector<Case> decode_cases() {
+  using L = KvLayout;
+  const DecodeShape shapes[] = {
+      {"v32_b128_h128_sq2_topk2048", L::v32_fp8, 128, 2, 128, 2048, 64, 0, 0, 370.0, 394},
+      {"v32_b64_h128_sq2_topk2048", L::v32_fp8, 64, 2, 128, 2048, 64, 0, 0, 189.0, 386},
+      {"flash_b128_h64_sq2_128+512", L::model1_fp8, 128, 2, 64, 128, 256, 512, 64, 98.6, 218},
+      {"flash_b256_h64_sq2_128+512", L::model1_fp8, 256, 2, 64, 128, 256, 512, 64, 187.5, 229},
+      {"pro_b128_h128_sq2_128+1024_blk64", L::model1_fp8, 128, 2, 128, 128, 256, 1024, 64, 210.6, 367},
+      {"pro_b128_h128_sq2_128+1024_blk2", L::model1_fp8, 128, 2, 128, 128, 256, 1024, 2, 152.9, 277},
+      {"peak_b148_h128_sq2_topk16384", L::model1_fp8, 148, 2, 128, 16384, 64, 0, 0, 2669.0, 476},
+      {"flash_b1_h64_sq1_128+512", L::model1_fp8, 1, 1, 64, 128, 256, 512, 64, 0, 0},
+      {"flash_b16_h64_sq1_128+512", L::model1_fp8, 16, 1, 64, 128, 256, 512, 64, 0, 0},
+      {"pro_b1_h128_sq1_128+1024", L::model1_fp8, 1, 1, 128, 128, 256, 1024, 64, 0, 0},
+      {"pro_b16_h128_sq1_128+1024", L::model1_fp8, 16, 1, 128, 128, 256, 1024, 64, 0, 0},
+  };
+  std::vector<Case> cases;
+  for (const auto& s : shapes) cases.push_back(make_case(s));
+  return cases;
+}
+
+const Registrar kRegistered("decode", &decode_cases);
+
+}  // namespace
+}  // namespace dsv4::bench

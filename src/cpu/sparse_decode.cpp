@@ -221,11 +221,24 @@ DecodeSchedule make_decode_schedule(int b, int s_q, int h, int topk_total, int n
   if (num_sms < 1) fail_expected(kWhere, "num_sms", ">= 1", num_sms);
   if (d_v < 1) fail_expected(kWhere, "d_v", ">= 1", d_v);
 
-  // A kernel CTA handles one (b, s_q) row, one 64-head group and one split: pick the fewest
-  // splits that give every SM a CTA, but never more splits than KV tiles.
+  // A kernel CTA handles one (b, s_q) row, one 64-head group and one split of the index list.
+  // Cost model (measured on H100 by the decode kernel's author, bench/NOTES-decode.md): a CTA
+  // takes one fixed tile-time plus one per KV tile, CTAs run in waves of num_sms, and splitting
+  // adds a combine pass. Pick the split count with the lowest cost (ties: fewer splits), never
+  // more splits than tiles.
   const int64_t tiles = std::max<int64_t>(1, ceil_div(topk_total, kDecodeTile));
   const int64_t ctas_per_split = std::max<int64_t>(1, int64_t{b} * s_q * ceil_div(h, 64));
-  const int64_t wanted = std::clamp<int64_t>(ceil_div(num_sms, ctas_per_split), 1, tiles);
+  int64_t wanted = 1;
+  double best_cost = 1e300;
+  for (int64_t splits = 1; splits <= std::min<int64_t>(tiles, 64); ++splits) {
+    const int64_t per_split = ceil_div(tiles, splits);
+    const int64_t waves = ceil_div(ctas_per_split * splits, num_sms);
+    const double cost = static_cast<double>(waves) * (per_split + 1.0) + (splits > 1 ? 0.5 : 0.0);
+    if (cost < best_cost - 1e-9) {
+      best_cost = cost;
+      wanted = splits;
+    }
+  }
   const int64_t tiles_per_split = ceil_div(tiles, wanted);
 
   DecodeSchedule s;

@@ -20,7 +20,6 @@
 #if defined(DSV4_WITH_CUDA)
 #include <cuda_runtime.h>
 
-#include "cuda/attention/sparse_decode.h"
 #include "cuda/common/random_fill.h"
 #endif
 
@@ -38,35 +37,6 @@ struct DecodeShape {
   double anchor_us, anchor_tflops;  // FlashMLA on the same GPU (PERF.md), 0 = none
 };
 
-int64_t block_bytes_of(KvLayout layout, int block_size) {
-  if (layout == KvLayout::model1_fp8) {
-    return (int64_t{block_size} * model1::kTokenBytes + model1::kBlockAlign - 1) / model1::kBlockAlign *
-           model1::kBlockAlign;
-  }
-  return int64_t{block_size} * v32::kTokenBytes;
-}
-
-// Split plan until the dispatching make_decode_schedule (attn helper) is merged; same idea: the
-// fewest splits whose CTAs (rows × ceil(H/64) × splits) fill the SMs in whole waves, counting one
-// tile of fixed cost per CTA and a little for the combine.
-DecodeSchedule bench_schedule(int rows, int h, int topk_total, int num_sms) {
-  const int tiles = (topk_total + 63) / 64;
-  const int64_t base = int64_t{rows} * ((h + 63) / 64);
-  int best = 1;
-  double best_cost = 1e30;
-  for (int s = 1; s <= std::min(tiles, 64); ++s) {
-    const int per_split = (tiles + s - 1) / s;
-    const int64_t waves = (base * s + num_sms - 1) / num_sms;
-    const double cost = double(waves) * (per_split + 1.0) + (s > 1 ? 0.5 : 0.0);
-    if (cost < best_cost - 1e-9) best_cost = cost, best = s;
-  }
-  DecodeSchedule sch;
-  sch.num_splits = best;
-  sch.split_len = (tiles + best - 1) / best * 64;
-  sch.workspace_bytes = best > 1 ? int64_t{rows} * h * best * (kDv + 1) * 4 : 0;
-  return sch;
-}
-
 #if defined(DSV4_WITH_CUDA)
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("bench decode: ", what, ": ", cudaGetErrorString(e));
@@ -74,10 +44,9 @@ void check(cudaError_t e, const char* what) {
 
 // A paged cache of valid random tokens: one host-encoded pattern (≤ 64 MiB) repeated.
 KvCacheView make_cache(KvLayout layout, int block_size, int64_t slots, std::shared_ptr<void>& owner) {
-  const int64_t bb = block_bytes_of(layout, block_size);
+  const KvGeometry g = kv_geometry(layout, block_size);
+  const int64_t bb = g.block_bytes;
   const int64_t blocks = (slots + block_size - 1) / block_size;
-  const KvGeometry g{layout, block_size, layout == KvLayout::model1_fp8 ? model1::kDim : v32::kDim,
-                     layout == KvLayout::model1_fp8 ? model1::kTokenBytes : v32::kTokenBytes, bb};
   const int64_t pattern_blocks = std::min<int64_t>(blocks, std::max<int64_t>(1, (int64_t{64} << 20) / bb));
   std::vector<uint8_t> pattern(static_cast<size_t>(pattern_blocks * bb), 0);
   std::mt19937 rng(2026);
@@ -128,7 +97,7 @@ Case make_case(const DecodeShape& s) {
   c.setup = [s, d_qk, rows, topk_total, sets = c.rotations]() -> LaunchFn {
     auto keep = std::make_shared<std::vector<std::shared_ptr<void>>>();
     auto cache_slots = [&](int topk, int block) {  // ≥ 4× what one call touches and ≥ 1 GiB
-      return std::max<int64_t>(4 * rows * topk, (int64_t{1} << 30) / block_bytes_of(s.layout, block) * block);
+      return std::max<int64_t>(4 * rows * topk, (int64_t{1} << 30) / kv_geometry(s.layout, block).block_bytes * block);
     };
     std::shared_ptr<void> main_owner, extra_owner;
     const KvCacheView main = make_cache(s.layout, s.block, cache_slots(s.topk, s.block), main_owner);
@@ -152,7 +121,7 @@ Case make_case(const DecodeShape& s) {
     check(cudaMemcpy(sink.get(), sink_h.data(), sink_h.size() * 4, cudaMemcpyHostToDevice), "upload sink");
     int num_sms = 0;
     check(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
-    const DecodeSchedule sch = bench_schedule(static_cast<int>(rows), s.h, topk_total, num_sms);
+    const DecodeSchedule sch = make_decode_schedule(s.b, s.s_q, s.h, topk_total, num_sms, kDv);
     auto ws = device_alloc(static_cast<size_t>(std::max<int64_t>(sch.workspace_bytes, 16)));
     check(cudaDeviceSynchronize(), "input setup");
     *keep = {main_owner, extra_owner, q, idx, eidx, out, lse, sink, ws};
@@ -174,7 +143,7 @@ Case make_case(const DecodeShape& s) {
       if (s.extra_topk > 0)
         a.extra_indices = TensorView(static_cast<int32_t*>(buffers[4].get()) + set * rows * s.extra_topk,
                                      DType::int32, {s.b, s.s_q, s.extra_topk}, Device::cuda);
-      cuda::sparse_decode(a, sch, wsv, stream);
+      sparse_decode(a, sch, wsv, stream);
     };
   };
 #else

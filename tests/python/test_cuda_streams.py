@@ -4,13 +4,23 @@ import torch
 
 from conftest import requires_cuda
 from dsv4attn.flash_mla import (alloc_kv_cache, flash_mla_sparse_fwd, flash_mla_with_kvcache,
-                                get_mla_metadata)
+                                get_mla_metadata, kv_cache_block_bytes)
+
+
+def _flat(cache):
+    # The [num_blocks, block_bytes] byte view under FlashMLA's padded [blocks, B, 1, 584] view.
+    bb = kv_cache_block_bytes("model1_fp8", cache.shape[1])
+    return cache.as_strided((cache.shape[0], bb), (bb, 1))
 
 
 def _decode_inputs():
-    # Random bytes below 0x78 are finite fp8 values and scale exponents <= 2^-8.
+    # A cache of real tokens (N(0, 1) values encoded as MODEL1 on the host): random bytes would
+    # make bf16 rope values up to 1e12, whose logits no two summation orders agree on.
+    host = alloc_kv_cache(8, 64)
+    torch.ops.dsv4.kv_quantize(_flat(host), "model1_fp8", 64, 1.0, torch.randn(512, 512),
+                               torch.arange(512, dtype=torch.int64))
     cache = alloc_kv_cache(8, 64, device="cuda")
-    cache.copy_(torch.randint(0, 0x78, cache.shape, dtype=torch.uint8, device="cuda"))
+    _flat(cache).copy_(_flat(host))
     q = torch.randn(4, 1, 64, 512, dtype=torch.bfloat16, device="cuda")
     idx = torch.randint(-1, 512, (4, 1, 128), dtype=torch.int32, device="cuda")
     return q, cache, idx
@@ -47,7 +57,7 @@ def test_cuda_matches_cpu():
     out, lse = flash_mla_with_kvcache(q, cache, None, None, 512, get_mla_metadata()[0],
                                       is_fp8_kvcache=True, indices=idx)
     cache_c = alloc_kv_cache(8, 64)  # same bytes, same padded block stride, on the host
-    cache_c.copy_(cache.cpu())
+    _flat(cache_c).copy_(_flat(cache).cpu())
     out_c, lse_c = flash_mla_with_kvcache(q.cpu(), cache_c, None, None, 512,
                                           get_mla_metadata()[0], is_fp8_kvcache=True,
                                           indices=idx.cpu())

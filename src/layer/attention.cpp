@@ -113,6 +113,7 @@ void Attention::Impl::check_inputs(const BatchPlan& plan, const TensorView& x,
   check_contiguous(kWhere, "x", x);
   if (x.dtype != DType::bf16 && x.dtype != DType::fp32)
     fail_expected(kWhere, "x.dtype", "bf16 or fp32", dtype_name(x.dtype));
+  check_device(kWhere, "y", y, Device::cpu);
   check_shape(kWhere, "y", y, {T, cfg.dim});
   check_dtype(kWhere, "y", y, DType::fp32);
   check_contiguous(kWhere, "y", y);

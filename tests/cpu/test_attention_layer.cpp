@@ -187,6 +187,10 @@ TEST_P(LayerTest, BadInputChangesNothing) {
     EXPECT_THROW(a.forward(plan, x, y), dsv4::Error);  // wrong x shape
     HostTensor x2(DType::fp32, {2, cfg.dim}), y2(DType::bf16, {2, cfg.dim});
     EXPECT_THROW(a.forward(plan, x2, y2), dsv4::Error);  // wrong y dtype
+    HostTensor y3(DType::fp32, {2, cfg.dim});
+    dsv4::TensorView y3_on_gpu = y3.view();
+    y3_on_gpu.device = dsv4::Device::cuda;
+    EXPECT_THROW(a.forward(plan, x2, y3_on_gpu), dsv4::Error);  // y not on the host
   }
   step(a, {{7, 20, 5}}, out);
   const Outputs ref = run_request(cfg, GetParam().layer, 25, 20);

@@ -102,6 +102,7 @@ void Attention::release(int64_t req_id) {
 
 void Attention::forward(const BatchPlan& plan, const TensorView& x, const TensorView& y) {
   impl_->check_inputs(plan, x, y);
+  if (plan.num_tokens() == 0) return;  // an empty step (x, y [0, dim] may have no data)
   impl_->forward(plan, x, y);
 }
 

@@ -198,6 +198,19 @@ TEST_P(LayerTest, BadInputChangesNothing) {
     ASSERT_EQ(0, std::memcmp(out.at({7, p}).data(), ref.at({7, p}).data(), cfg.dim * sizeof(float)));
 }
 
+// A step without requests is valid and does nothing, even with x and y [0, dim] that have no
+// memory behind them (what an empty torch tensor hands over).
+TEST_P(LayerTest, EmptyStepIsANoOp) {
+  Attention a = make_layer(cfg, GetParam().layer);
+  const dsv4::TensorView x(nullptr, DType::fp32, {0, cfg.dim}), y(nullptr, DType::fp32, {0, cfg.dim});
+  a.forward(BatchPlan::make({}), x, y);
+  Outputs out;
+  step(a, {{7, 0, 20}}, out);
+  const Outputs ref = run_request(cfg, GetParam().layer, 20, 20);
+  for (int p = 0; p < 20; ++p)
+    ASSERT_EQ(0, std::memcmp(out.at({7, p}).data(), ref.at({7, p}).data(), cfg.dim * sizeof(float)));
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, LayerTest,
                          ::testing::Values(LayerCase{0, "SWA"}, LayerCase{1, "C4A"},
                                            LayerCase{2, "C128A"}),

@@ -171,6 +171,15 @@ def test_chunked_prefill_and_decode_agree(layer):
     assert err.max() <= 2e-2 and err.median() <= 1e-4, (err.max(), err.median())
 
 
+def test_empty_step_is_a_no_op():
+    a = small_layer(2)
+    y = a.forward(dsv4attn.BatchDescription([], [], []), torch.empty(0, TINY.dim))
+    assert y.shape == (0, TINY.dim)
+    x = hidden(6, 2)
+    assert torch.equal(a.forward(dsv4attn.BatchDescription([3], [0], [6]), x),
+                       small_layer(2).forward(dsv4attn.BatchDescription([3], [0], [6]), x))
+
+
 def test_release_frees_the_request():
     a = small_layer(1)
     x = hidden(20, 3)

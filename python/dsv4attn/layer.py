@@ -119,8 +119,10 @@ class Attention:
     config: a ModelConfig (or the name of a built-in one, e.g. "tiny", "v4-flash").
     layer: the layer index; its kind (SWA, C4A, C128A) comes from the config.
     weights: None (seeded random: `seed`, FP8 as released when `fp8_weights`), a checkpoint
-        directory or .safetensors file, a state dict {checkpoint name: tensor}, or
-        AttentionWeights. Missing or mis-shaped tensors raise dsv4attn.Error naming the tensor.
+        directory or .safetensors file, a state dict {checkpoint name: tensor} (the official
+        names, or the transformers spelling `model.layers.{i}.self_attn.` / `.weight_scale_inv`),
+        or AttentionWeights. Missing or mis-shaped tensors raise dsv4attn.Error naming the
+        tensor.
     swa_blocks, compressed_blocks, state_blocks, swa_block_size: cache pool sizes (blocks of
         swa_block_size tokens; the compressed caches use 64 / 2 entries per block for ratio 4 /
         128, the compressor state one window per block). SWA blocks beyond the window are

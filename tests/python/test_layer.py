@@ -91,9 +91,8 @@ def test_swa_matches_torch_reference_over_steps():
              [(11, 1), (7, 4), (9, 1)]]    # decodes around a chunked-prefill continuation
     history = {}
     for step in steps:
-        batch = dsv4attn.BatchDescription(
-            [rid for rid, _ in step], [sum(len(h) for h in history.get(rid, [])) for rid, _ in step],
-            [n for _, n in step])
+        cached = [sum(len(h) for h in history.get(rid, [])) for rid, _ in step]
+        batch = dsv4attn.BatchDescription([rid for rid, _ in step], cached, [n for _, n in step])
         x = torch.randn(batch.num_tokens, TINY.dim).bfloat16()
         y = layer.forward(batch, x)
         assert y.dtype == torch.float32 and y.shape == (batch.num_tokens, TINY.dim)
@@ -103,7 +102,7 @@ def test_swa_matches_torch_reference_over_steps():
             assert row_rel_err(y[batch.rows(rid)], want).max() <= 4e-2, (rid, n)
 
 
-# ---------------------------------------------------------------- (b) all kinds vs the C++ reference
+# ---------------------------------------------------------------- (b) vs the C++ reference
 @pytest.mark.parametrize("fp8_activations", [True, False], ids=["fp8act", "bf16act"])
 @pytest.mark.parametrize("layer", KINDS)
 def test_matches_float64_reference(layer, fp8_activations):
@@ -256,6 +255,10 @@ def test_weights_from_state_dict_and_checkpoints(layer, tmp_path):
     from_dict = small_layer(layer, weights=model)
     assert all(same_bits(from_dict.state_dict()[n], sd[n]) for n in sd)
     assert torch.equal(outputs(from_dict), want)
+    hf_prefix = f"model.layers.{layer}.self_attn."  # the transformers spelling
+    hf = {k.replace(prefix, hf_prefix).replace(".scale", ".weight_scale_inv"): v
+          for k, v in sd.items()}
+    assert torch.equal(outputs(small_layer(layer, weights=hf)), want)
 
     # Checkpoint directories: written by the library's writer, and by the format written here.
     for name, write in (("lib", lambda p: seeded.weights.save(str(p), TINY)),

@@ -1,5 +1,5 @@
-// Weights of one DeepSeek-V4 attention layer: random generation, loading from a checkpoint under
-// the official tensor names, saving under the same names.
+// Weights of one DeepSeek-V4 attention layer: random generation, loading from a checkpoint (or
+// any store of tensors) under the official tensor names, saving under the same names.
 //
 // Checkpoint naming (the DeepSeek-V4-Flash/Pro Hugging Face checkpoints, which keep the names of
 // the official inference/model.py; `P` = "layers.{i}.attn." for main layers, "mtp.{j}.attn." for
@@ -112,9 +112,31 @@ AttentionWeights random_attention_weights(const ModelConfig& cfg, int layer, uin
 void validate_attention_weights(const AttentionWeights& w, const ModelConfig& cfg,
                                 const char* where = "validate_attention_weights");
 
-// Reads the layer's tensors from the checkpoint. Throws dsv4::Error naming the tensor for a
-// missing tensor, a wrong shape or dtype (expected and actual), a missing or mis-shaped scale.
+// Where load_attention_weights reads a layer's tensors from, by checkpoint name: a Checkpoint,
+// an in-memory TensorMap, or a caller's store (the Python bindings read a torch state dict).
+// Only the layer's own tensors are looked at; the store may hold any others.
+class TensorSource {
+ public:
+  struct Info {
+    DType dtype = DType::fp32;
+    std::vector<int64_t> shape;
+  };
+  virtual ~TensorSource() = default;
+  virtual bool contains(const std::string& name) const = 0;
+  virtual Info info(const std::string& name) const = 0;        // `name` is contained
+  // The tensor, contiguous on the host (it may share the store's memory).
+  virtual HostTensor read(const std::string& name) const = 0;
+  virtual std::string description() const = 0;  // for errors, e.g. "checkpoint '<dir>'"
+};
+
+// Reads the layer's tensors from the checkpoint / tensor map / source. Throws dsv4::Error naming
+// the tensor for a missing tensor, a wrong shape or dtype (expected and actual), a missing or
+// mis-shaped scale.
 AttentionWeights load_attention_weights(const Checkpoint& ckpt, const ModelConfig& cfg, int layer);
+AttentionWeights load_attention_weights(const TensorMap& tensors, const ModelConfig& cfg,
+                                        int layer);
+AttentionWeights load_attention_weights(const TensorSource& source, const ModelConfig& cfg,
+                                        int layer);
 
 // Adds the layer's tensors under their checkpoint names (wo_a as the 2-d [G*o_lora, H*D/G]).
 void add_attention_tensors(const AttentionWeights& w, const ModelConfig& cfg, TensorMap& out);

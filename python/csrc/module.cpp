@@ -11,6 +11,7 @@ namespace nb = nanobind;
 namespace dsv4::python {
 void bind_ops(nb::module_& m);
 void bind_cache(nb::module_& m);
+void bind_layer(nb::module_& m);
 }  // namespace dsv4::python
 
 namespace {
@@ -46,4 +47,5 @@ NB_MODULE(_C, m) {
 #endif
   dsv4::python::bind_ops(m);
   dsv4::python::bind_cache(m);
+  dsv4::python::bind_layer(m);
 }

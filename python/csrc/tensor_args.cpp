@@ -1,6 +1,8 @@
 #include "tensor_args.h"
 
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "dsv4/status.h"
 
@@ -27,6 +29,25 @@ DType dtype_of(dl::dtype t, const char* name) {
   fail(name, ".dtype: expected one of bfloat16, float16, float32, float8_e4m3fn, float8_e8m0fnu, "
              "int32, int64, uint8, got DLPack (code ", int(t.code), ", bits ", int(t.bits),
        ", lanes ", int(t.lanes), ")");
+}
+
+// The DLPack element type of a DType (the inverse of dtype_of).
+dl::dtype dlpack_dtype_of(DType t) {
+  using C = dl::dtype_code;
+  const auto make = [](C code, int bits) {
+    return dl::dtype{static_cast<uint8_t>(code), static_cast<uint8_t>(bits), 1};
+  };
+  switch (t) {
+    case DType::bf16: return make(C::Bfloat, 16);
+    case DType::fp16: return make(C::Float, 16);
+    case DType::fp32: return make(C::Float, 32);
+    case DType::fp8_e4m3: return make(C::Float8_E4M3FN, 8);
+    case DType::ue8m0: return make(C::Float8_E8M0FNU, 8);
+    case DType::int32: return make(C::Int, 32);
+    case DType::int64: return make(C::Int, 64);
+    case DType::uint8: return make(C::UInt, 8);
+  }
+  fail("torch_copy: unknown dtype ", static_cast<int>(t));
 }
 
 Device device_of(int device_type, const char* name) {
@@ -64,6 +85,39 @@ KvCacheView cache_of(const AnyArray& data, const std::string& layout, int block_
   cache.block_size = block_size;
   cache.tensor_scale = tensor_scale;
   return cache;
+}
+
+HostTensor host_copy(const AnyArray& a, const char* name) {
+  const TensorView v = view_of(a, name);
+  if (v.device != Device::cpu)
+    fail_expected(name, "device", "a CPU tensor", "a CUDA tensor");
+  HostTensor out(v.dtype, std::vector<int64_t>(v.shape.begin(), v.shape.begin() + v.ndim));
+  const size_t elem = dtype_size(v.dtype);
+  const auto* src = static_cast<const uint8_t*>(v.data);
+  auto* dst = out.data<uint8_t>();
+  if (v.is_contiguous()) {
+    if (out.nbytes() > 0) std::memcpy(dst, src, out.nbytes());
+    return out;
+  }
+  // Strided: walk the elements in row-major order (weights are copied once, so a plain loop).
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    int64_t offset = 0, rest = i;
+    for (int d = v.ndim - 1; d >= 0; --d) {
+      offset += (rest % v.shape[d]) * v.strides[d];
+      rest /= v.shape[d];
+    }
+    std::memcpy(dst + i * elem, src + offset * static_cast<int64_t>(elem), elem);
+  }
+  return out;
+}
+
+nb::ndarray<nb::pytorch> torch_copy(const HostTensor& t) {
+  auto* copy = new HostTensor(t.dtype(), t.shape());
+  if (t.nbytes() > 0) std::memcpy(copy->data<uint8_t>(), t.data<uint8_t>(), t.nbytes());
+  nb::capsule owner(copy, [](void* p) noexcept { delete static_cast<HostTensor*>(p); });
+  const std::vector<size_t> shape(t.shape().begin(), t.shape().end());
+  return nb::ndarray<nb::pytorch>(copy->data<void>(), shape.size(), shape.data(), owner, nullptr,
+                                  dlpack_dtype_of(t.dtype()), nb::device::cpu::value);
 }
 
 }  // namespace dsv4::python

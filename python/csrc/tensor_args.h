@@ -1,7 +1,8 @@
 // Conversions from Python arguments to the C++ API's argument types: DLPack tensors (nanobind
 // ndarrays: torch, numpy, ...) to dsv4::TensorView, a paged cache tensor plus its layout to
 // dsv4::KvCacheView, and a stream handle (an int, e.g. torch.cuda.current_stream().cuda_stream)
-// to dsv4::Stream. Conversion only describes memory: no copy, no synchronization.
+// to dsv4::Stream. Conversion only describes memory: no copy, no synchronization (host_copy and
+// torch_copy are the two explicit copies, host tensors in and out of the layer bindings).
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -35,5 +36,10 @@ KvCacheView cache_of(const AnyArray& data, const std::string& layout, int block_
                      float tensor_scale, const char* name);
 
 inline Stream stream_of(uintptr_t handle) { return reinterpret_cast<Stream>(handle); }
+
+// A contiguous host copy of a CPU tensor of any strides (weights handed over from Python).
+HostTensor host_copy(const AnyArray& a, const char* name);
+// A new torch tensor (CPU) holding a copy of `t`.
+nb::ndarray<nb::pytorch> torch_copy(const HostTensor& t);
 
 }  // namespace dsv4::python

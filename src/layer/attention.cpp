@@ -102,6 +102,7 @@ void Attention::release(int64_t req_id) {
 
 void Attention::forward(const BatchPlan& plan, const TensorView& x, const TensorView& y) {
   impl_->check_inputs(plan, x, y);
+  if (plan.num_tokens() == 0) return;  // an empty step (x, y [0, dim] may have no data)
   impl_->forward(plan, x, y);
 }
 
@@ -113,6 +114,7 @@ void Attention::Impl::check_inputs(const BatchPlan& plan, const TensorView& x,
   check_contiguous(kWhere, "x", x);
   if (x.dtype != DType::bf16 && x.dtype != DType::fp32)
     fail_expected(kWhere, "x.dtype", "bf16 or fp32", dtype_name(x.dtype));
+  check_device(kWhere, "y", y, Device::cpu);
   check_shape(kWhere, "y", y, {T, cfg.dim});
   check_dtype(kWhere, "y", y, DType::fp32);
   check_contiguous(kWhere, "y", y);

@@ -316,6 +316,38 @@ std::vector<std::string> prefix_candidates(const ModelConfig& cfg, int layer) {
   return out;
 }
 
+// ---- tensor sources ---------------------------------------------------------------------------
+
+class CheckpointSource final : public TensorSource {
+ public:
+  explicit CheckpointSource(const Checkpoint& ckpt) : ckpt_(ckpt) {}
+  bool contains(const std::string& name) const override { return ckpt_.contains(name); }
+  Info info(const std::string& name) const override {
+    const SafetensorsEntry& e = ckpt_.entry(name);
+    return {e.dtype, e.shape};
+  }
+  HostTensor read(const std::string& name) const override { return ckpt_.read(name); }
+  std::string description() const override { return "checkpoint '" + ckpt_.directory() + "'"; }
+
+ private:
+  const Checkpoint& ckpt_;
+};
+
+class TensorMapSource final : public TensorSource {
+ public:
+  explicit TensorMapSource(const TensorMap& tensors) : tensors_(tensors) {}
+  bool contains(const std::string& name) const override { return tensors_.count(name) != 0; }
+  Info info(const std::string& name) const override {
+    const HostTensor& t = tensors_.at(name);
+    return {t.dtype(), t.shape()};
+  }
+  HostTensor read(const std::string& name) const override { return tensors_.at(name); }
+  std::string description() const override { return "the tensor map"; }
+
+ private:
+  const TensorMap& tensors_;
+};
+
 }  // namespace
 
 std::string attention_tensor_prefix(const ModelConfig& cfg, int layer) {
@@ -398,6 +430,16 @@ void validate_attention_weights(const AttentionWeights& w, const ModelConfig& cf
 }
 
 AttentionWeights load_attention_weights(const Checkpoint& ckpt, const ModelConfig& cfg, int layer) {
+  return load_attention_weights(CheckpointSource(ckpt), cfg, layer);
+}
+
+AttentionWeights load_attention_weights(const TensorMap& tensors, const ModelConfig& cfg,
+                                        int layer) {
+  return load_attention_weights(TensorMapSource(tensors), cfg, layer);
+}
+
+AttentionWeights load_attention_weights(const TensorSource& source, const ModelConfig& cfg,
+                                        int layer) {
   const char* where = "load_attention_weights";
   AttentionWeights w;
   w.layer = layer;
@@ -407,42 +449,42 @@ AttentionWeights load_attention_weights(const Checkpoint& ckpt, const ModelConfi
   const std::vector<std::string> prefixes = prefix_candidates(cfg, layer);
   std::string prefix = prefixes.front();
   for (const std::string& p : prefixes)
-    if (ckpt.contains(p + "wq_a.weight")) {
+    if (source.contains(p + "wq_a.weight")) {
       prefix = p;
       break;
     }
   auto missing = [&](const std::string& name, const std::string& expected) {
-    fail(where, ": missing tensor '", name, "' (expected ", expected, ") in checkpoint '",
-         ckpt.directory(), "'");
+    fail(where, ": missing tensor '", name, "' (expected ", expected, ") in ",
+         source.description());
   };
 
   for (const Slot& slot : layer_slots(w, cfg)) {
     const std::string name = prefix + slot.value_name();
-    if (!ckpt.contains(name))
+    if (!source.contains(name))
       missing(name, shape_text(slot.stored_shape) + " " + allowed_dtypes_text(slot.kind));
-    const SafetensorsEntry& e = ckpt.entry(name);
+    const TensorSource::Info e = source.info(name);
     check_entry(where, name, e.shape, e.dtype, slot.stored_shape, slot.kind);
     if (slot.kind != SlotKind::linear) {
-      *slot.tensor = ckpt.read(name);
+      *slot.tensor = source.read(name);
       continue;
     }
     // Scales: "<key>.scale" (official), "<key>.weight_scale_inv" (transformers spelling).
     std::string scale_name = prefix + slot.scale_name();
-    if (!ckpt.contains(scale_name) && ckpt.contains(prefix + slot.key + ".weight_scale_inv"))
+    if (!source.contains(scale_name) && source.contains(prefix + slot.key + ".weight_scale_inv"))
       scale_name = prefix + slot.key + ".weight_scale_inv";
     const bool fp8 = e.dtype == DType::fp8_e4m3;
-    const bool has_scale = ckpt.contains(scale_name);
+    const bool has_scale = source.contains(scale_name);
     if (fp8 && !has_scale)
       missing(scale_name, shape_text(weight_scale_shape(slot.stored_shape)) +
                               " F8_E8M0 or F32 block scales of the fp8 weight " + name);
     if (!fp8 && has_scale)
       fail(where, ": ", scale_name, ": present but ", name, " is ", safetensors_dtype_name(e.dtype),
            " (only fp8 weights have scales)");
-    slot.weight->value = with_shape(ckpt.read(name), slot.shape);
+    slot.weight->value = with_shape(source.read(name), slot.shape);
     if (fp8) {
-      const SafetensorsEntry& s = ckpt.entry(scale_name);
+      const TensorSource::Info s = source.info(scale_name);
       check_scale(where, scale_name, s.shape, s.dtype, weight_scale_shape(slot.stored_shape));
-      slot.weight->scale = scale_from_checkpoint(where, scale_name, slot, ckpt.read(scale_name));
+      slot.weight->scale = scale_from_checkpoint(where, scale_name, slot, source.read(scale_name));
     }
   }
   validate_attention_weights(w, cfg, where);

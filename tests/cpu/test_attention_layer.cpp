@@ -187,10 +187,27 @@ TEST_P(LayerTest, BadInputChangesNothing) {
     EXPECT_THROW(a.forward(plan, x, y), dsv4::Error);  // wrong x shape
     HostTensor x2(DType::fp32, {2, cfg.dim}), y2(DType::bf16, {2, cfg.dim});
     EXPECT_THROW(a.forward(plan, x2, y2), dsv4::Error);  // wrong y dtype
+    HostTensor y3(DType::fp32, {2, cfg.dim});
+    dsv4::TensorView y3_on_gpu = y3.view();
+    y3_on_gpu.device = dsv4::Device::cuda;
+    EXPECT_THROW(a.forward(plan, x2, y3_on_gpu), dsv4::Error);  // y not on the host
   }
   step(a, {{7, 20, 5}}, out);
   const Outputs ref = run_request(cfg, GetParam().layer, 25, 20);
   for (int p = 20; p < 25; ++p)
+    ASSERT_EQ(0, std::memcmp(out.at({7, p}).data(), ref.at({7, p}).data(), cfg.dim * sizeof(float)));
+}
+
+// A step without requests is valid and does nothing, even with x and y [0, dim] that have no
+// memory behind them (what an empty torch tensor hands over).
+TEST_P(LayerTest, EmptyStepIsANoOp) {
+  Attention a = make_layer(cfg, GetParam().layer);
+  const dsv4::TensorView x(nullptr, DType::fp32, {0, cfg.dim}), y(nullptr, DType::fp32, {0, cfg.dim});
+  a.forward(BatchPlan::make({}), x, y);
+  Outputs out;
+  step(a, {{7, 0, 20}}, out);
+  const Outputs ref = run_request(cfg, GetParam().layer, 20, 20);
+  for (int p = 0; p < 20; ++p)
     ASSERT_EQ(0, std::memcmp(out.at({7, p}).data(), ref.at({7, p}).data(), cfg.dim * sizeof(float)));
 }
 

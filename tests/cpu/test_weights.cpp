@@ -195,6 +195,14 @@ TEST_P(TinyRoundTrip, EveryLayerLoadsBackBitExactly) {
   }
 }
 
+// The same through an in-memory TensorMap (the TensorSource path a Python state dict takes).
+TEST_P(TinyRoundTrip, EveryLayerLoadsBackFromATensorMap) {
+  const auto layers = all_layers(cfg_, GetParam());
+  const dsv4::TensorMap tensors = tensors_of(cfg_, layers);
+  for (int l = 0; l < cfg_.n_layers(); ++l)
+    expect_identical(layers[l], dsv4::load_attention_weights(tensors, cfg_, l));
+}
+
 INSTANTIATE_TEST_SUITE_P(Fp8AndBf16, TinyRoundTrip, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "fp8" : "bf16"; });
 
@@ -329,6 +337,9 @@ TEST_F(TinyLoadErrors, MissingTensor) {
   // Other layers do not need it.
   const auto ckpt = dsv4::Checkpoint::open(dir_.str());
   EXPECT_NO_THROW(dsv4::load_attention_weights(ckpt, cfg_, 0));
+  // A TensorMap source reports the same tensor, and where it looked.
+  expect_error([&] { dsv4::load_attention_weights(tensors_, cfg_, 1); },
+               {"missing tensor 'layers.1.attn.compressor.ape'", "in the tensor map"});
 }
 
 TEST_F(TinyLoadErrors, MissingIndexerTensor) {

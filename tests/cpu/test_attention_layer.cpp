@@ -2,6 +2,7 @@
 // consistency properties of the layer (chunking, prefill vs decode, batch composition).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -104,8 +105,11 @@ class LayerTest : public ::testing::TestWithParam<LayerCase> {
 // (crosses the SWA window, ratio-4 windows and two ratio-128 windows; C4A sees up to 75 entries
 // so the indexer's top-16 is a real selection).
 // The reference rounds where the batched path stores bf16 / FP8, so what remains is fp32-vs-double
-// accumulation, which only rarely moves a value across a bf16 or FP8 rounding boundary; one such
-// flip moves y by well under 1e-2 of its max (measured: most tokens ~1e-6, a few ~3e-3).
+// accumulation, which only rarely moves a value across a bf16 or FP8 rounding boundary. Most
+// tokens agree to ~1e-6; a token where such a flip happens in the FP8 quantization of o before
+// wo_a (one element moves by an FP8 ulp, 6-12 %) reaches ~1e-2 of the row max. So: every token
+// under 2e-2, and the median token under 1e-4 — a real error (a wrong sink, scope or position)
+// moves every token, not a few.
 TEST_P(LayerTest, MatchesFloat64Reference) {
   const int L = 300;
   const Outputs got = run_request(cfg, GetParam().layer, L, L);
@@ -116,15 +120,17 @@ TEST_P(LayerTest, MatchesFloat64Reference) {
   }
   const auto w = dsv4::random_attention_weights(cfg, GetParam().layer, kSeed, true);
   const std::vector<double> ref = dsv4::reference_attention_layer(cfg, GetParam().layer, w, x);
-  double worst = 0;
+  std::vector<double> errs;
   for (int p = 0; p < L; ++p) {
     const std::vector<double> r(ref.begin() + int64_t{p} * cfg.dim, ref.begin() + int64_t{p + 1} * cfg.dim);
     const double e = rel_err(got.at({7, p}), r);
     ASSERT_FALSE(std::isnan(e)) << "position " << p;
-    worst = std::max(worst, e);
+    errs.push_back(e);
   }
-  RecordProperty("max_rel_err", std::to_string(worst));
-  EXPECT_LT(worst, 1e-2);
+  std::sort(errs.begin(), errs.end());
+  RecordProperty("max_rel_err", std::to_string(errs.back()));
+  EXPECT_LT(errs.back(), 2e-2);
+  EXPECT_LT(errs[errs.size() / 2], 1e-4);
 }
 
 // One prefill = chunked prefill (chunks 1, 7, 64) = prefill + token-by-token decode. The cached

@@ -97,6 +97,13 @@ class PagedCache {
   std::map<int64_t, Request> requests_;
 };
 
+// Throws dsv4::Error("<where>: <name> cache exhausted: ...") unless the pool holds the new
+// blocks that growing requests from `before` to `after` entries needs (one pair per request).
+// Conservative: blocks that recycling would free are not counted. Lets a caller report
+// exhaustion before it changes any state.
+void require_blocks_for_growth(const char* where, const PagedCache& cache,
+                               const std::vector<std::pair<int64_t, int64_t>>& growth);
+
 // Packs block tables of `reqs` (in order) into int32 [reqs.size(), max_blocks] padded with -1.
 HostTensor pack_block_tables(const PagedCache& cache, const std::vector<int64_t>& reqs);
 

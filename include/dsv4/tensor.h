@@ -64,6 +64,8 @@ class HostTensor {
   HostTensor() = default;
   HostTensor(DType t, std::vector<int64_t> dims);
   static HostTensor zeros(DType t, std::vector<int64_t> dims);
+  // A 1-d int32 tensor holding `values` (index lists built on the host: offsets, lengths, ...).
+  static HostTensor from_int32(const std::vector<int32_t>& values);
 
   TensorView view() const { return view_; }
   operator TensorView() const { return view_; }  // NOLINT(google-explicit-constructor)

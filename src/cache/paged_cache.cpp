@@ -195,6 +195,16 @@ KvCacheView PagedCache::kv_view(float tensor_scale) const {
   return v;
 }
 
+void require_blocks_for_growth(const char* where, const PagedCache& cache,
+                               const std::vector<std::pair<int64_t, int64_t>>& growth) {
+  const int64_t B = cache.spec().block_size;
+  int64_t blocks = 0;
+  for (const auto& [before, after] : growth) blocks += (after + B - 1) / B - (before + B - 1) / B;
+  if (blocks > cache.pool().num_free())
+    fail(where, ": ", cache.spec().name, " cache exhausted: this step needs ", blocks, " new blocks, ",
+         cache.pool().num_free(), " of ", cache.pool().num_blocks(), " are free");
+}
+
 HostTensor pack_block_tables(const PagedCache& cache, const std::vector<int64_t>& reqs) {
   size_t max_blocks = 1;
   for (int64_t req : reqs) max_blocks = std::max(max_blocks, cache.block_table(req).size());

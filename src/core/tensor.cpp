@@ -135,6 +135,12 @@ HostTensor HostTensor::zeros(DType t, std::vector<int64_t> dims) {
   return h;
 }
 
+HostTensor HostTensor::from_int32(const std::vector<int32_t>& values) {
+  HostTensor h(DType::int32, {static_cast<int64_t>(values.size())});
+  std::copy(values.begin(), values.end(), h.data<int32_t>());
+  return h;
+}
+
 void HostTensor::fill_bytes(uint8_t byte) {
   if (buf_) std::memset(buf_.get(), byte, nbytes());
 }

@@ -28,11 +28,6 @@ TensorView reshape(const TensorView& t, std::initializer_list<int64_t> dims) {
   return v;
 }
 
-HostTensor i32(const std::vector<int32_t>& v) {
-  HostTensor t(DType::int32, {static_cast<int64_t>(v.size())});
-  std::copy(v.begin(), v.end(), t.data<int32_t>());
-  return t;
-}
 }  // namespace
 
 struct Attention::Impl {
@@ -128,21 +123,10 @@ void Attention::Impl::check_inputs(const BatchPlan& plan, const TensorView& x,
       fail_expected(kWhere, "sequence length of request " + std::to_string(s.req_id),
                     "<= max_position " + std::to_string(cfg.max_position), s.context + s.num_new);
   }
-  // Capacity: new blocks each cache needs this step, so that exhaustion is reported before any
-  // state changes (conservative: blocks that recycling would free are not counted).
-  auto need = [&](const PagedCache* c, int64_t per_token_div) {
-    if (!c) return;
-    int64_t blocks = 0;
-    const int64_t B = c->spec().block_size;
-    for (const RequestStep& s : plan.requests) {
-      const int64_t before = s.context / per_token_div, after = (s.context + s.num_new) / per_token_div;
-      blocks += (after + B - 1) / B - (before + B - 1) / B;
-    }
-    if (blocks > c->pool().num_free())
-      fail(kWhere, ": ", c->spec().name, " cache exhausted: this step needs ", blocks,
-           " new blocks, ", c->pool().num_free(), " of ", c->pool().num_blocks(), " are free");
-  };
-  need(caches.swa.get(), 1);
+  // Capacity: exhaustion is reported before any state changes.
+  std::vector<std::pair<int64_t, int64_t>> growth;
+  for (const RequestStep& s : plan.requests) growth.push_back({s.context, s.context + s.num_new});
+  require_blocks_for_growth(kWhere, *caches.swa, growth);
   if (compressed) compressed->check_capacity(plan);
 }
 
@@ -193,7 +177,7 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x, const 
   std::vector<int64_t> req_ids(R);
   for (int r = 0; r < R; ++r) req_ids[r] = plan.requests[r].req_id;
   HostTensor o(DType::bf16, {T, H, D});
-  HostTensor token_to_req = i32(plan.token_to_req);
+  HostTensor token_to_req = HostTensor::from_int32(plan.token_to_req);
 
   // 7a. Decodes: read the caches directly through two scopes.
   if (nd > 0) {
@@ -251,10 +235,10 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x, const 
     std::vector<int64_t> prefill_ids(req_ids.begin() + nd, req_ids.end());
 
     HostTensor ws(DType::bf16, {Rp, M, D});
-    HostTensor seq_t = i32(seq), gather_t = i32(gather), qsl_t = i32(qsl);
+    HostTensor seq_t = HostTensor::from_int32(seq), gather_t = HostTensor::from_int32(gather), qsl_t = HostTensor::from_int32(qsl);
     if (compressed && N > 0) {
       HostTensor ctable = pack_block_tables(*caches.compressed, prefill_ids);
-      dequantize_and_gather(caches.compressed->kv_view(), ctable, i32(cseq), {}, 0, ws);
+      dequantize_and_gather(caches.compressed->kv_view(), ctable, HostTensor::from_int32(cseq), {}, 0, ws);
     }
     HostTensor stable = pack_block_tables(*caches.swa, prefill_ids);
     dequantize_and_gather(caches.swa->kv_view(), stable, seq_t, gather_t, N, ws);

@@ -8,11 +8,6 @@
 namespace dsv4 {
 
 namespace {
-HostTensor i32_tensor(const std::vector<int32_t>& v) {
-  HostTensor t(DType::int32, {static_cast<int64_t>(v.size())});
-  std::copy(v.begin(), v.end(), t.data<int32_t>());
-  return t;
-}
 std::vector<int64_t> request_ids(const BatchPlan& plan) {
   std::vector<int64_t> ids;
   for (const RequestStep& s : plan.requests) ids.push_back(s.req_id);
@@ -38,21 +33,11 @@ void CompressedScope::add_request(int64_t req) {
 }
 
 void CompressedScope::check_capacity(const BatchPlan& plan) const {
-  auto need = [&](const PagedCache* c) {
-    if (!c) return;
-    const int64_t B = c->spec().block_size;
-    int64_t blocks = 0;
-    for (const RequestStep& s : plan.requests) {
-      const int64_t before = s.context / ratio_, after = (s.context + s.num_new) / ratio_;
-      blocks += (after + B - 1) / B - (before + B - 1) / B;
-    }
-    // New requests also take their ring blocks.
-    if (blocks > c->pool().num_free())
-      fail("Attention::forward: ", c->spec().name, " cache exhausted: this step needs ", blocks,
-           " new blocks, ", c->pool().num_free(), " of ", c->pool().num_blocks(), " are free");
-  };
-  need(caches_.compressed.get());
-  need(caches_.indexer_keys.get());
+  std::vector<std::pair<int64_t, int64_t>> growth;  // emitted entries before / after the step
+  for (const RequestStep& st : plan.requests)
+    growth.push_back({st.context / ratio_, (st.context + st.num_new) / ratio_});
+  require_blocks_for_growth("Attention::forward", *caches_.compressed, growth);
+  if (caches_.indexer_keys) require_blocks_for_growth("Attention::forward", *caches_.indexer_keys, growth);
   auto need_state = [&](const PagedCache* c, int rows) {
     if (!c) return;
     int64_t blocks = 0;
@@ -96,7 +81,7 @@ CompressedIndices CompressedScope::step(const BatchPlan& plan, const TensorView&
                                         const TensorView& qr_n, const TensorView& positions) {
   const int64_t T = plan.num_tokens();
   const int R = plan.num_requests();
-  HostTensor token_to_req = i32_tensor(plan.token_to_req);
+  HostTensor token_to_req = HostTensor::from_int32(plan.token_to_req);
   HostTensor context(DType::int64, {R});
   for (int r = 0; r < R; ++r) context.data<int64_t>()[r] = plan.requests[r].context;
 

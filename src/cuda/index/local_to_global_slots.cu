@@ -5,6 +5,7 @@
 #include "cache/index_math.h"
 #include "cuda/common/check.h"
 #include "cuda/index/indexing.h"
+#include "cuda/index/request_table.cuh"
 #include "cuda/index/warp_rows.cuh"
 
 namespace dsv4::cuda {
@@ -16,10 +17,7 @@ using namespace index_rows;
 struct SlotParams {
   const int32_t* local;  // [T, K], row stride local_stride (may alias global)
   int64_t local_stride;
-  const int32_t* token_to_req;  // [T], stride t2r_stride
-  int64_t t2r_stride;
-  const int32_t* table;  // [R, max_blocks], row stride table_stride
-  int64_t table_stride, requests, max_blocks;
+  RequestTable requests;
   int32_t* global;  // [T, K], row stride global_stride
   int64_t global_stride;
   int32_t* lens;  // [T], stride lens_stride; nullptr when not requested
@@ -32,15 +30,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock) local_to_global_kernel(const
   const int64_t t = warp_row();
   if (t >= p.tokens) return;
   const int lane = lane_id();
-  const int32_t r = p.token_to_req[t * p.t2r_stride];
-  const bool known = r >= 0 && r < p.requests;
-  const int32_t* row = p.table + (known ? r * p.table_stride : 0);
+  const int32_t* row = p.requests.row_of(t);
   const int32_t* in = p.local + t * p.local_stride;
   int32_t* out = p.global + t * p.global_stride;
   int valid = 0;
   for (int64_t k = lane; k < p.k; k += 32) {
     // Each element is read and written by the same lane, read first: in may alias out.
-    const int32_t g = known ? index_math::paged_slot(row, p.max_blocks, p.block_size, in[k]) : -1;
+    const int32_t g =
+        row ? index_math::paged_slot(row, p.requests.max_blocks, p.block_size, in[k]) : -1;
     out[k] = g;
     valid += g >= 0;
   }
@@ -56,12 +53,7 @@ void local_to_global_slots(const TensorView& local, const TensorView& token_to_r
   SlotParams p{};
   p.local = local.ptr<const int32_t>();
   p.local_stride = local.strides[0];
-  p.token_to_req = token_to_req.ptr<const int32_t>();
-  p.t2r_stride = token_to_req.strides[0];
-  p.table = block_table.ptr<const int32_t>();
-  p.table_stride = block_table.strides[0];
-  p.requests = block_table.shape[0];
-  p.max_blocks = block_table.shape[1];
+  p.requests = request_table(token_to_req, block_table);
   p.global = global.ptr<int32_t>();
   p.global_stride = global.strides[0];
   p.lens = lens.defined() ? lens.ptr<int32_t>() : nullptr;

@@ -6,6 +6,7 @@
 #include "cache/index_math.h"
 #include "cuda/common/check.h"
 #include "cuda/index/indexing.h"
+#include "cuda/index/request_table.cuh"
 #include "cuda/index/warp_rows.cuh"
 
 namespace dsv4::cuda {
@@ -18,10 +19,7 @@ template <typename Position>
 struct WindowParams {
   const Position* positions;  // [T], stride pos_stride
   int64_t pos_stride;
-  const int32_t* token_to_req;  // [T], stride t2r_stride
-  int64_t t2r_stride;
-  const int32_t* table;  // [R, max_blocks], row stride table_stride
-  int64_t table_stride, requests, max_blocks;
+  RequestTable requests;
   int32_t* indices;  // [T, window], row stride indices_stride
   int64_t indices_stride;
   int32_t* lens;  // [T], stride lens_stride
@@ -37,17 +35,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   if (t >= p.tokens) return;
   const int lane = lane_id();
   const int64_t pos = p.positions[t * p.pos_stride];
-  const int32_t r = p.token_to_req[t * p.t2r_stride];
+  const int32_t* row = p.requests.row_of(t);
   int32_t* out = p.indices + t * p.indices_stride;
   int count = 0;
-  if (pos >= 0 && r >= 0 && r < p.requests) {  // the same for the whole warp
-    const int32_t* row = p.table + r * p.table_stride;
+  if (pos >= 0 && row != nullptr) {  // the same for the whole warp
     const int64_t first = index_math::window_first(pos, p.window);
     const int64_t span = pos - first + 1;  // 1..window
     for (int64_t k0 = 0; k0 < span; k0 += 32) {  // every lane runs every round
       const int64_t k = k0 + lane;
       const int32_t slot =
-          k < span ? index_math::paged_slot(row, p.max_blocks, p.block_size, first + k) : -1;
+          k < span ? index_math::paged_slot(row, p.requests.max_blocks, p.block_size, first + k)
+                   : -1;
       count = pack_round(slot >= 0, slot, out, count);  // count <= k0 + 32, <= window overall
     }
   }
@@ -62,12 +60,7 @@ void launch(const TensorView& positions, const TensorView& token_to_req,
   WindowParams<Position> p{};
   p.positions = positions.ptr<const Position>();
   p.pos_stride = positions.strides[0];
-  p.token_to_req = token_to_req.ptr<const int32_t>();
-  p.t2r_stride = token_to_req.strides[0];
-  p.table = block_table.ptr<const int32_t>();
-  p.table_stride = block_table.strides[0];
-  p.requests = block_table.shape[0];
-  p.max_blocks = block_table.shape[1];
+  p.requests = request_table(token_to_req, block_table);
   p.indices = indices.ptr<int32_t>();
   p.indices_stride = indices.strides[0];
   p.lens = lens.ptr<int32_t>();

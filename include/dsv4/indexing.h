@@ -4,8 +4,8 @@
 // Like the ops (ops.h), each takes views and dispatches on where they live: all host → the CPU
 // reference; all CUDA → a CUDA kernel on `stream` (no allocation, no synchronization); mixed → a
 // dsv4::Error. Shapes, dtypes and devices are validated on both paths before anything is written.
-// Index tensors are int32 unless stated; rows must be contiguous (the row stride, and the stride
-// of 1-d tensors, may be anything).
+// Index tensors are int32 unless stated; the last dimension must be contiguous (2-d tensors may
+// have padded rows: any row stride).
 //
 // Index VALUES can only be checked on the host. Where the CPU version rejects bad data, the CUDA
 // version cannot: it treats that data as invalid instead — the entry, window position or row

@@ -23,11 +23,4 @@ inline IndexVector index_vector(const TensorView& t) {
   return IndexVector{t.data, t.stride(0), t.dtype == DType::int64};
 }
 
-// Grid size of a 1-d launch covering `n` items with `threads` per block, capped (kernels loop
-// with a grid stride beyond it).
-inline unsigned grid_1d(int64_t n, int threads, int64_t cap = int64_t{1} << 20) {
-  const int64_t blocks = (n + threads - 1) / threads;
-  return static_cast<unsigned>(blocks < cap ? blocks : cap);
-}
-
 }  // namespace dsv4::cuda

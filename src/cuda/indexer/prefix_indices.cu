@@ -10,6 +10,13 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// Grid size of a 1-d launch covering `n` items with `threads` per block, capped (kernels loop
+// with a grid stride beyond it).
+inline unsigned grid_1d(int64_t n, int threads, int64_t cap = int64_t{1} << 20) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned>(blocks < cap ? blocks : cap);
+}
+
 __global__ void __launch_bounds__(kThreads)
     prefix_indices_kernel(IndexVector positions, int ratio, int64_t T, int64_t K, int32_t* indices,
                           int64_t indices_stride0, int32_t* lens, int64_t lens_stride) {

@@ -35,7 +35,7 @@ namespace dsv4 {
 //   weights_proj [H_I, dim] bf16/fp32; positions [T] int32/int64; cos_sin fp32 [max_pos, R].
 //   Outputs: q_fp8 [T, H_I, 128] fp8_e4m3, q_scale [T, H_I] fp32 (powers of two),
 //   weights [T, H_I] fp32 (already scaled by 128^-0.5 · H_I^-0.5).
-//   workspace: uint8 [>= indexer_query_workspace_bytes(T, H_I)], 16-byte aligned, on the device
+//   workspace: 1-d uint8 [>= indexer_query_workspace_bytes(T, H_I)], 16-byte aligned, on the device
 //   of qr: the fp32 projection qr·wq_bᵀ lives there on CUDA. Ignored (may be undefined) on CPU.
 // CUDA: wq_b must be bf16 or fp32 with the dtype of qr, weights_proj the dtype of x (the CUDA
 // dsv4::linear takes no FP8 weights); a position outside [0, max_pos) gives that token's rows

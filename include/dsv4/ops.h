@@ -38,6 +38,22 @@ void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
 void quantize_act_fp8(const TensorView& x, int block, const TensorView& xq,
                       const TensorView& scale, Stream stream = nullptr);
 
+// Block-scaled FP8 → bf16 / fp32: y = fp8(x) · the scale of its block_rows × block_cols block.
+//   x fp8_e4m3 [R, C] or [G, R, C]; scale ue8m0 or fp32 [ceil(R/block_rows), ceil(C/block_cols)]
+//   (with the same leading G for 3-d x); y bf16 or fp32 with x's shape (disjoint from x, scale).
+//   Row strides allowed on every argument (last dim contiguous).
+// Uses: FP8 weights with 128×128 blocks turned into bf16 once (the CUDA GEMMs of linear and
+// grouped_wo_a take bf16; FP8 tensor-core GEMMs are a later step), and FP8 activations with
+// 1×128 blocks (quantize_act_fp8's output) turned back into bf16 before a bf16 GEMM.
+// Rounding: the product is formed once in fp32 and rounded once to y's dtype, identically on
+// CPU and CUDA. With UE8M0 or power-of-two fp32 scales the result is EXACT in bf16 and fp32 (an
+// e4m3 value has at most 4 significant bits; times 2^k it is still representable) while it stays
+// a normal float (|y| ≥ 2^-126; below that the CUDA kernel, built with flush-to-zero, gives ±0
+// where the CPU keeps the subnormal). With an arbitrary fp32 scale the product rounds in fp32
+// and, for a bf16 y, once more to bf16.
+void dequantize_fp8_blocks(const TensorView& x, const TensorView& scale, int block_rows,
+                           int block_cols, const TensorView& y, Stream stream = nullptr);
+
 // ================================ norms =======================================================
 // RMSNorm over the last dim: y = x * rsqrt(mean(x²) + eps) * weight. weight undefined → no
 // weight (the per-head q norm). x, y: [..., D] bf16/fp32 (y may alias x); weight [D] bf16/fp32.

@@ -356,8 +356,7 @@ INSTANTIATE_TEST_SUITE_P(
                       DequantCase{{8, 130, 260}, 128, 128, DType::ue8m0, DType::bf16},
                       DequantCase{{8, 64, 512}, 128, 128, DType::fp32, DType::bf16},
                       DequantCase{{70000, 8}, 1, 8, DType::ue8m0, DType::bf16},  // rows > grid.y limit
-                      DequantCase{{0, 128}, 1, 128, DType::ue8m0, DType::bf16},
-                      DequantCase{{4, 0}, 1, 128, DType::ue8m0, DType::fp32}),
+                      DequantCase{{0, 128}, 1, 128, DType::ue8m0, DType::bf16}),
     [](const auto& info) {
       const DequantCase& c = info.param;
       std::ostringstream name;

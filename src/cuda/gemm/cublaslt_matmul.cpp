@@ -148,14 +148,15 @@ void matmul_xwT(const char* where, const MatmulXwT& p, Stream stream) {
   const cublasLtHandle_t handle = cublaslt_handle();
   cublasLtMatmulHeuristicResult_t best{};
   int found = 0;
-  check_cublas(cublasLtMatmulAlgoGetHeuristic(handle, desc.get(), a.get(), b.get(), d.get(), d.get(),
-                                              pref.get(), 1, &best, &found),
-               where, "cublasLtMatmulAlgoGetHeuristic");
-  if (found < 1)
-    fail(where, ": no cuBLASLt algorithm for y [", p.T, ", ", p.N, "] = x [", p.T, ", ", p.K,
-         "] · w [", p.N, ", ", p.K, "]ᵀ (batch ", p.batch, ", ", dtype_name(p.ab_dtype), " → ",
-         dtype_name(p.y_dtype), ", alignments x ", align_b, " B, w ", align_a, " B, y ", align_d,
-         " B, no workspace)");
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      handle, desc.get(), a.get(), b.get(), d.get(), d.get(), pref.get(), 1, &best, &found);
+  if (status != CUBLAS_STATUS_SUCCESS || found < 1)
+    fail(where, ": no cuBLASLt algorithm for ", p.y_name, " [", p.T, ", ", p.N, "] = ", p.x_name, " [",
+         p.T, ", ", p.K, "] · ", p.w_name, " [", p.N, ", ", p.K, "]ᵀ (batch ", p.batch, ", ",
+         dtype_name(p.ab_dtype), " → ", dtype_name(p.y_dtype), ", row strides ", x_ld, " / ", w_ld,
+         " / ", y_ld, ", alignments ", align_b, " / ", align_a, " / ", align_d,
+         " bytes, no workspace): ",
+         status != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusString(status) : "heuristic returned none");
 
   // beta = 0: C (= D) is not read, so a poisoned or uninitialized y is fine.
   const float alpha = 1.0f, beta = 0.0f;

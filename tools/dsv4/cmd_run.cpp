@@ -7,6 +7,7 @@
 
 #include "args.h"
 #include "commands.h"
+#include "dsv4/device_tensor.h"
 #include "dsv4/model.h"
 #include "dsv4/status.h"
 #include "serving_sim.h"
@@ -96,11 +97,14 @@ int cmd_run(const Args& raw) {
   so.weights_dir = a.get_string("weights");
   so.seed = static_cast<uint64_t>(a.get_int("seed", 1));
   const std::string backend = a.get_string("backend", "auto");
-  if (backend == "cuda")
-    fail("run: --backend cuda: the layer's CUDA path is not available yet (the sparse attention "
-         "kernels run on the GPU as ops and in `dsv4 bench`); use --backend cpu");
-  if (backend != "cpu" && backend != "auto") fail_expected("run", "--backend", "cpu, cuda or auto", backend);
-  so.attention.backend = Backend::cpu;
+  if (backend != "cpu" && backend != "cuda" && backend != "auto")
+    fail_expected("run", "--backend", "cpu, cuda or auto", backend);
+  // auto: the GPU when the build has CUDA and a device is visible, else the CPU reference.
+  const bool use_cuda = backend == "cuda" || (backend == "auto" && cuda_available());
+  if (use_cuda && !cuda_available())
+    fail("run: --backend cuda: ", cuda_built() ? "no CUDA device is visible" : "this build has no CUDA backend",
+         "; use --backend cpu (or auto)");
+  so.attention.backend = use_cuda ? Backend::cuda : Backend::cpu;
 
   SimConfig sc;
   sc.requests = static_cast<int>(a.get_int("requests", 4));
@@ -119,8 +123,9 @@ int cmd_run(const Args& raw) {
   so.attention.caches.state_blocks = static_cast<int32_t>(2 * sc.requests + 2);
 
   const bool quiet = a.has("quiet");
-  std::fprintf(stderr, "dsv4 run: model %s, %d layers, %d requests, backend cpu\n", cfg.name.c_str(),
-               so.layers.empty() ? cfg.n_layers() : static_cast<int>(so.layers.size()), sc.requests);
+  std::fprintf(stderr, "dsv4 run: model %s, %d layers, %d requests, backend %s\n", cfg.name.c_str(),
+               so.layers.empty() ? cfg.n_layers() : static_cast<int>(so.layers.size()), sc.requests,
+               use_cuda ? "cuda" : "cpu");
   AttentionStack stack(cfg, so);
   const SimReport rep = run_serving_sim(stack, sc, [&](const std::string& line) {
     if (!quiet) std::fprintf(stderr, "  %s\n", line.c_str());

@@ -62,9 +62,11 @@ void print_table(const SimReport& rep) {
   }
 }
 
-nlohmann::json to_json(const SimReport& rep, const ModelConfig& cfg, const SimConfig& sc) {
+nlohmann::json to_json(const SimReport& rep, const ModelConfig& cfg, const SimConfig& sc,
+                       const char* backend) {
   nlohmann::json j;
   j["model"] = cfg.name;
+  j["backend"] = backend;
   j["requests"] = sc.requests;
   j["prompt_lens"] = sc.prompt_lens;
   j["decode_steps"] = sc.decode_steps;
@@ -130,7 +132,7 @@ int cmd_run(const Args& raw) {
   const SimReport rep = run_serving_sim(stack, sc, [&](const std::string& line) {
     if (!quiet) std::fprintf(stderr, "  %s\n", line.c_str());
   });
-  std::printf("model %s, layers:", cfg.name.c_str());
+  std::printf("model %s, backend %s, layers:", cfg.name.c_str(), use_cuda ? "cuda" : "cpu");
   for (int l = 0; l < stack.num_layers(); ++l)
     std::printf(" %d(%s)", stack.layer(l).layer_index(), std::string(layer_kind_name(stack.layer(l).kind())).c_str());
   std::printf("\n");
@@ -138,7 +140,7 @@ int cmd_run(const Args& raw) {
   if (a.has("json")) {
     std::ofstream f(a.get_string("json"));
     if (!f) fail("run: --json: cannot write '", a.get_string("json"), "'");
-    f << to_json(rep, cfg, sc).dump(2) << "\n";
+    f << to_json(rep, cfg, sc, use_cuda ? "cuda" : "cpu").dump(2) << "\n";
   }
   return rep.check_passed ? 0 : 3;
 }

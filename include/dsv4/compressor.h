@@ -52,7 +52,9 @@
 // not emitted (its slot and `entries` row untouched) when its output block is unmapped or beyond
 // the cache, j·r >= cos_sin.shape[0], or a window row is not where the contract puts it (not the
 // matching token of this call's run, or its ring row unmapped); a ring row whose block is
-// unmapped is not saved. Callers must therefore uphold the contract themselves on CUDA.
+// unmapped is not saved. A batch that breaks the contract otherwise (runs not contiguous,
+// positions not consecutive) gets unspecified but in-bounds results, so callers must uphold the
+// contract themselves on CUDA.
 #pragma once
 
 #include <cmath>

@@ -168,7 +168,13 @@ DSV4_HD float ue8m0_to_float(uint8_t b) {
 // Exponent k of the power-of-two scale 2^k = 2^ceil(log2(max(amax / 448, 1e-4))) (SPEC §7),
 // computed exactly from the float's bits (no log2 rounding).
 DSV4_HD int32_t ue8m0_exponent_for_amax(float amax, float fmt_max = kFp8Max) {
+#if defined(__CUDA_ARCH__)
+  // IEEE round-to-nearest division even under --use_fast_math (which makes `/` approximate):
+  // an approximate quotient of amax = 448·2^j could land just above 2^j and bump the scale.
+  float x = __fdiv_rn(amax, fmt_max);
+#else
   float x = amax / fmt_max;
+#endif
   if (!(x >= 1e-4f)) x = 1e-4f;  // also maps NaN to the floor scale
   const uint32_t u = float_bits(x);
   const int32_t e = static_cast<int32_t>(u >> 23) - 127;  // x is a normal float here

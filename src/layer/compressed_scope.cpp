@@ -111,8 +111,9 @@ CompressedIndices CompressedScope::step(const BatchPlan& plan, const TensorView&
   const int HI = cfg_.index_n_heads;
   HostTensor q_fp8(DType::fp8_e4m3, {T, HI, cfg_.index_head_dim}), q_scale(DType::fp32, {T, HI}),
       weights(DType::fp32, {T, HI});
+  // Host tensors: the CPU path needs no workspace.
   indexer_query(qr_n, iw.wq_b.value, iw.wq_b.scale, x, iw.weights_proj.value, positions, cos_sin_,
-                q_fp8, q_scale, weights);
+                q_fp8, q_scale, weights, /*workspace=*/{});
   HostTensor scores(DType::fp32, {T, std::max<int64_t>(max_visible, 1)});
   HostTensor key_table = pack_block_tables(*caches_.indexer_keys, request_ids(plan));
   indexer_scores(q_fp8, q_scale, weights, positions, token_to_req,

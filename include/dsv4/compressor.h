@@ -43,9 +43,9 @@
 // Backends: all tensors of a call on the CPU → the reference; all on CUDA → the CUDA twin on
 // `stream` (src/cuda/compressor/); mixed → dsv4::Error. The CUDA twin computes bit-identical
 // entries (the per-element math below is shared; CUDA's one difference: denormals flush to
-// zero) and the same ring rows; cache bytes match except where a shared encoder's fp32 division
-// (amax / 448 of a UE8M0 scale, 1 / tensor_scale) is approximate under --use_fast_math, which
-// can move one scale or fp8 code by one step in rare entries.
+// zero), the same ring rows and the same cache bytes, except for FP8_PER_TENSOR caches: their
+// shared encoder's 1 / tensor_scale is approximate under --use_fast_math, which can move an fp8
+// code by one step in rare values.
 // On CUDA the data-dependent validation (documented per op) does not run: the host never reads
 // index tensors. Instead the kernels skip what it would reject, never reading or writing outside
 // a view: a token with a negative position or a request outside [0, R) is ignored; an entry is
@@ -101,9 +101,10 @@ struct CompressorConfig {
 //   x [T, dim] bf16/fp32; wkv, wgate [coff·D, dim] bf16/fp32; ape [r, coff·D] fp32;
 //   positions [T] int32/int64 (>= 0); kv_rows, score_rows [T, coff·D] fp32 (inner-contiguous).
 // CUDA: the two GEMMs are dsv4::linear on `stream` (cuBLASLt), so x, wkv and wgate must share
-// one dtype (bf16 or fp32; else dsv4::Error before anything is written); positions are not
-// checked on the host: a row with a negative position gets NaN scores. Should the second GEMM
-// reject its operands (linear's own CUDA checks), kv_rows has already been written.
+// one dtype (bf16 or fp32) and no operand may have overlapping rows (else dsv4::Error before
+// anything is written); positions are not checked on the host: a row with a negative position
+// gets NaN scores. Should cuBLASLt find no algorithm for the second GEMM only (linear throws),
+// kv_rows has already been written.
 void compressor_project(const CompressorConfig& cfg, const TensorView& x, const TensorView& wkv,
                         const TensorView& wgate, const TensorView& ape, const TensorView& positions,
                         const TensorView& kv_rows, const TensorView& score_rows,

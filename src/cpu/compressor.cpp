@@ -110,6 +110,17 @@ void compressor_project(const CompressorConfig& cfg, const TensorView& x, const 
                       detail::concat(dtype_name(x.dtype),
                                      " (the dtype of x: on CUDA x and the weights share one dtype)"),
                       dtype_name(w.dtype));
+    // ... and rows that do not overlap (linear's CUDA rule), checked here for all five operands
+    // so that the second GEMM cannot reject what the first accepted.
+    for (const auto& [name, m] : {std::pair<const char*, const TensorView&>{"x", x},
+                                  std::pair<const char*, const TensorView&>{"wkv", wkv},
+                                  std::pair<const char*, const TensorView&>{"wgate", wgate},
+                                  std::pair<const char*, const TensorView&>{"kv_rows", kv_rows},
+                                  std::pair<const char*, const TensorView&>{"score_rows", score_rows}})
+      if (m.size(0) > 1 && m.stride(0) < m.size(1))
+        fail_expected(kOp, detail::concat(name, ".stride(0)"),
+                      detail::concat(">= ", m.size(1), " on CUDA (rows must not overlap)"),
+                      m.stride(0));
     // positions are not read on the host: a negative one turns its score row into NaN there.
     linear(x, {}, wkv, {}, kv_rows, stream);
     linear(x, {}, wgate, {}, score_rows, stream);

@@ -39,8 +39,25 @@
 //                    {compressed.kv_view(), {}, pack_block_tables(compressed, reqs)});
 //   The indexer's compressor: CompressorConfig::indexer, indexer_state and indexer_keys
 //   (out.indexer_keys instead of out.kv_cache).
+//
+// Backends: all tensors of a call on the CPU → the reference; all on CUDA → the CUDA twin on
+// `stream` (src/cuda/compressor/); mixed → dsv4::Error. The CUDA twin computes bit-identical
+// entries (the per-element math below is shared; CUDA's one difference: denormals flush to
+// zero), the same ring rows and the same cache bytes, except for FP8_PER_TENSOR caches: their
+// shared encoder's 1 / tensor_scale is approximate under --use_fast_math, which can move an fp8
+// code by one step in rare values.
+// On CUDA the data-dependent validation (documented per op) does not run: the host never reads
+// index tensors. Instead the kernels skip what it would reject, never reading or writing outside
+// a view: a token with a negative position or a request outside [0, R) is ignored; an entry is
+// not emitted (its slot and `entries` row untouched) when its output block is unmapped or beyond
+// the cache, j·r >= cos_sin.shape[0], or a window row is not where the contract puts it (not the
+// matching token of this call's run, or its ring row unmapped); a ring row whose block is
+// unmapped is not saved. A batch that breaks the contract otherwise (runs not contiguous,
+// positions not consecutive) gets unspecified but in-bounds results, so callers must uphold the
+// contract themselves on CUDA.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "dsv4/config.h"
@@ -83,6 +100,11 @@ struct CompressorConfig {
 // kv_rows = x·wkvᵀ, score_rows = x·wgateᵀ + ape[positions[t] mod r] (rows of both in fp32).
 //   x [T, dim] bf16/fp32; wkv, wgate [coff·D, dim] bf16/fp32; ape [r, coff·D] fp32;
 //   positions [T] int32/int64 (>= 0); kv_rows, score_rows [T, coff·D] fp32 (inner-contiguous).
+// CUDA: the two GEMMs are dsv4::linear on `stream` (cuBLASLt), so x, wkv and wgate must share
+// one dtype (bf16 or fp32) and no operand may have overlapping rows (else dsv4::Error before
+// anything is written); positions are not checked on the host: a row with a negative position
+// gets NaN scores. Should cuBLASLt find no algorithm for the second GEMM only (linear throws),
+// kv_rows has already been written.
 void compressor_project(const CompressorConfig& cfg, const TensorView& x, const TensorView& wkv,
                         const TensorView& wgate, const TensorView& ape, const TensorView& positions,
                         const TensorView& kv_rows, const TensorView& score_rows,
@@ -124,7 +146,9 @@ struct CompressorOutputView {
 //   cache's quantization (post RoPE; post Hadamard for indexer_keys); other rows are untouched.
 // Validation before anything is written: shapes/dtypes/devices; token_to_req in range; runs
 // contiguous with consecutive positions starting at context_lens; every ring row read or written
-// and every emitted entry's slot mapped (block table entry >= 0, slot inside the cache).
+// and every emitted entry's slot mapped (block table entry >= 0, slot inside the cache). On CUDA
+// only the first part (no index values are read; see the header comment for what the kernels
+// skip instead), plus: indexer key blocks 4-byte aligned (their fp32 scales are stored in place).
 void compressor_update_and_emit(const CompressorConfig& cfg, const TensorView& kv_rows,
                                 const TensorView& score_rows, const CompressorBatch& batch,
                                 const TensorView& norm_weight, const TensorView& cos_sin,
@@ -145,5 +169,111 @@ TensorView compressor_state_rows(const PagedCache& state, const CompressorConfig
 constexpr int64_t compressor_entries_after(int ratio, int64_t num_positions) {
   return num_positions / ratio;
 }
+
+// ---- per-element math shared by the CPU reference and the CUDA kernels --------------------
+// The pooling, RMSNorm and RoPE of an entry as fp32 operations in one fixed order, each rounded
+// to nearest on its own: on the host plain float operations (the x86-64 baseline has no FMA, so
+// nothing is contracted), in CUDA kernels the _rn intrinsics, which are never fused into an FMA
+// and are exact even under --use_fast_math (whose division, sqrt and expf are approximations).
+// So the CPU op and its CUDA twin compute bit-identical entries. The one exception: CUDA flushes
+// denormal operands and results to zero (-ftz, part of --use_fast_math); O(1) activations
+// produce none (softmax_exp returns no denormals by construction).
+namespace compressor_math {
+
+DSV4_HD float mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+DSV4_HD float add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+DSV4_HD float sub(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+DSV4_HD float div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+DSV4_HD float sqrt(float a) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+
+// e^x for the softmax weights (x = s − max <= 0), from the operations above only, so host and
+// device agree bit for bit (std::exp and CUDA's expf are different approximations). Cody–Waite
+// reduction x = n·ln2 + r (ln2 split in C1 + C2, n·C1 exact for |n| < 2^15) and Cephes' expf
+// polynomial for e^r, |r| <= ln2/2: relative error below 3e-7 (tests/cpu/test_compressor_math).
+// NaN stays NaN; x < −87 gives 0 (e^−87 ≈ 1.6e−38: every nonzero result is a normal float);
+// x > 88 gives +inf.
+DSV4_HD float softmax_exp(float x) {
+  if (x != x) return x;
+  if (x < -87.0f) return 0.0f;
+  if (x > 88.0f) return bits_float(0x7f800000u);
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kC1 = 0.693359375f, kC2 = -2.12194440e-4f;  // C1 + C2 ≈ ln2
+  const float n = floorf(add(mul(x, kLog2e), 0.5f));         // in [−126, 127]
+  float r = sub(x, mul(n, kC1));
+  r = sub(r, mul(n, kC2));
+  const float z = mul(r, r);
+  float y = 1.9875691500e-4f;
+  y = add(mul(y, r), 1.3981999507e-3f);
+  y = add(mul(y, r), 8.3334519073e-3f);
+  y = add(mul(y, r), 4.1665795894e-2f);
+  y = add(mul(y, r), 1.6666665459e-1f);
+  y = add(mul(y, r), 5.0000001201e-1f);
+  y = add(add(mul(y, z), r), 1.0f);
+  return mul(y, exp2_int(static_cast<int32_t>(n)));
+}
+
+// Dim d of the pooled entry (SPEC §4): Σ_i softmax_i(s_i[d]) · kv_i[d] over the window's n
+// present rows, in row order: the max first, then weighted sum and normalizer in one pass.
+DSV4_HD float pool_dim(const float* const* kv, const float* const* s, int n, int d) {
+  float m = -bits_float(0x7f800000u);
+  for (int i = 0; i < n; ++i) m = (m < s[i][d]) ? s[i][d] : m;  // std::max's comparison
+  float num = 0.0f, den = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const float w = softmax_exp(sub(s[i][d], m));
+    num = add(num, mul(w, kv[i][d]));
+    den = add(den, w);
+  }
+  return div(num, den);
+}
+
+// RMSNorm: 1 / sqrt(mean(v²) + eps), the sum of squares accumulated in index order (the order
+// of cpu::rms_inverse); the entry then becomes v[i] · inv · weight[i] (normalized_value).
+DSV4_HD float rms_inverse(const float* v, int n, float eps) {
+  float sum_sq = 0.0f;
+  for (int i = 0; i < n; ++i) sum_sq = add(sum_sq, mul(v[i], v[i]));
+  return div(1.0f, compressor_math::sqrt(add(div(sum_sq, static_cast<float>(n)), eps)));
+}
+DSV4_HD float normalized_value(float v, float inv, float weight) {
+  return mul(mul(v, inv), weight);
+}
+
+// RoPE of one GPT-J pair (a, b) = (v[2i], v[2i+1]) by the angle with cosine c and sine s.
+DSV4_HD void rope_rotate_pair(float& a, float& b, float c, float s) {
+  const float x = a, y = b;
+  a = sub(mul(x, c), mul(y, s));
+  b = add(mul(x, s), mul(y, c));
+}
+
+}  // namespace compressor_math
 
 }  // namespace dsv4

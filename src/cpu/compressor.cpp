@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -15,6 +14,9 @@
 #include "cpu/rows.h"
 #include "cpu/validate.h"
 #include "dsv4/fp8_block.h"
+#if defined(DSV4_WITH_CUDA)
+#include "cuda/compressor/compressor.h"
+#endif
 
 namespace dsv4 {
 
@@ -62,7 +64,6 @@ void compressor_project(const CompressorConfig& cfg, const TensorView& x, const 
                         const TensorView& wgate, const TensorView& ape, const TensorView& positions,
                         const TensorView& kv_rows, const TensorView& score_rows, Stream stream) {
   constexpr const char* kOp = "compressor_project";
-  (void)stream;
   cfg.validate(kOp);
   const int64_t width = cfg.proj_width();
   check_defined(kOp, "x", x);
@@ -98,7 +99,38 @@ void compressor_project(const CompressorConfig& cfg, const TensorView& x, const 
                                               {"positions", positions},
                                               {"kv_rows", kv_rows},
                                               {"score_rows", score_rows}});
-  if (dev != Device::cpu) cpu::throw_cuda_unavailable(kOp);
+  if (dev == Device::cuda) {
+#if defined(DSV4_WITH_CUDA)
+    // The CUDA linear (cuBLASLt) multiplies x and a weight of one dtype: bf16 · bf16 or
+    // fp32 · fp32 (fp32 out). Checked for both weights before the first GEMM writes anything.
+    for (const auto& [name, w] : {std::pair<const char*, const TensorView&>{"wkv", wkv},
+                                  std::pair<const char*, const TensorView&>{"wgate", wgate}})
+      if (w.dtype != x.dtype)
+        fail_expected(kOp, detail::concat(name, ".dtype"),
+                      detail::concat(dtype_name(x.dtype),
+                                     " (the dtype of x: on CUDA x and the weights share one dtype)"),
+                      dtype_name(w.dtype));
+    // ... and rows that do not overlap (linear's CUDA rule), checked here for all five operands
+    // so that the second GEMM cannot reject what the first accepted.
+    for (const auto& [name, m] : {std::pair<const char*, const TensorView&>{"x", x},
+                                  std::pair<const char*, const TensorView&>{"wkv", wkv},
+                                  std::pair<const char*, const TensorView&>{"wgate", wgate},
+                                  std::pair<const char*, const TensorView&>{"kv_rows", kv_rows},
+                                  std::pair<const char*, const TensorView&>{"score_rows", score_rows}})
+      if (m.size(0) > 1 && m.stride(0) < m.size(1))
+        fail_expected(kOp, detail::concat(name, ".stride(0)"),
+                      detail::concat(">= ", m.size(1), " on CUDA (rows must not overlap)"),
+                      m.stride(0));
+    // positions are not read on the host: a negative one turns its score row into NaN there.
+    linear(x, {}, wkv, {}, kv_rows, stream);
+    linear(x, {}, wgate, {}, score_rows, stream);
+    cuda::compressor_add_ape(cfg, ape, positions, score_rows, stream);
+    return;
+#else
+    (void)stream;
+    cpu::throw_cuda_unavailable(kOp);
+#endif
+  }
   for (int64_t t = 0; t < T; ++t)
     if (cpu::load_index(positions, t) < 0)
       fail_expected(kOp, detail::concat("positions[", t, "]"), ">= 0",
@@ -219,19 +251,19 @@ int64_t ring_slot(const CompressorConfig& cfg, const CompressorStateView& state,
   return slot;
 }
 
-// Per-dim softmax pooling of the window that ends at position p (SPEC §4) into e[0, D).
-// Rows come from this call's projections (positions >= context) or from the ring; every ring
-// row it reads was validated before the parallel region, so ring_slot cannot throw here.
-void pool_window(const CompressorConfig& cfg, const RequestRun& run, int64_t req, int64_t p,
-                 const TensorView& kv_rows, const TensorView& score_rows,
-                 const CompressorStateView& state, float* e) {
+// The rows of the window that ends at position p (SPEC §4), in pooling order, into kv[0, n) /
+// s[0, n); returns n. Rows come from this call's projections (positions >= context) or from the
+// ring; every ring row it reads was validated before the parallel region, so ring_slot cannot
+// throw here. Positions before 0 are absent (kv = 0, s = −inf: no contribution).
+int window_rows(const CompressorConfig& cfg, const RequestRun& run, int64_t req, int64_t p,
+                const TensorView& kv_rows, const TensorView& score_rows,
+                const CompressorStateView& state, const float** kv, const float** s) {
   const int D = cfg.head_dim, r = cfg.ratio, K = cfg.ring_rows();
   const int64_t width = cfg.proj_width();
-  std::vector<const float*> kv(static_cast<size_t>(K)), s(static_cast<size_t>(K));
   int n = 0;
   for (int i = 0; i < K; ++i) {
     const int64_t pos = p - K + 1 + i;
-    if (pos < 0) continue;  // before the first window: kv = 0, s = −inf (no contribution)
+    if (pos < 0) continue;
     // Overlap (r = 4): the previous window's rows use dims [0, D), the current window's [D, 2D).
     const int64_t col = (cfg.coff() == 2 && i >= r) ? D : 0;
     if (pos >= run.context) {
@@ -246,17 +278,27 @@ void pool_window(const CompressorConfig& cfg, const RequestRun& run, int64_t req
     }
     ++n;
   }
-  for (int d = 0; d < D; ++d) {
-    float m = -std::numeric_limits<float>::infinity();
-    for (int i = 0; i < n; ++i) m = std::max(m, s[i][d]);
-    float num = 0.0f, den = 0.0f;
-    for (int i = 0; i < n; ++i) {
-      const float w = std::exp(s[i][d] - m);
-      num += w * kv[i][d];
-      den += w;
-    }
-    e[d] = num / den;
-  }
+  return n;
+}
+
+// Pools the window of position p into e[0, D), then RMSNorm and RoPE at position j·r (the
+// window's first position), with the shared per-element math (compressor_math in the header)
+// the CUDA kernel runs too.
+void compute_entry(const CompressorConfig& cfg, const RequestRun& run, int64_t req, int64_t p,
+                   const TensorView& kv_rows, const TensorView& score_rows,
+                   const CompressorStateView& state, const float* norm_weight,
+                   const TensorView& cos_sin, float* e) {
+  namespace cm = compressor_math;
+  const int D = cfg.head_dim, K = cfg.ring_rows(), R = cfg.rope_dims;
+  std::vector<const float*> kv(static_cast<size_t>(K)), s(static_cast<size_t>(K));
+  const int n = window_rows(cfg, run, req, p, kv_rows, score_rows, state, kv.data(), s.data());
+  for (int d = 0; d < D; ++d) e[d] = cm::pool_dim(kv.data(), s.data(), n, d);
+  const float inv = cm::rms_inverse(e, D, cfg.eps);
+  for (int d = 0; d < D; ++d) e[d] = cm::normalized_value(e[d], inv, norm_weight[d]);
+  const int64_t rope_pos = (p + 1) - cfg.ratio;  // j·r
+  const float* cs = cos_sin.ptr<float>() + rope_pos * cos_sin.stride(0);
+  for (int i = 0; i < R / 2; ++i)
+    cm::rope_rotate_pair(e[D - R + 2 * i], e[D - R + 2 * i + 1], cs[i], cs[R / 2 + i]);
 }
 
 // Quantizes one finished entry (post norm + RoPE, + Hadamard for indexer keys) into its target;
@@ -287,7 +329,6 @@ void compressor_update_and_emit(const CompressorConfig& cfg, const TensorView& k
                                 const TensorView& norm_weight, const TensorView& cos_sin,
                                 const CompressorStateView& state, const CompressorOutputView& out,
                                 const TensorView& entries, Stream stream) {
-  (void)stream;
   cfg.validate(kEmitOp);
   const int D = cfg.head_dim, r = cfg.ratio, K = cfg.ring_rows();
   const int64_t width = cfg.proj_width();
@@ -313,10 +354,12 @@ void compressor_update_and_emit(const CompressorConfig& cfg, const TensorView& k
   check_defined(kEmitOp, "norm_weight", norm_weight);
   cpu::check_dtype_in(kEmitOp, "norm_weight", norm_weight, {DType::bf16, DType::fp32});
   check_shape(kEmitOp, "norm_weight", norm_weight, {D});
+  cpu::check_row_strided(kEmitOp, "norm_weight", norm_weight);
   check_defined(kEmitOp, "cos_sin", cos_sin);
   check_dtype(kEmitOp, "cos_sin", cos_sin, DType::fp32);
   check_ndim(kEmitOp, "cos_sin", cos_sin, 2);
   check_dim(kEmitOp, "cos_sin", cos_sin, 1, cfg.rope_dims);
+  cpu::check_row_strided(kEmitOp, "cos_sin", cos_sin);
   check_defined(kEmitOp, "state.rows", state.rows);
   check_dtype(kEmitOp, "state.rows", state.rows, DType::fp32);
   check_ndim(kEmitOp, "state.rows", state.rows, 2);
@@ -345,7 +388,18 @@ void compressor_update_and_emit(const CompressorConfig& cfg, const TensorView& k
                                                   {"out.block_table", out.block_table},
                                                   {"out cache", out_data},
                                                   {"entries", entries}});
-  if (dev != Device::cpu) cpu::throw_cuda_unavailable(kEmitOp);
+  if (dev == Device::cuda) {
+#if defined(DSV4_WITH_CUDA)
+    // The data-dependent checks below read index tensors: not on the host for CUDA tensors. The
+    // kernels skip what they would reject (header comment); they rely on the checks above.
+    cuda::compressor_update_and_emit(cfg, kv_rows, score_rows, batch, norm_weight, cos_sin, state,
+                                     out, entries, stream);
+    return;
+#else
+    (void)stream;
+    cpu::throw_cuda_unavailable(kEmitOp);
+#endif
+  }
 
   // ---- data: runs, emitted entries and every slot this call touches ----
   const std::vector<RequestRun> runs = request_runs(batch, T, R);
@@ -376,27 +430,21 @@ void compressor_update_and_emit(const CompressorConfig& cfg, const TensorView& k
       ring_slot(cfg, state, q, pos);  // rows saved for the next call
 
   // ---- emit: pool → RMSNorm → RoPE at j·r (→ Hadamard) → target quantization ----
+  std::vector<float> weight(static_cast<size_t>(D));
+  cpu::load_row(norm_weight.data, norm_weight.dtype, D, weight.data());
   const int64_t E = static_cast<int64_t>(emissions.size());
-  if (E > 0) {
-    HostTensor pooled(DType::fp32, {E, int64_t{D}});
-    HostTensor rope_pos(DType::int64, {E});
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel if (E > 1)
+  {
+    std::vector<float> v(static_cast<size_t>(D));
+#pragma omp for schedule(dynamic, 1)
     for (int64_t e = 0; e < E; ++e) {
       const Emission& em = emissions[static_cast<size_t>(e)];
-      pool_window(cfg, runs[em.req], em.req, cpu::load_index(batch.positions, em.token), kv_rows,
-                  score_rows, state, pooled.data<float>() + e * D);
-      rope_pos.data<int64_t>()[e] = em.entry * r;  // the window's first position
-    }
-    rms_norm(pooled, norm_weight, cfg.eps, pooled);
-    apply_rope(pooled, rope_pos, cos_sin, /*inverse=*/false, pooled);
-#pragma omp parallel for schedule(static)
-    for (int64_t e = 0; e < E; ++e) {
-      const Emission& em = emissions[static_cast<size_t>(e)];
-      float* v = pooled.data<float>() + e * D;
-      if (cfg.target == CompressorTarget::indexer_keys) cpu::hadamard_rotate(v, D);
+      compute_entry(cfg, runs[em.req], em.req, cpu::load_index(batch.positions, em.token),
+                    kv_rows, score_rows, state, weight.data(), cos_sin, v.data());
+      if (cfg.target == CompressorTarget::indexer_keys) cpu::hadamard_rotate(v.data(), D);
       if (entries.defined())
-        std::copy(v, v + D, entries.ptr<float>() + em.token * entries.stride(0));
-      store_entry(cfg, out, em.slot, v);
+        std::copy(v.begin(), v.end(), entries.ptr<float>() + em.token * entries.stride(0));
+      store_entry(cfg, out, em.slot, v.data());
     }
   }
 

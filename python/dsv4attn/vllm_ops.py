@@ -13,9 +13,9 @@ UE8M0 scale floor is SPEC §7's max(amax / 448, 1e-4) (vLLM's Triton kernel floo
 the two agree whenever a block's amax >= 0.0448); outputs are contiguous where vLLM returns
 transposed views of TMA-friendly buffers (same shapes, same values). The index utilities
 (combine_topk_swa_indices, compute_global_topk_indices_and_lens) run the validating C++ code on
-CPU tensors; on CUDA tensors (whose C++ twins are not written yet) they run as a few vectorized
-torch ops with the same results, which trust their inputs (no data-dependent checks: those would
-synchronize the host).
+CPU tensors; on CUDA tensors they run as a few vectorized torch ops with the same results, which
+trust their inputs (no data-dependent checks: those would synchronize the host). The FP8 einsum
+on CUDA dequantizes its FP8 operands to bf16 (exact) for the bf16 cuBLASLt grouped GEMM.
 Paged caches are MODEL1_FP8 byte caches: [num_blocks, block_bytes] or FlashMLA's
 [num_blocks, block_size, 584] view whose block stride is the padded MODEL1 block size.
 """
@@ -253,7 +253,16 @@ def deepseek_v4_fp8_einsum(o_fp8: torch.Tensor, o_scale: torch.Tensor, wo_a: tor
     w = wo_a.view(G, L, Dg) if wo_a.dim() == 2 else wo_a
     ws = wo_a_scale.view(G, -1, wo_a_scale.shape[-1]) if wo_a_scale.dim() == 2 else wo_a_scale
     z_flat = z if z.is_contiguous() else torch.empty(z.shape, dtype=z.dtype, device=z.device)
-    torch.ops.dsv4.grouped_wo_a(o_fp8.reshape(T, G * Dg), o_scale.reshape(T, -1), w, ws,
-                                z_flat.view(T, G * L))
+    o2, o2_scale = o_fp8.reshape(T, G * Dg), o_scale.reshape(T, -1)
+    if o_fp8.device.type == "cuda":
+        # The CUDA grouped GEMM is bf16 (cuBLASLt): FP8 values times power-of-two scales are exact
+        # in bf16, so dequantizing first gives the FP8 product's operands exactly.
+        o_bf16 = torch.empty((T, G * Dg), dtype=torch.bfloat16, device=o_fp8.device)
+        torch.ops.dsv4.dequantize_fp8_blocks(o2, o2_scale, 1, Dg * G // o2_scale.shape[1], o_bf16)
+        w_bf16 = torch.empty(w.shape, dtype=torch.bfloat16, device=w.device)
+        torch.ops.dsv4.dequantize_fp8_blocks(w, ws, 128, 128, w_bf16)
+        torch.ops.dsv4.grouped_wo_a(o_bf16, None, w_bf16, None, z_flat.view(T, G * L))
+    else:
+        torch.ops.dsv4.grouped_wo_a(o2, o2_scale, w, ws, z_flat.view(T, G * L))
     if z_flat is not z:
         z.copy_(z_flat)

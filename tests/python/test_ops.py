@@ -17,7 +17,7 @@ EXPECTED_OPS = {
     "linear", "quantize_act_fp8", "rms_norm", "fused_qkv_rms_norm", "apply_rope", "grouped_wo_a",
     "qnorm_rope_kv_insert", "kv_quantize", "kv_dequantize", "dequantize_and_gather",
     "sparse_decode", "sparse_attention_combine", "sparse_prefill", "local_to_global_slots",
-    "swa_window_indices", "combine_topk_swa_indices",
+    "swa_window_indices", "combine_topk_swa_indices", "dequantize_fp8_blocks",
 }
 
 
@@ -50,7 +50,16 @@ def test_linear_fp8_block_scaled_weight(device):
     w_fp8 = (w_real.double().view(1, 128, 2, 128) / scale[:, None, :, None]).view(128, 256)
     w_fp8 = w_fp8.to(torch.float32).to(torch.float8_e4m3fn)
     y = poisoned((3, 128), torch.float32, device)
-    torch.ops.dsv4.linear(x, None, w_fp8.to(device), scale.float().to(device), y)
+    w_dev, scale_dev = w_fp8.to(device), scale.float().to(device)
+    if device.type == "cuda":
+        # The CUDA GEMMs (cuBLASLt, bf16) take no FP8 weights: dequantize once, then the same y.
+        with pytest.raises(dsv4attn.Error, match="dequantize_fp8_blocks"):
+            torch.ops.dsv4.linear(x, None, w_dev, scale_dev, y)
+        w_bf16 = poisoned((128, 256), torch.bfloat16, device)
+        torch.ops.dsv4.dequantize_fp8_blocks(w_dev, scale_dev, 128, 128, w_bf16)
+        torch.ops.dsv4.linear(x, None, w_bf16, None, y)
+    else:
+        torch.ops.dsv4.linear(x, None, w_dev, scale_dev, y)
     w_deq = (w_fp8.double().view(1, 128, 2, 128) * scale[:, None, :, None]).view(128, 256)
     want = x.cpu().double() @ w_deq.T
     assert torch.allclose(y.cpu().double(), want, rtol=1e-4, atol=1e-4)

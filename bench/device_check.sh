@@ -1,37 +1,30 @@
 #!/usr/bin/env bash
 # One device call of the release check (logs under $OUT):
-#   bench/device_check.sh test   build; GPU tests; CPU-vs-CUDA tests; compute-sanitizer memcheck
-#                                (whole GPU suite) and racecheck; Python tests on CUDA
+#   bench/device_check.sh test   build; the main job on the GPU (--check); GPU tests (CPU-vs-CUDA
+#                                included)
+#   bench/device_check.sh sanitize  compute-sanitizer memcheck (whole GPU suite) and racecheck
 #   bench/device_check.sh bench  build (reused when warm); ceilings; `dsv4 bench` (all PERF.md cases)
 #   bench/device_check.sh python the extension against the device's python3/torch: library and
 #                                import-order probes (issue 5's crash at import), then the Python
 #                                tests (CUDA variants included)
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-MODE=${1:-test}
+MODES=" ${*:-test} "   # several modes in one call: `device_check.sh test python`
+has() { [[ "$MODES" == *" $1 "* ]]; }
 log() { echo "== $(date +%T) $*"; }
 log configure+build
 cmake -S . -B build -G Ninja -DDSV4_CUDA=ON -DDSV4_PYTHON=OFF >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 cmake --build build -j16 --target dsv4_gpu_tests dsv4 >"$OUT/build.log" 2>&1 || { grep -B5 -A20 error "$OUT/build.log" | head -80; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 git rev-parse --short HEAD 2>/dev/null | tee "$OUT/commit.txt"
-if [ "$MODE" = test ]; then
+if has test; then
   log main job on the GPU
   timeout 120 ./build/dsv4 run --backend cuda --model v4-flash --layers 0,2,3 --requests 4 \
     --prompt-len 160,256,192,128 --decode-steps 8 --chunk 256 --check 2>&1 | tee "$OUT/run_cuda.log" | tail -12
   log gpu tests
   timeout 200 ./build/dsv4_gpu_tests 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[==========\]" | tail -8
-  log memcheck
-  timeout 170 compute-sanitizer --tool memcheck --print-limit 10 ./build/dsv4_gpu_tests \
-    --gtest_filter='-*BitIdentical*:*ManyItems*' >"$OUT/memcheck.log" 2>&1
-  echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|^\[  PASSED|^\[  FAILED" "$OUT/memcheck.log" | tail -4
-  log racecheck
-  F='*Edge*:*Combine*:*CpuVsCuda*:Shapes/SparsePrefillGrid.*H64_d512_topk512*:*H128_d576_topk64*:*v32*h128*'
-  timeout 150 compute-sanitizer --tool racecheck --racecheck-report all ./build/dsv4_gpu_tests \
-    --gtest_filter="$F-*BitIdentical*" >"$OUT/racecheck.log" 2>&1
-  echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|^\[  PASSED|^\[  FAILED" "$OUT/racecheck.log" | tail -4
 fi
-if [ "$MODE" = bench ]; then
+if has bench; then
   log ceilings
   python3 - <<'PY' 2>&1 | tee "$OUT/ceilings.txt"
 import torch
@@ -50,7 +43,7 @@ PY
   log bench
   timeout 420 ./build/dsv4 bench --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -45
 fi
-if [ "$MODE" = python ]; then
+if has python; then
   log python extension
   PY=$(command -v python3)
   { $PY -c "import sys, torch; print(sys.version); print('torch', torch.__version__, torch.version.cuda)"
@@ -72,5 +65,16 @@ if [ "$MODE" = python ]; then
     grep -E "libgomp|libcudart|libstdc" | grep -E "calling init|find library" | head -40 > "$OUT/python_ld_debug.txt"
   log python tests
   PYTHONPATH=build/python:$PYTHONPATH timeout 300 $PY -m pytest -q -x tests/python 2>&1 | tee "$OUT/pytest.log" | tail -15
+fi
+if has sanitize; then
+  log memcheck
+  timeout 170 compute-sanitizer --tool memcheck --print-limit 10 ./build/dsv4_gpu_tests \
+    --gtest_filter='-*BitIdentical*:*ManyItems*' >"$OUT/memcheck.log" 2>&1
+  echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|^\[  PASSED|^\[  FAILED" "$OUT/memcheck.log" | tail -4
+  log racecheck
+  F='*Edge*:*Combine*:*CpuVsCuda*:Shapes/SparsePrefillGrid.*H64_d512_topk512*:*H128_d576_topk64*:*v32*h128*'
+  timeout 150 compute-sanitizer --tool racecheck --racecheck-report all ./build/dsv4_gpu_tests \
+    --gtest_filter="$F-*BitIdentical*" >"$OUT/racecheck.log" 2>&1
+  echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|^\[  PASSED|^\[  FAILED" "$OUT/racecheck.log" | tail -4
 fi
 log done

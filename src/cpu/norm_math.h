@@ -1,12 +1,11 @@
 // RMSNorm math shared by rms_norm, fused_qkv_rms_norm and the per-head q norm of
-// qnorm_rope_kv_insert — on the CPU and in their CUDA kernels (DSV4_HD) — so all of them
+// qnorm_rope_kv_insert — on the CPU and in their CUDA kernels (DSV4_HD pieces) — so all of them
 // normalize bit-identically.
 //
-// The sum of squares has one fixed, warp-shaped order: lane j of kRmsLanes = 32 accumulates
-// x[j]², x[j+32]², … in index order; the 32 partial sums are then added pairwise,
-// partial[j] += partial[j + w] for w = 16, 8, 4, 2, 1. That is exactly what a warp's xor
-// butterfly (__shfl_xor_sync with offsets 16 … 1) leaves in every lane, since fp32 addition is
-// commutative. Every operation is IEEE-rounded (dtype.h ieee_*), so host and device round alike.
+// The sum of squares is accumulated in index order, one element after the other (the order the
+// reference has always used: the layer's float64 checks are tuned on its exact results). The CUDA
+// kernels keep this order (src/cuda/norm/warp_rms.cuh). Every operation is IEEE-rounded (dtype.h
+// ieee_*), so host and device round alike.
 #pragma once
 
 #include <cstdint>
@@ -15,9 +14,7 @@
 
 namespace dsv4::cpu {
 
-inline constexpr int kRmsLanes = 32;
-
-// One step of a lane's partial sum of squares.
+// One step of the sum of squares: partial + x².
 DSV4_HD float rms_accumulate(float partial, float x) { return ieee_add(partial, ieee_mul(x, x)); }
 
 // 1 / sqrt(sum_sq / n + eps).
@@ -30,18 +27,11 @@ DSV4_HD float rms_apply(float x, float inv, float weight) {
   return ieee_mul(ieee_mul(x, inv), weight);
 }
 
-// The sum of squares of x[0..n) in the order described above.
-inline float rms_sum_of_squares(const float* x, int64_t n) {
-  float partial[kRmsLanes] = {};
-  for (int64_t i = 0; i < n; ++i) partial[i % kRmsLanes] = rms_accumulate(partial[i % kRmsLanes], x[i]);
-  for (int w = kRmsLanes / 2; w >= 1; w /= 2)
-    for (int j = 0; j < w; ++j) partial[j] = ieee_add(partial[j], partial[j + w]);
-  return partial[0];
-}
-
-// 1 / sqrt(mean(x²) + eps).
+// 1 / sqrt(mean(x²) + eps), the sum accumulated in index order.
 inline float rms_inverse(const float* x, int64_t n, float eps) {
-  return rms_inverse_of_sum(rms_sum_of_squares(x, n), n, eps);
+  float sum_sq = 0.0f;
+  for (int64_t i = 0; i < n; ++i) sum_sq = rms_accumulate(sum_sq, x[i]);
+  return rms_inverse_of_sum(sum_sq, n, eps);
 }
 
 // x[i] ← x[i] · rms_inverse(x) (· weight[i] when weight != nullptr), in place.

@@ -4,7 +4,7 @@
 // Tolerance: none — outputs must be byte-identical. Both backends run the same DSV4_HD per-element
 // math (src/cpu/norm_math.h, src/cpu/rope_common.h): the same IEEE-rounded fp32 operations
 // (dtype.h ieee_*: explicit non-FTZ PTX on the device, unaffected by --use_fast_math) in the same
-// order — the sum of squares in one fixed warp-shaped order on both sides — and the same bf16
+// order — the sum of squares sequentially in index order on both sides — and the same bf16
 // rounding. A one-ulp difference therefore is a bug, not noise.
 //
 // Also: in place (y aliases x), strided leading dims, T = 0, a position outside the table on CUDA

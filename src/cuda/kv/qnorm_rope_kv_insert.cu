@@ -1,6 +1,7 @@
 // Fused q head-norm + q RoPE + kv RoPE + KV quantization + paged insert: one block per token.
 //   1. q: warp w normalizes heads w, w + 8, … (warp_rms_inverse: the CPU's summation order),
-//      then rotates the rope pairs, in place (each element read, then written, by one lane).
+//      then rotates the rope pairs, in place (after the norm's warp barrier, each element is read,
+//      then written, by one lane only).
 //   2. kv: the roped fp32 row goes to shared memory; the token is encoded into a one-token block
 //      in shared memory with the CPU's own per-scale-block / per-value encoders (kv_layout.h:
 //      thread s encodes scale block s, all threads the plain dims), then kv is overwritten with
@@ -65,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) qnorm_rope_kv_insert_kernel(const In
   // 1. q heads: RMSNorm without weight, then RoPE, in place.
   for (int64_t h = warp; h < p.heads; h += kWarps) {
     const int64_t q_off = p.q.row_offset(t * p.heads + h);
-    const float inv = warp_rms_inverse([&](int64_t i) { return p.q.load(q_off, i); }, D, p.eps, lane);
+    const float inv = warp_rms_inverse([&](int64_t i) { return p.q.load(q_off, i); }, D, p.eps);
     for (int64_t i = lane; i < nope; i += 32)
       p.q.store(q_off, i, cpu::rms_apply(p.q.load(q_off, i), inv, 1.0f));
     for (int j = lane; j < p.half; j += 32) {

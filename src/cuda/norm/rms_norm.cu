@@ -1,6 +1,7 @@
 // RMSNorm kernel: one warp per row (fp32 math, the CPU reference's summation order and rounding,
-// see warp_rms.cuh), y = x · inv · weight rounded once to y's type. A lane reads and writes only
-// the elements lane, lane + 32, … of its row, in both phases, so y may alias x.
+// see warp_rms.cuh), y = x · inv · weight rounded once to y's type. Phase 1 (every lane reads the
+// whole row) ends with a warp barrier; in phase 2 lane l reads and writes only elements l, l + 32,
+// …, so y may alias x.
 #include "cuda/norm/rms_norm.h"
 
 #include <cuda_runtime.h>
@@ -28,7 +29,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) rms_norm_kernel(const Nor
   if (row >= p.x.num_rows) return;  // whole warps leave together
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t x_off = p.x.row_offset(row), y_off = p.y.row_offset(row), n = p.x.row_len;
-  const float inv = warp_rms_inverse([&](int64_t i) { return p.x.load(x_off, i); }, n, p.eps, lane);
+  const float inv = warp_rms_inverse([&](int64_t i) { return p.x.load(x_off, i); }, n, p.eps);
   for (int64_t i = lane; i < n; i += 32) {
     const float w = p.weight != nullptr ? load_float(p.weight, p.weight_bf16, i) : 1.0f;
     p.y.store(y_off, i, cpu::rms_apply(p.x.load(x_off, i), inv, w));

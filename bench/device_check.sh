@@ -3,6 +3,9 @@
 #   bench/device_check.sh test   build; GPU tests; CPU-vs-CUDA tests; compute-sanitizer memcheck
 #                                (whole GPU suite) and racecheck; Python tests on CUDA
 #   bench/device_check.sh bench  build (reused when warm); ceilings; `dsv4 bench` (all PERF.md cases)
+#   bench/device_check.sh python the extension against the device's python3/torch: library and
+#                                import-order probes (issue 5's crash at import), then the Python
+#                                tests (CUDA variants included)
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 MODE=${1:-test}
@@ -13,6 +16,9 @@ cmake --build build -j16 --target dsv4_gpu_tests dsv4 >"$OUT/build.log" 2>&1 || 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 git rev-parse --short HEAD 2>/dev/null | tee "$OUT/commit.txt"
 if [ "$MODE" = test ]; then
+  log main job on the GPU
+  timeout 120 ./build/dsv4 run --backend cuda --model v4-flash --layers 0,2,3 --requests 4 \
+    --prompt-len 160,256,192,128 --decode-steps 8 --chunk 256 --check 2>&1 | tee "$OUT/run_cuda.log" | tail -12
   log gpu tests
   timeout 200 ./build/dsv4_gpu_tests 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[==========\]" | tail -8
   log memcheck
@@ -43,5 +49,28 @@ t = med(lambda: y.copy_(x)); print(f"D2D copy 1 GiB: {2 * x.numel() * 2 / t / 1e
 PY
   log bench
   timeout 420 ./build/dsv4 bench --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -45
+fi
+if [ "$MODE" = python ]; then
+  log python extension
+  PY=$(command -v python3)
+  { $PY -c "import sys, torch; print(sys.version); print('torch', torch.__version__, torch.version.cuda)"
+    g++ --version | head -1; ldd --version | head -1; } 2>&1 | tee "$OUT/python_env.txt"
+  # nanobind: the copy scripts/stage_device_deps.sh put in third_party/pylib (no registry there).
+  export PYTHONPATH="$PWD/third_party/pylib${PYTHONPATH:+:$PYTHONPATH}"
+  cmake -S . -B build -DDSV4_PYTHON=ON -DPython_EXECUTABLE="$PY" >>"$OUT/cmake.log" 2>&1 &&
+    cmake --build build -j16 --target _C >"$OUT/build_py.log" 2>&1 || { tail -30 "$OUT/build_py.log"; exit 1; }
+  ldd build/python/dsv4attn/_C*.so | tee "$OUT/python_ldd.txt"
+  # Each probe in its own process, with Python's fault handler: which order of imports crashes.
+  for probe in "import torch; import dsv4attn._C" "import dsv4attn" \
+               "import dsv4attn._C, torch; from dsv4attn import Attention; print(Attention)" \
+               "import dsv4attn; a = dsv4attn.Attention('tiny', 1, device='cuda'); print(a)"; do
+    echo "-- $probe"
+    PYTHONPATH=build/python:$PYTHONPATH timeout 60 $PY -X faulthandler -c "$probe" 2>&1 | tail -15
+    echo "rc=$?"
+  done 2>&1 | tee "$OUT/python_probes.txt"
+  LD_DEBUG=libs PYTHONPATH=build/python:$PYTHONPATH timeout 60 $PY -c "import dsv4attn" 2>&1 |
+    grep -E "libgomp|libcudart|libstdc" | grep -E "calling init|find library" | head -40 > "$OUT/python_ld_debug.txt"
+  log python tests
+  PYTHONPATH=build/python:$PYTHONPATH timeout 300 $PY -m pytest -q -x tests/python 2>&1 | tee "$OUT/pytest.log" | tail -15
 fi
 log done

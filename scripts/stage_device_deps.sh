@@ -9,4 +9,8 @@ mkdir -p third_party/nlohmann/include
 rm -rf third_party/googletest third_party/nlohmann/include/nlohmann
 cp -r /usr/src/googletest third_party/googletest
 cp -r /usr/include/nlohmann third_party/nlohmann/include/nlohmann
+# nanobind for building the Python extension there (bench/device_check.sh python puts it on
+# PYTHONPATH); pure Python + sources, so one copy serves any Python version.
+rm -rf third_party/pylib
+python3 -m pip install -q --no-deps --target third_party/pylib nanobind==3.1.0
 du -sh third_party

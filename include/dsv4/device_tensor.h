@@ -18,6 +18,8 @@
 
 namespace dsv4 {
 
+// The library was built with CUDA (DSV4_CUDA on a machine with nvcc).
+bool cuda_built();
 // The library was built with CUDA and at least one CUDA device is visible.
 bool cuda_available();
 

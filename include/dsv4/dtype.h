@@ -222,6 +222,8 @@ DSV4_HD float ue8m0_to_float(uint8_t b) {
 // computed exactly from the float's bits (no log2 rounding; the division is IEEE-rounded on the
 // device too, so a kernel picks the same scale as the CPU at power-of-two boundaries).
 DSV4_HD int32_t ue8m0_exponent_for_amax(float amax, float fmt_max = kFp8Max) {
+  // (`/` under --use_fast_math is approximate: a quotient of amax = 448·2^j could land just above
+  // 2^j and bump the scale.)
   float x = ieee_div(amax, fmt_max);
   if (!(x >= 1e-4f)) x = 1e-4f;  // also maps NaN to the floor scale
   const uint32_t u = float_bits(x);

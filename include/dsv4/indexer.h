@@ -24,16 +24,29 @@
 
 namespace dsv4 {
 
+// Devices: every tensor of a call on the CPU (reference) or every one on CUDA (kernels on
+// `stream`); mixed devices are an error. Index values (positions, token_to_req, block table
+// entries) are range-checked on the CPU only; the CUDA kernels never read or write out of bounds
+// and mark what an out-of-range value makes unusable, as each op below states.
+
 // Queries of the indexer.
 //   qr [T, q_lora] bf16/fp32 (the normed low-rank query); wq_b [H_I·128, q_lora] bf16/fp32, or
 //   fp8_e4m3 with wq_b_scale (per 128×128 block, see dsv4::linear); x [T, dim] bf16/fp32;
 //   weights_proj [H_I, dim] bf16/fp32; positions [T] int32/int64; cos_sin fp32 [max_pos, R].
 //   Outputs: q_fp8 [T, H_I, 128] fp8_e4m3, q_scale [T, H_I] fp32 (powers of two),
 //   weights [T, H_I] fp32 (already scaled by 128^-0.5 · H_I^-0.5).
+//   workspace: 1-d uint8 [>= indexer_query_workspace_bytes(T, H_I)], 16-byte aligned, on the device
+//   of qr: the fp32 projection qr·wq_bᵀ lives there on CUDA. Ignored (may be undefined) on CPU.
+// CUDA: wq_b must be bf16 or fp32 with the dtype of qr, weights_proj the dtype of x (the CUDA
+// dsv4::linear takes no FP8 weights); a position outside [0, max_pos) gives that token's rows
+// codes 0 and q_scale NaN (its scores become NaN).
 void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorView& wq_b_scale,
                    const TensorView& x, const TensorView& weights_proj, const TensorView& positions,
                    const TensorView& cos_sin, const TensorView& q_fp8, const TensorView& q_scale,
-                   const TensorView& weights, Stream stream = nullptr);
+                   const TensorView& weights, const TensorView& workspace,
+                   Stream stream = nullptr);
+// Bytes of indexer_query's workspace: T · index_heads · head_dim fp32 values.
+int64_t indexer_query_workspace_bytes(int64_t T, int index_heads, int head_dim = 128);
 
 // Scores of every visible entry.
 //   q_fp8 [T, H_I, 128] fp8_e4m3, q_scale [T, H_I] fp32, weights [T, H_I] fp32 (indexer_query);
@@ -41,7 +54,12 @@ void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorVie
 //   (entry j of request q at key_block_table[q][j / B]·B + j % B); ratio (4).
 //   scores [T, N] fp32: column j < (p+1) div r gets score_j, the others −inf. N must be >=
 //   (p+1) div r for every token, and every visible entry's slot must be mapped.
-//   Accumulation: fp32 over the 128 products (each exact), scales applied after, fp32 over heads.
+//   Accumulation: fp32 over the 128 products (each exact) in the fixed order of
+//   indexer_math::dot128, scales applied after, fp32 over heads h = 0..H_I−1 (CPU and CUDA give
+//   the same bits).
+// CUDA: H_I <= 256; keys.data 4-byte aligned with a row stride a multiple of 4. A token whose
+// token_to_req is out of range, or a visible entry whose block is unmapped, scores NaN; columns
+// from (p+1) div r (clamped to N) on are −inf.
 void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const TensorView& weights,
                     const TensorView& positions, const TensorView& token_to_req,
                     const IndexerKeyCacheView& keys, const TensorView& key_block_table, int ratio,
@@ -51,11 +69,14 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
 // the highest scores, descending (ties → lowest index first; NaN ranks below −inf), then −1.
 //   scores [T, N] fp32 (N >= (p+1) div r), positions [T] int32/int64, ratio >= 1;
 //   lens (optional) [T] int32 = number of valid slots.
+// CUDA: K <= 4096 and N < 2^31; the visible count is clamped to [0, N]. Needs no workspace (one
+// block per row: a radix select over (score, column) keys, so any N works).
 void indexer_topk(const TensorView& scores, const TensorView& positions, int ratio,
                   const TensorView& indices, const TensorView& lens = {}, Stream stream = nullptr);
 
 // C128A planning: indices [T, K] int32 = 0, 1, ..., (p+1) div r − 1, then −1 (K must be >= that
-// count for every token); lens (optional) [T] int32 = the count.
+// count for every token); lens (optional) [T] int32 = the count. CUDA: the count is clamped to
+// [0, K].
 void compressed_prefix_indices(const TensorView& positions, int ratio, const TensorView& indices,
                                const TensorView& lens = {}, Stream stream = nullptr);
 

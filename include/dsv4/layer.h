@@ -10,16 +10,20 @@
 
 #include "dsv4/batch.h"
 #include "dsv4/config.h"
+#include "dsv4/ops.h"
 #include "dsv4/paged_cache.h"
 #include "dsv4/tensor.h"
 #include "dsv4/weights.h"
 
 namespace dsv4 {
 
+// Where a layer runs. cpu: the reference ops on host tensors. cuda: every op's CUDA twin on the
+// GPU, with the caches, weights (GEMM weights as bf16) and temporaries in device memory.
 enum class Backend : uint8_t { cpu, cuda };
 
 struct AttentionOptions {
   Backend backend = Backend::cpu;
+  Stream stream = nullptr;      // CUDA: the stream every kernel of the layer runs on
   LayerCacheOptions caches;     // layout and pool sizes
   bool fp8_activations = true;  // quantize o to FP8 (UE8M0 1x128) before wo_a, as production does
   int num_sms = 132;            // decode split plan
@@ -33,10 +37,19 @@ class Attention {
   Attention(Attention&&) noexcept;
   Attention& operator=(Attention&&) noexcept;
 
-  // x [T, dim] (bf16 or fp32, host) → y [T, dim] fp32 (host). T = plan.num_tokens(). Each
-  // request's `context` must equal the tokens this layer has cached for it (new requests: 0 and
-  // registered automatically). Throws dsv4::Error on bad input, before changing any state.
+  // x [T, dim] → y [T, dim] fp32. T = plan.num_tokens(). Each request's `context` must equal the
+  // tokens this layer has cached for it (new requests: 0 and registered automatically). Throws
+  // dsv4::Error on bad input, before changing any state.
+  //   CPU backend: x bf16 or fp32, x and y on the host.
+  //   CUDA backend: x and y each on the GPU or the host. A GPU x must be bf16 (a host x is rounded
+  //   to bf16 and uploaded); a host y waits for the result (the forward is otherwise
+  //   asynchronous on `AttentionOptions::stream`). Per step the layer uploads its plan (positions,
+  //   slots, block tables, index lists), so a forward is not graph-capturable as a whole; its ops
+  //   are.
   void forward(const BatchPlan& plan, const TensorView& x, const TensorView& y);
+
+  // CUDA: the stream later forwards run on (a serving engine's current stream; CPU: ignored).
+  void set_stream(Stream stream);
 
   // Forgets a finished request and returns its cache blocks.
   void release(int64_t req_id);
@@ -44,6 +57,7 @@ class Attention {
   const ModelConfig& config() const;
   int layer_index() const;
   LayerKind kind() const;
+  Backend backend() const;
   const AttentionWeights& weights() const;
   const LayerCaches& caches() const;
 

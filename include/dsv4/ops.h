@@ -29,14 +29,36 @@ using Stream = CUstream_st*;  // == cudaStream_t; nullptr = default stream
 //   w: bf16 / fp32; or fp8_e4m3 with w_scale [ceil(N/128), ceil(K/128)] (ue8m0 or fp32): the
 //      real weight is fp8(w) * scale of its 128×128 block.
 //   y: bf16 or fp32 (rounded once from the fp32 accumulator).
+// CUDA (cuBLASLt, fp32 accumulation, no workspace): x and w both bf16 (y bf16 or fp32) or both
+//   fp32 (y fp32; true fp32, no TF32). FP8 x or w throw dsv4::Error: dequantize block-scaled
+//   weights once with dequantize_fp8_blocks (FP8 tensor-core GEMMs are a later step). Rows of x
+//   and w must not overlap (row stride >= K when there are several rows). Results match the CPU
+//   up to the order of the fp32 additions.
 void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
             const TensorView& w_scale, const TensorView& y, Stream stream = nullptr);
 
 // FP8 activation quantization: per row, per block of `block` (64 or 128) values, scale
 // 2^ceil(log2(max(amax/448, 1e-4))) (UE8M0); xq = fp8(x / scale).
 //   x [T, K] bf16/fp32, xq [T, K] fp8_e4m3, scale [T, K/block] ue8m0 or fp32 (the power of two).
+//   CPU and CUDA produce the same codes and scales, bit for bit (shared dtype.h rules).
 void quantize_act_fp8(const TensorView& x, int block, const TensorView& xq,
                       const TensorView& scale, Stream stream = nullptr);
+
+// Block-scaled FP8 → bf16 / fp32: y = fp8(x) · the scale of its block_rows × block_cols block.
+//   x fp8_e4m3 [R, C] or [G, R, C]; scale ue8m0 or fp32 [ceil(R/block_rows), ceil(C/block_cols)]
+//   (with the same leading G for 3-d x); y bf16 or fp32 with x's shape (disjoint from x, scale).
+//   Row strides allowed on every argument (last dim contiguous).
+// Uses: FP8 weights with 128×128 blocks turned into bf16 once (the CUDA GEMMs of linear and
+// grouped_wo_a take bf16; FP8 tensor-core GEMMs are a later step), and FP8 activations with
+// 1×128 blocks (quantize_act_fp8's output) turned back into bf16 before a bf16 GEMM.
+// Rounding: the product is formed once in fp32 and rounded once to y's dtype, identically on
+// CPU and CUDA. With UE8M0 or power-of-two fp32 scales the result is EXACT in bf16 and fp32 (an
+// e4m3 value has at most 4 significant bits; times 2^k it is still representable) while it stays
+// a normal float (|y| ≥ 2^-126; below that the CUDA kernel, built with flush-to-zero, gives ±0
+// where the CPU keeps the subnormal). With an arbitrary fp32 scale the product rounds in fp32
+// and, for a bf16 y, once more to bf16.
+void dequantize_fp8_blocks(const TensorView& x, const TensorView& scale, int block_rows,
+                           int block_cols, const TensorView& y, Stream stream = nullptr);
 
 // ================================ norms =======================================================
 // RMSNorm over the last dim: y = x * rsqrt(mean(x²) + eps) * weight. weight undefined → no
@@ -173,6 +195,10 @@ void dequantize_and_gather(const KvCacheView& cache, const TensorView& block_tab
 // [G, ceil(L/128), ceil(H*D/G/128)] ue8m0/fp32). o: bf16/fp32, or fp8 with o_scale [T, H*D/128]
 // (the production path: quantize_act_fp8 first; 1×64 blocks [T, H*D/64] also accepted; a scale
 // block may not straddle two groups). z [T, G*L] bf16/fp32.
+// CUDA: one strided-batched cuBLASLt matmul over the G groups, with linear's CUDA dtype rules (o
+//   and wo_a both bf16 or both fp32). FP8 o or wo_a throw dsv4::Error; until FP8 GEMMs exist,
+//   quantize_act_fp8 then dequantize_fp8_blocks (1×128) gives the FP8-rounded o exactly in bf16,
+//   and dequantize_fp8_blocks (128×128) gives wo_a in bf16 (exact with UE8M0 scales).
 void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorView& wo_a,
                   const TensorView& wo_a_scale, const TensorView& z, Stream stream = nullptr);
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dsv4/config.h"
+#include "dsv4/device_tensor.h"
 #include "dsv4/kv_layout.h"
 #include "dsv4/tensor.h"
 
@@ -138,6 +139,9 @@ struct LayerCacheOptions {
   int32_t compressed_blocks = 256;  // also the indexer key cache's block count
   int32_t state_blocks = 64;        // compressor state and indexer compressor state
   int swa_block_size = CacheDefaults::kSwaBlock;
+  // Where the caches' storage lives: host memory, or CUDA device memory (DeviceTensors owned by
+  // the LayerCaches; block tables and pools stay on the host either way).
+  Device device = Device::cpu;
 };
 
 // The caches of one attention layer; which exist depends on the layer kind:
@@ -150,6 +154,7 @@ struct LayerCaches {
   std::unique_ptr<PagedCache> compressor_state;  // fp32 rows [kv (coff*D) | score (coff*D)]
   std::unique_ptr<PagedCache> indexer_keys;      // fp8 [128] + fp32 scale per entry
   std::unique_ptr<PagedCache> indexer_state;     // indexer compressor state rows
+  std::vector<DeviceTensor> device_storage;      // the storage of CUDA caches (else empty)
 
   void add_request(int64_t req);
   void remove_request(int64_t req);

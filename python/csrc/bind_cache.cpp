@@ -43,10 +43,11 @@ void kv_dequantize_op(const AnyArray& cache, const std::string& layout, int bloc
 void local_to_global_op(const AnyArray& local, const AnyArray& token_to_req,
                         const AnyArray& block_table, int block_size, const AnyArray& global,
                         const OptArray& lens, bool checked) {
-  const auto fn = checked ? &local_to_global_slots_checked : &local_to_global_slots;
-  fn(view_of(local, "local"), view_of(token_to_req, "token_to_req"),
-     view_of(block_table, "block_table"), block_size, view_of(global, "global"),
-     view_of(lens, "lens"));
+  const TensorView l = view_of(local, "local"), r = view_of(token_to_req, "token_to_req");
+  const TensorView b = view_of(block_table, "block_table"), g = view_of(global, "global");
+  const TensorView n = view_of(lens, "lens");
+  if (checked) local_to_global_slots_checked(l, r, b, block_size, g, n);
+  else local_to_global_slots(l, r, b, block_size, g, n);
 }
 
 void swa_window_op(const AnyArray& positions, const AnyArray& token_to_req,

@@ -1,7 +1,7 @@
 // Bindings of the whole attention layer: dsv4::Attention (include/dsv4/layer.h), its weights
 // (weights.h: random, from a checkpoint, from a torch state dict; saved under the official names)
-// and the float64 reference layer (reference.h) the tests judge it by. The layer runs on the CPU;
-// tensors cross the boundary by DLPack (x, y) or by copy (weights in and out).
+// and the float64 reference layer (reference.h) the tests judge it by. The layer runs on the CPU
+// or on CUDA (backend="cuda"); tensors cross the boundary by DLPack (x, y) or by copy (weights).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
@@ -117,9 +117,12 @@ void bind_weights(nb::module_& m) {
 
 Attention make_attention(const ModelConfig& cfg, int layer, const AttentionWeights& w,
                          int32_t swa_blocks, int32_t compressed_blocks, int32_t state_blocks,
-                         int swa_block_size, bool fp8_activations) {
+                         int swa_block_size, bool fp8_activations, const std::string& backend) {
   check_weights_for("Attention", w, cfg, layer);
   AttentionOptions opts;
+  if (backend != "cpu" && backend != "cuda")
+    fail_expected("Attention", "backend", "cpu or cuda", backend);
+  opts.backend = backend == "cuda" ? Backend::cuda : Backend::cpu;
   opts.caches.swa_blocks = swa_blocks;
   opts.caches.compressed_blocks = compressed_blocks;
   opts.caches.state_blocks = state_blocks;
@@ -183,24 +186,29 @@ void forward_op(Attention& layer, const std::vector<int64_t>& req_ids,
 
 void bind_attention(nb::module_& m) {
   nb::class_<Attention>(m, "Attention",
-                        "One attention layer with its weights and paged caches (CPU), "
+                        "One attention layer with its weights and paged caches (CPU or CUDA), "
                         "include/dsv4/layer.h. Not safe to call from two threads at once.")
       .def(
           "__init__",
           [](Attention* self, const ModelConfig& cfg, int layer, const AttentionWeights& w,
              int32_t swa_blocks, int32_t compressed_blocks, int32_t state_blocks,
-             int swa_block_size, bool fp8_activations) {
+             int swa_block_size, bool fp8_activations, const std::string& backend) {
             new (self) Attention(make_attention(cfg, layer, w, swa_blocks, compressed_blocks,
-                                                state_blocks, swa_block_size, fp8_activations));
+                                                state_blocks, swa_block_size, fp8_activations,
+                                                backend));
           },
           arg("config"), arg("layer"), arg("weights"), arg("swa_blocks"),
           arg("compressed_blocks"), arg("state_blocks"), arg("swa_block_size"),
-          arg("fp8_activations"))
+          arg("fp8_activations"), arg("backend") = "cpu")
       .def("forward", &forward_op, arg("req_ids"), arg("contexts"), arg("num_new"), arg("x"),
            arg("y"), Release(),
            "x [T, dim] bf16/fp32 → y [T, dim] fp32 (CPU, contiguous); rows follow the given "
            "request order")
       .def("release", &Attention::release, arg("req_id"))
+      .def(
+          "set_stream",
+          [](Attention& a, uintptr_t stream) { a.set_stream(reinterpret_cast<Stream>(stream)); },
+          arg("stream"), "CUDA: the cudaStream_t (as an int) later forwards run on")
       .def_prop_ro("config", &Attention::config)
       .def_prop_ro("layer", &Attention::layer_index)
       .def_prop_ro("kind",
@@ -234,6 +242,23 @@ nb::ndarray<nb::pytorch, double> reference_op(const ModelConfig& cfg, int layer,
 }  // namespace
 
 void bind_layer(nb::module_& m) {
+  m.def(
+      "plan_order",
+      [](const std::vector<int64_t>& req_ids, const std::vector<int64_t>& contexts,
+         const std::vector<int64_t>& num_new) {
+        DSV4_CHECK_EQ("plan_order", "len(contexts)", req_ids.size(), contexts.size());
+        DSV4_CHECK_EQ("plan_order", "len(num_new)", req_ids.size(), num_new.size());
+        std::vector<RequestStep> steps;
+        for (size_t i = 0; i < req_ids.size(); ++i) steps.push_back({req_ids[i], contexts[i], num_new[i]});
+        const BatchPlan plan = BatchPlan::make(steps);
+        std::map<int64_t, int> given;
+        for (size_t i = 0; i < req_ids.size(); ++i) given[req_ids[i]] = static_cast<int>(i);
+        std::vector<int> order;
+        for (const RequestStep& s : plan.requests) order.push_back(given[s.req_id]);
+        return order;
+      },
+      arg("req_ids"), arg("contexts"), arg("num_new"),
+      "The order the layer runs requests in (decodes first): indices into the given lists");
   bind_weights(m);
   bind_attention(m);
   m.def("reference_attention_layer", &reference_op, arg("config"), arg("layer"), arg("weights"),

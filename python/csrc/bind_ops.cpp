@@ -30,6 +30,12 @@ void quantize_act_fp8_op(const AnyArray& x, int block, const AnyArray& xq, const
                    stream_of(stream));
 }
 
+void dequantize_fp8_blocks_op(const AnyArray& x, const AnyArray& scale, int block_rows,
+                              int block_cols, const AnyArray& y, uintptr_t stream) {
+  dequantize_fp8_blocks(view_of(x, "x"), view_of(scale, "scale"), block_rows, block_cols,
+                        view_of(y, "y"), stream_of(stream));
+}
+
 void rms_norm_op(const AnyArray& x, const OptArray& weight, float eps, const AnyArray& y,
                  uintptr_t stream) {
   rms_norm(view_of(x, "x"), view_of(weight, "weight"), eps, view_of(y, "y"), stream_of(stream));
@@ -158,6 +164,8 @@ void bind_ops(nb::module_& m) {
         arg("stream") = 0, Release());
   m.def("quantize_act_fp8", &quantize_act_fp8_op, arg("x"), arg("block"), arg("xq"),
         arg("scale"), arg("stream") = 0, Release());
+  m.def("dequantize_fp8_blocks", &dequantize_fp8_blocks_op, arg("x"), arg("scale"),
+        arg("block_rows"), arg("block_cols"), arg("y"), arg("stream") = 0, Release());
   m.def("rms_norm", &rms_norm_op, arg("x"), none("weight"), arg("eps"), arg("y"),
         arg("stream") = 0, Release());
   m.def("fused_qkv_rms_norm", &fused_qkv_rms_norm_op, arg("q_in"), arg("wq"), arg("kv_in"),

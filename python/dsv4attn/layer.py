@@ -18,6 +18,7 @@ dsv4attn.Error (the ops in torch.ops.dsv4 have their CUDA paths).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import List, Mapping, Sequence, Tuple, Union
@@ -85,10 +86,17 @@ class BatchDescription:
         return slice(starts[i], starts[i + 1])
 
 
-def _require_cpu(where: str, what: str, device: Union[torch.device, str]) -> None:
-    if torch.device(device).type != "cpu":
-        raise Error(f"{where}: {what}: expected cpu, got {device}: the layer's CUDA path is not "
-                    "available yet (the ops in torch.ops.dsv4 run on CUDA)")
+def _layer_device(device: Union[torch.device, str]) -> torch.device:
+    d = torch.device(device)
+    if d.type == "cuda":
+        if not _C.with_cuda:
+            raise Error("Attention: device cuda: dsv4attn was built without CUDA")
+        if not torch.cuda.is_available():
+            raise Error("Attention: device cuda: no CUDA device is visible")
+        return torch.device("cuda", d.index if d.index is not None else torch.cuda.current_device())
+    if d.type != "cpu":
+        raise Error(f"Attention: device: expected cpu or cuda, got {device}")
+    return d
 
 
 def _load_weights(config, layer: int, weights: WeightsArg, seed: int,
@@ -114,7 +122,7 @@ def _load_weights(config, layer: int, weights: WeightsArg, seed: int,
 
 
 class Attention:
-    """One attention layer with its weights and paged caches, on the CPU.
+    """One attention layer with its weights and paged caches, on the CPU or a CUDA device.
 
     config: a ModelConfig (or the name of a built-in one, e.g. "tiny", "v4-flash").
     layer: the layer index; its kind (SWA, C4A, C128A) comes from the config.
@@ -128,19 +136,28 @@ class Attention:
         128, the compressor state one window per block). SWA blocks beyond the window are
         recycled; running out raises dsv4attn.Error before anything changes.
     fp8_activations: quantize the attention output to FP8 before wo_a, as production does.
+    device: "cpu" (the reference ops) or "cuda[:i]" (the CUDA ops; caches and weights — GEMM
+        weights as bf16 — live on that GPU, and forwards run on torch's current stream).
     """
 
     def __init__(self, config, layer: int, weights: WeightsArg = None, *, seed: int = 1,
                  fp8_weights: bool = True, swa_blocks: int = 256, compressed_blocks: int = 256,
                  state_blocks: int = 64, swa_block_size: int = 64, fp8_activations: bool = True,
                  device: Union[torch.device, str] = "cpu"):
-        _require_cpu("Attention", "device", device)
+        self.device = _layer_device(device)
         if isinstance(config, str):
             config = _C.ModelConfig.builtin(config)
         self.config = config
         w = _load_weights(config, layer, weights, seed, fp8_weights)
-        self._layer = _C.Attention(config, layer, w, swa_blocks, compressed_blocks, state_blocks,
-                                   swa_block_size, fp8_activations)
+        with self._device_guard():
+            self._layer = _C.Attention(config, layer, w, swa_blocks, compressed_blocks,
+                                       state_blocks, swa_block_size, fp8_activations,
+                                       self.device.type)
+
+    def _device_guard(self):
+        if self.device.type == "cuda":
+            return torch.cuda.device(self.device)
+        return contextlib.nullcontext()
 
     @classmethod
     def from_checkpoint(cls, path: str, layer: int, **kw) -> "Attention":
@@ -165,15 +182,52 @@ class Attention:
         return self.weights.tensors(self.config)
 
     def forward(self, batch: BatchDescription, x: torch.Tensor) -> torch.Tensor:
-        """x [T, dim] (float32 or bfloat16, CPU) → y [T, dim] float32, rows in batch order.
+        """x [T, dim] (float32 or bfloat16) → y [T, dim] float32 on the layer's device, rows in
+        batch order.
 
-        Every request's context must equal the tokens this layer has cached for it (0 for a new
-        request). A rejected batch raises dsv4attn.Error and changes nothing.
+        CPU layer: x on the CPU. CUDA layer: x on the CPU or the layer's GPU (rounded to
+        bfloat16 there, as the CUDA GEMMs take bf16 activations); the forward is asynchronous on
+        torch's current stream. Every request's context must equal the tokens this layer has
+        cached for it (0 for a new request). A rejected batch raises dsv4attn.Error and changes
+        nothing.
         """
-        _require_cpu("Attention.forward", "x.device", x.device)
-        x = x.detach().contiguous()
-        y = torch.empty((x.shape[0], self.config.dim), dtype=torch.float32)
-        self._layer.forward(batch.request_ids, batch.contexts, batch.num_new, x, y)
+        x = x.detach()
+        if self.device.type == "cpu":
+            if x.device.type != "cpu":
+                raise Error(f"Attention.forward: x.device: expected cpu (the layer's device), "
+                            f"got {x.device}")
+            x = x.contiguous()
+            y = torch.empty((x.shape[0], self.config.dim), dtype=torch.float32)
+            self._layer.forward(batch.request_ids, batch.contexts, batch.num_new, x, y)
+            return y
+        if x.device.type not in ("cpu", "cuda") or (x.device.type == "cuda" and x.device != self.device):
+            raise Error(f"Attention.forward: x.device: expected cpu or {self.device}, got {x.device}")
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            raise Error(f"Attention.forward: x.dtype: expected float32 or bfloat16, got {x.dtype}")
+        if x.dim() != 2 or x.shape[0] != batch.num_tokens or x.shape[1] != self.config.dim:
+            raise Error(f"Attention.forward: x.shape: expected [{batch.num_tokens}, "
+                        f"{self.config.dim}], got {list(x.shape)}")
+        x = x.to(self.device, torch.bfloat16).contiguous()
+        # The layer runs decodes first; on the GPU the rows are put in that order here.
+        order = _C.plan_order(batch.request_ids, batch.contexts, batch.num_new)
+        ids = [batch.request_ids[i] for i in order]
+        ctx = [batch.contexts[i] for i in order]
+        new = [batch.num_new[i] for i in order]
+        reordered = order != list(range(len(order)))
+        if reordered:
+            x = torch.cat([x[batch.rows(i)] for i in ids])
+        y = torch.empty((x.shape[0], self.config.dim), dtype=torch.float32, device=self.device)
+        with self._device_guard():
+            self._layer.set_stream(torch.cuda.current_stream(self.device).cuda_stream)
+            self._layer.forward(ids, ctx, new, x, y)
+        if reordered:
+            out = torch.empty_like(y)
+            start = 0
+            for i in ids:
+                rows = batch.rows(i)
+                out[rows] = y[start:start + (rows.stop - rows.start)]
+                start += rows.stop - rows.start
+            y = out
         return y
 
     __call__ = forward
@@ -183,7 +237,8 @@ class Attention:
         self._layer.release(request_id)
 
     def __repr__(self) -> str:
-        return f"<dsv4attn.Attention {self.config.name} layer {self.layer} ({self.kind})>"
+        return (f"<dsv4attn.Attention {self.config.name} layer {self.layer} ({self.kind}) "
+                f"on {self.device}>")
 
 
 def reference_attention_layer(config, layer: int, weights: AttentionWeights, x: torch.Tensor,

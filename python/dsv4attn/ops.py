@@ -57,6 +57,15 @@ def quantize_act_fp8(x: Tensor, block: int, xq: Tensor, scale: Tensor) -> None:
         _C.quantize_act_fp8(x, block, xq, scale, stream_handle(x))
 
 
+@_op("dequantize_fp8_blocks", ("y",))
+def dequantize_fp8_blocks(x: Tensor, scale: Tensor, block_rows: int, block_cols: int,
+                          y: Tensor) -> None:
+    """y = fp8(x) · the scale of its block_rows × block_cols block (ops.h `dequantize_fp8_blocks`):
+    FP8 weights / activations → bf16 or fp32 (exact with UE8M0 scales)."""
+    with device_guard(x):
+        _C.dequantize_fp8_blocks(x, scale, block_rows, block_cols, y, stream_handle(x))
+
+
 @_op("rms_norm", ("y",))
 def rms_norm(x: Tensor, weight: Optional[Tensor], eps: float, y: Tensor) -> None:
     """y = x · rsqrt(mean(x²) + eps) · weight over the last dim (no weight: None)."""

@@ -1,35 +1,34 @@
-// Index planning utilities (SPEC §8), CPU implementations: request-local → global slots, SWA
-// window indices, and the prefill gather-workspace index rewrite. Each public function validates
-// every argument (and, where documented, every index) before writing any output.
+// Index planning utilities (SPEC §8): request-local → global slots, SWA window indices, and the
+// prefill gather-workspace index rewrite. Each public function validates every argument's shape,
+// dtype and device, then dispatches: host tensors → the CPU reference here, which also validates
+// every index (where documented) before writing any output; CUDA tensors → the kernels of
+// src/cuda/index/, which treat what the CPU rejects as invalid (-1) instead.
 #include "dsv4/indexing.h"
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <string>
+#include <vector>
 
+#include "cache/index_math.h"
+#include "cpu/backend.h"
 #include "dsv4/status.h"
+#ifdef DSV4_WITH_CUDA
+#include "cuda/index/indexing.h"
+#endif
 
 namespace dsv4 {
 
 namespace {
 
-constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+using index_math::kMaxSlot;
+using index_math::paged_slot;
+using index_math::visible_compressed;
+using index_math::window_first;
 
-// These utilities run on the host; a CUDA twin will share the signatures (dispatch on device).
-void require_host(const char* where, const char* name, const TensorView& t) {
-  if (t.device == Device::cpu) return;
-#ifdef DSV4_WITH_CUDA
-  fail(where, ": ", name, ": expected a host tensor (no CUDA implementation yet), got a CUDA one");
-#else
-  fail(where, ": ", name, ": got a CUDA tensor, but the CUDA backend is not built");
-#endif
-}
-
-// An int32 host tensor of `ndim` dims whose rows are contiguous.
+// An int32 tensor of `ndim` dims whose rows are contiguous (on either device).
 void check_int32(const char* where, const char* name, const TensorView& t, int ndim) {
   check_defined(where, name, t);
-  require_host(where, name, t);
   check_dtype(where, name, t, DType::int32);
   check_ndim(where, name, t, ndim);
   check_inner_contiguous(where, name, t);
@@ -46,9 +45,10 @@ const int32_t* row_of(const TensorView& t, int64_t r) {
 int32_t elem1(const TensorView& t, int64_t i) { return t.ptr<const int32_t>()[i * t.strides[0]]; }
 int32_t* mut_row(const TensorView& t, int64_t r) { return t.ptr<int32_t>() + r * t.strides[0]; }
 
-// Validated shapes shared by both slot-conversion variants.
+// Validated shapes shared by both slot-conversion variants, and the device they live on.
 struct SlotProblem {
   int64_t tokens, k, requests, max_blocks;
+  Device device;
 };
 
 SlotProblem check_slot_args(const char* where, const TensorView& local,
@@ -66,18 +66,10 @@ SlotProblem check_slot_args(const char* where, const TensorView& local,
     check_int32(where, "lens", lens, 1);
     check_dim(where, "lens", lens, 0, T);
   }
-  return {T, K, block_table.shape[0], block_table.shape[1]};
-}
-
-// Global slot of local entry i through one table row, or -1 when the entry has no block.
-int32_t to_global(int32_t i, const int32_t* table, int64_t max_blocks, int block_size) {
-  if (i < 0 || table == nullptr) return -1;
-  const int64_t blk = i / block_size;
-  if (blk >= max_blocks) return -1;
-  const int32_t b = table[blk];
-  if (b < 0) return -1;
-  const int64_t g = int64_t{b} * block_size + i % block_size;
-  return g > kInt32Max ? -1 : static_cast<int32_t>(g);
+  const Device device =
+      cpu::common_device(where, {{"local", local}, {"token_to_req", token_to_req},
+                                 {"block_table", block_table}, {"global", global}, {"lens", lens}});
+  return {T, K, block_table.shape[0], block_table.shape[1], device};
 }
 
 void convert_slots(const SlotProblem& p, const TensorView& local, const TensorView& token_to_req,
@@ -91,8 +83,9 @@ void convert_slots(const SlotProblem& p, const TensorView& local, const TensorVi
     int32_t* out = mut_row(global, t);
     int32_t valid = 0;
     for (int64_t k = 0; k < p.k; ++k) {
-      const int32_t g = to_global(in[k], table, p.max_blocks, block_size);  // read before write:
-      out[k] = g;                                                            // in may alias out
+      // Read before write: `in` may alias `out`.
+      const int32_t g = table ? paged_slot(table, p.max_blocks, block_size, in[k]) : -1;
+      out[k] = g;
       valid += g >= 0;
     }
     if (lens.defined()) lens.ptr<int32_t>()[t * lens.strides[0]] = valid;
@@ -103,9 +96,20 @@ void convert_slots(const SlotProblem& p, const TensorView& local, const TensorVi
 
 void local_to_global_slots(const TensorView& local, const TensorView& token_to_req,
                            const TensorView& block_table, int block_size, const TensorView& global,
-                           const TensorView& lens) {
-  const SlotProblem p = check_slot_args("local_to_global_slots", local, token_to_req, block_table,
-                                        block_size, global, lens);
+                           const TensorView& lens, Stream stream) {
+  constexpr const char* where = "local_to_global_slots";
+  const SlotProblem p =
+      check_slot_args(where, local, token_to_req, block_table, block_size, global, lens);
+  if (p.device != Device::cpu) {
+#ifdef DSV4_WITH_CUDA
+    cuda::local_to_global_slots(local, token_to_req, block_table, block_size, global, lens,
+                                stream);
+    return;
+#else
+    cpu::throw_cuda_unavailable(where);
+#endif
+  }
+  (void)stream;
   convert_slots(p, local, token_to_req, block_table, block_size, global, lens);
 }
 
@@ -115,6 +119,9 @@ void local_to_global_slots_checked(const TensorView& local, const TensorView& to
   constexpr const char* where = "local_to_global_slots_checked";
   const SlotProblem p =
       check_slot_args(where, local, token_to_req, block_table, block_size, global, lens);
+  if (p.device != Device::cpu)
+    fail(where, ": got CUDA tensors, but the index checks read every value on the host; on CUDA "
+                "use local_to_global_slots (invalid entries become -1)");
   for (int64_t t = 0; t < p.tokens; ++t) {
     const int32_t r = elem1(token_to_req, t);
     if (r < 0 || r >= p.requests)
@@ -133,7 +140,7 @@ void local_to_global_slots_checked(const TensorView& local, const TensorView& to
       if (table[blk] < 0)
         fail(where, ": local[", t, "][", k, "] = ", i, ": block ", blk, " of request ", r,
              " is not allocated (table entry -1)");
-      if (int64_t{table[blk]} * block_size + i % block_size > kInt32Max)
+      if (int64_t{table[blk]} * block_size + i % block_size > kMaxSlot)
         fail(where, ": local[", t, "][", k, "] = ", i, ": global slot exceeds int32");
     }
   }
@@ -144,12 +151,11 @@ void local_to_global_slots_checked(const TensorView& local, const TensorView& to
 
 void swa_window_indices(const TensorView& positions, const TensorView& token_to_req,
                         const TensorView& block_table, int block_size, int window,
-                        const TensorView& indices, const TensorView& lens) {
+                        const TensorView& indices, const TensorView& lens, Stream stream) {
   constexpr const char* where = "swa_window_indices";
   check_positive(where, "block_size", block_size);
   check_positive(where, "window", window);
   check_defined(where, "positions", positions);
-  require_host(where, "positions", positions);
   if (positions.dtype != DType::int64 && positions.dtype != DType::int32)
     fail_expected(where, "positions.dtype", "int64 or int32", dtype_name(positions.dtype));
   check_ndim(where, "positions", positions, 1);
@@ -161,6 +167,19 @@ void swa_window_indices(const TensorView& positions, const TensorView& token_to_
   check_shape(where, "indices", indices, {T, int64_t{window}});
   check_int32(where, "lens", lens, 1);
   check_dim(where, "lens", lens, 0, T);
+  const Device device = cpu::common_device(
+      where, {{"positions", positions}, {"token_to_req", token_to_req},
+              {"block_table", block_table}, {"indices", indices}, {"lens", lens}});
+  if (device != Device::cpu) {
+#ifdef DSV4_WITH_CUDA
+    cuda::swa_window_indices(positions, token_to_req, block_table, block_size, window, indices,
+                             lens, stream);
+    return;
+#else
+    cpu::throw_cuda_unavailable(where);
+#endif
+  }
+  (void)stream;
   const int64_t R = block_table.shape[0], max_blocks = block_table.shape[1];
 
   auto position = [&](int64_t t) -> int64_t {
@@ -176,7 +195,7 @@ void swa_window_indices(const TensorView& positions, const TensorView& token_to_
     if (p < 0) fail(where, ": positions[", t, "]: expected >= 0, got ", p);
     if (r < 0 || r >= R)
       fail(where, ": token_to_req[", t, "]: expected 0..", R - 1, ", got ", r);
-    const int64_t lo = std::max<int64_t>(0, p - window + 1);
+    const int64_t lo = window_first(p, window);
     const int32_t* table = row_of(block_table, r);
     for (int64_t blk = lo / block_size; blk <= p / block_size; ++blk) {
       if (blk >= max_blocks)
@@ -185,20 +204,21 @@ void swa_window_indices(const TensorView& positions, const TensorView& token_to_
       if (table[blk] < 0)
         fail(where, ": token ", t, " (request ", r, ", position ", p, "): window block ", blk,
              " was released or never allocated (table entry -1)");
+      // The block's last window position has its largest slot.
+      const int64_t last = std::min(p, (blk + 1) * block_size - 1);
+      if (int64_t{table[blk]} * block_size + last % block_size > kMaxSlot)
+        fail(where, ": token ", t, ": the global slot of position ", last, " exceeds int32");
     }
-    const int64_t last = int64_t{table[p / block_size]} * block_size + p % block_size;
-    if (last > kInt32Max) fail(where, ": token ", t, ": global slot ", last, " exceeds int32");
   }
 
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < T; ++t) {
     const int64_t p = position(t);
     const int32_t* table = row_of(block_table, elem1(token_to_req, t));
-    const int64_t lo = std::max<int64_t>(0, p - window + 1);
     int32_t* out = mut_row(indices, t);
     int64_t n = 0;
-    for (int64_t q = lo; q <= p; ++q, ++n)
-      out[n] = static_cast<int32_t>(int64_t{table[q / block_size]} * block_size + q % block_size);
+    for (int64_t q = window_first(p, window); q <= p; ++q, ++n)
+      out[n] = paged_slot(table, max_blocks, block_size, q);  // checked above: never -1
     for (int64_t k = n; k < window; ++k) out[k] = -1;
     lens.ptr<int32_t>()[t * lens.strides[0]] = static_cast<int32_t>(n);
   }
@@ -209,7 +229,8 @@ void swa_window_indices(const TensorView& positions, const TensorView& token_to_
 void combine_topk_swa_indices(const TensorView& topk, const TensorView& query_start_loc,
                               const TensorView& seq_lens, const TensorView& gather_lens,
                               int window, int compressed_region, int64_t rows_per_request,
-                              int ratio, const TensorView& out, const TensorView& out_lens) {
+                              int ratio, const TensorView& out, const TensorView& out_lens,
+                              Stream stream) {
   constexpr const char* where = "combine_topk_swa_indices";
   check_positive(where, "window", window);
   if (compressed_region < 0) fail_expected(where, "compressed_region", ">= 0", compressed_region);
@@ -234,9 +255,23 @@ void combine_topk_swa_indices(const TensorView& topk, const TensorView& query_st
   check_dim(where, "out", out, 1, K + window);
   check_int32(where, "out_lens", out_lens, 1);
   check_dim(where, "out_lens", out_lens, 0, T);
-  if (R * rows_per_request > kInt32Max)
+  if (R * rows_per_request > kMaxSlot)
     fail(where, ": rows_per_request: ", R, " requests x ", rows_per_request,
          " rows exceed the int32 index range");
+  const Device device = cpu::common_device(
+      where, {{"topk", topk}, {"query_start_loc", query_start_loc}, {"seq_lens", seq_lens},
+              {"gather_lens", gather_lens}, {"out", out}, {"out_lens", out_lens}});
+  if (device != Device::cpu) {
+#ifdef DSV4_WITH_CUDA
+    cuda::combine_topk_swa_indices(topk, query_start_loc, seq_lens, gather_lens, window,
+                                   compressed_region, rows_per_request, ratio, out, out_lens,
+                                   stream);
+    return;
+#else
+    cpu::throw_cuda_unavailable(where);
+#endif
+  }
+  (void)stream;
 
   // Request metadata: token ranges cover out's T rows exactly; each request's gathered SWA
   // range fits its workspace rows and holds every query token's window.
@@ -257,7 +292,7 @@ void combine_topk_swa_indices(const TensorView& topk, const TensorView& query_st
            " exceed rows_per_request ", rows_per_request);
     if (q1 > q0) {
       const int64_t first_pos = seq - (q1 - q0);
-      const int64_t lo = std::max<int64_t>(0, first_pos - window + 1);
+      const int64_t lo = window_first(first_pos, window);
       if (lo < seq - g)
         fail(where, ": ", req, ": the window of position ", first_pos, " starts at ", lo,
              ", before the gathered SWA range [", seq - g, ", ", seq, ")");
@@ -272,7 +307,7 @@ void combine_topk_swa_indices(const TensorView& topk, const TensorView& query_st
   for (int64_t t = 0; t < T && K > 0; ++t) {
     const int64_t r = req_of[static_cast<size_t>(t)];
     const int64_t p = elem1(seq_lens, r) - (elem1(query_start_loc, r + 1) - base - t);
-    const int64_t visible = ratio > 0 ? (p + 1) / ratio : 0;
+    const int64_t visible = visible_compressed(p, ratio);
     const int32_t* row = row_of(topk, t);
     for (int64_t k = 0; k < K; ++k) {
       const int64_t j = row[k];
@@ -301,7 +336,7 @@ void combine_topk_swa_indices(const TensorView& topk, const TensorView& query_st
     }
     // SWA region: workspace row N + (q - (seq - g)) holds position q.
     const int64_t swa0 = row0 + compressed_region - (seq - g);
-    for (int64_t q = std::max<int64_t>(0, p - window + 1); q <= p; ++q)
+    for (int64_t q = window_first(p, window); q <= p; ++q)
       o[n++] = static_cast<int32_t>(swa0 + q);
     const int64_t len = n;
     for (; n < K + window; ++n) o[n] = -1;

@@ -221,9 +221,11 @@ HostTensor pack_block_tables(const PagedCache& cache, const std::vector<int64_t>
 // ================================ LayerCaches ===============================================
 
 namespace {
-std::unique_ptr<PagedCache> make_cache(std::string name, int block_size, int64_t block_bytes,
-                                       int32_t num_blocks, int64_t retain,
-                                       std::optional<KvLayout> layout) {
+// One cache of a layer, its storage on `lc`'s device: host memory owned by the cache, or a
+// DeviceTensor owned by `lc` (the PagedCache only borrows it).
+std::unique_ptr<PagedCache> make_cache(LayerCaches& lc, Device device, std::string name,
+                                       int block_size, int64_t block_bytes, int32_t num_blocks,
+                                       int64_t retain, std::optional<KvLayout> layout) {
   CacheSpec spec;
   spec.name = std::move(name);
   spec.block_size = block_size;
@@ -231,7 +233,15 @@ std::unique_ptr<PagedCache> make_cache(std::string name, int block_size, int64_t
   spec.num_blocks = num_blocks;
   spec.retain = retain;
   spec.layout = layout;
-  return std::make_unique<PagedCache>(std::move(spec));
+  if (device == Device::cpu) return std::make_unique<PagedCache>(std::move(spec));
+  if (spec.block_bytes == 0 && layout) spec.block_bytes = kv_geometry(*layout, block_size).block_bytes;
+  DSV4_CHECK(spec.block_bytes > 0 && spec.num_blocks > 0, "make_layer_caches: ", spec.name,
+             " cache: block_bytes ", spec.block_bytes, " and num_blocks ", spec.num_blocks,
+             " must be positive");
+  lc.device_storage.emplace_back(DType::uint8,
+                                 std::vector<int64_t>{int64_t{spec.num_blocks} * spec.block_bytes});
+  return std::make_unique<PagedCache>(std::move(spec), lc.device_storage.back().data<uint8_t>(),
+                                      device);
 }
 }  // namespace
 
@@ -258,15 +268,15 @@ LayerCaches make_layer_caches(const ModelConfig& cfg, LayerKind kind,
   LayerCaches lc;
   lc.kind = kind;
   // SWA keeps the last W tokens; blocks wholly older than that are recycled.
-  lc.swa = make_cache("swa", opts.swa_block_size, 0, opts.swa_blocks,
+  lc.swa = make_cache(lc, opts.device, "swa", opts.swa_block_size, 0, opts.swa_blocks,
                       cfg.window_size > 0 ? cfg.window_size : 0, opts.layout);
   if (kind == LayerKind::swa) return lc;
 
   const int ratio = kind == LayerKind::c4a ? 4 : 128;
-  lc.compressed = make_cache("compressed", CacheDefaults::compressed_block(ratio), 0,
+  lc.compressed = make_cache(lc, opts.device, "compressed", CacheDefaults::compressed_block(ratio), 0,
                              opts.compressed_blocks, 0, opts.layout);
   lc.compressor_state =
-      make_cache("compressor_state", CacheDefaults::state_block(ratio),
+      make_cache(lc, opts.device, "compressor_state", CacheDefaults::state_block(ratio),
                  CacheDefaults::state_block(ratio) * CacheDefaults::state_row_bytes(ratio, cfg.head_dim),
                  opts.state_blocks, CacheDefaults::state_retain(ratio), std::nullopt);
   if (kind == LayerKind::c128a) return lc;
@@ -275,11 +285,11 @@ LayerCaches make_layer_caches(const ModelConfig& cfg, LayerKind kind,
     fail_expected("make_layer_caches", "cfg.index_head_dim",
                   CacheDefaults::kIndexerKeyDim, cfg.index_head_dim);
 
-  lc.indexer_keys = make_cache("indexer_keys", CacheDefaults::kIndexerBlock,
+  lc.indexer_keys = make_cache(lc, opts.device, "indexer_keys", CacheDefaults::kIndexerBlock,
                                int64_t{CacheDefaults::kIndexerBlock} * CacheDefaults::kIndexerKeyRowBytes,
                                opts.compressed_blocks, 0, std::nullopt);
   lc.indexer_state = make_cache(
-      "indexer_state", CacheDefaults::state_block(4),
+      lc, opts.device, "indexer_state", CacheDefaults::state_block(4),
       CacheDefaults::state_block(4) * CacheDefaults::state_row_bytes(4, cfg.index_head_dim),
       opts.state_blocks, CacheDefaults::state_retain(4), std::nullopt);
   return lc;

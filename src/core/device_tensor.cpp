@@ -53,6 +53,14 @@ void check(cudaError_t err, const char* where, const char* what) {
 
 }  // namespace
 
+bool cuda_built() {
+#if defined(DSV4_WITH_CUDA)
+  return true;
+#else
+  return false;
+#endif
+}
+
 bool cuda_available() {
 #if defined(DSV4_WITH_CUDA)
   int n = 0;

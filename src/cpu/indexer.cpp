@@ -10,9 +10,14 @@
 
 #include "cpu/backend.h"
 #include "cpu/hadamard.h"
+#include "cpu/indexer_rows.h"
 #include "cpu/rows.h"
 #include "cpu/validate.h"
 #include "dsv4/fp8_block.h"
+#include "dsv4/indexer_math.h"
+#if defined(DSV4_WITH_CUDA)
+#include "cuda/indexer/indexer.h"
+#endif
 
 namespace dsv4 {
 
@@ -20,8 +25,7 @@ namespace {
 
 constexpr int kKeyDim = indexer_keys::kDim;
 
-// Entries a query at position p may see: the fully emitted windows.
-int64_t visible_entries(int64_t p, int ratio) { return (p + 1) / ratio; }
+using indexer_math::visible_entries;
 
 void check_ratio(const char* where, int ratio) {
   if (ratio < 1) fail_expected(where, "ratio", ">= 1", ratio);
@@ -59,14 +63,54 @@ void store_len(const TensorView& lens, int64_t t, int64_t n) {
   if (lens.defined()) lens.ptr<int32_t>()[t * lens.stride(0)] = static_cast<int32_t>(n);
 }
 
+// A caller-provided workspace on CUDA: uint8, 1-d, contiguous, 16-byte aligned, >= `bytes`.
+[[maybe_unused]] void check_cuda_workspace(const char* where, const TensorView& workspace, int64_t bytes) {
+  check_defined(where, "workspace", workspace);
+  check_dtype(where, "workspace", workspace, DType::uint8);
+  check_ndim(where, "workspace", workspace, 1);
+  check_contiguous(where, "workspace", workspace);
+  if (workspace.size(0) < bytes)
+    fail_expected(where, "workspace.shape[0]", detail::concat(">= ", bytes, " bytes"),
+                  workspace.size(0));
+  if (reinterpret_cast<uintptr_t>(workspace.data) % 16 != 0)
+    fail(where, ": workspace: expected a 16-byte aligned address");
+}
+
 }  // namespace
 
 // ================================ queries ====================================================
 
+namespace cpu {
+
+void indexer_query_rows(const TensorView& q, const TensorView& positions,
+                        const TensorView& cos_sin, const TensorView& q_fp8,
+                        const TensorView& q_scale, const TensorView& weights) {
+  const int64_t T = q.size(0), H = q.size(1);
+  if (T == 0) return;
+  apply_rope(q, positions, cos_sin, /*inverse=*/false, q);
+  const float w_scale =
+      static_cast<float>(1.0 / std::sqrt(double{kKeyDim} * static_cast<double>(H)));
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t h = 0; h < H; ++h) {
+      float* v = q.ptr<float>() + (t * H + h) * kKeyDim;
+      hadamard_rotate(v, kKeyDim);
+      uint8_t* codes = q_fp8.ptr<uint8_t>() + t * q_fp8.stride(0) + h * q_fp8.stride(1);
+      q_scale.ptr<float>()[t * q_scale.stride(0) + h] =
+          exp2_int(fp8_quantize_block(v, kKeyDim, codes));
+      float& w = weights.ptr<float>()[t * weights.stride(0) + h];
+      w = w * w_scale;
+    }
+  }
+}
+
+}  // namespace cpu
+
+
 void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorView& wq_b_scale,
                    const TensorView& x, const TensorView& weights_proj, const TensorView& positions,
                    const TensorView& cos_sin, const TensorView& q_fp8, const TensorView& q_scale,
-                   const TensorView& weights, Stream stream) {
+                   const TensorView& weights, const TensorView& workspace, Stream stream) {
   constexpr const char* kOp = "indexer_query";
   (void)stream;
   check_defined(kOp, "qr", qr);
@@ -100,6 +144,7 @@ void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorVie
   const int64_t R = cos_sin.size(1);
   if (R <= 0 || R > kKeyDim || R % 2 != 0)
     fail_expected(kOp, "cos_sin.shape[1]", "even, in (0, 128] (rope dims)", R);
+  cpu::check_row_strided(kOp, "cos_sin", cos_sin);
   check_defined(kOp, "q_fp8", q_fp8);
   check_dtype(kOp, "q_fp8", q_fp8, DType::fp8_e4m3);
   check_shape(kOp, "q_fp8", q_fp8, {T, H, kKeyDim});
@@ -120,8 +165,30 @@ void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorVie
                                               {"cos_sin", cos_sin},
                                               {"q_fp8", q_fp8},
                                               {"q_scale", q_scale},
-                                              {"weights", weights}});
-  if (dev != Device::cpu) cpu::throw_cuda_unavailable(kOp);
+                                              {"weights", weights},
+                                              {"workspace", workspace}});
+  if (dev == Device::cuda) {
+#if defined(DSV4_WITH_CUDA)
+    // The CUDA dsv4::linear multiplies bf16·bf16 or fp32·fp32 (no FP8 weights): reject other
+    // pairs here so the error names this op's arguments.
+    if (wq_b.dtype == DType::fp8_e4m3)
+      fail(kOp, ": wq_b.dtype: fp8_e4m3 weights are not supported on CUDA (bf16 or fp32)");
+    if (wq_b.dtype != qr.dtype)
+      fail(kOp, ": wq_b.dtype: expected the dtype of qr (", dtype_name(qr.dtype), ") on CUDA, got ",
+           dtype_name(wq_b.dtype));
+    if (weights_proj.dtype != x.dtype)
+      fail(kOp, ": weights_proj.dtype: expected the dtype of x (", dtype_name(x.dtype),
+           ") on CUDA, got ", dtype_name(weights_proj.dtype));
+    check_cuda_workspace(kOp, workspace,
+                         indexer_query_workspace_bytes(T, static_cast<int>(H), kKeyDim));
+    if (T == 0) return;
+    cuda::indexer_query(qr, wq_b, x, weights_proj, positions, cos_sin, q_fp8, q_scale, weights,
+                        workspace, stream);
+    return;
+#else
+    cpu::throw_cuda_unavailable(kOp);
+#endif
+  }
   for (int64_t t = 0; t < T; ++t) {
     const int64_t p = cpu::load_index(positions, t);
     if (p < 0 || p >= cos_sin.size(0))
@@ -130,26 +197,18 @@ void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorVie
   }
   if (T == 0) return;
 
-  // Everything is computed into temporaries first; the outputs are written at the end.
+  // Validation is complete (nothing below fails), so `weights` can take the raw projection.
   HostTensor q(DType::fp32, {T, H, int64_t{kKeyDim}});
   linear(qr, {}, wq_b, wq_b_scale, TensorView(q.data<float>(), DType::fp32, {T, H * kKeyDim}));
-  apply_rope(q, positions, cos_sin, /*inverse=*/false, q);
-  HostTensor w(DType::fp32, {T, H});
-  linear(x, {}, weights_proj, {}, w);
-  const float w_scale =
-      static_cast<float>(1.0 / std::sqrt(double{kKeyDim} * static_cast<double>(H)));
+  linear(x, {}, weights_proj, {}, weights);
+  cpu::indexer_query_rows(q, positions, cos_sin, q_fp8, q_scale, weights);
+}
 
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t h = 0; h < H; ++h) {
-      float* v = q.data<float>() + (t * H + h) * kKeyDim;
-      cpu::hadamard_rotate(v, kKeyDim);
-      uint8_t* codes = q_fp8.ptr<uint8_t>() + t * q_fp8.stride(0) + h * q_fp8.stride(1);
-      q_scale.ptr<float>()[t * q_scale.stride(0) + h] =
-          exp2_int(fp8_quantize_block(v, kKeyDim, codes));
-      weights.ptr<float>()[t * weights.stride(0) + h] = w.data<float>()[t * H + h] * w_scale;
-    }
-  }
+int64_t indexer_query_workspace_bytes(int64_t T, int index_heads, int head_dim) {
+  DSV4_CHECK(T >= 0 && index_heads >= 0 && head_dim >= 0,
+             "indexer_query_workspace_bytes: expected T, index_heads, head_dim >= 0, got ", T, ", ",
+             index_heads, ", ", head_dim);
+  return T * index_heads * head_dim * static_cast<int64_t>(sizeof(float));
 }
 
 // ================================ scores =====================================================
@@ -193,7 +252,15 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
                                               {"keys.data", keys.data},
                                               {"key_block_table", key_block_table},
                                               {"scores", scores}});
-  if (dev != Device::cpu) cpu::throw_cuda_unavailable(kOp);
+  if (dev == Device::cuda) {
+#if defined(DSV4_WITH_CUDA)
+    cuda::indexer_scores(q_fp8, q_scale, weights, positions, token_to_req, keys, key_block_table,
+                         ratio, scores, stream);
+    return;
+#else
+    cpu::throw_cuda_unavailable(kOp);
+#endif
+  }
 
   // Data: request rows in range, the visible entries fit in `scores`, and every visible entry's
   // key is mapped. Also collects how many keys of each request the batch reads.
@@ -256,13 +323,9 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
       const float* k = key_codes[q].data() + j * kKeyDim;
       float score = 0.0f;
       for (int64_t h = 0; h < H; ++h) {
-        float dot = 0.0f;  // products of two fp8 values are exact in fp32
-        const float* qh = qf.data() + h * kKeyDim;
-        // A fixed vector summation order: deterministic, and vectorized without -ffast-math.
-#pragma omp simd reduction(+ : dot)
-        for (int d = 0; d < kKeyDim; ++d) dot += qh[d] * k[d];
-        // The scales are powers of two: applying them after the dot is exact.
-        score += w[h] * std::max(dot * (qs[h] * key_scales[q][j]), 0.0f);
+        // The summation order the CUDA kernel shares (indexer_math.h): the same bits on both.
+        const float dot = indexer_math::dot128(qf.data() + h * kKeyDim, k);
+        score += indexer_math::head_term(w[h], dot, qs[h], key_scales[q][j]);
       }
       out[j] = score;
     }
@@ -286,7 +349,14 @@ void indexer_topk(const TensorView& scores, const TensorView& positions, int rat
   check_index_output(kOp, indices, lens, T);
   const Device dev = cpu::common_device(
       kOp, {{"scores", scores}, {"positions", positions}, {"indices", indices}, {"lens", lens}});
-  if (dev != Device::cpu) cpu::throw_cuda_unavailable(kOp);
+  if (dev == Device::cuda) {
+#if defined(DSV4_WITH_CUDA)
+    cuda::indexer_topk(scores, positions, ratio, indices, lens, stream);
+    return;
+#else
+    cpu::throw_cuda_unavailable(kOp);
+#endif
+  }
   check_visible_fit(kOp, "scores.shape[1]", positions, ratio, N);
 
   const int64_t K = indices.size(1);
@@ -327,7 +397,14 @@ void compressed_prefix_indices(const TensorView& positions, int ratio, const Ten
   check_index_output(kOp, indices, lens, T);
   const Device dev =
       cpu::common_device(kOp, {{"positions", positions}, {"indices", indices}, {"lens", lens}});
-  if (dev != Device::cpu) cpu::throw_cuda_unavailable(kOp);
+  if (dev == Device::cuda) {
+#if defined(DSV4_WITH_CUDA)
+    cuda::compressed_prefix_indices(positions, ratio, indices, lens, stream);
+    return;
+#else
+    cpu::throw_cuda_unavailable(kOp);
+#endif
+  }
   const int64_t K = indices.size(1);
   check_visible_fit(kOp, "indices.shape[1]", positions, ratio, K);
 

@@ -10,6 +10,9 @@
 #include "cpu/rows.h"
 #include "cpu/validate.h"
 #include "dsv4/ops.h"
+#ifdef DSV4_WITH_CUDA
+#include "cuda/oproj/quantize_act_fp8.h"
+#endif
 
 namespace dsv4 {
 
@@ -41,10 +44,17 @@ void validate_quantize_act(const TensorView& x, int block, const TensorView& xq,
 }  // namespace
 
 void quantize_act_fp8(const TensorView& x, int block, const TensorView& xq,
-                      const TensorView& scale, Stream /*stream*/) {
+                      const TensorView& scale, Stream stream) {
   validate_quantize_act(x, block, xq, scale);
-  if (cpu::common_device(kOp, {{"x", x}, {"xq", xq}, {"scale", scale}}) == Device::cuda)
+  if (cpu::common_device(kOp, {{"x", x}, {"xq", xq}, {"scale", scale}}) == Device::cuda) {
+#ifdef DSV4_WITH_CUDA
+    cuda::quantize_act_fp8(x, block, xq, scale, stream);
+    return;
+#else
+    (void)stream;
     cpu::throw_cuda_unavailable(kOp);
+#endif
+  }
 
   const int64_t T = x.shape[0], K = x.shape[1], num_blocks = K / block;
   const size_t x_elem = dtype_size(x.dtype);

@@ -11,10 +11,13 @@
 #include <cmath>
 #include <map>
 
+#include "dsv4/device_tensor.h"
 #include "dsv4/indexing.h"
 #include "dsv4/ops.h"
 #include "dsv4/status.h"
 #include "layer/compressed_scope.h"
+#include "layer/layer_weights.h"
+#include "layer/scratch.h"
 
 namespace dsv4 {
 
@@ -36,9 +39,13 @@ struct Attention::Impl {
   LayerKind kind = LayerKind::swa;
   AttentionWeights w;
   AttentionOptions opts;
+  Device device = Device::cpu;        // where caches, weights and temporaries live
   LayerCaches caches;
+  std::unique_ptr<LayerWeightStore> weights;  // w as the ops take it, on `device`
+  Scratch scratch{Device::cpu, nullptr};
   RopeConfig rope;
   HostTensor cos_sin;                 // [rows, R] for positions [0, rows); grown on demand
+  DeviceTensor cos_sin_device;        // its copy on the GPU (CUDA backend)
   std::map<int64_t, int64_t> cached;  // tokens cached per request
   std::unique_ptr<CompressedScope> compressed;  // ratio > 0 layers
 
@@ -51,7 +58,14 @@ struct Attention::Impl {
     int64_t rows = std::max<int64_t>(have, 1);
     while (rows < len) rows *= 2;
     cos_sin = build_rope_cache(rope, std::min<int64_t>(rows, cfg.max_position));
+    if (device == Device::cuda) cos_sin_device = DeviceTensor::from_host(cos_sin);
   }
+  TensorView rope_table() const {
+    return device == Device::cuda ? cos_sin_device.view() : cos_sin.view();
+  }
+  // x as the layer's ops take it: the caller's tensor on the CPU; on CUDA a bf16 device tensor
+  // (a host x is rounded to bf16 and uploaded, as a serving engine's hidden states are bf16).
+  TensorView stage_input(const TensorView& x);
   void forward(const BatchPlan& plan, const TensorView& x, const TensorView& y);
 };
 
@@ -61,20 +75,27 @@ Attention::Attention(const ModelConfig& cfg, int layer, AttentionWeights weights
   cfg.validate();
   DSV4_CHECK(cfg.family == "v4", "Attention: the layer is DeepSeek-V4's; config family is ",
              cfg.family);
-  if (opts.backend != Backend::cpu)
-    fail("Attention: backend cuda: the layer's CUDA path is not available yet (the sparse "
-         "attention kernels are callable as ops); use Backend::cpu");
+  if (opts.backend == Backend::cuda && !cuda_available())
+    fail("Attention: backend cuda: ",
+         cuda_built() ? "no CUDA device is visible" : "the library was built without CUDA",
+         "; use Backend::cpu");
   Impl& m = *impl_;
   m.cfg = cfg;
   m.layer = layer;
   m.kind = cfg.layer_kind(layer);
   m.w = std::move(weights);
+  validate_attention_weights(m.w, cfg, "Attention");
   m.opts = opts;
-  m.caches = make_layer_caches(cfg, m.kind, opts.caches);
+  m.device = opts.backend == Backend::cuda ? Device::cuda : Device::cpu;
+  LayerCacheOptions cache_opts = opts.caches;
+  cache_opts.device = m.device;
+  m.caches = make_layer_caches(cfg, m.kind, cache_opts);
+  m.weights = std::make_unique<LayerWeightStore>(m.w, m.device);
+  m.scratch = Scratch(m.device, opts.stream);
   m.rope = cfg.rope_for_layer(layer);
   m.ensure_rope(4096);
   if (m.kind != LayerKind::swa)
-    m.compressed = std::make_unique<CompressedScope>(cfg, layer, m.w, m.caches, m.cos_sin);
+    m.compressed = std::make_unique<CompressedScope>(cfg, layer, m.weights->views(), m.caches);
 }
 
 Attention::~Attention() = default;
@@ -84,8 +105,14 @@ Attention& Attention::operator=(Attention&&) noexcept = default;
 const ModelConfig& Attention::config() const { return impl_->cfg; }
 int Attention::layer_index() const { return impl_->layer; }
 LayerKind Attention::kind() const { return impl_->kind; }
+Backend Attention::backend() const { return impl_->opts.backend; }
 const AttentionWeights& Attention::weights() const { return impl_->w; }
 const LayerCaches& Attention::caches() const { return impl_->caches; }
+
+void Attention::set_stream(Stream stream) {
+  impl_->opts.stream = stream;
+  impl_->scratch.set_stream(stream);
+}
 
 void Attention::release(int64_t req_id) {
   auto it = impl_->cached.find(req_id);
@@ -104,12 +131,18 @@ void Attention::forward(const BatchPlan& plan, const TensorView& x, const Tensor
 void Attention::Impl::check_inputs(const BatchPlan& plan, const TensorView& x,
                                    const TensorView& y) const {
   const int64_t T = plan.num_tokens();
-  check_device(kWhere, "x", x, Device::cpu);
+  const std::string host_or_layer =
+      device == Device::cuda ? "cpu or cuda (the layer's backend)" : "cpu";
+  if (x.device != Device::cpu && x.device != device)
+    fail_expected(kWhere, "x.device", host_or_layer, "cuda");
   check_shape(kWhere, "x", x, {T, cfg.dim});
   check_contiguous(kWhere, "x", x);
-  if (x.dtype != DType::bf16 && x.dtype != DType::fp32)
+  if (x.device == Device::cuda)
+    check_dtype(kWhere, "x (on the GPU; the CUDA GEMMs take bf16 activations)", x, DType::bf16);
+  else if (x.dtype != DType::bf16 && x.dtype != DType::fp32)
     fail_expected(kWhere, "x.dtype", "bf16 or fp32", dtype_name(x.dtype));
-  check_device(kWhere, "y", y, Device::cpu);
+  if (y.device != Device::cpu && y.device != device)
+    fail_expected(kWhere, "y.device", host_or_layer, "cuda");
   check_shape(kWhere, "y", y, {T, cfg.dim});
   check_dtype(kWhere, "y", y, DType::fp32);
   check_contiguous(kWhere, "y", y);
@@ -130,16 +163,29 @@ void Attention::Impl::check_inputs(const BatchPlan& plan, const TensorView& x,
   if (compressed) compressed->check_capacity(plan);
 }
 
-void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x, const TensorView& y) {
+TensorView Attention::Impl::stage_input(const TensorView& x) {
+  if (device == Device::cpu || x.device == Device::cuda) return x;
+  HostTensor x_bf16(DType::bf16, {x.size(0), x.size(1)});
+  uint16_t* out = x_bf16.data<uint16_t>();
+  for (int64_t i = 0; i < x.numel(); ++i) out[i] = float_to_bf16_bits(load_as_float(x.data, x.dtype, i));
+  return scratch.upload(x_bf16);
+}
+
+void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, const TensorView& y) {
   const int64_t T = plan.num_tokens();
   const int H = cfg.n_heads, D = cfg.head_dim, W = cfg.window_size;
   const float eps = static_cast<float>(cfg.norm_eps);
   const int nd = plan.num_decodes;
   const int R = plan.num_requests();
+  const Stream stream = opts.stream;
+  const LayerWeightViews& wv = weights->views();
+  Scratch& ws = scratch;
+  ws.reset();
 
   int64_t longest = 0;
   for (int r = 0; r < R; ++r) longest = std::max(longest, plan.seq_len(r));
   ensure_rope(longest);
+  const TensorView cos_sin_v = rope_table();
 
   // Register new requests (check_inputs verified the others' context).
   for (const RequestStep& s : plan.requests)
@@ -148,68 +194,76 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x, const 
       if (compressed) compressed->add_request(s.req_id);
       cached[s.req_id] = 0;
     }
+  const TensorView x = stage_input(x_in);
 
   // 1–3. Projections and norms.
-  HostTensor qr(DType::fp32, {T, cfg.q_lora_rank}), kv_raw(DType::fp32, {T, D});
-  linear(x, {}, w.wq_a.value, w.wq_a.scale, qr);
-  linear(x, {}, w.wkv.value, w.wkv.scale, kv_raw);
-  HostTensor qr_n(DType::bf16, {T, cfg.q_lora_rank}), kv(DType::bf16, {T, D});
-  fused_qkv_rms_norm(qr, w.q_norm, kv_raw, w.kv_norm, eps, qr_n, kv);
-  HostTensor q(DType::bf16, {T, H, D});
-  linear(qr_n, {}, w.wq_b.value, w.wq_b.scale, reshape(q, {T, int64_t{H} * D}));
+  TensorView qr = ws.tensor(DType::fp32, {T, cfg.q_lora_rank});
+  TensorView kv_raw = ws.tensor(DType::fp32, {T, D});
+  linear(x, {}, wv.wq_a.value, wv.wq_a.scale, qr, stream);
+  linear(x, {}, wv.wkv.value, wv.wkv.scale, kv_raw, stream);
+  TensorView qr_n = ws.tensor(DType::bf16, {T, cfg.q_lora_rank});
+  TensorView kv = ws.tensor(DType::bf16, {T, D});
+  fused_qkv_rms_norm(qr, wv.q_norm, kv_raw, wv.kv_norm, eps, qr_n, kv, stream);
+  TensorView q = ws.tensor(DType::bf16, {T, H, D});
+  linear(qr_n, {}, wv.wq_b.value, wv.wq_b.scale, reshape(q, {T, int64_t{H} * D}), stream);
 
   // 4–5. SWA slots, q head-norm + RoPE, kv RoPE + quant + insert.
-  HostTensor positions(DType::int64, {T});
-  std::copy(plan.positions.begin(), plan.positions.end(), positions.data<int64_t>());
-  HostTensor slot_mapping(DType::int64, {T});
+  HostTensor positions_h(DType::int64, {T});
+  std::copy(plan.positions.begin(), plan.positions.end(), positions_h.data<int64_t>());
+  HostTensor slot_mapping_h(DType::int64, {T});
   for (int r = 0; r < R; ++r) {
     const RequestStep& s = plan.requests[r];
     const std::vector<int64_t> slots = caches.swa->append(s.req_id, s.num_new);
-    std::copy(slots.begin(), slots.end(), slot_mapping.data<int64_t>() + plan.query_start_loc[r]);
+    std::copy(slots.begin(), slots.end(), slot_mapping_h.data<int64_t>() + plan.query_start_loc[r]);
   }
-  qnorm_rope_kv_insert(q, kv, positions, cos_sin, eps, caches.swa->kv_view(), slot_mapping);
+  const TensorView positions = ws.upload(positions_h);
+  qnorm_rope_kv_insert(q, kv, positions, cos_sin_v, eps, caches.swa->kv_view(),
+                       ws.upload(slot_mapping_h), stream);
 
   // 6. Compressor (and indexer) for compressed layers: request-local entry lists per token.
   CompressedIndices cidx;
-  if (compressed) cidx = compressed->step(plan, x, qr_n, positions);
+  if (compressed) cidx = compressed->step(plan, x, qr_n, positions, cos_sin_v, ws);
   const int K = cidx.topk;  // compressed slots per token (0 for SWA layers)
 
   std::vector<int64_t> req_ids(R);
   for (int r = 0; r < R; ++r) req_ids[r] = plan.requests[r].req_id;
-  HostTensor o(DType::bf16, {T, H, D});
-  HostTensor token_to_req = HostTensor::from_int32(plan.token_to_req);
+  TensorView o = ws.tensor(DType::bf16, {T, H, D});
+  HostTensor token_to_req_h = HostTensor::from_int32(plan.token_to_req);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 
   // 7a. Decodes: read the caches directly through two scopes.
   if (nd > 0) {
+    // The SWA window depends only on the plan and the block tables: planned on the host.
     HostTensor swa_table = pack_block_tables(*caches.swa, req_ids);
     HostTensor swa_idx(DType::int32, {nd, W}), swa_len(DType::int32, {nd});
-    swa_window_indices(positions.view().slice0(0, nd), token_to_req.view().slice0(0, nd), swa_table,
-                       caches.swa->spec().block_size, W, swa_idx, swa_len);
+    swa_window_indices(positions_h.view().slice0(0, nd), token_to_req_h.view().slice0(0, nd),
+                       swa_table, caches.swa->spec().block_size, W, swa_idx, swa_len);
     SparseDecodeArgs a;
-    a.q = reshape(q.view().slice0(0, nd), {nd, 1, H, D});
+    a.q = reshape(q.slice0(0, nd), {nd, 1, H, D});
     a.k_cache = caches.swa->kv_view();
-    a.indices = reshape(swa_idx, {nd, 1, W});
-    a.topk_length = swa_len;
-    HostTensor ext_idx, ext_len;
+    a.indices = reshape(ws.upload(swa_idx), {nd, 1, W});
+    a.topk_length = ws.upload(swa_len);
     if (K > 0) {
-      ext_idx = HostTensor(DType::int32, {nd, K});
-      ext_len = HostTensor(DType::int32, {nd});
-      HostTensor table = pack_block_tables(*caches.compressed, req_ids);
-      local_to_global_slots(cidx.local.view().slice0(0, nd), token_to_req.view().slice0(0, nd),
-                            table, caches.compressed->spec().block_size, ext_idx, ext_len);
+      // The compressed entries come from the indexer / plan on the layer's device.
+      TensorView ext_idx = ws.tensor(DType::int32, {nd, K});
+      TensorView ext_len = ws.tensor(DType::int32, {nd});
+      const TensorView table = ws.upload(pack_block_tables(*caches.compressed, req_ids));
+      local_to_global_slots(cidx.local.slice0(0, nd), ws.upload(token_to_req_h).slice0(0, nd),
+                            table, caches.compressed->spec().block_size, ext_idx, ext_len,
+                            stream);
       a.extra_k_cache = caches.compressed->kv_view();
       a.extra_indices = reshape(ext_idx, {nd, 1, K});
       a.extra_topk_length = ext_len;
     }
-    a.attn_sink = w.attn_sink;
-    a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(D));
+    a.attn_sink = wv.attn_sink;
+    a.softmax_scale = scale;
     a.d_v = D;
-    a.out = reshape(o.view().slice0(0, nd), {nd, 1, H, D});
-    HostTensor lse(DType::fp32, {nd, 1, H});
-    a.lse = lse;
+    a.out = reshape(o.slice0(0, nd), {nd, 1, H, D});
+    a.lse = ws.tensor(DType::fp32, {nd, 1, H});
     const DecodeSchedule sched = make_decode_schedule(nd, 1, H, W + K, opts.num_sms);
-    HostTensor ws(DType::uint8, {std::max<int64_t>(sched.workspace_bytes, 1)});
-    sparse_decode(a, sched, ws);
+    const TensorView workspace =
+        ws.tensor(DType::uint8, {std::max<int64_t>(sched.workspace_bytes, 1)});
+    sparse_decode(a, sched, workspace, stream);
   }
 
   // 7b. Prefill chunks: gather (compressed | SWA) rows into a bf16 workspace, then sparse prefill.
@@ -234,48 +288,69 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x, const 
     const int64_t M = N + max_gather;
     std::vector<int64_t> prefill_ids(req_ids.begin() + nd, req_ids.end());
 
-    HostTensor ws(DType::bf16, {Rp, M, D});
-    HostTensor seq_t = HostTensor::from_int32(seq), gather_t = HostTensor::from_int32(gather), qsl_t = HostTensor::from_int32(qsl);
+    TensorView kv_rows = ws.tensor(DType::bf16, {Rp, M, D});
+    const TensorView seq_t = ws.upload(HostTensor::from_int32(seq));
+    const TensorView gather_t = ws.upload(HostTensor::from_int32(gather));
+    const TensorView qsl_t = ws.upload(HostTensor::from_int32(qsl));
     if (compressed && N > 0) {
-      HostTensor ctable = pack_block_tables(*caches.compressed, prefill_ids);
-      dequantize_and_gather(caches.compressed->kv_view(), ctable, HostTensor::from_int32(cseq), {}, 0, ws);
+      const TensorView ctable = ws.upload(pack_block_tables(*caches.compressed, prefill_ids));
+      dequantize_and_gather(caches.compressed->kv_view(), ctable,
+                            ws.upload(HostTensor::from_int32(cseq)), {}, 0, kv_rows, stream);
     }
-    HostTensor stable = pack_block_tables(*caches.swa, prefill_ids);
-    dequantize_and_gather(caches.swa->kv_view(), stable, seq_t, gather_t, N, ws);
+    const TensorView stable = ws.upload(pack_block_tables(*caches.swa, prefill_ids));
+    dequantize_and_gather(caches.swa->kv_view(), stable, seq_t, gather_t, N, kv_rows, stream);
 
-    HostTensor topk_local = K > 0 ? HostTensor() : HostTensor(DType::int32, {Tp, 0});
-    TensorView topk_view = K > 0 ? cidx.local.view().slice0(t0, T) : topk_local.view();
-    HostTensor idx(DType::int32, {Tp, K + W}), len(DType::int32, {Tp});
+    const TensorView topk_view =
+        K > 0 ? cidx.local.slice0(t0, T) : ws.tensor(DType::int32, {Tp, 0});
+    TensorView idx = ws.tensor(DType::int32, {Tp, K + W});
+    TensorView len = ws.tensor(DType::int32, {Tp});
     combine_topk_swa_indices(topk_view, qsl_t, seq_t, gather_t, W, static_cast<int>(N), M,
-                             compressed ? compressed->ratio() : 0, idx, len);
+                             compressed ? compressed->ratio() : 0, idx, len, stream);
 
     SparsePrefillArgs a;
-    a.q = q.view().slice0(t0, T);
-    a.kv = reshape(ws, {Rp * M, 1, D});
+    a.q = q.slice0(t0, T);
+    a.kv = reshape(kv_rows, {Rp * M, 1, D});
     a.indices = reshape(idx, {Tp, 1, K + W});
     a.topk_length = len;
-    a.attn_sink = w.attn_sink;
-    a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(D));
+    a.attn_sink = wv.attn_sink;
+    a.softmax_scale = scale;
     a.d_v = D;
-    a.out = o.view().slice0(t0, T);
-    HostTensor max_logits(DType::fp32, {Tp, H}), lse(DType::fp32, {Tp, H});
-    a.max_logits = max_logits;
-    a.lse = lse;
-    sparse_prefill(a);
+    a.out = o.slice0(t0, T);
+    a.max_logits = ws.tensor(DType::fp32, {Tp, H});
+    a.lse = ws.tensor(DType::fp32, {Tp, H});
+    sparse_prefill(a, stream);
   }
 
   // 8–9. Inverse RoPE, FP8 activation quant, grouped wo_a, wo_b.
-  apply_rope(o, positions, cos_sin, /*inverse=*/true, o);
+  apply_rope(o, positions, cos_sin_v, /*inverse=*/true, o, stream);
   const int64_t HD = int64_t{H} * D;
-  HostTensor z(DType::fp32, {T, int64_t{cfg.o_groups} * cfg.o_lora_rank});
+  // The CPU keeps the low-rank z in fp32; the CUDA GEMMs take bf16 operands, so there z is bf16
+  // (as DeepSeek's inference code stores it).
+  const DType z_dtype = device == Device::cuda ? DType::bf16 : DType::fp32;
+  TensorView z = ws.tensor(z_dtype, {T, int64_t{cfg.o_groups} * cfg.o_lora_rank});
+  TensorView o2 = reshape(o, {T, HD});
   if (opts.fp8_activations) {
-    HostTensor oq(DType::fp8_e4m3, {T, HD}), oscale(DType::fp32, {T, HD / 128});
-    quantize_act_fp8(reshape(o, {T, HD}), 128, oq, oscale);
-    grouped_wo_a(oq, oscale, w.wo_a.value, w.wo_a.scale, z);
+    TensorView oq = ws.tensor(DType::fp8_e4m3, {T, HD});
+    TensorView oscale = ws.tensor(DType::fp32, {T, HD / 128});
+    quantize_act_fp8(o2, 128, oq, oscale, stream);
+    if (device == Device::cuda) {
+      // fp8 · 2^k is exact in bf16: the bf16 GEMM sees exactly the quantized activations.
+      TensorView o_deq = ws.tensor(DType::bf16, {T, HD});
+      dequantize_fp8_blocks(oq, oscale, 1, 128, o_deq, stream);
+      grouped_wo_a(o_deq, {}, wv.wo_a.value, wv.wo_a.scale, z, stream);
+    } else {
+      grouped_wo_a(oq, oscale, wv.wo_a.value, wv.wo_a.scale, z, stream);
+    }
   } else {
-    grouped_wo_a(reshape(o, {T, HD}), {}, w.wo_a.value, w.wo_a.scale, z);
+    grouped_wo_a(o2, {}, wv.wo_a.value, wv.wo_a.scale, z, stream);
   }
-  linear(z, {}, w.wo_b.value, w.wo_b.scale, y);
+  if (y.device == device) {
+    linear(z, {}, wv.wo_b.value, wv.wo_b.scale, y, stream);
+  } else {
+    TensorView y_dev = ws.tensor(DType::fp32, {T, cfg.dim});
+    linear(z, {}, wv.wo_b.value, wv.wo_b.scale, y_dev, stream);
+    ws.download(y_dev, y);
+  }
 
   for (const RequestStep& s : plan.requests) cached[s.req_id] = s.context + s.num_new;
 }

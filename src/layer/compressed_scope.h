@@ -10,21 +10,23 @@
 #include "dsv4/config.h"
 #include "dsv4/paged_cache.h"
 #include "dsv4/tensor.h"
-#include "dsv4/weights.h"
+#include "layer/layer_weights.h"
+#include "layer/scratch.h"
 
 namespace dsv4 {
 
 struct CompressedIndices {
-  HostTensor local;  // [T, topk] int32 request-local entry numbers, -1 padded
-  HostTensor lens;   // [T] int32 valid entries per token
+  TensorView local;  // [T, topk] int32 request-local entry numbers, -1 padded (scratch)
+  TensorView lens;   // [T] int32 valid entries per token (scratch)
   int topk = 0;
 };
 
 class CompressedScope {
  public:
-  // `weights`, `caches` and `cos_sin` must outlive the scope (they are the layer's).
-  CompressedScope(const ModelConfig& cfg, int layer, const AttentionWeights& weights,
-                  LayerCaches& caches, const HostTensor& cos_sin);
+  // `weights` and `caches` must outlive the scope (they are the layer's); both live on the
+  // device every op of the scope runs on.
+  CompressedScope(const ModelConfig& cfg, int layer, const LayerWeightViews& weights,
+                  LayerCaches& caches);
 
   int ratio() const { return ratio_; }
   // Reserves the request's compressor rings (after LayerCaches::add_request registered it).
@@ -35,21 +37,21 @@ class CompressedScope {
   void check_capacity(const BatchPlan& plan) const;
 
   // Compresses the batch's tokens (x [T, dim], qr_n [T, q_lora] the normed low-rank query,
-  // positions [T] int64) into the caches and plans each token's compressed entries.
+  // positions [T] int64, cos_sin the layer's RoPE table, all on the scratch's device) into the
+  // caches and plans each token's compressed entries (temporaries and results in `scratch`).
   CompressedIndices step(const BatchPlan& plan, const TensorView& x, const TensorView& qr_n,
-                         const TensorView& positions);
+                         const TensorView& positions, const TensorView& cos_sin, Scratch& scratch);
 
  private:
   // One compressor (main or indexer): project, reserve emitted entries, update rings and emit.
-  void compress(const CompressorConfig& ccfg, const CompressorWeights& w, PagedCache& state,
+  void compress(const CompressorConfig& ccfg, const CompressorWeightViews& w, PagedCache& state,
                 PagedCache& out_cache, const BatchPlan& plan, const TensorView& x,
                 const TensorView& positions, const TensorView& token_to_req,
-                const TensorView& context_lens);
+                const TensorView& context_lens, const TensorView& cos_sin, Scratch& scratch);
 
   const ModelConfig& cfg_;
-  const AttentionWeights& w_;
+  const LayerWeightViews& w_;
   LayerCaches& caches_;
-  const HostTensor& cos_sin_;
   int ratio_ = 0;
   CompressorConfig main_;
   CompressorConfig indexer_;

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "dsv4/device_tensor.h"
 #include "dsv4/layer.h"
 #include "dsv4/reference.h"
 #include "dsv4/weights.h"
@@ -221,6 +222,22 @@ INSTANTIATE_TEST_SUITE_P(Kinds, LayerTest,
                          ::testing::Values(LayerCase{0, "SWA"}, LayerCase{1, "C4A"},
                                            LayerCase{2, "C128A"}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// The CUDA backend without a GPU (or without a CUDA build): a clear error at construction.
+TEST(LayerBackend, CudaRefusedClearlyWithoutAGpu) {
+  if (dsv4::cuda_available()) GTEST_SKIP() << "a CUDA device is present (tests/cuda cover it)";
+  const ModelConfig cfg = ModelConfig::builtin("tiny");
+  dsv4::AttentionOptions opts;
+  opts.backend = dsv4::Backend::cuda;
+  try {
+    Attention(cfg, 0, dsv4::random_attention_weights(cfg, 0, kSeed, true), opts);
+    FAIL() << "expected dsv4::Error";
+  } catch (const dsv4::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_TRUE(msg.find("no CUDA device") != std::string::npos ||
+                msg.find("built without CUDA") != std::string::npos) << msg;
+  }
+}
 
 // Exhausted cache blocks: a clear error before anything changes.
 TEST(LayerCapacity, ExhaustionIsReportedUpFront) {

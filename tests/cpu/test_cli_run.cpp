@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli_test_support.h"
+#include "dsv4/device_tensor.h"
 #include "dsv4/weights.h"
 #include "weights_test_support.h"
 
@@ -30,6 +31,8 @@ TEST(CliRun, TinyRandomWeightsPassesCheck) {
   nlohmann::json j;
   std::ifstream(dir.file("report.json")) >> j;
   EXPECT_TRUE(j["check"]["passed"].get<bool>());
+  // auto picks the GPU only where one is visible (this suite also runs on GPU machines).
+  EXPECT_EQ(j["backend"].get<std::string>(), dsv4::cuda_available() ? "cuda" : "cpu");
   std::set<std::string> kinds;
   for (const auto& l : j["check"]["layers"]) {
     kinds.insert(l["kind"].get<std::string>());
@@ -63,6 +66,15 @@ TEST(CliRun, CheckpointDirectoryLoads) {
   const Result bad = run_cli("--config " + dir.str() + " --weights " + dir.str() + " --layers 1 --quiet");
   EXPECT_EQ(bad.status, 1);
   EXPECT_NE(bad.output.find("layers.1.attn.wq_b.weight"), std::string::npos) << bad.output;
+}
+
+// --backend cuda where it cannot run is an error naming why (no silent fall-back to the CPU).
+TEST(CliRun, CudaBackendWithoutGpuIsAClearError) {
+  if (dsv4::cuda_available()) GTEST_SKIP() << "a CUDA device is present (device_check.sh runs it)";
+  const Result r = run_cli("--model tiny --backend cuda --requests 1 --prompt-len 8 --quiet");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(r.output.find("no CUDA device") != std::string::npos ||
+              r.output.find("no CUDA backend") != std::string::npos) << r.output;
 }
 
 TEST(CliRun, BadArgumentsAreErrors) {

@@ -49,7 +49,7 @@ TEST_P(IndexerQuery, MatchesFloat64RopeHadamardFp8) {
   q_scale.fill_bytes(0xFF);
   w.fill_bytes(0xFF);
   const HostTensor cos_sin = build_rope_cache(kRope, 256);
-  indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w);
+  indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w, {});
 
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t h = 0; h < H; ++h) {
@@ -93,21 +93,80 @@ TEST(IndexerQueryErrors, BadInputWritesNothing) {
   const HostTensor cos_sin = build_rope_cache(kRope, 4);
   const auto q0 = bytes_of(q_fp8), s0 = bytes_of(q_scale), w0 = bytes_of(w);
   dense_test::expect_error(
-      [&] { indexer_query(qr, wq_b, {}, x, wp_bad, pos, cos_sin, q_fp8, q_scale, w); },
+      [&] { indexer_query(qr, wq_b, {}, x, wp_bad, pos, cos_sin, q_fp8, q_scale, w, {}); },
       {"weights_proj"});
   HostTensor wq_odd(DType::fp32, {H * kDim + 1, 16});
   dense_test::expect_error(
-      [&] { indexer_query(qr, wq_odd, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w); },
+      [&] { indexer_query(qr, wq_odd, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w, {}); },
       {"wq_b.shape[0]"});
   HostTensor q_bad(DType::bf16, {T, H, kDim});
   dense_test::expect_error(
-      [&] { indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_bad, q_scale, w); },
+      [&] { indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_bad, q_scale, w, {}); },
       {"q_fp8.dtype"});
   pos.data<int32_t>()[2] = 4;  // beyond the 4-row cos/sin table
   dense_test::expect_error(
-      [&] { indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w); },
+      [&] { indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w, {}); },
       {"positions[2]"});
   EXPECT_TRUE(same_bytes(q_fp8, q0) && same_bytes(q_scale, s0) && same_bytes(w, w0));
+}
+
+// The workspace is for the CUDA projection: the CPU ignores it (defined or not) and rejects one
+// on another device like any other argument.
+TEST(IndexerQueryWorkspace, IgnoredOnCpuAndSized) {
+  const int64_t H = 2, T = 3;
+  Rng rng(44);
+  HostTensor qr(DType::fp32, {T, 16}), wq_b(DType::fp32, {H * kDim, 16}), x(DType::fp32, {T, 8}),
+      wp(DType::fp32, {H, 8}), pos(DType::int32, {T});
+  for (HostTensor* t : {&qr, &wq_b, &x, &wp})
+    for (int64_t i = 0; i < t->numel(); ++i)
+      t->data<float>()[i] = static_cast<float>(rng.nonzero());
+  for (int64_t t = 0; t < T; ++t) pos.data<int32_t>()[t] = static_cast<int32_t>(3 * t);
+  const HostTensor cos_sin = build_rope_cache(kRope, 8);
+  auto run = [&](const TensorView& workspace) {
+    std::vector<HostTensor> out;
+    out.emplace_back(DType::fp8_e4m3, std::vector<int64_t>{T, H, kDim});
+    out.emplace_back(DType::fp32, std::vector<int64_t>{T, H});
+    out.emplace_back(DType::fp32, std::vector<int64_t>{T, H});
+    for (HostTensor& o : out) o.fill_bytes(0xEE);
+    indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, out[0], out[1], out[2], workspace);
+    return out;
+  };
+  const auto without = run({});
+  HostTensor ws(DType::uint8, {indexer_query_workspace_bytes(T, H)});
+  ws.fill_bytes(0x5A);
+  const auto with = run(ws);
+  for (size_t i = 0; i < without.size(); ++i) EXPECT_TRUE(same_bytes(with[i], bytes_of(without[i])));
+  EXPECT_TRUE(same_bytes(ws, std::vector<uint8_t>(ws.nbytes(), 0x5A)));  // untouched
+
+  // A CUDA workspace with CPU tensors: mixed devices (checked before anything runs).
+  TensorView cuda_ws = ws;
+  cuda_ws.device = Device::cuda;
+  HostTensor q_fp8(DType::fp8_e4m3, {T, H, kDim}), q_scale(DType::fp32, {T, H}), w(DType::fp32, {T, H});
+  for (HostTensor* t : {&q_fp8, &q_scale, &w}) t->fill_bytes(0xEE);
+  const auto q0 = bytes_of(q_fp8), s0 = bytes_of(q_scale), w0 = bytes_of(w);
+  dense_test::expect_error(
+      [&] { indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w, cuda_ws); },
+      {"workspace.device"});
+  EXPECT_TRUE(same_bytes(q_fp8, q0) && same_bytes(q_scale, s0) && same_bytes(w, w0));
+
+  EXPECT_EQ(indexer_query_workspace_bytes(5, 64), 5 * 64 * 128 * 4);
+  EXPECT_EQ(indexer_query_workspace_bytes(7, 3, 64), 7 * 3 * 64 * 4);
+  EXPECT_EQ(indexer_query_workspace_bytes(0, 64), 0);
+  dense_test::expect_error([] { indexer_query_workspace_bytes(-1, 64); }, {"T"});
+}
+
+// Every indexer op rejects tensors on two devices before reading or writing anything.
+TEST(IndexerOpsErrors, MixedDevicesRejected) {
+  HostTensor scores(DType::fp32, {2, 4}), pos(DType::int64, {2}), idx(DType::int32, {2, 3});
+  scores.fill_bytes(0);
+  pos.fill_bytes(0);
+  idx.fill_bytes(0x11);
+  const auto before = bytes_of(idx);
+  TensorView cuda_pos = pos;
+  cuda_pos.device = Device::cuda;  // never dereferenced: the device check comes first
+  dense_test::expect_error([&] { indexer_topk(scores, cuda_pos, 4, idx); }, {"positions.device"});
+  dense_test::expect_error([&] { compressed_prefix_indices(cuda_pos, 4, idx); }, {"indices.device"});
+  EXPECT_TRUE(same_bytes(idx, before));
 }
 
 // ================================ scores =====================================================
@@ -433,7 +492,7 @@ TEST(IndexerPipeline, TopkRecallAgainstFloat64Selection) {
   // Selection by the library.
   HostTensor q_fp8(DType::fp8_e4m3, {n, H, kDim}), q_scale(DType::fp32, {n, H}),
       w(DType::fp32, {n, H}), scores(DType::fp32, {n, entries_n}), idx(DType::int32, {n, K});
-  indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w);
+  indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w, {});
   indexer_scores(q_fp8, q_scale, w, pos, req, {keys, 8}, key_table, 4, scores);
   indexer_topk(scores, pos, 4, idx);
 

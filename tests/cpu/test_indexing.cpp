@@ -253,6 +253,16 @@ TEST(SwaWindow, RejectsMissingBlocksAndBadInputWithoutWriting) {
                   "positions.dtype", {&idx, &lens});
 }
 
+// A slot beyond int32 is an error in any block of the window, not only the newest one.
+TEST(SwaWindow, RejectsSlotBeyondInt32InAnOlderWindowBlock) {
+  HostTensor table = i32({1, 2}, {(1 << 30) + 1, 1});  // block 0's slots exceed int32 (B = 4)
+  HostTensor idx = poisoned({1, 4}), lens = poisoned({1});
+  // Position 5: window 2..5 spans block 0 (positions 2, 3) and block 1.
+  expect_rejected(
+      [&] { dsv4::swa_window_indices(i32({1}, {5}), i32({1}, {0}), table, 4, 4, idx, lens); },
+      "exceeds int32", {&idx, &lens});
+}
+
 // ================================ prefill gather rewrite ====================================
 
 // Two prefill requests, W = 4, ratio 4, compressed region N = 3, M = 12 rows per request.
@@ -335,5 +345,65 @@ TEST(CombineTopkSwa, RejectsBadIndicesAndMetadataWithoutWriting) {
       [&] { dsv4::combine_topk_swa_indices(f.topk, f.qsl, f.seq, f.gather, 4, 3, 12, 8, out, lens); },
       "ratio", outs);
 }
+
+// ================================ devices ===================================================
+
+// A view of host memory labelled as CUDA: these calls must fail on the device check before
+// anything is read or launched.
+dsv4::TensorView as_cuda(const HostTensor& t) {
+  dsv4::TensorView v = t.view();
+  v.device = dsv4::Device::cuda;
+  return v;
+}
+
+TEST(IndexingDevices, MixedDevicesAreRejectedWithoutWriting) {
+  SmallTable s;
+  HostTensor local = i32({3, 2}, {0, 1, 2, 3, 0, 1});
+  HostTensor global = poisoned({3, 2}), lens = poisoned({3});
+  expect_rejected(
+      [&] { dsv4::local_to_global_slots(local, s.token_to_req, as_cuda(s.table), 4, global, lens); },
+      "block_table.device", {&global, &lens});
+  HostTensor idx = poisoned({3, 4});
+  expect_rejected(
+      [&] {
+        dsv4::swa_window_indices(i32({3}, {0, 1, 2}), s.token_to_req, s.table, 4, 4, idx,
+                                 as_cuda(lens));
+      },
+      "lens.device", {&idx, &lens});
+  GatherFixture f;
+  HostTensor out = poisoned({5, 6}), out_lens = poisoned({5});
+  expect_rejected(
+      [&] {
+        dsv4::combine_topk_swa_indices(f.topk, f.qsl, as_cuda(f.seq), f.gather, 4, 3, 12, 4, out,
+                                       out_lens);
+      },
+      "seq_lens.device", {&out, &out_lens});
+}
+
+TEST(IndexingDevices, CheckedConversionPointsCudaCallersToTheKernelFacingOne) {
+  SmallTable s;
+  HostTensor local = i32({3, 2}, {0, 1, 2, 3, 0, 1});
+  HostTensor global = poisoned({3, 2});
+  expect_rejected(
+      [&] {
+        dsv4::local_to_global_slots_checked(as_cuda(local), as_cuda(s.token_to_req),
+                                            as_cuda(s.table), 4, as_cuda(global));
+      },
+      "use local_to_global_slots", {&global});
+}
+
+#ifndef DSV4_WITH_CUDA
+TEST(IndexingDevices, CudaTensorsWithoutCudaBuildAreAnError) {
+  SmallTable s;
+  HostTensor local = i32({3, 2}, {0, 1, 2, 3, 0, 1});
+  HostTensor global = poisoned({3, 2});
+  expect_rejected(
+      [&] {
+        dsv4::local_to_global_slots(as_cuda(local), as_cuda(s.token_to_req), as_cuda(s.table), 4,
+                                    as_cuda(global));
+      },
+      "not built", {&global});
+}
+#endif
 
 }  // namespace

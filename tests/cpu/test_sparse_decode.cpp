@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "dsv4/ops.h"
-#include "sparse_attention_reference.h"
+#include "sparse_attention_cases.h"
 
 namespace {
 
@@ -20,6 +20,7 @@ using dsv4::DType;
 using dsv4::HostTensor;
 using dsv4::KvLayout;
 using dsv4::TensorView;
+using dsv4::test::DecodeScope;
 using dsv4::test::TestCache;
 
 struct DecodeCase {
@@ -35,74 +36,25 @@ struct DecodeCase {
 
 std::ostream& operator<<(std::ostream& os, const DecodeCase& c) { return os << c.name; }
 
-// One scope: a cache with ~1/8 of its slots left as NaN bytes, and indices into it.
-struct ScopeData {
-  std::unique_ptr<TestCache> cache;
-  std::vector<int64_t> clean_slots, poisoned_slots;
-  HostTensor indices, lengths;  // lengths undefined when not used
-
-  ScopeData(KvLayout layout, int block_size, int b, int s_q, int topk, bool with_length,
-            std::mt19937& rng) {
-    const int64_t blocks = (4 * int64_t{topk} + block_size - 1) / block_size + 1;
-    cache = std::make_unique<TestCache>(layout, block_size, blocks,
-                                        layout == KvLayout::fp8_per_tensor ? 0.37f : 1.0f);
-    for (int64_t s = 0; s < cache->num_slots(); ++s) {
-      if (rng() % 8 == 0) {
-        poisoned_slots.push_back(s);
-      } else {
-        cache->fill_token(s, rng);
-        clean_slots.push_back(s);
-      }
-    }
-    indices = HostTensor(DType::int32, {b, s_q, topk});
-    if (with_length) lengths = HostTensor(DType::int32, {b});
-    for (int bi = 0; bi < b; ++bi) {
-      // Lengths: random, with 0 and the full topk among them.
-      const int len = !with_length ? topk : bi == 0 ? topk : bi == 1 ? 0 : int(rng() % (topk + 1));
-      if (with_length) lengths.data<int32_t>()[bi] = len;
-      for (int si = 0; si < s_q; ++si)
-        for (int k = 0; k < topk; ++k) {
-          int32_t& slot = indices.data<int32_t>()[(int64_t{bi} * s_q + si) * topk + k];
-          if (k >= len) {  // never counted: NaN rows or values no cache has (not an error)
-            slot = k % 2 ? int32_t(poisoned_slots[rng() % poisoned_slots.size()]) : 1 << 30;
-          } else if (rng() % 10 == 0) {
-            slot = -1;
-          } else if (k > 0 && rng() % 10 == 0) {
-            slot = indices.data<int32_t>()[(int64_t{bi} * s_q + si) * topk + k - 1];  // duplicate
-          } else {
-            slot = int32_t(clean_slots[rng() % clean_slots.size()]);
-          }
-        }
-    }
-  }
-  int32_t counted(int bi) const {
-    return lengths.view().defined() ? lengths.data<int32_t>()[bi] : int32_t(indices.shape()[2]);
-  }
-};
-
 // A whole decode problem: inputs, poisoned outputs and the float64 reference.
 struct DecodeProblem {
   DecodeCase c;
   int d_qk, d_v = 512;
   float scale;
   std::mt19937 rng;
-  std::unique_ptr<ScopeData> main, extra;
+  std::unique_ptr<DecodeScope> main, extra;
   HostTensor q, sink, out, lse;
 
   explicit DecodeProblem(const DecodeCase& cs, uint32_t seed = 1234)
       : c(cs), d_qk(dsv4::test::spec_dim(cs.layout)), rng(seed) {
     scale = 1.0f / std::sqrt(float(d_qk)) * 1.25f;  // not the default: the scale must be used
-    main = std::make_unique<ScopeData>(c.layout, c.block_size, c.b, c.s_q, c.topk, c.with_length, rng);
+    main = std::make_unique<DecodeScope>(c.layout, c.block_size, c.b, c.s_q, c.topk, c.with_length, rng);
     if (c.extra_topk > 0)
-      extra = std::make_unique<ScopeData>(c.layout, c.extra_block_size, c.b, c.s_q, c.extra_topk,
-                                          c.extra_length, rng);
+      extra = std::make_unique<DecodeScope>(c.layout, c.extra_block_size, c.b, c.s_q, c.extra_topk,
+                                            c.extra_length, rng);
     q = HostTensor(DType::bf16, {c.b, c.s_q, c.h, d_qk});
     dsv4::test::fill_bf16_normal(q, rng);
-    if (c.with_sink) {
-      sink = HostTensor(DType::fp32, {c.h});
-      std::normal_distribution<float> normal(0.0f, 2.0f);
-      for (int i = 0; i < c.h; ++i) sink.data<float>()[i] = normal(rng);
-    }
+    if (c.with_sink) sink = dsv4::test::random_sink(c.h, rng);
     out = HostTensor(DType::bf16, {c.b, c.s_q, c.h, d_v});
     lse = HostTensor(DType::fp32, {c.b, c.s_q, c.h});
     poison();
@@ -114,22 +66,7 @@ struct DecodeProblem {
   }
 
   dsv4::SparseDecodeArgs args() const {
-    dsv4::SparseDecodeArgs a;
-    a.q = q;
-    a.k_cache = main->cache->view();
-    a.indices = main->indices;
-    a.topk_length = main->lengths;
-    if (extra) {
-      a.extra_k_cache = extra->cache->view();
-      a.extra_indices = extra->indices;
-      a.extra_topk_length = extra->lengths;
-    }
-    a.attn_sink = sink;
-    a.softmax_scale = scale;
-    a.d_v = d_v;
-    a.out = out;
-    a.lse = lse;
-    return a;
+    return dsv4::test::decode_args(q, *main, extra.get(), sink, scale, d_v, out, lse);
   }
   int topk_total() const { return c.topk + c.extra_topk; }
 
@@ -152,7 +89,7 @@ struct DecodeProblem {
     std::vector<const std::vector<double>*> rows;
     int position = 0;
     for (int scope = 0; scope < 2; ++scope) {
-      const ScopeData* sd = scope == 0 ? main.get() : extra.get();
+      const DecodeScope* sd = scope == 0 ? main.get() : extra.get();
       if (!sd) continue;
       const int topk = int(sd->indices.shape()[2]);
       for (int k = 0; k < sd->counted(bi); ++k) {
@@ -282,7 +219,7 @@ TEST(SparseDecode, AllInvalidGivesZeroAndInfLse) {
 
 TEST(SparseDecode, ZeroLengthsInBothScopesAreEmpty) {
   DecodeCase c = small_case(64, 64);
-  c.with_length = c.extra_length = true;  // ScopeData gives batch 1 length 0
+  c.with_length = c.extra_length = true;  // random_lengths gives batch 1 length 0
   DecodeProblem p(c);
   p.extra->lengths.data<int32_t>()[1] = 0;
   p.run();
@@ -473,13 +410,7 @@ TEST(SparseDecode, BadInputThrowsAndWritesNothing) {
     TensorView wsv = ws;
     dsv4::SparseDecodeArgs a = p.args();
     bad.mutate(a, s, wsv);
-    try {
-      dsv4::sparse_decode(a, s, wsv);
-      ADD_FAILURE() << "no error";
-    } catch (const dsv4::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(bad.what), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("sparse_decode"), std::string::npos) << e.what();
-    }
+    dsv4::test::expect_error([&] { dsv4::sparse_decode(a, s, wsv); }, {bad.what, "sparse_decode"});
     for (const HostTensor* t : {&p.out, &p.lse, &ws})
       for (size_t i = 0; i < t->nbytes(); ++i) ASSERT_EQ(t->data<uint8_t>()[i], 0xA5) << i;
   }
@@ -496,16 +427,7 @@ TEST(SparseDecode, CudaTensorsWithoutCudaBackendThrow) {
   HostTensor ws(DType::uint8, {s.workspace_bytes});
   TensorView wsv = ws;
   wsv.device = dsv4::Device::cuda;
-  EXPECT_THROW(
-      {
-        try {
-          dsv4::sparse_decode(a, s, wsv);
-        } catch (const dsv4::Error& e) {
-          EXPECT_NE(std::string(e.what()).find("not built"), std::string::npos) << e.what();
-          throw;
-        }
-      },
-      dsv4::Error);
+  dsv4::test::expect_error([&] { dsv4::sparse_decode(a, s, wsv); }, {"not built"});
 }
 #endif
 

@@ -11,50 +11,55 @@
 #include <string>
 #include <vector>
 
-#include "cpu/sparse_attention_reference.h"
+#include "dsv4/device_tensor.h"
 #include "dsv4/ops.h"
+#include "gpu_test_util.h"
+#include "sparse_attention_cases.h"
 
 namespace {
 
+using dsv4::DeviceTensor;
 using dsv4::DType;
 using dsv4::HostTensor;
 using dsv4::KvLayout;
 using dsv4::TensorView;
-using dsv4::test::TestCache;
+using dsv4::test::DecodeScope;
 
-bool has_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-// A device copy of a host tensor (or a device buffer of its shape), freed on destruction.
-class DeviceCopy {
+// Device copies of the views of one op call, alive as long as this object.
+class Uploads {
  public:
-  explicit DeviceCopy(const TensorView& host, bool upload = true) : view_(host) {
-    if (!host.defined()) return;
-    bytes_ = static_cast<size_t>(host.numel()) * dsv4::dtype_size(host.dtype);
-    EXPECT_EQ(cudaMalloc(&ptr_, std::max<size_t>(bytes_, 16)), cudaSuccess);
-    if (upload) {
-      EXPECT_EQ(cudaMemcpy(ptr_, host.data, bytes_, cudaMemcpyHostToDevice), cudaSuccess);
-    }
-    view_.data = ptr_;
-    view_.device = dsv4::Device::cuda;
-  }
-  DeviceCopy(const DeviceCopy&) = delete;
-  DeviceCopy& operator=(const DeviceCopy&) = delete;
-  ~DeviceCopy() {
-    if (ptr_) cudaFree(ptr_);
-  }
-  const TensorView& view() const { return view_; }
-  void download(const HostTensor& host) const {
-    EXPECT_EQ(cudaMemcpy(host.view().data, ptr_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+  // A device copy of `host` (undefined stays undefined).
+  TensorView operator()(const TensorView& host) {
+    if (!host.defined()) return {};
+    owned_.push_back(DeviceTensor::from_host(host));
+    return owned_.back().view();
   }
 
  private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-  TensorView view_;
+  std::vector<DeviceTensor> owned_;
 };
+
+// The same call with every tensor copied to the device (outputs included: poison them first).
+dsv4::SparseDecodeArgs on_device(dsv4::SparseDecodeArgs a, Uploads& up) {
+  for (TensorView* t : {&a.q, &a.k_cache.data, &a.indices, &a.topk_length, &a.extra_k_cache.data,
+                        &a.extra_indices, &a.extra_topk_length, &a.attn_sink, &a.out, &a.lse})
+    *t = up(*t);
+  return a;
+}
+dsv4::SparsePrefillArgs on_device(dsv4::SparsePrefillArgs a, Uploads& up) {
+  for (TensorView* t : {&a.q, &a.kv, &a.indices, &a.topk_length, &a.attn_sink, &a.out,
+                        &a.max_logits, &a.lse})
+    *t = up(*t);
+  return a;
+}
+
+// Sinks N(3, 2²) with -inf (no sink) at head 0 and +inf (output zeroed) at head 1.
+HostTensor sink_with_infinities(int heads, std::mt19937& rng) {
+  HostTensor sink = dsv4::test::random_sink(heads, rng, 3.0f);
+  sink.data<float>()[0] = -INFINITY;
+  sink.data<float>()[1] = INFINITY;
+  return sink;
+}
 
 // GPU vs CPU tolerances. Both accumulate in fp32 from the same bf16 q and exactly-dequantized
 // keys, but the kernels round the softmax weights to bf16 for the P·V product (as FlashMLA
@@ -94,116 +99,47 @@ struct XDecodeCase {
   bool with_length, with_sink, all_invalid;
 };
 
-// Random indices into `cache` (clean slots), with -1, duplicates and, past topk_length, slots
-// of NaN rows or values no cache has.
-HostTensor random_indices(int b, int s_q, int topk, const std::vector<int64_t>& clean,
-                          const HostTensor* lengths, bool all_invalid, std::mt19937& rng) {
-  HostTensor idx(DType::int32, {b, s_q, topk});
-  for (int bi = 0; bi < b; ++bi)
-    for (int si = 0; si < s_q; ++si)
-      for (int k = 0; k < topk; ++k) {
-        int32_t& v = idx.data<int32_t>()[(int64_t{bi} * s_q + si) * topk + k];
-        const int len = lengths ? lengths->data<int32_t>()[bi] : topk;
-        if (all_invalid) v = -1;
-        else if (k >= len) v = 1 << 30;
-        else if (rng() % 10 == 0) v = -1;
-        else if (k > 0 && rng() % 10 == 0) v = idx.data<int32_t>()[(int64_t{bi} * s_q + si) * topk + k - 1];
-        else v = int32_t(clean[rng() % clean.size()]);
-      }
-  return idx;
-}
-
-struct XScope {
-  std::unique_ptr<TestCache> cache;
-  std::vector<int64_t> clean;
-  HostTensor indices, lengths;
-  XScope(KvLayout layout, int b, int s_q, int topk, bool with_length, bool all_invalid, std::mt19937& rng) {
-    cache = std::make_unique<TestCache>(layout, 64, (4 * topk + 63) / 64 + 1);
-    for (int64_t s = 0; s < cache->num_slots(); ++s)
-      if (rng() % 8 != 0) {  // the rest stays NaN bytes
-        cache->fill_token(s, rng);
-        clean.push_back(s);
-      }
-    if (with_length) {
-      lengths = HostTensor(DType::int32, {b});
-      for (int bi = 0; bi < b; ++bi)
-        lengths.data<int32_t>()[bi] = bi == 0 ? topk : bi == 1 ? 0 : int(rng() % (topk + 1));
-    }
-    indices = random_indices(b, s_q, topk, clean, with_length ? &lengths : nullptr, all_invalid, rng);
-  }
-};
-
 class SparseDecodeCpuVsCuda : public ::testing::TestWithParam<XDecodeCase> {};
 
 TEST_P(SparseDecodeCpuVsCuda, SameResults) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  DSV4_SKIP_WITHOUT_GPU();
   const XDecodeCase c = GetParam();
   std::mt19937 rng(17);
-  XScope main(c.layout, c.b, c.s_q, c.topk, c.with_length, c.all_invalid, rng);
-  std::unique_ptr<XScope> extra;
+  // Past topk_length: values no cache has (1 << 30) only.
+  const dsv4::test::IndexMix mix{c.all_invalid, /*nan_rows_past_length=*/false};
+  DecodeScope main(c.layout, 64, c.b, c.s_q, c.topk, c.with_length, rng, mix);
+  std::unique_ptr<DecodeScope> extra;
   if (c.extra_topk > 0)
-    extra = std::make_unique<XScope>(c.layout, c.b, c.s_q, c.extra_topk, c.with_length, c.all_invalid, rng);
+    extra = std::make_unique<DecodeScope>(c.layout, 64, c.b, c.s_q, c.extra_topk, c.with_length,
+                                          rng, mix);
   const int d_qk = dsv4::test::spec_dim(c.layout);
   HostTensor q(DType::bf16, {c.b, c.s_q, c.h, d_qk});
   dsv4::test::fill_bf16_normal(q, rng);
   HostTensor sink;
-  if (c.with_sink) {
-    sink = HostTensor(DType::fp32, {c.h});
-    std::normal_distribution<float> normal(3.0f, 2.0f);
-    for (int i = 0; i < c.h; ++i) sink.data<float>()[i] = normal(rng);
-    sink.data<float>()[0] = -INFINITY;
-    sink.data<float>()[1] = INFINITY;
-  }
+  if (c.with_sink) sink = sink_with_infinities(c.h, rng);
   HostTensor out_cpu(DType::bf16, {c.b, c.s_q, c.h, 512}), lse_cpu(DType::fp32, {c.b, c.s_q, c.h});
   HostTensor out_gpu(DType::bf16, {c.b, c.s_q, c.h, 512}), lse_gpu(DType::fp32, {c.b, c.s_q, c.h});
   out_gpu.fill_bytes(0xFF);
   lse_gpu.fill_bytes(0xFF);
 
-  dsv4::SparseDecodeArgs a;
-  a.q = q;
-  a.k_cache = main.cache->view();
-  a.indices = main.indices;
-  a.topk_length = main.lengths;
-  if (extra) {
-    a.extra_k_cache = extra->cache->view();
-    a.extra_indices = extra->indices;
-    a.extra_topk_length = extra->lengths;
-  }
-  a.attn_sink = sink;
-  a.out = out_cpu;
-  a.lse = lse_cpu;
   const int topk_total = c.topk + c.extra_topk;
+  const dsv4::SparseDecodeArgs a =
+      dsv4::test::decode_args(q, main, extra.get(), sink, 0.0f, 512, out_cpu, lse_cpu);
   HostTensor ws_host(DType::uint8, {dsv4::make_decode_schedule(c.b, c.s_q, c.h, topk_total).workspace_bytes});
   dsv4::sparse_decode(a, dsv4::make_decode_schedule(c.b, c.s_q, c.h, topk_total), ws_host);
 
   // The same on the GPU, with the default plan and with a single split.
-  DeviceCopy q_d(q), main_cache_d(main.cache->view().data), main_idx_d(main.indices), main_len_d(main.lengths),
-      sink_d(sink), out_d(out_gpu), lse_d(lse_gpu);
-  std::unique_ptr<DeviceCopy> extra_cache_d, extra_idx_d, extra_len_d;
-  dsv4::SparseDecodeArgs g = a;
-  g.q = q_d.view();
-  g.k_cache.data = main_cache_d.view();
-  g.indices = main_idx_d.view();
-  g.topk_length = main_len_d.view();
-  if (extra) {
-    extra_cache_d = std::make_unique<DeviceCopy>(extra->cache->view().data);
-    extra_idx_d = std::make_unique<DeviceCopy>(extra->indices);
-    extra_len_d = std::make_unique<DeviceCopy>(extra->lengths);
-    g.extra_k_cache.data = extra_cache_d->view();
-    g.extra_indices = extra_idx_d->view();
-    g.extra_topk_length = extra_len_d->view();
-  }
-  g.attn_sink = sink_d.view();
-  g.out = out_d.view();
-  g.lse = lse_d.view();
+  Uploads up;
+  const dsv4::SparseDecodeArgs g = on_device(
+      dsv4::test::decode_args(q, main, extra.get(), sink, 0.0f, 512, out_gpu, lse_gpu), up);
   for (int num_sms : {132, 1}) {
     SCOPED_TRACE(num_sms == 1 ? "one split" : "default plan");
     const dsv4::DecodeSchedule s = dsv4::make_decode_schedule(c.b, c.s_q, c.h, topk_total, num_sms);
-    DeviceCopy ws_d(HostTensor(DType::uint8, {s.workspace_bytes}), false);
-    dsv4::sparse_decode(g, s, ws_d.view());
+    DeviceTensor ws_d(DType::uint8, {s.workspace_bytes});
+    dsv4::sparse_decode(g, s, ws_d);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    out_d.download(out_gpu);
-    lse_d.download(lse_gpu);
+    dsv4::copy_to_host(g.out, out_gpu);
+    dsv4::copy_to_host(g.lse, lse_gpu);
     expect_close(c.name, out_cpu, out_gpu, lse_cpu, lse_gpu);
   }
 }
@@ -231,61 +167,40 @@ struct XPrefillCase {
 class SparsePrefillCpuVsCuda : public ::testing::TestWithParam<XPrefillCase> {};
 
 TEST_P(SparsePrefillCpuVsCuda, SameResults) {
-  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  DSV4_SKIP_WITHOUT_GPU();
   const XPrefillCase c = GetParam();
   std::mt19937 rng(23);
   HostTensor q(DType::bf16, {c.s_q, c.h, c.d_qk}), kv(DType::bf16, {c.s_kv, 1, c.d_qk});
   dsv4::test::fill_bf16_normal(q, rng);
   dsv4::test::fill_bf16_normal(kv, rng);
   HostTensor idx(DType::int32, {c.s_q, 1, c.topk}), lengths, sink;
-  if (c.with_length) {
-    lengths = HostTensor(DType::int32, {c.s_q});
-    for (int t = 0; t < c.s_q; ++t) lengths.data<int32_t>()[t] = t == 0 ? 0 : t == 1 ? c.topk : int(rng() % (c.topk + 1));
-  }
+  if (c.with_length) lengths = dsv4::test::random_lengths(c.s_q, c.topk, rng);
   for (int64_t i = 0; i < idx.numel(); ++i) {
     const unsigned pick = rng() % 16;
     idx.data<int32_t>()[i] = pick == 0 ? -1 : pick == 1 ? c.s_kv + int(rng() % 100) : pick == 2 ? INT_MAX
                                                                                     : int(rng() % c.s_kv);
   }
-  if (c.with_sink) {
-    sink = HostTensor(DType::fp32, {c.h});
-    std::normal_distribution<float> normal(3.0f, 2.0f);
-    for (int i = 0; i < c.h; ++i) sink.data<float>()[i] = normal(rng);
-    sink.data<float>()[0] = -INFINITY;
-    sink.data<float>()[1] = INFINITY;
-  }
+  if (c.with_sink) sink = sink_with_infinities(c.h, rng);
   HostTensor out_cpu(DType::bf16, {c.s_q, c.h, 512}), ml_cpu(DType::fp32, {c.s_q, c.h}), lse_cpu(DType::fp32, {c.s_q, c.h});
   HostTensor out_gpu(DType::bf16, {c.s_q, c.h, 512}), ml_gpu(DType::fp32, {c.s_q, c.h}), lse_gpu(DType::fp32, {c.s_q, c.h});
   out_gpu.fill_bytes(0xFF);
   ml_gpu.fill_bytes(0xFF);
   lse_gpu.fill_bytes(0xFF);
 
-  dsv4::SparsePrefillArgs a;
-  a.q = q;
-  a.kv = kv;
-  a.indices = idx;
-  a.topk_length = lengths;
-  a.attn_sink = sink;
-  a.out = out_cpu;
-  a.max_logits = ml_cpu;
-  a.lse = lse_cpu;
+  dsv4::SparsePrefillArgs a{.q = q, .kv = kv, .indices = idx, .topk_length = lengths,
+                            .attn_sink = sink, .out = out_cpu, .max_logits = ml_cpu, .lse = lse_cpu};
   dsv4::sparse_prefill(a);
 
-  DeviceCopy q_d(q), kv_d(kv), idx_d(idx), len_d(lengths), sink_d(sink), out_d(out_gpu), ml_d(ml_gpu), lse_d(lse_gpu);
-  dsv4::SparsePrefillArgs g = a;
-  g.q = q_d.view();
-  g.kv = kv_d.view();
-  g.indices = idx_d.view();
-  g.topk_length = len_d.view();
-  g.attn_sink = sink_d.view();
-  g.out = out_d.view();
-  g.max_logits = ml_d.view();
-  g.lse = lse_d.view();
+  a.out = out_gpu;
+  a.max_logits = ml_gpu;
+  a.lse = lse_gpu;
+  Uploads up;
+  const dsv4::SparsePrefillArgs g = on_device(a, up);
   dsv4::sparse_prefill(g);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  out_d.download(out_gpu);
-  ml_d.download(ml_gpu);
-  lse_d.download(lse_gpu);
+  dsv4::copy_to_host(g.out, out_gpu);
+  dsv4::copy_to_host(g.max_logits, ml_gpu);
+  dsv4::copy_to_host(g.lse, lse_gpu);
   expect_close(c.name, out_cpu, out_gpu, lse_cpu, lse_gpu);
   expect_close(c.name, out_cpu, out_gpu, ml_cpu, ml_gpu);  // max_logits: same tolerance as lse
 }

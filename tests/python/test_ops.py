@@ -4,6 +4,8 @@ wrong inputs surfacing as dsv4attn.Error (never a crash), with outputs left unto
 Tolerances: bf16 outputs 1e-2 relative (one bf16 rounding of an fp32 accumulation); fp32
 outputs 1e-4 relative (fp32 accumulation over <= 512 terms).
 """
+import math
+
 import pytest
 import torch
 
@@ -166,3 +168,38 @@ def test_index_utilities_validate_ranges():
         torch.ops.dsv4.local_to_global_slots(local, torch.zeros(1, dtype=torch.int32), table, 4,
                                              out, None, True)
     assert torch.all(out == 7)
+
+
+# ---------------------------------------------------------------- the RoPE table of a layer
+def _rope_table_f64(max_pos, R, theta, yarn, factor, L0, beta_fast, beta_slow):
+    """SPEC §3 in float64: [cos(p f_i) | sin(p f_i)], YaRN-blended frequencies when asked."""
+    i = torch.arange(R // 2, dtype=torch.float64)
+    f = theta ** (-2 * i / R)
+    if yarn:
+        def corr(n):
+            return R * math.log(L0 / (n * 2 * math.pi)) / (2 * math.log(theta))
+        low = max(math.floor(corr(beta_fast)), 0)
+        high = min(math.ceil(corr(beta_slow)), R - 1)
+        ramp = ((i - low) / max(high - low, 1e-3)).clamp(0, 1)
+        f = f / factor * ramp + f * (1 - ramp)
+    ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * f[None, :]
+    return torch.cat([ang.cos(), ang.sin()], dim=1)
+
+
+def test_rope_cos_sin_for_follows_the_layer_kind():
+    cfg = dsv4attn.ModelConfig.builtin("v4-flash")
+    ratios = cfg.compress_ratios
+    swa, compressed = ratios.index(0), next(i for i, r in enumerate(ratios) if r > 0)
+    for layer in (swa, compressed):
+        got = dsv4attn.rope_cos_sin_for(cfg, layer, max_pos=3000)
+        r = cfg.rope_for_layer(layer)
+        assert r["yarn"] == (ratios[layer] > 0)
+        assert got.shape == (3000, r["rope_dims"]) and got.dtype == torch.float32
+        want = _rope_table_f64(3000, r["rope_dims"], r["theta"], r["yarn"], r["factor"],
+                               r["original_seq_len"], r["beta_fast"], r["beta_slow"])
+        # fp32 table from float64 angles: |error| ≤ a few fp32 ulps of 1 (angles up to 3000 rad
+        # are reduced in double before rounding).
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-6)
+    # The two kinds use different frequencies (compress theta + YaRN vs rope theta).
+    assert not torch.equal(dsv4attn.rope_cos_sin_for(cfg, swa, max_pos=64),
+                           dsv4attn.rope_cos_sin_for(cfg, compressed, max_pos=64))

@@ -7,6 +7,7 @@
 
 #include "args.h"
 #include "commands.h"
+#include "dsv4/device_tensor.h"
 #include "dsv4/model.h"
 #include "dsv4/status.h"
 #include "serving_sim.h"
@@ -61,9 +62,11 @@ void print_table(const SimReport& rep) {
   }
 }
 
-nlohmann::json to_json(const SimReport& rep, const ModelConfig& cfg, const SimConfig& sc) {
+nlohmann::json to_json(const SimReport& rep, const ModelConfig& cfg, const SimConfig& sc,
+                       const char* backend) {
   nlohmann::json j;
   j["model"] = cfg.name;
+  j["backend"] = backend;
   j["requests"] = sc.requests;
   j["prompt_lens"] = sc.prompt_lens;
   j["decode_steps"] = sc.decode_steps;
@@ -96,11 +99,14 @@ int cmd_run(const Args& raw) {
   so.weights_dir = a.get_string("weights");
   so.seed = static_cast<uint64_t>(a.get_int("seed", 1));
   const std::string backend = a.get_string("backend", "auto");
-  if (backend == "cuda")
-    fail("run: --backend cuda: the layer's CUDA path is not available yet (the sparse attention "
-         "kernels run on the GPU as ops and in `dsv4 bench`); use --backend cpu");
-  if (backend != "cpu" && backend != "auto") fail_expected("run", "--backend", "cpu, cuda or auto", backend);
-  so.attention.backend = Backend::cpu;
+  if (backend != "cpu" && backend != "cuda" && backend != "auto")
+    fail_expected("run", "--backend", "cpu, cuda or auto", backend);
+  // auto: the GPU when the build has CUDA and a device is visible, else the CPU reference.
+  const bool use_cuda = backend == "cuda" || (backend == "auto" && cuda_available());
+  if (use_cuda && !cuda_available())
+    fail("run: --backend cuda: ", cuda_built() ? "no CUDA device is visible" : "this build has no CUDA backend",
+         "; use --backend cpu (or auto)");
+  so.attention.backend = use_cuda ? Backend::cuda : Backend::cpu;
 
   SimConfig sc;
   sc.requests = static_cast<int>(a.get_int("requests", 4));
@@ -119,13 +125,14 @@ int cmd_run(const Args& raw) {
   so.attention.caches.state_blocks = static_cast<int32_t>(2 * sc.requests + 2);
 
   const bool quiet = a.has("quiet");
-  std::fprintf(stderr, "dsv4 run: model %s, %d layers, %d requests, backend cpu\n", cfg.name.c_str(),
-               so.layers.empty() ? cfg.n_layers() : static_cast<int>(so.layers.size()), sc.requests);
+  std::fprintf(stderr, "dsv4 run: model %s, %d layers, %d requests, backend %s\n", cfg.name.c_str(),
+               so.layers.empty() ? cfg.n_layers() : static_cast<int>(so.layers.size()), sc.requests,
+               use_cuda ? "cuda" : "cpu");
   AttentionStack stack(cfg, so);
   const SimReport rep = run_serving_sim(stack, sc, [&](const std::string& line) {
     if (!quiet) std::fprintf(stderr, "  %s\n", line.c_str());
   });
-  std::printf("model %s, layers:", cfg.name.c_str());
+  std::printf("model %s, backend %s, layers:", cfg.name.c_str(), use_cuda ? "cuda" : "cpu");
   for (int l = 0; l < stack.num_layers(); ++l)
     std::printf(" %d(%s)", stack.layer(l).layer_index(), std::string(layer_kind_name(stack.layer(l).kind())).c_str());
   std::printf("\n");
@@ -133,7 +140,7 @@ int cmd_run(const Args& raw) {
   if (a.has("json")) {
     std::ofstream f(a.get_string("json"));
     if (!f) fail("run: --json: cannot write '", a.get_string("json"), "'");
-    f << to_json(rep, cfg, sc).dump(2) << "\n";
+    f << to_json(rep, cfg, sc, use_cuda ? "cuda" : "cpu").dump(2) << "\n";
   }
   return rep.check_passed ? 0 : 3;
 }

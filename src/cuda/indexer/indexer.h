@@ -1,0 +1,38 @@
+// CUDA entry points of the C4A indexer and the C128A plan (include/dsv4/indexer.h), implemented
+// in src/cuda/indexer/*.cu. Called by the host API (src/cpu/indexer.cpp) only after it has
+// validated shapes, dtypes, strides, devices and the workspace, so these check only what the
+// kernels add (alignment, size limits). Index values are not range-checked: the kernels treat
+// out-of-range values as the header of each public op says, never reading out of bounds.
+#pragma once
+
+#include "dsv4/indexer.h"
+
+namespace dsv4::cuda {
+
+// The whole query: dsv4::linear for qr·wq_bᵀ (fp32, into the workspace) and x·weights_projᵀ
+// (into `weights`), then indexer_query_rows. T > 0.
+void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorView& x,
+                   const TensorView& weights_proj, const TensorView& positions,
+                   const TensorView& cos_sin, const TensorView& q_fp8, const TensorView& q_scale,
+                   const TensorView& weights, const TensorView& workspace, Stream stream);
+
+// The per-row part of the query, from projected rows: q_proj fp32 [T, H, 128] contiguous (16-byte
+// aligned) → RoPE on the last R dims, Hadamard, FP8 with one power-of-two scale per row into
+// q_fp8 / q_scale; weights [T, H] fp32 (the raw x·weights_projᵀ) scaled in place by
+// 128^-0.5 · H^-0.5. Exposed so tests can feed both backends the same projected rows.
+void indexer_query_rows(const TensorView& q_proj, const TensorView& positions,
+                        const TensorView& cos_sin, const TensorView& q_fp8,
+                        const TensorView& q_scale, const TensorView& weights, Stream stream);
+
+void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const TensorView& weights,
+                    const TensorView& positions, const TensorView& token_to_req,
+                    const IndexerKeyCacheView& keys, const TensorView& key_block_table, int ratio,
+                    const TensorView& scores, Stream stream);
+
+void indexer_topk(const TensorView& scores, const TensorView& positions, int ratio,
+                  const TensorView& indices, const TensorView& lens, Stream stream);
+
+void compressed_prefix_indices(const TensorView& positions, int ratio, const TensorView& indices,
+                               const TensorView& lens, Stream stream);
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,157 @@
+// CUDA indexer queries (SPEC §5): the two projections through dsv4::linear, then one warp per
+// (token, head) row: RoPE, Hadamard rotation, FP8 with one power-of-two scale, and the scaling
+// of the head weights. Every fp32 operation matches the CPU reference's (cpu::rope_rotate_pairs,
+// cpu::hadamard_rotate, fp8_quantize_block) one for one, so identical projected rows give
+// identical codes and scales.
+#include <cmath>
+
+#include "cuda/common/check.h"
+#include "cuda/indexer/index_vector.cuh"
+#include "cuda/indexer/indexer.h"
+#include "dsv4/fp8_block.h"
+#include "dsv4/indexer_math.h"
+#include "dsv4/ops.h"
+
+namespace dsv4::cuda {
+namespace {
+
+namespace im = indexer_math;
+constexpr int kDim = indexer_keys::kDim;  // 128 = 32 lanes × 4 values
+constexpr int kWarpsPerBlock = 8;
+
+struct QueryRowsParams {
+  const float* q;  // [T, H, 128] contiguous
+  int64_t T;
+  int H;
+  IndexVector positions;
+  const float* cos_sin;  // [max_pos, R], row stride cos_sin_stride
+  int64_t cos_sin_stride, max_pos;
+  int rope_dims;
+  float hadamard_scale, weight_scale;
+  uint8_t* q_fp8;
+  int64_t q_fp8_stride0, q_fp8_stride1;
+  float* q_scale;
+  int64_t q_scale_stride0;
+  float* weights;
+  int64_t weights_stride0;
+};
+
+// Lane l holds dims 4l .. 4l+3 of the row. Each Hadamard stage is element-wise on the previous
+// stage (v[k] ← v[k] + v[k+s], v[k+s] ← v[k] − v[k+s] for k without bit s), so computing the
+// stages with shuffles gives the CPU's butterflies bit for bit.
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) query_rows_kernel(QueryRowsParams p) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= p.T * p.H) return;  // whole warps leave together
+  const int64_t t = row / p.H;
+  const int h = static_cast<int>(row % p.H);
+
+  const float4 in = reinterpret_cast<const float4*>(p.q + row * kDim)[lane];
+  float v[4] = {in.x, in.y, in.z, in.w};
+  const int64_t pos = p.positions[t];
+  const bool valid = pos >= 0 && pos < p.max_pos;
+
+  if (valid) {
+    // GPT-J pairs (2i, 2i+1) of the last R dims; pairs never straddle lanes (4l is even).
+    const float* cs = p.cos_sin + pos * p.cos_sin_stride;
+    const int half = p.rope_dims / 2, first = kDim - p.rope_dims;
+    for (int m = 0; m < 2; ++m) {
+      const int d = 4 * lane + 2 * m;
+      if (d < first) continue;
+      const int i = (d - first) / 2;
+      const float c = cs[i], s = cs[half + i], a = v[2 * m], b = v[2 * m + 1];
+      v[2 * m] = im::sub_rn(im::mul_rn(a, c), im::mul_rn(b, s));
+      v[2 * m + 1] = im::add_rn(im::mul_rn(a, s), im::mul_rn(b, c));
+    }
+  }
+
+  // Hadamard stages s = 1, 2 inside the lane, s = 4 .. 64 across lanes (partner lane l ^ s/4).
+  for (int j = 0; j < 4; j += 2) {  // s = 1
+    const float a = v[j], b = v[j + 1];
+    v[j] = im::add_rn(a, b);
+    v[j + 1] = im::sub_rn(a, b);
+  }
+  for (int j = 0; j < 2; ++j) {  // s = 2
+    const float a = v[j], b = v[j + 2];
+    v[j] = im::add_rn(a, b);
+    v[j + 2] = im::sub_rn(a, b);
+  }
+  for (int lane_bit = 1; lane_bit < 32; lane_bit *= 2) {
+    const bool upper = (lane & lane_bit) != 0;  // this lane holds the v[k+s] side
+    for (int j = 0; j < 4; ++j) {
+      const float other = __shfl_xor_sync(0xffffffffu, v[j], lane_bit);
+      v[j] = upper ? im::sub_rn(other, v[j]) : im::add_rn(v[j], other);
+    }
+  }
+  for (int j = 0; j < 4; ++j) v[j] = im::mul_rn(v[j], p.hadamard_scale);
+
+  // fp8_quantize_block over the 128 values: amax (order-free), the UE8M0 exponent, the codes.
+  float amax = 0.0f;
+  for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fabsf(v[j]));
+  for (int off = 16; off > 0; off /= 2)
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  const int32_t k = ue8m0_exponent_for_amax(amax);
+  const float inv = exp2_int(-k);
+
+  uint8_t* codes = p.q_fp8 + t * p.q_fp8_stride0 + h * p.q_fp8_stride1 + 4 * lane;
+  for (int j = 0; j < 4; ++j) codes[j] = valid ? float_to_fp8_e4m3(im::mul_rn(v[j], inv)) : 0;
+  if (lane == 0) {
+    p.q_scale[t * p.q_scale_stride0 + h] = valid ? exp2_int(k) : __int_as_float(0x7fc00000);
+    float* w = p.weights + t * p.weights_stride0 + h;
+    *w = im::mul_rn(*w, p.weight_scale);
+  }
+}
+
+}  // namespace
+
+void indexer_query_rows(const TensorView& q_proj, const TensorView& positions,
+                        const TensorView& cos_sin, const TensorView& q_fp8,
+                        const TensorView& q_scale, const TensorView& weights, Stream stream) {
+  constexpr const char* kOp = "indexer_query";
+  const int64_t T = q_fp8.size(0), H = q_fp8.size(1);
+  check_device(kOp, "q_proj", q_proj, Device::cuda);
+  check_dtype(kOp, "q_proj", q_proj, DType::fp32);
+  check_contiguous(kOp, "q_proj", q_proj);
+  DSV4_CHECK(q_proj.numel() == T * H * kDim, kOp, ": q_proj: expected ", T * H * kDim,
+             " values, got ", q_proj.numel());
+  DSV4_CHECK(reinterpret_cast<uintptr_t>(q_proj.data) % 16 == 0, kOp,
+             ": q_proj: expected a 16-byte aligned address");
+  if (T == 0) return;
+
+  QueryRowsParams p;
+  p.q = q_proj.ptr<const float>();
+  p.T = T;
+  p.H = static_cast<int>(H);
+  p.positions = index_vector(positions);
+  p.cos_sin = cos_sin.ptr<const float>();
+  p.cos_sin_stride = cos_sin.stride(0);
+  p.max_pos = cos_sin.size(0);
+  p.rope_dims = static_cast<int>(cos_sin.size(1));
+  // The same expressions as the CPU reference (cpu::hadamard_rotate, indexer_query).
+  p.hadamard_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(kDim)));
+  p.weight_scale = static_cast<float>(1.0 / std::sqrt(double{kDim} * static_cast<double>(H)));
+  p.q_fp8 = q_fp8.ptr<uint8_t>();
+  p.q_fp8_stride0 = q_fp8.stride(0);
+  p.q_fp8_stride1 = q_fp8.stride(1);
+  p.q_scale = q_scale.ptr<float>();
+  p.q_scale_stride0 = q_scale.stride(0);
+  p.weights = weights.ptr<float>();
+  p.weights_stride0 = weights.stride(0);
+  const int64_t blocks = (T * H + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  DSV4_CHECK(blocks <= 0x7fffffff, kOp, ": T · H_I = ", T * H, " rows exceed one launch");
+  query_rows_kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(p);
+  check_launch(kOp);
+}
+
+void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorView& x,
+                   const TensorView& weights_proj, const TensorView& positions,
+                   const TensorView& cos_sin, const TensorView& q_fp8, const TensorView& q_scale,
+                   const TensorView& weights, const TensorView& workspace, Stream stream) {
+  const int64_t T = q_fp8.size(0), H = q_fp8.size(1);
+  const TensorView q_proj(workspace.data, DType::fp32, {T, H * kDim}, Device::cuda);
+  linear(qr, {}, wq_b, {}, q_proj, stream);
+  linear(x, {}, weights_proj, {}, weights, stream);
+  indexer_query_rows(q_proj, positions, cos_sin, q_fp8, q_scale, weights, stream);
+}
+
+}  // namespace dsv4::cuda

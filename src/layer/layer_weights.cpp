@@ -1,0 +1,49 @@
+#include "layer/layer_weights.h"
+
+#include "dsv4/ops.h"
+
+namespace dsv4 {
+
+LayerWeightStore::LayerWeightStore(const AttentionWeights& w, Device device) : device_(device) {
+  LayerWeightViews& v = views_;
+  v.wq_a = gemm_weight(w.wq_a);
+  v.wq_b = gemm_weight(w.wq_b);
+  v.wkv = gemm_weight(w.wkv);
+  v.wo_a = gemm_weight(w.wo_a);
+  v.wo_b = gemm_weight(w.wo_b);
+  v.q_norm = plain(w.q_norm);
+  v.kv_norm = plain(w.kv_norm);
+  v.attn_sink = plain(w.attn_sink);
+  auto compressor = [&](const CompressorWeights& c) {
+    return CompressorWeightViews{gemm_weight(c.wkv), gemm_weight(c.wgate), plain(c.ape),
+                                 plain(c.norm)};
+  };
+  if (w.compressor) v.compressor = compressor(*w.compressor);
+  if (w.indexer)
+    v.indexer = IndexerWeightViews{gemm_weight(w.indexer->wq_b),
+                                   gemm_weight(w.indexer->weights_proj),
+                                   compressor(w.indexer->compressor)};
+}
+
+TensorView LayerWeightStore::plain(const HostTensor& t) {
+  if (device_ == Device::cpu || !t.view().defined()) return t.view();
+  owned_.push_back(DeviceTensor::from_host(t));
+  return owned_.back().view();
+}
+
+WeightView LayerWeightStore::gemm_weight(const Weight& w) {
+  if (device_ == Device::cpu) return WeightView{w.value.view(), w.scale.view()};
+  HostTensor bf16(DType::bf16, w.value.shape());
+  if (w.quantized()) {
+    // 128×128 blocks over the last two dims (wo_a is [G, L, H·D/G] with per-group blocks).
+    dequantize_fp8_blocks(w.value, w.scale, kWeightScaleBlock, kWeightScaleBlock, bf16);
+  } else {
+    uint16_t* out = bf16.data<uint16_t>();
+    for (int64_t i = 0; i < w.value.numel(); ++i)
+      out[i] = float_to_bf16_bits(load_as_float(w.value.view().data, w.value.dtype(), i));
+  }
+  owned_.push_back(DeviceTensor::from_host(bf16));
+  return WeightView{owned_.back().view(), {}};
+}
+
+}  // namespace dsv4

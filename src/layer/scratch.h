@@ -1,0 +1,53 @@
+// Scratch: the temporaries of one layer forward, on the layer's device.
+//
+// CPU: each tensor is a HostTensor kept until reset(). CUDA: tensors are carved out of one
+// grow-only device arena (256-byte aligned), so a steady stream of forwards allocates nothing:
+// when a forward needs more than the arena holds, the extra tensors come from overflow chunks and
+// the next reset() replaces everything with one arena of the total size. Reuse is safe because
+// every kernel of a layer runs on the layer's one stream, in order.
+//
+// Host-built metadata (positions, block tables, index lists) reaches the device through upload():
+// an asynchronous copy on the layer's stream from pageable memory, which returns once the bytes
+// are staged, so the host tensor may die right after.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dsv4/device_tensor.h"
+#include "dsv4/ops.h"
+#include "dsv4/tensor.h"
+
+namespace dsv4 {
+
+class Scratch {
+ public:
+  Scratch(Device device, Stream stream) : device_(device), stream_(stream) {}
+
+  Device device() const { return device_; }
+  Stream stream() const { return stream_; }
+  // Later tensors are used on `stream`: the arena is reused only after the work already enqueued
+  // on the old stream, which set_stream waits for (a rare call: once per stream change).
+  void set_stream(Stream stream);
+
+  // An uninitialized contiguous tensor, valid until reset().
+  TensorView tensor(DType t, std::vector<int64_t> dims);
+  // The host tensor on the scratch's device (CPU: `host` itself, kept alive until reset()).
+  TensorView upload(const HostTensor& host);
+  // Copies a device tensor of this scratch to a contiguous host view on the scratch's stream and
+  // waits for it (the end of a forward whose caller wants host results).
+  void download(const TensorView& device, const TensorView& host);
+  // Forgets every tensor (the memory is reused by the next forward).
+  void reset();
+
+ private:
+  Device device_;
+  Stream stream_;
+  std::vector<HostTensor> host_;         // CPU tensors and uploads kept alive
+  DeviceTensor arena_;                   // CUDA: the arena
+  int64_t used_ = 0;                     // bytes of the arena handed out
+  std::vector<DeviceTensor> overflow_;   // CUDA: tensors that did not fit this forward
+  int64_t overflow_bytes_ = 0;
+};
+
+}  // namespace dsv4

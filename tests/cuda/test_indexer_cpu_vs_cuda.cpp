@@ -1,0 +1,618 @@
+// The CPU reference of the indexer ops (src/cpu/indexer.cpp) against their CUDA twins
+// (src/cuda/indexer/) on the same inputs: query rows (RoPE, Hadamard, FP8), scores, top-k and
+// the C128A prefix plan; the whole indexer_query through dsv4::linear; the CUDA handling of
+// out-of-range index values; CUDA-specific rejections and mixed devices. Skipped without a GPU.
+//
+// Tolerances: everything is bit-exact (both sides do the same fp32 operations in the same order,
+// or only index math) except the full indexer_query, whose projections may sum in another order
+// on the two backends (see QueryThroughLinear).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/indexer_rows.h"
+#include "cuda/indexer/indexer.h"
+#include "dsv4/device_tensor.h"
+#include "dsv4/indexer.h"
+#include "dsv4/ops.h"
+#include "dsv4/status.h"
+#include "gpu_test_util.h"
+
+namespace dsv4 {
+namespace {
+
+constexpr int kDim = 128;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// The RoPE of the compressed layers: theta 160000, YaRN factor 16 over 65536, R dims.
+RopeConfig yarn_rope(int R) {
+  RopeConfig cfg;
+  cfg.theta = 160000.0;
+  cfg.rope_dims = R;
+  cfg.yarn = true;
+  cfg.factor = 16.0;
+  cfg.original_seq_len = 65536;
+  return cfg;
+}
+
+// Uniform in ±[lo, hi), never zero.
+float nonzero(std::mt19937& rng, float lo = 0.05f, float hi = 2.0f) {
+  std::uniform_real_distribution<float> mag(lo, hi);
+  return (rng() & 1u) ? mag(rng) : -mag(rng);
+}
+int64_t integer(std::mt19937& rng, int64_t lo, int64_t hi) {  // inclusive
+  return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+}
+
+HostTensor index_tensor(DType dtype, const std::vector<int64_t>& values) {
+  HostTensor t(dtype, {static_cast<int64_t>(values.size())});
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (dtype == DType::int64)
+      t.data<int64_t>()[i] = values[i];
+    else
+      t.data<int32_t>()[i] = static_cast<int32_t>(values[i]);
+  }
+  return t;
+}
+
+HostTensor copy_of(const HostTensor& t) {
+  HostTensor c(t.dtype(), t.shape());
+  std::memcpy(c.data<uint8_t>(), t.data<uint8_t>(), t.nbytes());
+  return c;
+}
+
+// A device output poisoned with 0xFF bytes (NaN for fp32, −1 for int32, fp8 NaN).
+DeviceTensor poisoned(DType dtype, std::vector<int64_t> dims) {
+  DeviceTensor d(dtype, std::move(dims));
+  d.fill_bytes(0xFF);
+  return d;
+}
+HostTensor poisoned_host(DType dtype, std::vector<int64_t> dims) {
+  HostTensor h(dtype, std::move(dims));
+  h.fill_bytes(0xFF);
+  return h;
+}
+
+HostTensor download(const DeviceTensor& d) {
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return d.to_host();
+}
+
+// Byte equality, reporting the first differing element.
+void expect_same_bytes(const char* what, const HostTensor& cpu, const HostTensor& gpu) {
+  ASSERT_EQ(cpu.nbytes(), gpu.nbytes()) << what;
+  const size_t elem = dtype_size(cpu.dtype());
+  for (int64_t i = 0; i < cpu.numel(); ++i) {
+    if (std::memcmp(cpu.data<uint8_t>() + i * elem, gpu.data<uint8_t>() + i * elem, elem) != 0) {
+      if (cpu.dtype() == DType::fp32 || cpu.dtype() == DType::int32)
+        ADD_FAILURE() << what << ": element " << i << " differs (cpu " << cpu.get(i) << ", gpu "
+                      << gpu.get(i) << ")";
+      else
+        ADD_FAILURE() << what << ": element " << i << " differs (cpu byte "
+                      << int{cpu.data<uint8_t>()[i * elem]} << ", gpu byte "
+                      << int{gpu.data<uint8_t>()[i * elem]} << ")";
+      return;
+    }
+  }
+}
+
+template <typename Fn>
+void expect_error(Fn&& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected dsv4::Error";
+  } catch (const Error& e) {
+    for (const std::string& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+// ================================ query rows =================================================
+
+struct QueryCase {
+  int64_t T;
+  int H, R;
+  DType pos_dtype;
+};
+
+class IndexerQueryRowsCpuVsCuda : public ::testing::TestWithParam<QueryCase> {};
+
+// The same projected rows into both backends' row step: RoPE, Hadamard and FP8 are the same fp32
+// operations in the same order, so codes, scales and weights must be bit-identical.
+TEST_P(IndexerQueryRowsCpuVsCuda, BitIdentical) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const auto [T, H, R, pos_dtype] = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(100 + T + H + R));
+  const int64_t max_pos = 4096;
+  HostTensor q(DType::fp32, {T, H, kDim}), w(DType::fp32, {T, H});
+  // Row magnitudes over many octaves: scales from tiny (the 1e-4 floor) to large.
+  for (int64_t r = 0; r < T * H; ++r) {
+    const float mag = std::ldexp(1.0f, static_cast<int>(integer(rng, -24, 12)));
+    for (int d = 0; d < kDim; ++d) q.data<float>()[r * kDim + d] = nonzero(rng) * mag;
+  }
+  for (int64_t i = 0; i < T * H; ++i) w.data<float>()[i] = nonzero(rng);
+  std::vector<int64_t> pv(static_cast<size_t>(T));
+  for (auto& p : pv) p = integer(rng, 0, max_pos - 1);
+  const HostTensor pos = index_tensor(pos_dtype, pv);
+  const HostTensor cos_sin = build_rope_cache(yarn_rope(R), max_pos);
+
+  HostTensor q_cpu = copy_of(q), w_cpu = copy_of(w);
+  HostTensor codes_cpu = poisoned_host(DType::fp8_e4m3, {T, H, kDim}),
+             scale_cpu = poisoned_host(DType::fp32, {T, H});
+  cpu::indexer_query_rows(q_cpu, pos, cos_sin, codes_cpu, scale_cpu, w_cpu);
+
+  DeviceTensor q_d = DeviceTensor::from_host(q), w_d = DeviceTensor::from_host(w),
+               pos_d = DeviceTensor::from_host(pos), cs_d = DeviceTensor::from_host(cos_sin);
+  DeviceTensor codes_d = poisoned(DType::fp8_e4m3, {T, H, kDim}),
+               scale_d = poisoned(DType::fp32, {T, H});
+  cuda::indexer_query_rows(q_d, pos_d, cs_d, codes_d, scale_d, w_d, nullptr);
+  expect_same_bytes("q_fp8", codes_cpu, download(codes_d));
+  expect_same_bytes("q_scale", scale_cpu, download(scale_d));
+  expect_same_bytes("weights", w_cpu, download(w_d));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, IndexerQueryRowsCpuVsCuda,
+                         ::testing::Values(QueryCase{1, 64, 64, DType::int64},
+                                           QueryCase{37, 64, 64, DType::int32},
+                                           QueryCase{5, 4, 128, DType::int64},
+                                           QueryCase{9, 3, 2, DType::int32},
+                                           QueryCase{0, 64, 64, DType::int64}));
+
+// Rows a·e_0: the Hadamard spreads a over all 128 dims exactly (sums with zeros), so
+// amax = fl(a · 128^-0.5) can be put exactly on a UE8M0 boundary (amax / 448 a power of two),
+// one ulp either side of it, or around the 1e-4 floor, where the scale's exponent flips.
+TEST(IndexerQueryRowsCpuVsCuda, ScaleBoundaryRowsBitIdentical) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const int64_t T = 16, H = 24, max_pos = 8;
+  const float s = static_cast<float>(1.0 / std::sqrt(128.0));
+  HostTensor q = HostTensor::zeros(DType::fp32, {T, H, kDim}), w(DType::fp32, {T, H});
+  std::mt19937 rng(9);
+  for (int64_t r = 0; r < T * H; ++r) {
+    const int kind = static_cast<int>(r % 3);
+    float target = (r / 3) % 2 ? 448.0f * 1e-4f : std::ldexp(448.0f, static_cast<int>(r % 29) - 20);
+    if (kind == 1) target = std::nextafter(target, kInf);
+    if (kind == 2) target = std::nextafter(target, 0.0f);
+    float a = target / s;
+    for (int i = 0; i < 64 && a * s != target; ++i) a = std::nextafter(a, a * s < target ? kInf : 0.0f);
+    q.data<float>()[r * kDim] = (r & 1) ? -a : a;
+    w.data<float>()[r] = nonzero(rng);
+  }
+  const HostTensor pos = index_tensor(DType::int64, std::vector<int64_t>(T, 3));
+  const HostTensor cos_sin = build_rope_cache(yarn_rope(2), max_pos);
+  HostTensor q_cpu = copy_of(q), w_cpu = copy_of(w);
+  HostTensor codes_cpu = poisoned_host(DType::fp8_e4m3, {T, H, kDim}),
+             scale_cpu = poisoned_host(DType::fp32, {T, H});
+  cpu::indexer_query_rows(q_cpu, pos, cos_sin, codes_cpu, scale_cpu, w_cpu);
+  DeviceTensor q_d = DeviceTensor::from_host(q), w_d = DeviceTensor::from_host(w),
+               pos_d = DeviceTensor::from_host(pos), cs_d = DeviceTensor::from_host(cos_sin);
+  DeviceTensor codes_d = poisoned(DType::fp8_e4m3, {T, H, kDim}),
+               scale_d = poisoned(DType::fp32, {T, H});
+  cuda::indexer_query_rows(q_d, pos_d, cs_d, codes_d, scale_d, w_d, nullptr);
+  expect_same_bytes("q_fp8", codes_cpu, download(codes_d));
+  expect_same_bytes("q_scale", scale_cpu, download(scale_d));
+}
+
+// CUDA cannot reject a position outside the cos/sin table: that token gets codes 0 and scale NaN;
+// the other tokens are unaffected and its weights are still scaled.
+TEST(IndexerQueryRowsCuda, OutOfTablePositionMarksTheToken) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const int64_t T = 4, H = 8, max_pos = 64;
+  std::mt19937 rng(7);
+  HostTensor q(DType::fp32, {T, H, kDim}), w(DType::fp32, {T, H});
+  for (int64_t i = 0; i < q.numel(); ++i) q.data<float>()[i] = nonzero(rng);
+  for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = nonzero(rng);
+  const HostTensor cos_sin = build_rope_cache(yarn_rope(64), max_pos);
+  const std::vector<int64_t> bad = {5, -1, 17, max_pos};  // tokens 1 and 3 out of the table
+  std::vector<int64_t> good = bad;
+  good[1] = good[3] = 0;
+  HostTensor q_cpu = copy_of(q), w_cpu = copy_of(w);
+  HostTensor codes_cpu = poisoned_host(DType::fp8_e4m3, {T, H, kDim}),
+             scale_cpu = poisoned_host(DType::fp32, {T, H});
+  cpu::indexer_query_rows(q_cpu, index_tensor(DType::int64, good), cos_sin, codes_cpu, scale_cpu,
+                          w_cpu);
+
+  DeviceTensor q_d = DeviceTensor::from_host(q), w_d = DeviceTensor::from_host(w),
+               pos_d = DeviceTensor::from_host(index_tensor(DType::int64, bad)),
+               cs_d = DeviceTensor::from_host(cos_sin);
+  DeviceTensor codes_d = poisoned(DType::fp8_e4m3, {T, H, kDim}),
+               scale_d = poisoned(DType::fp32, {T, H});
+  cuda::indexer_query_rows(q_d, pos_d, cs_d, codes_d, scale_d, w_d, nullptr);
+  const HostTensor codes = download(codes_d), scale = download(scale_d), wg = download(w_d);
+  expect_same_bytes("weights", w_cpu, wg);
+  for (int64_t t = 0; t < T; ++t) {
+    const bool invalid = t == 1 || t == 3;
+    for (int64_t h = 0; h < H; ++h) {
+      const float s = scale.data<float>()[t * H + h];
+      if (invalid)
+        EXPECT_TRUE(std::isnan(s)) << t;
+      else
+        EXPECT_EQ(s, scale_cpu.data<float>()[t * H + h]) << t;
+      for (int d = 0; d < kDim; ++d) {
+        const int64_t i = (t * H + h) * kDim + d;
+        ASSERT_EQ(codes.data<uint8_t>()[i], invalid ? 0 : codes_cpu.data<uint8_t>()[i])
+            << "t " << t << " h " << h << " d " << d;
+      }
+    }
+  }
+}
+
+// ================================ the whole query ============================================
+
+// Public op on both backends from bf16 inputs. The projections run through dsv4::linear, whose
+// fp32 sums may be ordered differently on the two backends, so a value near an fp8 rounding
+// midpoint (or an amax near a power-of-two boundary) may land one step apart: dequantized values
+// are compared within one fp8 step of the larger scale (2^-3 relative, 2^-9 · scale absolute),
+// and weights within 1e-5 of the sum of |terms| (fp32 sums of bf16 products, 4096 terms at most).
+TEST(IndexerQueryCpuVsCuda, QueryThroughLinear) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const int64_t T = 7, H = 64, q_lora = 256, dim = 512, max_pos = 1024;
+  std::mt19937 rng(11);
+  auto bf16 = [&](std::vector<int64_t> dims, float hi) {
+    HostTensor t(DType::bf16, std::move(dims));
+    for (int64_t i = 0; i < t.numel(); ++i)
+      t.data<uint16_t>()[i] = float_to_bf16_bits(nonzero(rng, 0.01f, hi));
+    return t;
+  };
+  const HostTensor qr = bf16({T, q_lora}, 1.0f), wq_b = bf16({H * kDim, q_lora}, 0.1f),
+                   x = bf16({T, dim}, 1.0f), wp = bf16({H, dim}, 0.1f);
+  std::vector<int64_t> pv(static_cast<size_t>(T));
+  for (auto& p : pv) p = integer(rng, 0, max_pos - 1);
+  const HostTensor pos = index_tensor(DType::int64, pv);
+  const HostTensor cos_sin = build_rope_cache(yarn_rope(64), max_pos);
+
+  HostTensor codes_cpu = poisoned_host(DType::fp8_e4m3, {T, H, kDim}),
+             scale_cpu = poisoned_host(DType::fp32, {T, H}), w_cpu = poisoned_host(DType::fp32, {T, H});
+  indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, codes_cpu, scale_cpu, w_cpu, {});
+
+  DeviceTensor qr_d = DeviceTensor::from_host(qr), wq_d = DeviceTensor::from_host(wq_b),
+               x_d = DeviceTensor::from_host(x), wp_d = DeviceTensor::from_host(wp),
+               pos_d = DeviceTensor::from_host(pos), cs_d = DeviceTensor::from_host(cos_sin);
+  DeviceTensor codes_d = poisoned(DType::fp8_e4m3, {T, H, kDim}),
+               scale_d = poisoned(DType::fp32, {T, H}), w_d = poisoned(DType::fp32, {T, H});
+  DeviceTensor ws(DType::uint8, {indexer_query_workspace_bytes(T, H)});
+  try {
+    indexer_query(qr_d, wq_d, {}, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, ws);
+  } catch (const Error& e) {
+    // The CUDA dsv4::linear is written in parallel with these kernels.
+    if (std::string(e.what()).find("linear: CUDA backend not implemented") != std::string::npos)
+      GTEST_SKIP() << "dsv4::linear has no CUDA backend yet: " << e.what();
+    throw;
+  }
+  const HostTensor codes = download(codes_d), scale = download(scale_d), wg = download(w_d);
+  for (int64_t r = 0; r < T * H; ++r) {
+    const double sc = scale_cpu.data<float>()[r], sg = scale.data<float>()[r];
+    ASSERT_TRUE(sg == sc || sg == 2 * sc || 2 * sg == sc) << "row " << r << ": " << sc << " vs " << sg;
+    const double tol = std::ldexp(std::max(sc, sg), -9);
+    for (int d = 0; d < kDim; ++d) {
+      const double a = fp8_e4m3_to_float(codes_cpu.data<uint8_t>()[r * kDim + d]) * sc;
+      const double b = fp8_e4m3_to_float(codes.data<uint8_t>()[r * kDim + d]) * sg;
+      ASSERT_LE(std::fabs(a - b), std::ldexp(std::max(std::fabs(a), std::fabs(b)), -3) + tol)
+          << "row " << r << " d " << d;
+    }
+  }
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      double mag = 0.0;
+      for (int64_t k = 0; k < dim; ++k)
+        mag += std::fabs(double{bf16_bits_to_float(x.data<uint16_t>()[t * dim + k])} *
+                         bf16_bits_to_float(wp.data<uint16_t>()[h * dim + k]));
+      mag /= std::sqrt(128.0 * H);
+      EXPECT_NEAR(wg.data<float>()[t * H + h], w_cpu.data<float>()[t * H + h], 1e-5 * mag + 1e-30)
+          << "t " << t << " h " << h;
+    }
+}
+
+// CUDA-specific rejections and mixed devices throw before anything is written.
+TEST(IndexerQueryCuda, RejectionsWriteNothing) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const int64_t T = 2, H = 2, q_lora = 16, dim = 8;
+  HostTensor qr(DType::fp32, {T, q_lora}), wq(DType::fp32, {H * kDim, q_lora}),
+      wq8(DType::fp8_e4m3, {H * kDim, q_lora}), wq_scale(DType::fp32, {2, 1}),
+      x(DType::fp32, {T, dim}), wp(DType::fp32, {H, dim});
+  for (HostTensor* t : {&qr, &wq, &wq8, &wq_scale, &x, &wp}) t->fill_bytes(0x3C);
+  const HostTensor pos = index_tensor(DType::int32, {0, 1});
+  const HostTensor cos_sin = build_rope_cache(yarn_rope(64), 4);
+  DeviceTensor qr_d = DeviceTensor::from_host(qr), wq_d = DeviceTensor::from_host(wq),
+               wq8_d = DeviceTensor::from_host(wq8), wqs_d = DeviceTensor::from_host(wq_scale),
+               x_d = DeviceTensor::from_host(x), wp_d = DeviceTensor::from_host(wp),
+               pos_d = DeviceTensor::from_host(pos), cs_d = DeviceTensor::from_host(cos_sin);
+  DeviceTensor codes_d = poisoned(DType::fp8_e4m3, {T, H, kDim}),
+               scale_d = poisoned(DType::fp32, {T, H}), w_d = poisoned(DType::fp32, {T, H});
+  DeviceTensor ws(DType::uint8, {indexer_query_workspace_bytes(T, H)}),
+      ws_small(DType::uint8, {indexer_query_workspace_bytes(T, H) - 1});
+  expect_error([&] {
+    indexer_query(qr_d, wq8_d, wqs_d, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, ws);
+  }, {"indexer_query", "wq_b.dtype", "CUDA"});
+  expect_error([&] {
+    indexer_query(qr_d, wq_d, {}, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, ws_small);
+  }, {"indexer_query", "workspace"});
+  expect_error([&] {
+    indexer_query(qr_d, wq_d, {}, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, {});
+  }, {"indexer_query", "workspace"});
+  expect_error([&] {  // positions on the host
+    indexer_query(qr_d, wq_d, {}, x_d, wp_d, pos, cs_d, codes_d, scale_d, w_d, ws);
+  }, {"indexer_query", "positions.device"});
+  const HostTensor codes = download(codes_d), scale = download(scale_d), w = download(w_d);
+  for (const HostTensor* t : {&codes, &scale, &w})
+    for (int64_t i = 0; i < static_cast<int64_t>(t->nbytes()); ++i)
+      ASSERT_EQ(t->data<uint8_t>()[i], 0xFF);
+}
+
+// ================================ scores =====================================================
+
+struct ScoresCase {
+  int64_t T;
+  int H, block, R;
+  DType pos_dtype, req_dtype;
+};
+
+// A batch of T tokens over R requests with random fp8 queries and a paged key cache of random
+// keys in shuffled blocks; positions up to `max_pos`, a few with no visible entry.
+struct ScoresRig {
+  int64_t T, H, N, R;
+  int block, ratio = 4;
+  HostTensor q_fp8, q_scale, w, pos, req, keys, table;
+
+  ScoresRig(const ScoresCase& c, int64_t max_pos, uint32_t seed)
+      : T(c.T), H(c.H), R(c.R), block(c.block) {
+    std::mt19937 rng(seed);
+    std::vector<int64_t> pv(static_cast<size_t>(T)), rv(static_cast<size_t>(T));
+    int64_t max_visible = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      pv[t] = t % 5 == 1 ? integer(rng, 0, 2) : integer(rng, 0, max_pos - 1);  // 0 visible
+      rv[t] = integer(rng, 0, R - 1);
+      max_visible = std::max(max_visible, (pv[t] + 1) / ratio);
+    }
+    N = max_visible + 3;  // columns beyond every token's visible count
+    pos = index_tensor(c.pos_dtype, pv);
+    req = index_tensor(c.req_dtype, rv);
+    q_fp8 = HostTensor(DType::fp8_e4m3, {T, H, kDim});
+    q_scale = HostTensor(DType::fp32, {T, H});
+    w = HostTensor(DType::fp32, {T, H});
+    for (int64_t i = 0; i < q_fp8.numel(); ++i)
+      q_fp8.data<uint8_t>()[i] = float_to_fp8_e4m3(nonzero(rng, 0.01f, 400.0f));
+    for (int64_t i = 0; i < T * H; ++i) {
+      q_scale.data<float>()[i] = std::ldexp(1.0f, static_cast<int>(integer(rng, -12, 4)));
+      w.data<float>()[i] = nonzero(rng, 0.01f, 1.0f);
+    }
+    const int64_t per_req = std::max<int64_t>(1, (max_visible + block - 1) / block);
+    const int64_t num_blocks = R * per_req + 2;
+    keys = HostTensor(DType::uint8, {num_blocks, int64_t{block} * indexer_keys::kEntryBytes});
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      uint8_t* base = keys.data<uint8_t>() + b * keys.shape()[1];
+      for (int i = 0; i < block * kDim; ++i)
+        base[i] = float_to_fp8_e4m3(nonzero(rng, 0.01f, 400.0f));
+      for (int i = 0; i < block; ++i) {
+        const float s = std::ldexp(1.0f, static_cast<int>(integer(rng, -12, 4)));
+        std::memcpy(base + block * kDim + i * 4, &s, 4);
+      }
+    }
+    std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    table = HostTensor(DType::int32, {R, per_req});
+    std::copy_n(ids.begin(), R * per_req, table.data<int32_t>());
+  }
+
+  HostTensor run_cpu() const {
+    HostTensor scores = poisoned_host(DType::fp32, {T, N});
+    indexer_scores(q_fp8, q_scale, w, pos, req, {keys, block}, table, ratio, scores);
+    return scores;
+  }
+  HostTensor run_cuda(const HostTensor& req_in, const HostTensor& table_in) const {
+    DeviceTensor q_d = DeviceTensor::from_host(q_fp8), s_d = DeviceTensor::from_host(q_scale),
+                 w_d = DeviceTensor::from_host(w), pos_d = DeviceTensor::from_host(pos),
+                 req_d = DeviceTensor::from_host(req_in), keys_d = DeviceTensor::from_host(keys),
+                 table_d = DeviceTensor::from_host(table_in);
+    DeviceTensor scores_d = poisoned(DType::fp32, {T, N});
+    indexer_scores(q_d, s_d, w_d, pos_d, req_d, {keys_d, block}, table_d, ratio, scores_d);
+    return download(scores_d);
+  }
+  HostTensor run_cuda() const { return run_cuda(req, table); }
+};
+
+class IndexerScoresCpuVsCuda : public ::testing::TestWithParam<ScoresCase> {};
+
+// Same fp8 operands, same dot-product order (indexer_math::dot128), same head order: every
+// score, −inf past the causal limit included, is bit-identical.
+TEST_P(IndexerScoresCpuVsCuda, BitIdentical) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const ScoresCase c = GetParam();
+  const ScoresRig rig(c, /*max_pos=*/1200, static_cast<uint32_t>(200 + c.T + c.H + c.block));
+  expect_same_bytes("scores", rig.run_cpu(), rig.run_cuda());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, IndexerScoresCpuVsCuda,
+    ::testing::Values(ScoresCase{1, 64, 64, 1, DType::int64, DType::int32},
+                      ScoresCase{23, 64, 64, 3, DType::int32, DType::int64},
+                      ScoresCase{17, 4, 4, 2, DType::int64, DType::int64},
+                      ScoresCase{9, 3, 1, 4, DType::int32, DType::int32},
+                      ScoresCase{0, 64, 64, 1, DType::int64, DType::int32}));
+
+// Many tiles per row (N = 20 001 → 157 tiles of 128) at the layer's head count.
+TEST(IndexerScoresCpuVsCuda, LongRowsBitIdentical) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const ScoresRig rig({4, 64, 64, 2, DType::int64, DType::int32}, /*max_pos=*/80000, 300);
+  expect_same_bytes("scores", rig.run_cpu(), rig.run_cuda());
+}
+
+// What the CPU rejects, CUDA marks: a token whose request row is out of range, and a visible
+// entry whose block is unmapped, score NaN; everything else matches the CPU.
+TEST(IndexerScoresCuda, OutOfRangeIndicesScoreNaN) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const ScoresRig rig({12, 8, 4, 3, DType::int64, DType::int32}, /*max_pos=*/400, 301);
+  const HostTensor cpu = rig.run_cpu();
+  HostTensor req = copy_of(rig.req), table = copy_of(rig.table);
+  req.data<int32_t>()[0] = static_cast<int32_t>(rig.R);  // token 0: no such request
+  table.data<int32_t>()[1] = -1;                          // request 0, entries [B, 2B)
+  table.data<int32_t>()[table.shape()[1] + 0] = 1 << 30;  // request 1, entries [0, B)
+  ASSERT_GE(table.shape()[1], 2);
+  const HostTensor gpu = rig.run_cuda(req, table);
+  const int64_t B = rig.block;
+  for (int64_t t = 0; t < rig.T; ++t) {
+    const int64_t p = rig.pos.data<int64_t>()[t], q = req.data<int32_t>()[t];
+    const int64_t visible = (p + 1) / 4;
+    for (int64_t j = 0; j < rig.N; ++j) {
+      const float g = gpu.data<float>()[t * rig.N + j];
+      const bool unmapped = t == 0 || (q == 0 && j / B == 1) || (q == 1 && j / B == 0);
+      if (j < visible && unmapped) {
+        ASSERT_TRUE(std::isnan(g)) << "t " << t << " j " << j;
+      } else {
+        const float c = cpu.data<float>()[t * rig.N + j];
+        ASSERT_EQ(std::memcmp(&g, &c, 4), 0) << "t " << t << " j " << j << ": " << c << " vs " << g;
+      }
+    }
+  }
+}
+
+TEST(IndexerScoresCuda, RejectionsWriteNothing) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const ScoresRig rig({3, 4, 1, 1, DType::int64, DType::int32}, /*max_pos=*/40, 302);
+  DeviceTensor q_d = DeviceTensor::from_host(rig.q_fp8), s_d = DeviceTensor::from_host(rig.q_scale),
+               w_d = DeviceTensor::from_host(rig.w), pos_d = DeviceTensor::from_host(rig.pos),
+               req_d = DeviceTensor::from_host(rig.req), keys_d = DeviceTensor::from_host(rig.keys),
+               table_d = DeviceTensor::from_host(rig.table);
+  DeviceTensor scores_d = poisoned(DType::fp32, {rig.T, rig.N});
+  // Blocks of one entry (132 bytes) starting 2 bytes in: not 4-byte aligned.
+  TensorView shifted = keys_d.view();
+  shifted.data = static_cast<uint8_t*>(shifted.data) + 2;
+  shifted.shape[0] -= 1;
+  expect_error([&] {
+    indexer_scores(q_d, s_d, w_d, pos_d, req_d, {shifted, 1}, table_d, 4, scores_d);
+  }, {"indexer_scores", "keys.data", "aligned"});
+  // More index heads than the kernel's shared memory holds.
+  DeviceTensor q_big = poisoned(DType::fp8_e4m3, {rig.T, 257, kDim}),
+               s_big = poisoned(DType::fp32, {rig.T, 257}), w_big = poisoned(DType::fp32, {rig.T, 257});
+  expect_error([&] {
+    indexer_scores(q_big, s_big, w_big, pos_d, req_d, {keys_d, 1}, table_d, 4, scores_d);
+  }, {"indexer_scores", "index heads"});
+  expect_error([&] {  // the block table on the host
+    indexer_scores(q_d, s_d, w_d, pos_d, req_d, {keys_d, 1}, rig.table, 4, scores_d);
+  }, {"indexer_scores", "key_block_table.device"});
+  const HostTensor s = download(scores_d);
+  for (int64_t i = 0; i < static_cast<int64_t>(s.nbytes()); ++i) ASSERT_EQ(s.data<uint8_t>()[i], 0xFF);
+}
+
+// ================================ top-k ======================================================
+
+struct TopkCase {
+  int64_t T, N, K;
+};
+
+class IndexerTopkCpuVsCuda : public ::testing::TestWithParam<TopkCase> {};
+
+// Rows of several kinds — few levels (ties) with NaN, ±inf and ±0; distinct values; all equal —
+// and visible counts from 0 to N; columns past the causal limit hold the largest values. The
+// same scores on both sides: indices and lengths must be identical.
+TEST_P(IndexerTopkCpuVsCuda, SameIndices) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const auto [T, N, K] = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(400 + T + N + K));
+  HostTensor scores(DType::fp32, {T, N});
+  std::vector<int64_t> pv(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) {
+    switch (t % 6) {
+      case 0: pv[t] = integer(rng, 0, 2); break;                 // nothing visible
+      case 1: pv[t] = 4 * N - 1; break;                          // everything visible
+      case 2: pv[t] = 4 * std::min(N, K) - 1 - integer(rng, 0, 3); break;  // about K visible
+      default: pv[t] = integer(rng, 0, 4 * N - 1); break;
+    }
+    const int64_t visible = (pv[t] + 1) / 4;
+    const int kind = static_cast<int>(t % 3);
+    for (int64_t j = 0; j < N; ++j) {
+      float v;
+      if (kind == 0) {
+        v = static_cast<float>(integer(rng, -3, 3)) * 0.5f;  // few levels: many ties
+        const int64_t special = integer(rng, 0, 40);
+        if (special == 0) v = kNaN;
+        if (special == 1) v = -kInf;
+        if (special == 2) v = kInf;
+        if (special == 3) v = -0.0f;
+        if (special == 4) v = -kNaN;
+      } else if (kind == 1) {
+        v = nonzero(rng, 1e-3f, 1e3f);
+      } else {
+        v = 0.25f;
+      }
+      scores.data<float>()[t * N + j] = j < visible ? v : 1e30f;
+    }
+  }
+  const HostTensor pos = index_tensor(DType::int64, pv);
+  HostTensor idx_cpu = poisoned_host(DType::int32, {T, K}), lens_cpu = poisoned_host(DType::int32, {T});
+  indexer_topk(scores, pos, 4, idx_cpu, lens_cpu);
+
+  DeviceTensor scores_d = DeviceTensor::from_host(scores), pos_d = DeviceTensor::from_host(pos);
+  DeviceTensor idx_d = DeviceTensor(DType::int32, {T, K}), lens_d = DeviceTensor(DType::int32, {T});
+  idx_d.fill_bytes(0x7F);  // 0xFF would read as the −1 padding
+  lens_d.fill_bytes(0x7F);
+  indexer_topk(scores_d, pos_d, 4, idx_d, lens_d);
+  expect_same_bytes("indices", idx_cpu, download(idx_d));
+  expect_same_bytes("lens", lens_cpu, download(lens_d));
+
+  // Without lens: the same indices.
+  idx_d.fill_bytes(0x7F);
+  indexer_topk(scores_d, pos_d, 4, idx_d);
+  expect_same_bytes("indices (no lens)", idx_cpu, download(idx_d));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, IndexerTopkCpuVsCuda,
+                         ::testing::Values(TopkCase{40, 50, 1}, TopkCase{40, 50, 8},
+                                           TopkCase{40, 50, 64}, TopkCase{12, 50000, 512},
+                                           TopkCase{6, 50000, 4096}, TopkCase{18, 3000, 2048},
+                                           TopkCase{0, 50, 8}));
+
+TEST(IndexerTopkCuda, RejectionsWriteNothing) {
+  DSV4_SKIP_WITHOUT_GPU();
+  HostTensor scores(DType::fp32, {2, 8});
+  for (int64_t i = 0; i < scores.numel(); ++i) scores.data<float>()[i] = static_cast<float>(i);
+  const HostTensor pos = index_tensor(DType::int32, {3, 31});
+  DeviceTensor scores_d = DeviceTensor::from_host(scores), pos_d = DeviceTensor::from_host(pos);
+  DeviceTensor idx_big = poisoned(DType::int32, {2, 4097}), idx_d = poisoned(DType::int32, {2, 4});
+  expect_error([&] { indexer_topk(scores_d, pos_d, 4, idx_big); }, {"indexer_topk", "K"});
+  expect_error([&] { indexer_topk(scores_d, pos, 4, idx_d); }, {"indexer_topk", "positions.device"});
+  for (const DeviceTensor* d : {&idx_big, &idx_d}) {
+    const HostTensor h = download(*d);
+    for (int64_t i = 0; i < static_cast<int64_t>(h.nbytes()); ++i) ASSERT_EQ(h.data<uint8_t>()[i], 0xFF);
+  }
+}
+
+// ================================ C128A plan =================================================
+
+TEST(CompressedPrefixIndicesCpuVsCuda, SameIndices) {
+  DSV4_SKIP_WITHOUT_GPU();
+  for (const DType pos_dtype : {DType::int64, DType::int32}) {
+    const int64_t T = 301, K = 9;
+    std::mt19937 rng(500);
+    std::vector<int64_t> pv(static_cast<size_t>(T));
+    for (auto& p : pv) p = integer(rng, 0, 128 * K - 1);
+    const HostTensor pos = index_tensor(pos_dtype, pv);
+    HostTensor idx_cpu = poisoned_host(DType::int32, {T, K}), lens_cpu = poisoned_host(DType::int32, {T});
+    compressed_prefix_indices(pos, 128, idx_cpu, lens_cpu);
+    DeviceTensor pos_d = DeviceTensor::from_host(pos);
+    DeviceTensor idx_d(DType::int32, {T, K}), lens_d(DType::int32, {T});
+    idx_d.fill_bytes(0x7F);
+    lens_d.fill_bytes(0x7F);
+    compressed_prefix_indices(pos_d, 128, idx_d, lens_d);
+    expect_same_bytes("indices", idx_cpu, download(idx_d));
+    expect_same_bytes("lens", lens_cpu, download(lens_d));
+  }
+  // T = 0 launches nothing; mixed devices are rejected.
+  DeviceTensor pos0(DType::int64, {0}), idx0(DType::int32, {0, 4});
+  compressed_prefix_indices(pos0, 128, idx0);
+  HostTensor idx_host(DType::int32, {0, 4});
+  expect_error([&] { compressed_prefix_indices(pos0, 128, idx_host); },
+               {"compressed_prefix_indices", "indices.device"});
+}
+
+}  // namespace
+}  // namespace dsv4

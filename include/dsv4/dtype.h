@@ -77,6 +77,59 @@ DSV4_HD float bits_float(uint32_t u) {
 #endif
 }
 
+// ---- exactly rounded fp32 arithmetic -------------------------------------------------------
+// IEEE-754 fp32 add / sub / mul / div / sqrt, round-to-nearest-even, subnormals kept, with the
+// same result on the host and in device code. The kernels are built with --use_fast_math
+// (approximate division and square root, flush-to-zero, multiply-add contraction), so plain
+// operators can round differently on the GPU; math that must match the CPU reference bit for bit
+// uses these (explicit non-ftz PTX on the device; plain operators on the host, whose build
+// targets baseline x86-64: no FMA contraction, no FTZ/DAZ).
+DSV4_HD float ieee_add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return a + b;
+#endif
+}
+DSV4_HD float ieee_sub(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return a - b;
+#endif
+}
+DSV4_HD float ieee_mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return a * b;
+#endif
+}
+DSV4_HD float ieee_div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return a / b;
+#endif
+}
+DSV4_HD float ieee_sqrt(float a) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("sqrt.rn.f32 %0, %1;" : "=f"(r) : "f"(a));
+  return r;
+#else
+  return __builtin_sqrtf(a);
+#endif
+}
+
 // ---- bf16 ----------------------------------------------------------------------------------
 DSV4_HD uint16_t float_to_bf16_bits(float f) {
   uint32_t u = float_bits(f);
@@ -166,15 +219,12 @@ DSV4_HD float ue8m0_to_float(uint8_t b) {
 }
 
 // Exponent k of the power-of-two scale 2^k = 2^ceil(log2(max(amax / 448, 1e-4))) (SPEC §7),
-// computed exactly from the float's bits (no log2 rounding).
+// computed exactly from the float's bits (no log2 rounding; the division is IEEE-rounded on the
+// device too, so a kernel picks the same scale as the CPU at power-of-two boundaries).
 DSV4_HD int32_t ue8m0_exponent_for_amax(float amax, float fmt_max = kFp8Max) {
-#if defined(__CUDA_ARCH__)
-  // IEEE round-to-nearest division even under --use_fast_math (which makes `/` approximate):
-  // an approximate quotient of amax = 448·2^j could land just above 2^j and bump the scale.
-  float x = __fdiv_rn(amax, fmt_max);
-#else
-  float x = amax / fmt_max;
-#endif
+  // (`/` under --use_fast_math is approximate: a quotient of amax = 448·2^j could land just above
+  // 2^j and bump the scale.)
+  float x = ieee_div(amax, fmt_max);
   if (!(x >= 1e-4f)) x = 1e-4f;  // also maps NaN to the floor scale
   const uint32_t u = float_bits(x);
   const int32_t e = static_cast<int32_t>(u >> 23) - 127;  // x is a normal float here

@@ -92,59 +92,74 @@ struct KvCacheView {
 void check_kv_cache(const char* where, const char* name, const KvCacheView& cache);
 
 // ---- per-token encode/decode (host and device) --------------------------------------------
+// A token's dims [0, kv_plain_begin) are FP8 in scale blocks (MODEL1_FP8: 7 blocks of 64 values,
+// V32_FP8: 4 of 128), each with one UE8M0 scale; the other "plain" dims are encoded one value at
+// a time (bf16 rope dims, BF16, FP8_PER_TENSOR). The encoder is split along those lines so a
+// kernel can encode the scale blocks and the plain dims in parallel and still write exactly the
+// bytes kv_encode_token writes (every value's encoding depends only on its own scale block).
+DSV4_HD int kv_num_scale_blocks(KvLayout l) {
+  return l == KvLayout::model1_fp8 ? model1::kNumScales : l == KvLayout::v32_fp8 ? v32::kNumScales : 0;
+}
+DSV4_HD int kv_scale_block_width(KvLayout l) {
+  return l == KvLayout::model1_fp8 ? model1::kQuantBlock : l == KvLayout::v32_fp8 ? v32::kQuantBlock : 0;
+}
+// First plain dim (448, 512, or 0 for BF16 / FP8_PER_TENSOR).
+DSV4_HD int kv_plain_begin(KvLayout l) { return kv_num_scale_blocks(l) * kv_scale_block_width(l); }
+
+// Scale block s (0 <= s < kv_num_scale_blocks) of the token at `offset` of the block starting at
+// `block`: amax → UE8M0 scale 2^k (stored as a byte for MODEL1_FP8, as fp32 for V32_FP8), then
+// fp8(value · 2^-k) for each of its values. `values` is the whole token (dim floats).
+DSV4_HD void kv_encode_scale_block(const KvGeometry& g, uint8_t* block, int offset, int s,
+                                   const float* values) {
+  const int width = kv_scale_block_width(g.layout);
+  const float* v = values + s * width;
+  float amax = 0.0f;
+  for (int i = 0; i < width; ++i) amax = fmaxf(amax, v[i] < 0 ? -v[i] : v[i]);
+  const int32_t k = ue8m0_exponent_for_amax(amax);
+  const float inv = exp2_int(-k);
+  uint8_t* row = block + g.data_offset(offset);
+  for (int i = 0; i < width; ++i) row[s * width + i] = float_to_fp8_e4m3(ieee_mul(v[i], inv));
+  if (g.layout == KvLayout::model1_fp8) {
+    block[g.scale_offset(offset) + s] = static_cast<uint8_t>(k + 127);
+  } else {
+    reinterpret_cast<float*>(row + v32::kScaleOffset)[s] = exp2_int(k);
+  }
+}
+
+// Plain dim i (kv_plain_begin <= i < dim) of the token: bf16 (the rope dims of the FP8 layouts,
+// every dim of BF16) or fp8(value / tensor_scale) (FP8_PER_TENSOR).
+DSV4_HD void kv_encode_plain_value(const KvGeometry& g, uint8_t* block, int offset, int i,
+                                   float value, float tensor_scale = 1.0f) {
+  uint8_t* row = block + g.data_offset(offset);
+  switch (g.layout) {
+    case KvLayout::model1_fp8:
+      reinterpret_cast<uint16_t*>(row + model1::kNope)[i - model1::kNope] = float_to_bf16_bits(value);
+      return;
+    case KvLayout::v32_fp8:
+      reinterpret_cast<uint16_t*>(row + v32::kRopeOffset)[i - v32::kNope] = float_to_bf16_bits(value);
+      return;
+    case KvLayout::bf16:
+      reinterpret_cast<uint16_t*>(row)[i] = float_to_bf16_bits(value);
+      return;
+    case KvLayout::fp8_per_tensor:
+      row[i] = float_to_fp8_e4m3(ieee_mul(value, ieee_div(1.0f, tensor_scale)));
+      return;
+  }
+}
+
+// The token's padding bytes (the zero pad byte of a MODEL1_FP8 scale row; none otherwise).
+DSV4_HD void kv_encode_padding(const KvGeometry& g, uint8_t* block, int offset) {
+  if (g.layout == KvLayout::model1_fp8) block[g.scale_offset(offset) + model1::kNumScales] = 0;
+}
+
 // Writes one token (values[0..dim), float) into the block starting at `block`.
 DSV4_HD void kv_encode_token(const KvGeometry& g, uint8_t* block, int offset, const float* values,
                              float tensor_scale = 1.0f) {
-  uint8_t* row = block + g.data_offset(offset);
-  switch (g.layout) {
-    case KvLayout::model1_fp8: {
-      uint8_t* scales = block + g.scale_offset(offset);
-      for (int s = 0; s < model1::kNumScales; ++s) {
-        float amax = 0.0f;
-        for (int i = 0; i < model1::kQuantBlock; ++i) {
-          const float a = values[s * model1::kQuantBlock + i];
-          amax = fmaxf(amax, a < 0 ? -a : a);
-        }
-        const int32_t k = ue8m0_exponent_for_amax(amax);
-        scales[s] = static_cast<uint8_t>(k + 127);
-        const float inv = exp2_int(-k);
-        for (int i = 0; i < model1::kQuantBlock; ++i)
-          row[s * model1::kQuantBlock + i] = float_to_fp8_e4m3(values[s * model1::kQuantBlock + i] * inv);
-      }
-      scales[model1::kNumScales] = 0;
-      uint16_t* rope = reinterpret_cast<uint16_t*>(row + model1::kNope);
-      for (int i = 0; i < model1::kRope; ++i) rope[i] = float_to_bf16_bits(values[model1::kNope + i]);
-      return;
-    }
-    case KvLayout::v32_fp8: {
-      float* scales = reinterpret_cast<float*>(row + v32::kScaleOffset);
-      for (int s = 0; s < v32::kNumScales; ++s) {
-        float amax = 0.0f;
-        for (int i = 0; i < v32::kQuantBlock; ++i) {
-          const float a = values[s * v32::kQuantBlock + i];
-          amax = fmaxf(amax, a < 0 ? -a : a);
-        }
-        const int32_t k = ue8m0_exponent_for_amax(amax);
-        scales[s] = exp2_int(k);
-        const float inv = exp2_int(-k);
-        for (int i = 0; i < v32::kQuantBlock; ++i)
-          row[s * v32::kQuantBlock + i] = float_to_fp8_e4m3(values[s * v32::kQuantBlock + i] * inv);
-      }
-      uint16_t* rope = reinterpret_cast<uint16_t*>(row + v32::kRopeOffset);
-      for (int i = 0; i < v32::kRope; ++i) rope[i] = float_to_bf16_bits(values[v32::kNope + i]);
-      return;
-    }
-    case KvLayout::bf16: {
-      uint16_t* out = reinterpret_cast<uint16_t*>(row);
-      for (int i = 0; i < g.dim; ++i) out[i] = float_to_bf16_bits(values[i]);
-      return;
-    }
-    case KvLayout::fp8_per_tensor: {
-      const float inv = 1.0f / tensor_scale;
-      for (int i = 0; i < g.dim; ++i) row[i] = float_to_fp8_e4m3(values[i] * inv);
-      return;
-    }
-  }
+  for (int s = 0; s < kv_num_scale_blocks(g.layout); ++s)
+    kv_encode_scale_block(g, block, offset, s, values);
+  for (int i = kv_plain_begin(g.layout); i < g.dim; ++i)
+    kv_encode_plain_value(g, block, offset, i, values[i], tensor_scale);
+  kv_encode_padding(g, block, offset);
 }
 
 // Reads value i (0 <= i < dim) of the token at `offset` of the block starting at `block`.
@@ -158,7 +173,7 @@ DSV4_HD float kv_decode_value(const KvGeometry& g, const uint8_t* block, int off
         return bf16_bits_to_float(rope[i - model1::kNope]);
       }
       const uint8_t* scales = block + g.scale_offset(offset);
-      return fp8_e4m3_to_float(row[i]) * ue8m0_to_float(scales[i / model1::kQuantBlock]);
+      return ieee_mul(fp8_e4m3_to_float(row[i]), ue8m0_to_float(scales[i / model1::kQuantBlock]));
     }
     case KvLayout::v32_fp8: {
       if (i >= v32::kNope) {
@@ -166,12 +181,12 @@ DSV4_HD float kv_decode_value(const KvGeometry& g, const uint8_t* block, int off
         return bf16_bits_to_float(rope[i - v32::kNope]);
       }
       const float* scales = reinterpret_cast<const float*>(row + v32::kScaleOffset);
-      return fp8_e4m3_to_float(row[i]) * scales[i / v32::kQuantBlock];
+      return ieee_mul(fp8_e4m3_to_float(row[i]), scales[i / v32::kQuantBlock]);
     }
     case KvLayout::bf16:
       return bf16_bits_to_float(reinterpret_cast<const uint16_t*>(row)[i]);
     case KvLayout::fp8_per_tensor:
-      return fp8_e4m3_to_float(row[i]) * tensor_scale;
+      return ieee_mul(fp8_e4m3_to_float(row[i]), tensor_scale);
   }
   return 0.0f;
 }

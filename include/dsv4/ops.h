@@ -81,8 +81,9 @@ void rope_frequencies(const RopeConfig& cfg, double* freqs /* [R/2] */);
 
 // GPT-J interleaved RoPE on the last R dims of each head: pairs (2i, 2i+1) rotate by p·f_i
 // (inverse: by −p·f_i). x, y: [T, D] or [T, H, D] bf16/fp32 (y may alias x; the first D−R dims
-// are copied). positions [T] int64/int32, every p in [0, cos_sin.shape[0]). cos_sin from
-// build_rope_cache (on the device of x).
+// are copied). positions [T] int64/int32, every p in [0, cos_sin.shape[0]) (checked on CPU; on
+// CUDA the values cannot be read on the host: rows of a token whose position is outside the
+// table are left unwritten). cos_sin from build_rope_cache (on the device of x).
 void apply_rope(const TensorView& x, const TensorView& positions, const TensorView& cos_sin,
                 bool inverse, const TensorView& y, Stream stream = nullptr);
 
@@ -96,7 +97,10 @@ void apply_rope(const TensorView& x, const TensorView& positions, const TensorVi
 //   attend to the current chunk with the cached values. A token with slot -1 gets the same
 //   quantize-dequantize (kv always holds what the cache would hold). D must be the layout's dim
 //   (512; 576 for V32_FP8). Slots must be -1 or in [0, cache.num_slots()) and distinct, positions
-//   in [0, cos_sin.shape[0]) — checked on CPU before anything is written.
+//   in [0, cos_sin.shape[0]) — checked on CPU before anything is written. On CUDA these values
+//   cannot be read on the host: a slot outside the cache acts as -1, a token whose position is
+//   outside the table is skipped (q, kv and cache untouched), and when two tokens share a slot
+//   the bytes it ends up holding are unspecified. CPU and CUDA results are bit-identical.
 void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const TensorView& positions,
                           const TensorView& cos_sin, float eps, const KvCacheView& cache,
                           const TensorView& slot_mapping, Stream stream = nullptr);
@@ -177,8 +181,10 @@ void sparse_prefill(const SparsePrefillArgs& args, Stream stream = nullptr);
 //   workspace [R, M, d] bf16 (d = the layout's dim), block_table [R, max_blocks] int32,
 //   seq_lens [R] int32 (entries), gather_lens [R] int32 optional. Rows not written keep their
 //   contents. An entry whose block is -1 or beyond the table, gather_lens[r] outside
-//   [0, seq_lens[r]], or offset + g > M is an error (CPU validation). CPU only for now: CUDA
-//   tensors throw dsv4::Error until a CUDA twin exists.
+//   [0, seq_lens[r]], or offset + g > M is an error (CPU validation). On CUDA these values cannot
+//   be read on the host: the kernel skips (leaves untouched) every such row — a request with
+//   seq_lens[r] < 0 or gather_lens[r] outside [0, seq_lens[r]], rows j >= M - offset, and entries
+//   whose block is -1, beyond the table or outside the cache. Bit-identical to the CPU otherwise.
 void dequantize_and_gather(const KvCacheView& cache, const TensorView& block_table,
                            const TensorView& seq_lens, const TensorView& gather_lens,
                            int64_t offset, const TensorView& workspace, Stream stream = nullptr);

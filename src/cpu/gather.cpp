@@ -6,8 +6,12 @@
 #include <vector>
 
 #include "cpu/attention_checks.h"
+#include "cpu/backend.h"
 #include "dsv4/ops.h"
 #include "dsv4/status.h"
+#if defined(DSV4_WITH_CUDA)
+#include "cuda/kv/dequantize_and_gather.h"
+#endif
 
 namespace dsv4 {
 
@@ -108,13 +112,17 @@ void dequantize_and_gather(const KvCacheView& cache, const TensorView& block_tab
                            const TensorView& seq_lens, const TensorView& gather_lens,
                            int64_t offset, const TensorView& workspace, Stream stream) {
   validate_gather(cache, block_table, seq_lens, gather_lens, offset, workspace);
-  (void)stream;
   if (workspace.device == Device::cpu) {
     dequantize_and_gather_cpu(cache, block_table, seq_lens, gather_lens, offset, workspace);
     return;
   }
-  // No CUDA twin is declared yet (DESIGN: src/cuda/kv/ gather + dequant).
-  fail(kOp, ": tensors are on CUDA but no CUDA implementation of this op exists yet");
+  // Length and table values live on the device: the kernel skips rows it cannot gather validly.
+#if defined(DSV4_WITH_CUDA)
+  cuda::dequantize_and_gather(cache, block_table, seq_lens, gather_lens, offset, workspace, stream);
+#else
+  (void)stream;
+  cpu::throw_cuda_unavailable(kOp);
+#endif
 }
 
 }  // namespace dsv4

@@ -10,6 +10,9 @@
 #include "cpu/rows.h"
 #include "cpu/validate.h"
 #include "dsv4/ops.h"
+#if defined(DSV4_WITH_CUDA)
+#include "cuda/rope/apply_rope.h"
+#endif
 
 namespace dsv4 {
 
@@ -78,7 +81,7 @@ HostTensor build_rope_cache(const RopeConfig& cfg, int64_t max_pos) {
 }
 
 void apply_rope(const TensorView& x, const TensorView& positions, const TensorView& cos_sin,
-                bool inverse, const TensorView& y, Stream /*stream*/) {
+                bool inverse, const TensorView& y, Stream stream) {
   constexpr const char* kOp = "apply_rope";
   check_defined(kOp, "x", x);
   check_defined(kOp, "y", y);
@@ -95,8 +98,16 @@ void apply_rope(const TensorView& x, const TensorView& positions, const TensorVi
   cpu::check_index_vector(kOp, "positions", positions, T);
   const int64_t R = cpu::check_rope_table(kOp, cos_sin, D);
   if (cpu::common_device(kOp, {{"x", x}, {"positions", positions}, {"cos_sin", cos_sin},
-                               {"y", y}}) == Device::cuda)
+                               {"y", y}}) == Device::cuda) {
+    // Position values live on the device: the kernel leaves rows with an invalid one unwritten.
+#if defined(DSV4_WITH_CUDA)
+    cuda::apply_rope(x, positions, cos_sin, inverse, y, stream);
+    return;
+#else
+    (void)stream;
     cpu::throw_cuda_unavailable(kOp);
+#endif
+  }
   cpu::check_positions_in_table(kOp, positions, cos_sin);
 
   const cpu::RowWalker x_rows(x), y_rows(y);

@@ -336,11 +336,13 @@ TEST_F(QnormRopeKvInsertErrors, ShapesDtypesAndCache) {
                   {"slot_mapping.dtype", "int64 or int32"});
   expect_rejected([&] { dsv4::qnorm_rope_kv_insert(on_cuda(b.q), b.kv, b.positions, table, kEps, view(), b.slots); },
                   {"device"});
+#ifndef DSV4_WITH_CUDA  // with CUDA built, all-CUDA views reach the kernel (tests/cuda)
   dsv4::KvCacheView cuda_cache = view();
   cuda_cache.data = on_cuda(cuda_cache.data);
   expect_rejected([&] { dsv4::qnorm_rope_kv_insert(on_cuda(b.q), on_cuda(b.kv), on_cuda(b.positions),
                                                    on_cuda(table.view()), kEps, cuda_cache, on_cuda(b.slots)); },
                   {"qnorm_rope_kv_insert", "CUDA backend not"});
+#endif
 }
 
 }  // namespace

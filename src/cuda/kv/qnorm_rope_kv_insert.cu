@@ -1,0 +1,158 @@
+// Fused q head-norm + q RoPE + kv RoPE + KV quantization + paged insert: one block per token.
+//   1. q: warp w normalizes heads w, w + 8, … (warp_rms_inverse: the CPU's summation order),
+//      then rotates the rope pairs, in place (after the norm's warp barrier, each element is read,
+//      then written, by one lane only).
+//   2. kv: the roped fp32 row goes to shared memory; the token is encoded into a one-token block
+//      in shared memory with the CPU's own per-scale-block / per-value encoders (kv_layout.h:
+//      thread s encodes scale block s, all threads the plain dims), then kv is overwritten with
+//      the decoded values and, when the slot is valid, the token's bytes are copied to the cache.
+// Encoding into shared memory first makes kv independent of what other tokens store.
+#include "cuda/kv/qnorm_rope_kv_insert.h"
+
+#include <cuda_runtime.h>
+
+#include <climits>
+
+#include "cpu/rope_common.h"
+#include "cuda/common/check.h"
+#include "cuda/common/float_rows.cuh"
+#include "cuda/norm/warp_rms.cuh"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kMaxDim = v32::kDim;  // 576: the widest token
+// Bytes of a one-token block of the largest layout (MODEL1_FP8: 584 B padded to 2 · 576).
+constexpr int kScratchBytes =
+    (model1::kTokenBytes + model1::kBlockAlign - 1) / model1::kBlockAlign * model1::kBlockAlign;
+static_assert(kScratchBytes >= v32::kTokenBytes && kScratchBytes >= 2 * model1::kDim,
+              "scratch must hold one token of every layout");
+static_assert(model1::kNumScales < kThreads && v32::kNumScales < kThreads,
+              "one thread per scale block, plus one for the padding");
+
+struct InsertParams {
+  FloatRows q;   // rows (t, h): T · heads rows of D
+  FloatRows kv;  // rows t: T rows of D
+  int64_t heads;
+  const void* positions;  // [T] int32/int64, contiguous
+  bool positions_int64;
+  const void* slots;      // [T] int32/int64, contiguous
+  bool slots_int64;
+  const float* cos_sin;   // [max_pos, 2·half] fp32
+  int64_t cos_sin_stride, max_pos;
+  int half;
+  float eps;
+  KvGeometry geometry;          // of the cache
+  KvGeometry scratch_geometry;  // the same layout with block_size 1
+  uint8_t* cache;
+  int64_t block_stride;  // bytes between cache blocks
+  int64_t num_slots;
+  float tensor_scale;
+};
+
+__global__ void __launch_bounds__(kThreads) qnorm_rope_kv_insert_kernel(const InsertParams p) {
+  __shared__ float row[kMaxDim];
+  __shared__ __align__(16) uint8_t scratch[kScratchBytes];
+  const int64_t t = blockIdx.x;
+  const int64_t pos = load_index(p.positions, p.positions_int64, t);
+  if (pos < 0 || pos >= p.max_pos) return;  // invalid position: the whole block skips the token
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int64_t D = p.kv.row_len, nope = D - 2 * p.half;
+  const float* cos_row = p.cos_sin + pos * p.cos_sin_stride;
+  const float* sin_row = cos_row + p.half;
+
+  // 1. q heads: RMSNorm without weight, then RoPE, in place.
+  for (int64_t h = warp; h < p.heads; h += kWarps) {
+    const int64_t q_off = p.q.row_offset(t * p.heads + h);
+    const float inv = warp_rms_inverse([&](int64_t i) { return p.q.load(q_off, i); }, D, p.eps);
+    for (int64_t i = lane; i < nope; i += 32)
+      p.q.store(q_off, i, cpu::rms_apply(p.q.load(q_off, i), inv, 1.0f));
+    for (int j = lane; j < p.half; j += 32) {
+      float a = cpu::rms_apply(p.q.load(q_off, nope + 2 * j), inv, 1.0f);
+      float b = cpu::rms_apply(p.q.load(q_off, nope + 2 * j + 1), inv, 1.0f);
+      cpu::rope_rotate_pair(a, b, cos_row[j], sin_row[j]);
+      p.q.store(q_off, nope + 2 * j, a);
+      p.q.store(q_off, nope + 2 * j + 1, b);
+    }
+  }
+
+  // 2. kv: RoPE into shared memory.
+  const int64_t kv_off = p.kv.row_offset(t);
+  for (int64_t i = tid; i < nope; i += kThreads) row[i] = p.kv.load(kv_off, i);
+  for (int j = tid; j < p.half; j += kThreads) {
+    float a = p.kv.load(kv_off, nope + 2 * j), b = p.kv.load(kv_off, nope + 2 * j + 1);
+    cpu::rope_rotate_pair(a, b, cos_row[j], sin_row[j]);
+    row[nope + 2 * j] = a;
+    row[nope + 2 * j + 1] = b;
+  }
+  __syncthreads();
+
+  // Encode into the one-token scratch block (scale blocks, padding and plain dims touch
+  // disjoint bytes).
+  const KvGeometry& sg = p.scratch_geometry;
+  const int num_scale_blocks = kv_num_scale_blocks(sg.layout);
+  if (tid < num_scale_blocks) kv_encode_scale_block(sg, scratch, 0, tid, row);
+  if (tid == num_scale_blocks) kv_encode_padding(sg, scratch, 0);
+  for (int i = kv_plain_begin(sg.layout) + tid; i < sg.dim; i += kThreads)
+    kv_encode_plain_value(sg, scratch, 0, i, row[i], p.tensor_scale);
+  __syncthreads();
+
+  // kv ← exactly what the cache holds.
+  for (int i = tid; i < sg.dim; i += kThreads)
+    p.kv.store(kv_off, i, kv_decode_value(sg, scratch, 0, i, p.tensor_scale));
+
+  // Store the token's bytes (its data row and, for MODEL1_FP8, its scale row).
+  const int64_t slot = load_index(p.slots, p.slots_int64, t);
+  if (slot < 0 || slot >= p.num_slots) return;  // -1 (or an invalid slot): not stored
+  const KvGeometry& g = p.geometry;
+  uint8_t* block = p.cache + (slot / g.block_size) * p.block_stride;
+  const int offset = static_cast<int>(slot % g.block_size);
+  const bool split_rows = g.layout == KvLayout::model1_fp8;
+  const int data_bytes = split_rows ? model1::kDataBytes : g.token_bytes;
+  for (int b = tid; b < data_bytes; b += kThreads)
+    block[g.data_offset(offset) + b] = scratch[sg.data_offset(0) + b];
+  if (split_rows) {
+    for (int b = tid; b < model1::kScaleBytes; b += kThreads)
+      block[g.scale_offset(offset) + b] = scratch[sg.scale_offset(0) + b];
+  }
+}
+
+}  // namespace
+
+void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const TensorView& positions,
+                          const TensorView& cos_sin, float eps, const KvCacheView& cache,
+                          const TensorView& slot_mapping, Stream stream) {
+  constexpr const char* kOp = "qnorm_rope_kv_insert";
+  InsertParams p;
+  p.q = FloatRows::of(q);
+  p.kv = FloatRows::of(kv);
+  const int64_t T = kv.shape[0];
+  if (T == 0) return;  // nothing to write
+  p.heads = q.shape[1];
+  p.positions = positions.data;
+  p.positions_int64 = positions.dtype == DType::int64;
+  p.slots = slot_mapping.data;
+  p.slots_int64 = slot_mapping.dtype == DType::int64;
+  p.cos_sin = static_cast<const float*>(cos_sin.data);
+  p.cos_sin_stride = cos_sin.strides[0];
+  p.max_pos = cos_sin.shape[0];
+  p.half = static_cast<int>(cos_sin.shape[1] / 2);
+  p.eps = eps;
+  p.geometry = kv_geometry(cache.layout, cache.block_size);
+  p.scratch_geometry = kv_geometry(cache.layout, 1);
+  p.cache = static_cast<uint8_t*>(cache.data.data);
+  p.block_stride = cache.data.strides[0];
+  p.num_slots = cache.num_slots();
+  p.tensor_scale = cache.tensor_scale;
+  DSV4_CHECK(p.kv.row_len == p.geometry.dim && p.geometry.dim <= kMaxDim &&
+                 p.scratch_geometry.block_bytes <= kScratchBytes,
+             kOp, ": kv.shape[1]: expected the layout's dim (at most ", kMaxDim, "), got ",
+             p.kv.row_len);
+  DSV4_CHECK(T <= INT_MAX, kOp, ": kv: expected at most ", INT_MAX, " tokens, got ", T);
+  qnorm_rope_kv_insert_kernel<<<static_cast<unsigned>(T), kThreads, 0, stream>>>(p);
+  check_launch(kOp);
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,75 @@
+// RoPE kernel: one warp per row of x ([T, D] or [T, H, D], flattened). Lanes copy the first
+// D − R dims (converted to y's type) and rotate the R/2 pairs of the last R dims with the CPU
+// reference's rope_rotate_pair. Each element is read and written by one lane only (pair j by lane
+// j mod 32), so y may alias x.
+#include "cuda/rope/apply_rope.h"
+
+#include <cuda_runtime.h>
+
+#include <climits>
+
+#include "cpu/rope_common.h"
+#include "cuda/common/check.h"
+#include "cuda/common/float_rows.cuh"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+struct RopeParams {
+  FloatRows x, y;
+  int64_t heads;          // rows per token (1 for [T, D])
+  const void* positions;  // [T] int32/int64, contiguous
+  bool positions_int64;
+  const float* cos_sin;   // [max_pos, 2·half] fp32, rows cos_sin_stride apart
+  int64_t cos_sin_stride, max_pos;
+  int half;
+  bool inverse;
+};
+
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) apply_rope_kernel(const RopeParams p) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= p.x.num_rows) return;
+  const int64_t pos = load_index(p.positions, p.positions_int64, row / p.heads);
+  if (pos < 0 || pos >= p.max_pos) return;  // invalid position: row left unwritten
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t x_off = p.x.row_offset(row), y_off = p.y.row_offset(row);
+  const int64_t nope = p.x.row_len - 2 * p.half;
+  for (int64_t i = lane; i < nope; i += 32) p.y.store(y_off, i, p.x.load(x_off, i));
+  const float* cos_row = p.cos_sin + pos * p.cos_sin_stride;
+  const float* sin_row = cos_row + p.half;
+  for (int j = lane; j < p.half; j += 32) {
+    float a = p.x.load(x_off, nope + 2 * j), b = p.x.load(x_off, nope + 2 * j + 1);
+    cpu::rope_rotate_pair(a, b, cos_row[j], p.inverse ? -sin_row[j] : sin_row[j]);
+    p.y.store(y_off, nope + 2 * j, a);
+    p.y.store(y_off, nope + 2 * j + 1, b);
+  }
+}
+
+}  // namespace
+
+void apply_rope(const TensorView& x, const TensorView& positions, const TensorView& cos_sin,
+                bool inverse, const TensorView& y, Stream stream) {
+  constexpr const char* kOp = "apply_rope";
+  RopeParams p;
+  p.x = FloatRows::of(x);
+  p.y = FloatRows::of(y);
+  const int64_t T = x.shape[0];
+  if (T == 0 || p.x.num_rows == 0) return;  // nothing to write
+  p.heads = p.x.num_rows / T;
+  p.positions = positions.data;
+  p.positions_int64 = positions.dtype == DType::int64;
+  p.cos_sin = static_cast<const float*>(cos_sin.data);
+  p.cos_sin_stride = cos_sin.strides[0];
+  p.max_pos = cos_sin.shape[0];
+  p.half = static_cast<int>(cos_sin.shape[1] / 2);
+  p.inverse = inverse;
+  const int64_t blocks = (p.x.num_rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  DSV4_CHECK(blocks <= INT_MAX, kOp, ": x: expected at most ", int64_t{INT_MAX} * kWarpsPerBlock,
+             " rows, got ", p.x.num_rows);
+  apply_rope_kernel<<<static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream>>>(p);
+  check_launch(kOp);
+}
+
+}  // namespace dsv4::cuda

@@ -64,7 +64,7 @@ if has python; then
   LD_DEBUG=libs PYTHONPATH=build/python:$PYTHONPATH timeout 60 $PY -c "import dsv4attn" 2>&1 |
     grep -E "libgomp|libcudart|libstdc" | grep -E "calling init|find library" | head -40 > "$OUT/python_ld_debug.txt"
   log python tests
-  PYTHONPATH=build/python:$PYTHONPATH timeout 300 $PY -m pytest -q -x tests/python 2>&1 | tee "$OUT/pytest.log" | tail -15
+  PYTHONPATH=build/python:$PYTHONPATH timeout 300 $PY -m pytest -q tests/python 2>&1 | tee "$OUT/pytest.log" | tail -15
 fi
 if has sanitize; then
   log memcheck

@@ -2,19 +2,24 @@
 // float64 reference layer, for every layer kind, over mixed batches (chunked prefills of several
 // requests with decodes riding along), with x / y on the host and on the GPU.
 //
-// Tolerances. Inputs are bf16-representable (the CUDA layer rounds a host x to bf16; the CPU
-// layer and the reference take it as given), so both backends see the same x. They then differ
-// by (a) fp32 summation order in GEMMs, norms and attention (~1e-6 relative), (b) the low-rank z
-// before wo_b, which the CUDA path stores as bf16 (2^-9 relative per element, ~1e-3 of a row's
-// max after the wo_b sum) and (c) rare flips of an FP8 rounding (cache nope dims, o before wo_a)
-// that (a)/(b) trigger: one element moves by an FP8 ulp (6–12 %), ~1e-2 of the row max. So every
-// token's max error must stay under 3e-2 of its row max (the `dsv4 run --check` tolerance) and
-// the median token under 5e-3: a semantic error (scope, sink, position, a missing write) moves
-// every token by O(1).
+// Tolerances (per token: max |y − y_ref| / max |y_ref| over the row). Inputs are bf16-representable
+// (the CUDA layer rounds a host x to bf16; the CPU layer and the reference take it as given), so
+// both backends see the same x. They then differ by
+//   (a) fp32 summation order in GEMMs, norms and attention (~1e-6),
+//   (b) the softmax weights P, which the Hopper kernels feed to the P·V tensor-core MMA as bf16
+//       (as FlashMLA does; the CPU keeps fp32): o moves by ~2^-9 relative,
+//   (c) the low-rank z before wo_b, stored as bf16 on CUDA (2^-9 relative per element),
+//   (d) with FP8 activations, (b) flips the FP8 rounding of a few % of o's elements before wo_a,
+//       each by a whole FP8 step (6–12 %), which dominates: measured on the H100 (14:18 UTC
+//       2026-11-23) median 8e-3, max < 3e-2 per token, uniformly for all three kinds.
+// So: without FP8 activations every token < 2e-2 and the median < 4e-3; with them every token
+// < 5e-2 and the median < 1.5e-2. A semantic error (scope, sink, position, a missing write) moves
+// every token by O(1); the float64 reference check bounds the drift from the math itself.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <random>
@@ -40,9 +45,10 @@ std::vector<float> hidden(int dim, int64_t req, int64_t pos) {
   return v;
 }
 
-Attention make_layer(const ModelConfig& cfg, int layer, Backend backend) {
+Attention make_layer(const ModelConfig& cfg, int layer, Backend backend, bool fp8_act = true) {
   AttentionOptions opts;
   opts.backend = backend;
+  opts.fp8_activations = fp8_act;
   opts.caches.swa_blocks = 64;
   opts.caches.compressed_blocks = 64;
   opts.caches.state_blocks = 64;
@@ -106,6 +112,7 @@ double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
 struct LayerCase {
   int layer;  // of the tiny config: 0 SWA, 1 C4A, 2 C128A
   const char* name;
+  bool fp8_act = true;  // FP8 activations before wo_a (production)
 };
 std::ostream& operator<<(std::ostream& os, const LayerCase& c) { return os << c.name; }
 
@@ -114,26 +121,30 @@ class CudaLayerTest : public ::testing::TestWithParam<LayerCase> {
   ModelConfig cfg = ModelConfig::builtin("tiny");
 };
 
-void expect_close(const std::vector<double>& errs_in, const char* what) {
+void expect_close(const std::vector<double>& errs_in, bool fp8_act, const char* what) {
   std::vector<double> errs = errs_in;
   ASSERT_FALSE(errs.empty());
   for (double e : errs) ASSERT_FALSE(std::isnan(e)) << what;
   std::sort(errs.begin(), errs.end());
-  EXPECT_LT(errs.back(), 3e-2) << what;
-  EXPECT_LT(errs[errs.size() / 2], 5e-3) << what;
+  const double median = errs[errs.size() / 2], worst = errs.back();
+  std::printf("  %s: median %.3e, max %.3e over %zu tokens\n", what, median, worst, errs.size());
+  ::testing::Test::RecordProperty("median_rel_err", std::to_string(median));
+  ::testing::Test::RecordProperty("max_rel_err", std::to_string(worst));
+  EXPECT_LT(worst, fp8_act ? 5e-2 : 2e-2) << what;
+  EXPECT_LT(median, fp8_act ? 1.5e-2 : 4e-3) << what;
 }
 
 TEST_P(CudaLayerTest, MatchesCpuBackendOverMixedBatches) {
   DSV4_SKIP_WITHOUT_GPU();
-  Attention cpu = make_layer(cfg, GetParam().layer, Backend::cpu);
-  Attention gpu = make_layer(cfg, GetParam().layer, Backend::cuda);
+  Attention cpu = make_layer(cfg, GetParam().layer, Backend::cpu, GetParam().fp8_act);
+  Attention gpu = make_layer(cfg, GetParam().layer, Backend::cuda, GetParam().fp8_act);
   const Outputs want = run_schedule(cpu, Io::host);
   const Outputs got = run_schedule(gpu, Io::host);
   ASSERT_EQ(want.size(), got.size());
   std::vector<double> errs;
   for (const auto& [key, row] : want)
     errs.push_back(rel_err(got.at(key), std::vector<double>(row.begin(), row.end())));
-  expect_close(errs, "cuda vs cpu");
+  expect_close(errs, GetParam().fp8_act, "cuda vs cpu");
 }
 
 TEST_P(CudaLayerTest, DeviceAndHostTensorsGiveTheSameBits) {
@@ -150,7 +161,7 @@ TEST_P(CudaLayerTest, DeviceAndHostTensorsGiveTheSameBits) {
 // Request 1 of the schedule against the unbatched float64 reference (positions 0..147).
 TEST_P(CudaLayerTest, MatchesFloat64Reference) {
   DSV4_SKIP_WITHOUT_GPU();
-  Attention gpu = make_layer(cfg, GetParam().layer, Backend::cuda);
+  Attention gpu = make_layer(cfg, GetParam().layer, Backend::cuda, GetParam().fp8_act);
   const Outputs got = run_schedule(gpu, Io::host);
   const int L = 148;
   std::vector<double> x;
@@ -159,12 +170,13 @@ TEST_P(CudaLayerTest, MatchesFloat64Reference) {
     x.insert(x.end(), h.begin(), h.end());
   }
   const AttentionWeights w = random_attention_weights(cfg, GetParam().layer, kSeed, true);
-  const std::vector<double> ref = reference_attention_layer(cfg, GetParam().layer, w, x);
+  const std::vector<double> ref = reference_attention_layer(cfg, GetParam().layer, w, x,
+                                                            ReferenceOptions{GetParam().fp8_act});
   std::vector<double> errs;
   for (int p = 0; p < L; ++p)
     errs.push_back(rel_err(got.at({1, p}), std::vector<double>(ref.begin() + int64_t{p} * cfg.dim,
                                                                ref.begin() + int64_t{p + 1} * cfg.dim)));
-  expect_close(errs, "cuda vs float64 reference");
+  expect_close(errs, GetParam().fp8_act, "cuda vs float64 reference");
 }
 
 // Rejected input changes nothing: afterwards the layer gives the bits of one that never saw it.
@@ -189,7 +201,9 @@ TEST_P(CudaLayerTest, BadInputChangesNothing) {
 
 INSTANTIATE_TEST_SUITE_P(Kinds, CudaLayerTest,
                          ::testing::Values(LayerCase{0, "SWA"}, LayerCase{1, "C4A"},
-                                           LayerCase{2, "C128A"}),
+                                           LayerCase{2, "C128A"}, LayerCase{0, "SWA_bf16_o", false},
+                                           LayerCase{1, "C4A_bf16_o", false},
+                                           LayerCase{2, "C128A_bf16_o", false}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -17,16 +17,24 @@ import reference as ref
 
 
 def fill_cache(num_blocks, block_size, layout, device, scale=1.0):
-    """A FlashMLA-view cache with random tokens written through dsv4attn's quantizer."""
+    """A FlashMLA-view cache with random tokens written through dsv4attn's quantizer (on the
+    CPU), on `device` with the layout's padded block stride (a plain .to() would pack it)."""
     cache = alloc_kv_cache(num_blocks, block_size, layout)
     dim = 576 if layout == "v32_fp8" else 512
     values = torch.randn(num_blocks * block_size, dim) * scale
-    blocks = torch.as_strided(cache.view(torch.uint8), (num_blocks,
-                              kv_cache_block_bytes(layout, block_size)),
-                              (kv_cache_block_bytes(layout, block_size), 1))
+    block_bytes = kv_cache_block_bytes(layout, block_size)
+
+    def byte_blocks(c):
+        return torch.as_strided(c.view(torch.uint8), (num_blocks, block_bytes), (block_bytes, 1))
+
+    blocks = byte_blocks(cache)
     torch.ops.dsv4.kv_quantize(blocks, layout, block_size, 1.0, values,
                                torch.arange(num_blocks * block_size))
-    return cache.to(device) if device.type != "cpu" else cache, blocks, values
+    if device.type == "cpu":
+        return cache, blocks, values
+    on_device = alloc_kv_cache(num_blocks, block_size, layout, device)
+    byte_blocks(on_device).copy_(blocks)
+    return on_device, blocks, values
 
 
 def decode_rows(blocks, block_size, layout, idx):
@@ -110,7 +118,7 @@ def test_decode_matches_reference(device, h_q, layout, features):
 
 
 def test_decode_bf16_cache_extension(device):
-    cache = alloc_kv_cache(2, 64, "bf16").to(device)
+    cache = alloc_kv_cache(2, 64, "bf16", device)
     cache.copy_(torch.randn(cache.shape, dtype=torch.bfloat16))
     q = torch.randn(1, 1, 16, 512, dtype=torch.bfloat16, device=device)
     idx = torch.randint(0, 128, (1, 1, 32), dtype=torch.int32)

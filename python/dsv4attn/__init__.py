@@ -17,8 +17,8 @@ class Error(ValueError, RuntimeError):
 
 # torch first: it loads its bundled runtime libraries (libgomp.so.1, libcudart.so.13) before the
 # extension asks for the same sonames, so the process holds one copy of each — torch's, which its
-# own code needs. Loading _C first binds those sonames to the system's copies instead — the
-# suspected cause of the crash at import seen on the GPU image (issue 5).
+# own code expects. (The crash seen on the GPU image came from a statically linked libstdc++
+# exported by _C; python/CMakeLists.txt keeps it private.)
 import torch  # noqa: E402,F401
 
 from . import _C  # noqa: E402

@@ -237,6 +237,11 @@ def flash_mla_with_kvcache(
     if softmax_scale is None:
         softmax_scale = d_qk ** (-0.5)
 
+    if q.device.type == "cuda" and layout == "bf16":
+        return _bf16_cache_decode_cuda(q, blocks, block_size, indices, topk_length, attn_sink,
+                                       extra_k_cache, float(softmax_scale), int(head_dim_v),
+                                       out, lse)
+
     meta = tile_scheduler_metadata
     if meta.num_splits is None:
         topk_total = indices.shape[-1] + (extra_indices_in_kvcache.shape[-1]
@@ -253,6 +258,31 @@ def flash_mla_with_kvcache(
         extra_block_size, extra_indices_in_kvcache, extra_topk_length, attn_sink,
         float(softmax_scale), int(head_dim_v), meta.num_splits, meta.split_len,
         meta.workspace_bytes, workspace, out, lse)
+    return out, lse.transpose(1, 2)
+
+
+def _bf16_cache_decode_cuda(q, blocks, block_size, indices, topk_length, attn_sink, extra_k_cache,
+                            softmax_scale, head_dim_v, out, lse):
+    """A bf16 cache on CUDA: the decode kernels read FP8 caches, but a bf16 paged cache is a bf16
+    [slots, 1, 512] array, so the sparse prefill kernel (same contract: masked -1 / out-of-range
+    slots, topk_length, sink, natural-log lse, +inf with no valid key) serves every query row."""
+    if extra_k_cache is not None:
+        raise Error("flash_mla_with_kvcache: extra_k_cache: a bf16 cache with an extra scope runs "
+                    "on the CPU only (the CUDA decode kernels read MODEL1_FP8 / V32_FP8 caches)")
+    b, s_q, h_q, d_qk = q.shape
+    topk = indices.shape[-1]
+    kv = blocks.view(torch.bfloat16).reshape(blocks.shape[0] * block_size, 1, d_qk)
+    rows = b * s_q
+    row_len = topk_length.repeat_interleave(s_q) if topk_length is not None else None
+    if out is None:
+        out = torch.empty((b, s_q, h_q, head_dim_v), dtype=torch.bfloat16, device=q.device)
+    if lse is None:
+        lse = torch.empty((b, s_q, h_q), dtype=torch.float32, device=q.device)
+    max_logits = torch.empty((rows, h_q), dtype=torch.float32, device=q.device)
+    torch.ops.dsv4.sparse_prefill(q.reshape(rows, h_q, d_qk), kv, indices.reshape(rows, 1, topk),
+                                  row_len, attn_sink, softmax_scale, head_dim_v,
+                                  out.view(rows, h_q, head_dim_v), max_logits,
+                                  lse.view(rows, h_q))
     return out, lse.transpose(1, 2)
 
 

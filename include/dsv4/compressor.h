@@ -57,7 +57,6 @@
 // contract themselves on CUDA.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 
 #include "dsv4/config.h"
@@ -170,110 +169,5 @@ constexpr int64_t compressor_entries_after(int ratio, int64_t num_positions) {
   return num_positions / ratio;
 }
 
-// ---- per-element math shared by the CPU reference and the CUDA kernels --------------------
-// The pooling, RMSNorm and RoPE of an entry as fp32 operations in one fixed order, each rounded
-// to nearest on its own: on the host plain float operations (the x86-64 baseline has no FMA, so
-// nothing is contracted), in CUDA kernels the _rn intrinsics, which are never fused into an FMA
-// and are exact even under --use_fast_math (whose division, sqrt and expf are approximations).
-// So the CPU op and its CUDA twin compute bit-identical entries. The one exception: CUDA flushes
-// denormal operands and results to zero (-ftz, part of --use_fast_math); O(1) activations
-// produce none (softmax_exp returns no denormals by construction).
-namespace compressor_math {
-
-DSV4_HD float mul(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-DSV4_HD float add(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-DSV4_HD float sub(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-DSV4_HD float div(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-DSV4_HD float sqrt(float a) {
-#if defined(__CUDA_ARCH__)
-  return __fsqrt_rn(a);
-#else
-  return std::sqrt(a);
-#endif
-}
-
-// e^x for the softmax weights (x = s − max <= 0), from the operations above only, so host and
-// device agree bit for bit (std::exp and CUDA's expf are different approximations). Cody–Waite
-// reduction x = n·ln2 + r (ln2 split in C1 + C2, n·C1 exact for |n| < 2^15) and Cephes' expf
-// polynomial for e^r, |r| <= ln2/2: relative error below 3e-7 (tests/cpu/test_compressor_math).
-// NaN stays NaN; x < −87 gives 0 (e^−87 ≈ 1.6e−38: every nonzero result is a normal float);
-// x > 88 gives +inf.
-DSV4_HD float softmax_exp(float x) {
-  if (x != x) return x;
-  if (x < -87.0f) return 0.0f;
-  if (x > 88.0f) return bits_float(0x7f800000u);
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kC1 = 0.693359375f, kC2 = -2.12194440e-4f;  // C1 + C2 ≈ ln2
-  const float n = floorf(add(mul(x, kLog2e), 0.5f));         // in [−126, 127]
-  float r = sub(x, mul(n, kC1));
-  r = sub(r, mul(n, kC2));
-  const float z = mul(r, r);
-  float y = 1.9875691500e-4f;
-  y = add(mul(y, r), 1.3981999507e-3f);
-  y = add(mul(y, r), 8.3334519073e-3f);
-  y = add(mul(y, r), 4.1665795894e-2f);
-  y = add(mul(y, r), 1.6666665459e-1f);
-  y = add(mul(y, r), 5.0000001201e-1f);
-  y = add(add(mul(y, z), r), 1.0f);
-  return mul(y, exp2_int(static_cast<int32_t>(n)));
-}
-
-// Dim d of the pooled entry (SPEC §4): Σ_i softmax_i(s_i[d]) · kv_i[d] over the window's n
-// present rows, in row order: the max first, then weighted sum and normalizer in one pass.
-DSV4_HD float pool_dim(const float* const* kv, const float* const* s, int n, int d) {
-  float m = -bits_float(0x7f800000u);
-  for (int i = 0; i < n; ++i) m = (m < s[i][d]) ? s[i][d] : m;  // std::max's comparison
-  float num = 0.0f, den = 0.0f;
-  for (int i = 0; i < n; ++i) {
-    const float w = softmax_exp(sub(s[i][d], m));
-    num = add(num, mul(w, kv[i][d]));
-    den = add(den, w);
-  }
-  return div(num, den);
-}
-
-// RMSNorm: 1 / sqrt(mean(v²) + eps), the sum of squares accumulated in index order (the order
-// of cpu::rms_inverse); the entry then becomes v[i] · inv · weight[i] (normalized_value).
-DSV4_HD float rms_inverse(const float* v, int n, float eps) {
-  float sum_sq = 0.0f;
-  for (int i = 0; i < n; ++i) sum_sq = add(sum_sq, mul(v[i], v[i]));
-  return div(1.0f, compressor_math::sqrt(add(div(sum_sq, static_cast<float>(n)), eps)));
-}
-DSV4_HD float normalized_value(float v, float inv, float weight) {
-  return mul(mul(v, inv), weight);
-}
-
-// RoPE of one GPT-J pair (a, b) = (v[2i], v[2i+1]) by the angle with cosine c and sine s.
-DSV4_HD void rope_rotate_pair(float& a, float& b, float c, float s) {
-  const float x = a, y = b;
-  a = sub(mul(x, c), mul(y, s));
-  b = add(mul(x, s), mul(y, c));
-}
-
-}  // namespace compressor_math
 
 }  // namespace dsv4

@@ -3,9 +3,9 @@
 // of a query·key dot product, the head term of a score, the visible-entry count and the total
 // order of top-k as an unsigned key.
 //
-// Every multiply and add here is rounded on its own: nvcc contracts a·b + c into one FMA by
-// default (and the project builds kernels with --use_fast_math), so device code uses the _rn
-// intrinsics, which are never fused. Host code targets x86-64 without FMA contraction.
+// Every multiply and add here is rounded on its own (dtype.h ieee_*): nvcc contracts a·b + c into
+// one FMA by default (and the project builds kernels with --use_fast_math), which ieee_* never
+// are. Host code targets x86-64 without FMA contraction.
 #pragma once
 
 #include <cstdint>
@@ -14,28 +14,6 @@
 #include "dsv4/indexer_key_cache.h"
 
 namespace dsv4::indexer_math {
-
-DSV4_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-DSV4_HD float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-DSV4_HD float sub_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
 
 // Entries a query at position p may see: the fully emitted windows, (p+1) div r (0 for p < 0).
 DSV4_HD int64_t visible_entries(int64_t p, int ratio) { return p < 0 ? 0 : (p + 1) / ratio; }
@@ -55,18 +33,18 @@ DSV4_HD float dot128(const float* q, const float* k) {
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-    for (int l = 0; l < kDotLanes; ++l) lane[l] = add_rn(lane[l], mul_rn(q[d + l], k[d + l]));
+    for (int l = 0; l < kDotLanes; ++l) lane[l] = ieee_add(lane[l], ieee_mul(q[d + l], k[d + l]));
   }
-  for (int l = 0; l < 4; ++l) lane[l] = add_rn(lane[l], lane[l + 4]);
-  for (int l = 0; l < 2; ++l) lane[l] = add_rn(lane[l], lane[l + 2]);
-  return add_rn(lane[0], lane[1]);
+  for (int l = 0; l < 4; ++l) lane[l] = ieee_add(lane[l], lane[l + 4]);
+  for (int l = 0; l < 2; ++l) lane[l] = ieee_add(lane[l], lane[l + 2]);
+  return ieee_add(lane[0], lane[1]);
 }
 
 // One head's term of a score: w · ReLU(dot · (q_scale · k_scale)). The scales are powers of two,
 // so applying them after the dot is exact. ReLU keeps NaN (as std::max(x, 0.0f) does).
 DSV4_HD float head_term(float w, float dot, float q_scale, float k_scale) {
-  const float s = mul_rn(dot, mul_rn(q_scale, k_scale));
-  return mul_rn(w, s < 0.0f ? 0.0f : s);
+  const float s = ieee_mul(dot, ieee_mul(q_scale, k_scale));
+  return ieee_mul(w, s < 0.0f ? 0.0f : s);
 }
 
 // The rank order of top-k as an unsigned key: ascending key = descending score, −0 == +0, every

@@ -42,30 +42,30 @@ void kv_dequantize_op(const AnyArray& cache, const std::string& layout, int bloc
 
 void local_to_global_op(const AnyArray& local, const AnyArray& token_to_req,
                         const AnyArray& block_table, int block_size, const AnyArray& global,
-                        const OptArray& lens, bool checked) {
+                        const OptArray& lens, bool checked, uintptr_t stream) {
   const TensorView l = view_of(local, "local"), r = view_of(token_to_req, "token_to_req");
   const TensorView b = view_of(block_table, "block_table"), g = view_of(global, "global");
   const TensorView n = view_of(lens, "lens");
   if (checked) local_to_global_slots_checked(l, r, b, block_size, g, n);
-  else local_to_global_slots(l, r, b, block_size, g, n);
+  else local_to_global_slots(l, r, b, block_size, g, n, stream_of(stream));
 }
 
 void swa_window_op(const AnyArray& positions, const AnyArray& token_to_req,
                    const AnyArray& block_table, int block_size, int window,
-                   const AnyArray& indices, const AnyArray& lens) {
+                   const AnyArray& indices, const AnyArray& lens, uintptr_t stream) {
   swa_window_indices(view_of(positions, "positions"), view_of(token_to_req, "token_to_req"),
                      view_of(block_table, "block_table"), block_size, window,
-                     view_of(indices, "indices"), view_of(lens, "lens"));
+                     view_of(indices, "indices"), view_of(lens, "lens"), stream_of(stream));
 }
 
 void combine_topk_swa_op(const AnyArray& topk, const AnyArray& query_start_loc,
                          const AnyArray& seq_lens, const AnyArray& gather_lens, int window,
                          int compressed_region, int64_t rows_per_request, int ratio,
-                         const AnyArray& out, const AnyArray& out_lens) {
+                         const AnyArray& out, const AnyArray& out_lens, uintptr_t stream) {
   combine_topk_swa_indices(view_of(topk, "topk"), view_of(query_start_loc, "query_start_loc"),
                            view_of(seq_lens, "seq_lens"), view_of(gather_lens, "gather_lens"),
                            window, compressed_region, rows_per_request, ratio,
-                           view_of(out, "out"), view_of(out_lens, "out_lens"));
+                           view_of(out, "out"), view_of(out_lens, "out_lens"), stream_of(stream));
 }
 
 nb::dict rope_dict(const RopeConfig& r) {
@@ -134,13 +134,14 @@ void bind_cache(nb::module_& m) {
         arg("tensor_scale"), arg("slots"), arg("out"), Release());
   m.def("local_to_global_slots", &local_to_global_op, arg("local"), arg("token_to_req"),
         arg("block_table"), arg("block_size"), arg("global_"), none("lens"),
-        arg("checked") = false, Release());
+        arg("checked") = false, arg("stream") = 0, Release());
   m.def("swa_window_indices", &swa_window_op, arg("positions"), arg("token_to_req"),
         arg("block_table"), arg("block_size"), arg("window"), arg("indices"), arg("lens"),
-        Release());
+        arg("stream") = 0, Release());
   m.def("combine_topk_swa_indices", &combine_topk_swa_op, arg("topk"), arg("query_start_loc"),
         arg("seq_lens"), arg("gather_lens"), arg("window"), arg("compressed_region"),
-        arg("rows_per_request"), arg("ratio"), arg("out"), arg("out_lens"), Release());
+        arg("rows_per_request"), arg("ratio"), arg("out"), arg("out_lens"), arg("stream") = 0,
+        Release());
   bind_config(m);
 }
 

@@ -166,20 +166,24 @@ def sparse_prefill(q: Tensor, kv: Tensor, indices: Tensor, topk_length: Optional
                           max_logits, lse, stream_handle(q))
 
 
-# ---------------------------------------------------------------- index planning (CPU)
+# ---------------------------------------------------------------- index planning
 @_op("local_to_global_slots", ("global_", "lens"))
 def local_to_global_slots(local: Tensor, token_to_req: Tensor, block_table: Tensor,
                           block_size: int, global_: Tensor, lens: Optional[Tensor],
                           checked: bool) -> None:
     """global = block_table[req][i // B] * B + i % B (-1 stays -1; checked: bad i is an error)."""
-    _C.local_to_global_slots(local, token_to_req, block_table, block_size, global_, lens, checked)
+    with device_guard(local):
+        _C.local_to_global_slots(local, token_to_req, block_table, block_size, global_, lens,
+                                 checked, stream_handle(local))
 
 
 @_op("swa_window_indices", ("indices", "lens"))
 def swa_window_indices(positions: Tensor, token_to_req: Tensor, block_table: Tensor,
                        block_size: int, window: int, indices: Tensor, lens: Tensor) -> None:
     """Each token's SWA window (last min(W, p+1) positions) as global slots, -1 padded."""
-    _C.swa_window_indices(positions, token_to_req, block_table, block_size, window, indices, lens)
+    with device_guard(positions):
+        _C.swa_window_indices(positions, token_to_req, block_table, block_size, window, indices,
+                              lens, stream_handle(positions))
 
 
 @_op("combine_topk_swa_indices", ("out", "out_lens"))
@@ -188,8 +192,10 @@ def combine_topk_swa_indices(topk: Tensor, query_start_loc: Tensor, seq_lens: Te
                              rows_per_request: int, ratio: int, out: Tensor,
                              out_lens: Tensor) -> None:
     """Prefill gather-workspace indices: top-k compressed rows then the SWA window, packed."""
-    _C.combine_topk_swa_indices(topk, query_start_loc, seq_lens, gather_lens, window,
-                                compressed_region, rows_per_request, ratio, out, out_lens)
+    with device_guard(query_start_loc):
+        _C.combine_topk_swa_indices(topk, query_start_loc, seq_lens, gather_lens, window,
+                                    compressed_region, rows_per_request, ratio, out, out_lens,
+                                    stream_handle(query_start_loc))
 
 
 def registered_ops() -> list:

@@ -10,7 +10,10 @@
 #include <vector>
 
 #include "cpu/backend.h"
+#include "cpu/compressor_math.h"
 #include "cpu/hadamard.h"
+#include "cpu/norm_math.h"
+#include "cpu/rope_common.h"
 #include "cpu/rows.h"
 #include "cpu/validate.h"
 #include "dsv4/fp8_block.h"
@@ -282,23 +285,23 @@ int window_rows(const CompressorConfig& cfg, const RequestRun& run, int64_t req,
 }
 
 // Pools the window of position p into e[0, D), then RMSNorm and RoPE at position j·r (the
-// window's first position), with the shared per-element math (compressor_math in the header)
-// the CUDA kernel runs too.
+// window's first position), with the per-element math the CUDA kernel runs too
+// (compressor_math.h, norm_math.h, rope_common.h).
 void compute_entry(const CompressorConfig& cfg, const RequestRun& run, int64_t req, int64_t p,
                    const TensorView& kv_rows, const TensorView& score_rows,
                    const CompressorStateView& state, const float* norm_weight,
                    const TensorView& cos_sin, float* e) {
-  namespace cm = compressor_math;
+  namespace cm = cpu::compressor_math;
   const int D = cfg.head_dim, K = cfg.ring_rows(), R = cfg.rope_dims;
   std::vector<const float*> kv(static_cast<size_t>(K)), s(static_cast<size_t>(K));
   const int n = window_rows(cfg, run, req, p, kv_rows, score_rows, state, kv.data(), s.data());
   for (int d = 0; d < D; ++d) e[d] = cm::pool_dim(kv.data(), s.data(), n, d);
-  const float inv = cm::rms_inverse(e, D, cfg.eps);
-  for (int d = 0; d < D; ++d) e[d] = cm::normalized_value(e[d], inv, norm_weight[d]);
+  const float inv = cpu::rms_inverse(e, D, cfg.eps);
+  for (int d = 0; d < D; ++d) e[d] = cpu::rms_apply(e[d], inv, norm_weight[d]);
   const int64_t rope_pos = (p + 1) - cfg.ratio;  // j·r
   const float* cs = cos_sin.ptr<float>() + rope_pos * cos_sin.stride(0);
   for (int i = 0; i < R / 2; ++i)
-    cm::rope_rotate_pair(e[D - R + 2 * i], e[D - R + 2 * i + 1], cs[i], cs[R / 2 + i]);
+    cpu::rope_rotate_pair(e[D - R + 2 * i], e[D - R + 2 * i + 1], cs[i], cs[R / 2 + i]);
 }
 
 // Quantizes one finished entry (post norm + RoPE, + Hadamard for indexer keys) into its target;

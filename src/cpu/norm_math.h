@@ -27,8 +27,8 @@ DSV4_HD float rms_apply(float x, float inv, float weight) {
   return ieee_mul(ieee_mul(x, inv), weight);
 }
 
-// 1 / sqrt(mean(x²) + eps), the sum accumulated in index order.
-inline float rms_inverse(const float* x, int64_t n, float eps) {
+// 1 / sqrt(mean(x²) + eps), the sum accumulated in index order (one thread's loop on a device).
+DSV4_HD float rms_inverse(const float* x, int64_t n, float eps) {
   float sum_sq = 0.0f;
   for (int64_t i = 0; i < n; ++i) sum_sq = rms_accumulate(sum_sq, x[i]);
   return rms_inverse_of_sum(sum_sq, n, eps);

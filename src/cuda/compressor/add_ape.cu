@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(kThreads)
   const float* bias = ape + (pos % ratio) * ape_stride;
   // The CPU op's `s[c] += bias[c]`: one rounded add.
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x)
-    s[c] = compressor_math::add(s[c], bias[c]);
+    s[c] = ieee_add(s[c], bias[c]);
 }
 
 }  // namespace

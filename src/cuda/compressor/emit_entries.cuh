@@ -1,13 +1,16 @@
 // Kernel 1 of compressor_update_and_emit: one block of D threads per batch token; the tokens that
 // complete a window (position (j+1)·r − 1) pool it, normalize, rotate and store entry j. The
-// per-element math is the CPU op's (compressor_math, fp8_block.h, kv_layout.h,
-// indexer_key_cache.h) in the CPU op's order, so the entries are bit-identical; every reduction
-// whose order matters (softmax over rows, RMSNorm's sum, the encoders' block maxima) runs
-// sequentially in one thread, exactly like the CPU loop.
+// per-element math is the CPU op's (cpu/compressor_math.h, norm_math.h, rope_common.h,
+// fp8_block.h, kv_layout.h, indexer_key_cache.h) in the CPU op's order, so the entries are
+// bit-identical; every reduction whose order matters (softmax over rows, RMSNorm's sum, the
+// encoders' block maxima) runs sequentially in one thread, exactly like the CPU loop.
 #pragma once
 
 #include <cstdint>
 
+#include "cpu/compressor_math.h"
+#include "cpu/norm_math.h"
+#include "cpu/rope_common.h"
 #include "cuda/compressor/update_params.cuh"
 #include "dsv4/compressor.h"
 #include "dsv4/fp8_block.h"
@@ -37,17 +40,17 @@ __device__ __forceinline__ void hadamard_rotate_block(float* v, int n, float sca
     if (k < n / 2) {
       const int i = (k / h) * 2 * h + k % h;  // pair (i, i + h) of stage h
       const float a = v[i], b = v[i + h];
-      v[i] = compressor_math::add(a, b);
-      v[i + h] = compressor_math::sub(a, b);
+      v[i] = ieee_add(a, b);
+      v[i + h] = ieee_sub(a, b);
     }
     __syncthreads();
   }
-  if (k < n) v[k] = compressor_math::mul(v[k], scale);
+  if (k < n) v[k] = ieee_mul(v[k], scale);
   __syncthreads();
 }
 
 __global__ void __launch_bounds__(kMaxDim) emit_entries_kernel(const UpdateParams p) {
-  namespace cm = compressor_math;
+  namespace cm = cpu::compressor_math;
   __shared__ float e[kMaxDim];
   __shared__ const float* window_kv[kMaxRingRows];
   __shared__ const float* window_s[kMaxRingRows];
@@ -127,15 +130,15 @@ __global__ void __launch_bounds__(kMaxDim) emit_entries_kernel(const UpdateParam
   // per pair): compute_entry of the CPU op.
   if (tid < p.D) e[tid] = cm::pool_dim(pooled_kv, pooled_s, n, tid);
   __syncthreads();
-  if (tid == 0) inv_rms = cm::rms_inverse(e, p.D, p.eps);
+  if (tid == 0) inv_rms = cpu::rms_inverse(e, p.D, p.eps);
   __syncthreads();
-  if (tid < p.D) e[tid] = cm::normalized_value(e[tid], inv_rms, load_norm_weight(p, tid));
+  if (tid < p.D) e[tid] = cpu::rms_apply(e[tid], inv_rms, load_norm_weight(p, tid));
   __syncthreads();
   const int half = p.rope_dims / 2;
   if (tid < half) {
     const float* cs = p.cos_sin + rope_pos * p.cos_sin_stride;
     const int a = p.D - p.rope_dims + 2 * tid;
-    cm::rope_rotate_pair(e[a], e[a + 1], cs[tid], cs[half + tid]);
+    cpu::rope_rotate_pair(e[a], e[a + 1], cs[tid], cs[half + tid]);
   }
   __syncthreads();
   if (p.target == CompressorTarget::indexer_keys) hadamard_rotate_block(e, p.D, p.hadamard_scale);

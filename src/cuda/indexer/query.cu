@@ -9,13 +9,11 @@
 #include "cuda/indexer/index_vector.cuh"
 #include "cuda/indexer/indexer.h"
 #include "dsv4/fp8_block.h"
-#include "dsv4/indexer_math.h"
 #include "dsv4/ops.h"
 
 namespace dsv4::cuda {
 namespace {
 
-namespace im = indexer_math;
 constexpr int kDim = indexer_keys::kDim;  // 128 = 32 lanes × 4 values
 constexpr int kWarpsPerBlock = 8;
 
@@ -60,30 +58,30 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) query_rows_kernel(QueryRo
       if (d < first) continue;
       const int i = (d - first) / 2;
       const float c = cs[i], s = cs[half + i], a = v[2 * m], b = v[2 * m + 1];
-      v[2 * m] = im::sub_rn(im::mul_rn(a, c), im::mul_rn(b, s));
-      v[2 * m + 1] = im::add_rn(im::mul_rn(a, s), im::mul_rn(b, c));
+      v[2 * m] = ieee_sub(ieee_mul(a, c), ieee_mul(b, s));
+      v[2 * m + 1] = ieee_add(ieee_mul(a, s), ieee_mul(b, c));
     }
   }
 
   // Hadamard stages s = 1, 2 inside the lane, s = 4 .. 64 across lanes (partner lane l ^ s/4).
   for (int j = 0; j < 4; j += 2) {  // s = 1
     const float a = v[j], b = v[j + 1];
-    v[j] = im::add_rn(a, b);
-    v[j + 1] = im::sub_rn(a, b);
+    v[j] = ieee_add(a, b);
+    v[j + 1] = ieee_sub(a, b);
   }
   for (int j = 0; j < 2; ++j) {  // s = 2
     const float a = v[j], b = v[j + 2];
-    v[j] = im::add_rn(a, b);
-    v[j + 2] = im::sub_rn(a, b);
+    v[j] = ieee_add(a, b);
+    v[j + 2] = ieee_sub(a, b);
   }
   for (int lane_bit = 1; lane_bit < 32; lane_bit *= 2) {
     const bool upper = (lane & lane_bit) != 0;  // this lane holds the v[k+s] side
     for (int j = 0; j < 4; ++j) {
       const float other = __shfl_xor_sync(0xffffffffu, v[j], lane_bit);
-      v[j] = upper ? im::sub_rn(other, v[j]) : im::add_rn(v[j], other);
+      v[j] = upper ? ieee_sub(other, v[j]) : ieee_add(v[j], other);
     }
   }
-  for (int j = 0; j < 4; ++j) v[j] = im::mul_rn(v[j], p.hadamard_scale);
+  for (int j = 0; j < 4; ++j) v[j] = ieee_mul(v[j], p.hadamard_scale);
 
   // fp8_quantize_block over the 128 values: amax (order-free), the UE8M0 exponent, the codes.
   float amax = 0.0f;
@@ -94,11 +92,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) query_rows_kernel(QueryRo
   const float inv = exp2_int(-k);
 
   uint8_t* codes = p.q_fp8 + t * p.q_fp8_stride0 + h * p.q_fp8_stride1 + 4 * lane;
-  for (int j = 0; j < 4; ++j) codes[j] = valid ? float_to_fp8_e4m3(im::mul_rn(v[j], inv)) : 0;
+  for (int j = 0; j < 4; ++j) codes[j] = valid ? float_to_fp8_e4m3(ieee_mul(v[j], inv)) : 0;
   if (lane == 0) {
     p.q_scale[t * p.q_scale_stride0 + h] = valid ? exp2_int(k) : __int_as_float(0x7fc00000);
     float* w = p.weights + t * p.weights_stride0 + h;
-    *w = im::mul_rn(*w, p.weight_scale);
+    *w = ieee_mul(*w, p.weight_scale);
   }
 }
 

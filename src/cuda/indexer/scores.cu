@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kTile) scores_kernel(ScoresParams p) {
     float score = 0.0f;
     for (int h = 0; h < p.H; ++h) {
       const float dot = im::dot128(q_s + h * kDim, k);
-      score = im::add_rn(score, im::head_term(w_s[h], dot, q_scale_s[h], key_scale));
+      score = ieee_add(score, im::head_term(w_s[h], dot, q_scale_s[h], key_scale));
     }
     out[j] = score;
   }

@@ -48,6 +48,11 @@ class Attention {
   //   are.
   void forward(const BatchPlan& plan, const TensorView& x, const TensorView& y);
 
+  // The checks forward() makes of a plan before it changes anything — every request's context,
+  // sequence length and the cache blocks the step needs — without running it (a stack checks
+  // every layer before the first runs). Throws dsv4::Error.
+  void check_plan(const BatchPlan& plan) const;
+
   // CUDA: the stream later forwards run on (a serving engine's current stream; CPU: ignored).
   void set_stream(Stream stream);
 

@@ -27,9 +27,15 @@ struct StackOptions {
 class AttentionStack {
  public:
   AttentionStack(const ModelConfig& cfg, const StackOptions& opts);
+  AttentionStack(const AttentionStack&) = delete;  // owns caches (and device memory)
+  AttentionStack& operator=(const AttentionStack&) = delete;
+  AttentionStack(AttentionStack&&) noexcept = default;
+  AttentionStack& operator=(AttentionStack&&) noexcept = default;
 
-  // x [T, dim] fp32 → y [T, dim] fp32 (may alias x). If `layer_io` is given, it receives each
-  // layer's input (normed h) and output per token: layer_io[l] = {in [T, dim], out [T, dim]}.
+  // x [T, dim] fp32 → y [T, dim] fp32 (host, contiguous; may alias x), on every layer's backend.
+  // If `layer_io` is given, it receives each layer's input (normed h) and output per token:
+  // layer_io[l] = {in [T, dim], out [T, dim]}. Bad input (tensors, or a plan any layer rejects)
+  // throws dsv4::Error before any layer changes state.
   struct LayerIO { HostTensor in, out; };
   void forward(const BatchPlan& plan, const TensorView& x, const TensorView& y,
                std::vector<LayerIO>* layer_io = nullptr);

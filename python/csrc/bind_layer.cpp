@@ -13,11 +13,13 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dsv4/batch.h"
 #include "dsv4/config.h"
 #include "dsv4/layer.h"
+#include "dsv4/model.h"
 #include "dsv4/reference.h"
 #include "dsv4/safetensors.h"
 #include "dsv4/weights.h"
@@ -143,10 +145,12 @@ void copy_rows(const TensorView& src, int64_t from, const TensorView& dst, int64
 // i's tokens are rows [sum(num_new[:i]), sum(num_new[:i+1]))). The layer wants decodes first
 // (BatchPlan::make): when the given order differs, x is gathered into plan order and the result
 // scattered back, after the layer has accepted the batch (so a rejected batch leaves y alone).
-void forward_op(Attention& layer, const std::vector<int64_t>& req_ids,
+// Layer: dsv4::Attention or dsv4::AttentionStack (forward(plan, x, y), config()).
+template <class Layer>
+void forward_op(Layer& layer, const std::vector<int64_t>& req_ids,
                 const std::vector<int64_t>& contexts, const std::vector<int64_t>& num_new,
                 const AnyArray& x_arr, const AnyArray& y_arr) {
-  const char* where = "Attention.forward";
+  const char* where = std::is_same_v<Layer, Attention> ? "Attention.forward" : "AttentionStack.forward";
   DSV4_CHECK_EQ(where, "len(contexts) (one per request id)", req_ids.size(), contexts.size());
   DSV4_CHECK_EQ(where, "len(num_new) (one per request id)", req_ids.size(), num_new.size());
   std::vector<RequestStep> steps;
@@ -200,7 +204,7 @@ void bind_attention(nb::module_& m) {
           arg("config"), arg("layer"), arg("weights"), arg("swa_blocks"),
           arg("compressed_blocks"), arg("state_blocks"), arg("swa_block_size"),
           arg("fp8_activations"), arg("backend") = "cpu")
-      .def("forward", &forward_op, arg("req_ids"), arg("contexts"), arg("num_new"), arg("x"),
+      .def("forward", &forward_op<Attention>, arg("req_ids"), arg("contexts"), arg("num_new"), arg("x"),
            arg("y"), Release(),
            "x [T, dim] bf16/fp32 → y [T, dim] fp32 (CPU, contiguous); rows follow the given "
            "request order")
@@ -214,6 +218,57 @@ void bind_attention(nb::module_& m) {
       .def_prop_ro("kind",
                    [](const Attention& a) { return std::string(layer_kind_name(a.kind())); })
       .def_prop_ro("weights", &Attention::weights);
+}
+
+// ---- the attention stack -----------------------------------------------------------------------
+
+int checked_layer(const AttentionStack& s, int i) {
+  if (i < 0 || i >= s.num_layers())
+    fail_expected("AttentionStack", "layer position", "0.." + std::to_string(s.num_layers() - 1), i);
+  return i;
+}
+
+void bind_stack(nb::module_& m) {
+  nb::class_<AttentionStack>(m, "AttentionStack",
+                             "The attention layers of a config (include/dsv4/model.h), each with "
+                             "its own weights and caches, residually chained")
+      .def(
+          "__init__",
+          [](AttentionStack* self, const ModelConfig& cfg, const std::vector<int>& layers,
+             const std::string& weights_dir, uint64_t seed, bool fp8_weights, int32_t swa_blocks,
+             int32_t compressed_blocks, int32_t state_blocks, bool fp8_activations,
+             const std::string& backend) {
+            StackOptions so;
+            so.layers = layers;
+            so.weights_dir = weights_dir;
+            so.seed = seed;
+            so.fp8_weights = fp8_weights;
+            so.attention.caches.swa_blocks = swa_blocks;
+            so.attention.caches.compressed_blocks = compressed_blocks;
+            so.attention.caches.state_blocks = state_blocks;
+            so.attention.fp8_activations = fp8_activations;
+            if (backend != "cpu" && backend != "cuda")
+              fail_expected("AttentionStack", "backend", "cpu or cuda", backend);
+            so.attention.backend = backend == "cuda" ? Backend::cuda : Backend::cpu;
+            new (self) AttentionStack(cfg, so);
+          },
+          arg("config"), arg("layers"), arg("weights_dir"), arg("seed"), arg("fp8_weights"),
+          arg("swa_blocks"), arg("compressed_blocks"), arg("state_blocks"),
+          arg("fp8_activations"), arg("backend"))
+      .def("forward", &forward_op<AttentionStack>, arg("req_ids"), arg("contexts"),
+           arg("num_new"), arg("x"), arg("y"), Release(),
+           "x [T, dim] fp32 → y [T, dim] fp32 (CPU, contiguous); rows follow the given order")
+      .def("release", &AttentionStack::release, arg("req_id"))
+      .def_prop_ro("num_layers", &AttentionStack::num_layers)
+      .def(
+          "layer_index", [](AttentionStack& s, int i) { return s.layer(checked_layer(s, i)).layer_index(); },
+          arg("i"))
+      .def(
+          "layer_kind",
+          [](AttentionStack& s, int i) {
+            return std::string(layer_kind_name(s.layer(checked_layer(s, i)).kind()));
+          },
+          arg("i"));
 }
 
 // ---- the float64 reference ----------------------------------------------------------------------
@@ -242,6 +297,7 @@ nb::ndarray<nb::pytorch, double> reference_op(const ModelConfig& cfg, int layer,
 }  // namespace
 
 void bind_layer(nb::module_& m) {
+  bind_stack(m);
   m.def(
       "plan_order",
       [](const std::vector<int64_t>& req_ids, const std::vector<int64_t>& contexts,

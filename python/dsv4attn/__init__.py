@@ -3,7 +3,8 @@
     import dsv4attn                       # registers torch.ops.dsv4.*
     from dsv4attn.flash_mla import flash_mla_with_kvcache, flash_mla_sparse_fwd
     from dsv4attn import vllm_ops         # vLLM DeepSeek-V4 op semantics
-    layer = dsv4attn.Attention.from_checkpoint(path, layer=0)   # the C++ layer, CPU
+    layer = dsv4attn.Attention.from_checkpoint(path, layer=0)   # the C++ layer (device="cuda")
+    stack = dsv4attn.AttentionStack("v4-flash", layers=[0, 2, 3])  # several, residually chained
 
 Tensors may live on the CPU (the reference backend) or on CUDA (when the extension was built
 with CUDA). Invalid arguments raise dsv4attn.Error.
@@ -30,13 +31,13 @@ from ._C import ModelConfig  # noqa: E402
 from ._runtime import rope_cos_sin, rope_cos_sin_for  # noqa: E402
 from . import flash_mla, vllm_ops  # noqa: E402,F401
 from .layer import (  # noqa: E402
-    Attention, AttentionWeights, BatchDescription, reference_attention_layer)
+    Attention, AttentionStack, AttentionWeights, BatchDescription, reference_attention_layer)
 
 with_cuda: bool = _C.with_cuda
 __version__ = "0.1.0"
 
 __all__ = [
-    "Attention", "AttentionWeights", "BatchDescription", "Error", "ModelConfig", "flash_mla",
-    "ops", "reference_attention_layer", "rope_cos_sin", "rope_cos_sin_for", "vllm_ops",
-    "with_cuda",
+    "Attention", "AttentionStack", "AttentionWeights", "BatchDescription", "Error", "ModelConfig",
+    "flash_mla", "ops", "reference_attention_layer", "rope_cos_sin", "rope_cos_sin_for",
+    "vllm_ops", "with_cuda",
 ]

@@ -99,6 +99,10 @@ def _layer_device(device: Union[torch.device, str]) -> torch.device:
     return d
 
 
+def _device_guard(device: torch.device):
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 def _load_weights(config, layer: int, weights: WeightsArg, seed: int,
                   fp8_weights: bool) -> AttentionWeights:
     if weights is None:
@@ -155,9 +159,7 @@ class Attention:
                                        self.device.type)
 
     def _device_guard(self):
-        if self.device.type == "cuda":
-            return torch.cuda.device(self.device)
-        return contextlib.nullcontext()
+        return _device_guard(self.device)
 
     @classmethod
     def from_checkpoint(cls, path: str, layer: int, **kw) -> "Attention":
@@ -239,6 +241,59 @@ class Attention:
     def __repr__(self) -> str:
         return (f"<dsv4attn.Attention {self.config.name} layer {self.layer} ({self.kind}) "
                 f"on {self.device}>")
+
+
+class AttentionStack:
+    """The attention layers of a config (all, or the indices in `layers`), each with its own
+    weights and paged caches, run in sequence with the residual stream the rest of a transformer
+    block would carry: h ← h + Attention_l(RMSNorm(h)) (unweighted RMSNorm) — the unit
+    `dsv4 run` drives (include/dsv4/model.h).
+
+    weights: None (seeded random, `seed`, FP8 as released when `fp8_weights`) or a checkpoint
+    directory. device "cuda" runs every layer on the GPU (the residual stream stays on the host,
+    so x and y are host tensors either way). A step any layer rejects raises dsv4attn.Error
+    before any layer changes state.
+    """
+
+    def __init__(self, config, layers: Sequence[int] | None = None,
+                 weights: Union[str, os.PathLike, None] = None, *, seed: int = 1,
+                 fp8_weights: bool = True, swa_blocks: int = 256, compressed_blocks: int = 256,
+                 state_blocks: int = 64, fp8_activations: bool = True,
+                 device: Union[torch.device, str] = "cpu"):
+        self.device = _layer_device(device)
+        if isinstance(config, str):
+            config = _C.ModelConfig.builtin(config)
+        self.config = config
+        with _device_guard(self.device):
+            self._stack = _C.AttentionStack(
+                config, [int(i) for i in (layers or [])],
+                os.fspath(weights) if weights is not None else "", int(seed), fp8_weights,
+                swa_blocks, compressed_blocks, state_blocks, fp8_activations, self.device.type)
+
+    def __len__(self) -> int:
+        return self._stack.num_layers
+
+    @property
+    def layers(self) -> List[Tuple[int, str]]:
+        """(layer index, kind) of every layer, in order."""
+        return [(self._stack.layer_index(i), self._stack.layer_kind(i)) for i in range(len(self))]
+
+    def forward(self, batch: BatchDescription, x: torch.Tensor) -> torch.Tensor:
+        """x [T, dim] float32 → y [T, dim] float32 (CPU), rows in batch order."""
+        x = x.detach().to("cpu", torch.float32).contiguous()
+        y = torch.empty((x.shape[0], self.config.dim), dtype=torch.float32)
+        with _device_guard(self.device):
+            self._stack.forward(batch.request_ids, batch.contexts, batch.num_new, x, y)
+        return y
+
+    __call__ = forward
+
+    def release(self, request_id: int) -> None:
+        """Forgets a finished request in every layer and frees its cache blocks."""
+        self._stack.release(request_id)
+
+    def __repr__(self) -> str:
+        return f"<dsv4attn.AttentionStack {self.config.name} {self.layers} on {self.device}>"
 
 
 def reference_attention_layer(config, layer: int, weights: AttentionWeights, x: torch.Tensor,

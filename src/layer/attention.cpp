@@ -50,6 +50,7 @@ struct Attention::Impl {
   std::unique_ptr<CompressedScope> compressed;  // ratio > 0 layers
 
   void check_inputs(const BatchPlan& plan, const TensorView& x, const TensorView& y) const;
+  void check_plan(const BatchPlan& plan) const;  // contexts, lengths, cache capacity
   // Grows the cos/sin table (doubling, up to max_position) to cover positions [0, len). A table
   // for all of max_position (1M for v4-flash) would cost 256 MB and seconds per layer.
   void ensure_rope(int64_t len) {
@@ -122,6 +123,8 @@ void Attention::release(int64_t req_id) {
   impl_->cached.erase(it);
 }
 
+void Attention::check_plan(const BatchPlan& plan) const { impl_->check_plan(plan); }
+
 void Attention::forward(const BatchPlan& plan, const TensorView& x, const TensorView& y) {
   impl_->check_inputs(plan, x, y);
   if (plan.num_tokens() == 0) return;  // an empty step (x, y [0, dim] may have no data)
@@ -146,6 +149,10 @@ void Attention::Impl::check_inputs(const BatchPlan& plan, const TensorView& x,
   check_shape(kWhere, "y", y, {T, cfg.dim});
   check_dtype(kWhere, "y", y, DType::fp32);
   check_contiguous(kWhere, "y", y);
+  check_plan(plan);
+}
+
+void Attention::Impl::check_plan(const BatchPlan& plan) const {
   for (const RequestStep& s : plan.requests) {
     auto it = cached.find(s.req_id);
     const int64_t have = it == cached.end() ? 0 : it->second;

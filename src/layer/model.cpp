@@ -58,10 +58,15 @@ AttentionStack::AttentionStack(const ModelConfig& cfg, const StackOptions& opts)
 void AttentionStack::forward(const BatchPlan& plan, const TensorView& x, const TensorView& y,
                              std::vector<LayerIO>* layer_io) {
   const int64_t T = plan.num_tokens();
-  check_shape("AttentionStack::forward", "x", x, {T, cfg_.dim});
-  check_dtype("AttentionStack::forward", "x", x, DType::fp32);
-  check_shape("AttentionStack::forward", "y", y, {T, cfg_.dim});
-  check_dtype("AttentionStack::forward", "y", y, DType::fp32);
+  constexpr const char* kWhere = "AttentionStack::forward";
+  for (const auto& [name, t] : {std::pair{"x", x}, std::pair{"y", y}}) {
+    check_device(kWhere, name, t, Device::cpu);  // the residual stream lives on the host
+    check_shape(kWhere, name, t, {T, cfg_.dim});
+    check_dtype(kWhere, name, t, DType::fp32);
+    check_contiguous(kWhere, name, t);
+  }
+  // Every layer accepts the step before the first one changes its caches.
+  for (const Attention& a : layers_) a.check_plan(plan);
   HostTensor h(DType::fp32, {T, cfg_.dim}), normed(DType::fp32, {T, cfg_.dim}),
       out(DType::fp32, {T, cfg_.dim});
   std::copy(x.ptr<float>(), x.ptr<float>() + T * cfg_.dim, h.data<float>());

@@ -378,3 +378,43 @@ def test_batch_description():
     assert (b.request_ids, b.contexts, b.num_new) == ([3, 1], [5, 9], [2, 1])
     assert b.query_start_loc == [0, 2, 3] and b.num_tokens == 3
     assert b.positions.tolist() == [5, 6, 9] and b.rows(1) == slice(2, 3)
+
+
+# ---------------------------------------------------------------- (f) the attention stack
+def test_stack_is_the_residual_chain_of_its_layers():
+    # dsv4::AttentionStack = h ← h + Attention_l(RMSNorm(h)) over its layers, in order: the same
+    # C++ ops and fp32 adds as doing it by hand with the layers one by one, so the same bits.
+    stack = dsv4attn.AttentionStack(TINY, layers=[0, 1, 2], seed=SEED, swa_blocks=64,
+                                    compressed_blocks=64, state_blocks=64)
+    assert len(stack) == 3 and stack.layers == [(0, "SWA"), (1, "C4A"), (2, "C128A")]
+    layers = [small_layer(i) for i in range(3)]
+    x = hidden(40, 11)
+    steps = [(dsv4attn.BatchDescription([1, 2], [0, 0], [24, 9]), x[:33]),
+             (dsv4attn.BatchDescription([2, 1], [9, 24], [6, 1]), x[33:40])]
+    for batch, xb in steps:
+        got = stack.forward(batch, xb)
+        h = xb.clone()
+        for layer in layers:
+            normed = torch.empty_like(h)
+            torch.ops.dsv4.rms_norm(h, None, TINY.norm_eps, normed)
+            h = h + layer.forward(batch, normed)
+        assert torch.equal(got, h)
+
+
+def test_stack_rejects_a_step_before_any_layer_changes():
+    # The C4A layer's compressed pool (1 block of 64 entries = 256 tokens) cannot hold a 300-token
+    # prompt; the SWA layer before it could. Nothing may change, in any layer.
+    def make():
+        return dsv4attn.AttentionStack(TINY, layers=[0, 1], seed=SEED, swa_blocks=64,
+                                       compressed_blocks=1, state_blocks=64)
+    stack, fresh = make(), make()
+    x = hidden(300, 5)
+    with pytest.raises(dsv4attn.Error, match="exhausted"):
+        stack.forward(dsv4attn.BatchDescription([3], [0], [300]), x)
+    with pytest.raises(dsv4attn.Error, match="x.shape"):
+        stack.forward(dsv4attn.BatchDescription([3], [0], [2]), x[:3])
+    ok = dsv4attn.BatchDescription([3], [0], [20])
+    assert torch.equal(stack.forward(ok, x[:20]), fresh.forward(ok, x[:20]))
+    stack.release(3)
+    with pytest.raises(dsv4attn.Error, match="unknown request"):
+        stack.release(3)

@@ -18,7 +18,8 @@
 namespace dsv4 {
 
 // Where a layer runs. cpu: the reference ops on host tensors. cuda: every op's CUDA twin on the
-// GPU, with the caches, weights (GEMM weights as bf16) and temporaries in device memory.
+// GPU, with the caches, weights (GEMM weights as bf16) and temporaries in device memory — on the
+// device current when the layer is constructed, which must be current for its forwards too.
 enum class Backend : uint8_t { cpu, cuda };
 
 struct AttentionOptions {

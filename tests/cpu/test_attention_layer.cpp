@@ -13,6 +13,7 @@
 #include "dsv4/layer.h"
 #include "dsv4/reference.h"
 #include "dsv4/weights.h"
+#include "layer_test_support.h"
 
 namespace {
 
@@ -27,11 +28,7 @@ constexpr uint64_t kSeed = 42;
 
 // The hidden state of request `req` at position `pos`: deterministic, N(0, 1).
 std::vector<float> hidden(int dim, int64_t req, int64_t pos) {
-  std::mt19937_64 rng(kSeed * 1000003u + static_cast<uint64_t>(req) * 7919u + static_cast<uint64_t>(pos));
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  std::vector<float> v(dim);
-  for (float& f : v) f = n(rng);
-  return v;
+  return dsv4_test::layer_hidden(dim, req, pos, kSeed);
 }
 
 Attention make_layer(const ModelConfig& cfg, int layer) {
@@ -42,7 +39,7 @@ Attention make_layer(const ModelConfig& cfg, int layer) {
   return Attention(cfg, layer, dsv4::random_attention_weights(cfg, layer, kSeed, true), opts);
 }
 
-using Outputs = std::map<std::pair<int64_t, int64_t>, std::vector<float>>;  // (req, pos) → y
+using Outputs = dsv4_test::LayerOutputs;
 
 // Runs one forward step and records every token's output.
 void step(Attention& a, const std::vector<RequestStep>& steps, Outputs& out) {
@@ -78,18 +75,7 @@ Outputs run_request(const ModelConfig& cfg, int layer, int64_t len, int64_t chun
   return out;
 }
 
-// max_i |a_i - b_i| / max_i |b_i| over one token's row.
-double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::fabs(a[i] - b[i]));
-    den = std::max(den, std::fabs(b[i]));
-  }
-  return num / den;
-}
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  return rel_err(a, std::vector<double>(b.begin(), b.end()));
-}
+using dsv4_test::row_rel_err;
 
 struct LayerCase {
   int layer;  // of the tiny config: 0 SWA, 1 C4A, 2 C128A
@@ -124,7 +110,7 @@ TEST_P(LayerTest, MatchesFloat64Reference) {
   std::vector<double> errs;
   for (int p = 0; p < L; ++p) {
     const std::vector<double> r(ref.begin() + int64_t{p} * cfg.dim, ref.begin() + int64_t{p + 1} * cfg.dim);
-    const double e = rel_err(got.at({7, p}), r);
+    const double e = row_rel_err(got.at({7, p}), r);
     ASSERT_FALSE(std::isnan(e)) << "position " << p;
     errs.push_back(e);
   }
@@ -144,11 +130,11 @@ TEST_P(LayerTest, ChunkingAndDecodeAgree) {
   for (int64_t chunk : {1, 7, 64}) {
     const Outputs chunked = run_request(cfg, GetParam().layer, L, chunk);
     for (int p = 0; p < L; ++p)
-      ASSERT_LT(rel_err(chunked.at({7, p}), whole.at({7, p})), 2e-2) << "chunk " << chunk << " position " << p;
+      ASSERT_LT(row_rel_err(chunked.at({7, p}), whole.at({7, p})), 2e-2) << "chunk " << chunk << " position " << p;
   }
   const Outputs decoded = run_request(cfg, GetParam().layer, 100, 100, L - 100);
   for (int p = 0; p < L; ++p)
-    ASSERT_LT(rel_err(decoded.at({7, p}), whole.at({7, p})), 2e-2) << "decode, position " << p;
+    ASSERT_LT(row_rel_err(decoded.at({7, p}), whole.at({7, p})), 2e-2) << "decode, position " << p;
 }
 
 // A request's outputs do not depend on which other requests share its steps, nor their order.

@@ -30,6 +30,7 @@
 #include "dsv4/reference.h"
 #include "dsv4/weights.h"
 #include "gpu_test_util.h"
+#include "layer_test_support.h"
 
 namespace dsv4 {
 namespace {
@@ -38,11 +39,7 @@ constexpr uint64_t kSeed = 42;
 
 // Hidden state of request `req` at position `pos`: deterministic N(0, 1), rounded to bf16.
 std::vector<float> hidden(int dim, int64_t req, int64_t pos) {
-  std::mt19937_64 rng(kSeed * 1000003u + static_cast<uint64_t>(req) * 7919u + static_cast<uint64_t>(pos));
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  std::vector<float> v(dim);
-  for (float& f : v) f = round_bf16(n(rng));
-  return v;
+  return dsv4_test::layer_hidden(dim, req, pos, kSeed, /*bf16_representable=*/true);
 }
 
 Attention make_layer(const ModelConfig& cfg, int layer, Backend backend, bool fp8_act = true) {
@@ -55,7 +52,7 @@ Attention make_layer(const ModelConfig& cfg, int layer, Backend backend, bool fp
   return Attention(cfg, layer, random_attention_weights(cfg, layer, kSeed, true), opts);
 }
 
-using Outputs = std::map<std::pair<int64_t, int64_t>, std::vector<float>>;  // (req, pos) → y
+using Outputs = dsv4_test::LayerOutputs;
 
 enum class Io { host, device };
 
@@ -100,14 +97,7 @@ Outputs run_schedule(Attention& a, Io io) {
   return out;
 }
 
-double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::fabs(a[i] - b[i]));
-    den = std::max(den, std::fabs(b[i]));
-  }
-  return num / den;
-}
+using dsv4_test::row_rel_err;
 
 struct LayerCase {
   int layer;  // of the tiny config: 0 SWA, 1 C4A, 2 C128A
@@ -143,7 +133,7 @@ TEST_P(CudaLayerTest, MatchesCpuBackendOverMixedBatches) {
   ASSERT_EQ(want.size(), got.size());
   std::vector<double> errs;
   for (const auto& [key, row] : want)
-    errs.push_back(rel_err(got.at(key), std::vector<double>(row.begin(), row.end())));
+    errs.push_back(row_rel_err(got.at(key), std::vector<double>(row.begin(), row.end())));
   expect_close(errs, GetParam().fp8_act, "cuda vs cpu");
 }
 
@@ -174,7 +164,7 @@ TEST_P(CudaLayerTest, MatchesFloat64Reference) {
                                                             ReferenceOptions{GetParam().fp8_act});
   std::vector<double> errs;
   for (int p = 0; p < L; ++p)
-    errs.push_back(rel_err(got.at({1, p}), std::vector<double>(ref.begin() + int64_t{p} * cfg.dim,
+    errs.push_back(row_rel_err(got.at({1, p}), std::vector<double>(ref.begin() + int64_t{p} * cfg.dim,
                                                                ref.begin() + int64_t{p + 1} * cfg.dim)));
   expect_close(errs, GetParam().fp8_act, "cuda vs float64 reference");
 }

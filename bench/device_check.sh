@@ -76,5 +76,14 @@ if has sanitize; then
   timeout 150 compute-sanitizer --tool racecheck --racecheck-report all ./build/dsv4_gpu_tests \
     --gtest_filter="$F-*BitIdentical*" >"$OUT/racecheck.log" 2>&1
   echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|^\[  PASSED|^\[  FAILED" "$OUT/racecheck.log" | tail -4
+  # The whole layer on the GPU (every op's kernels, cuBLASLt's too, at the tiny config's padded
+  # 16 heads): which functions the hazards are reported in.
+  log racecheck layer
+  timeout 150 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 200 \
+    ./build/dsv4_gpu_tests --gtest_filter='*CudaLayerTest.MatchesCpu*/SWA:*CudaLayerTest.MatchesCpu*/C4A' \
+    >"$OUT/racecheck_layer.log" 2>&1
+  echo "racecheck layer rc=$?"; grep -E "RACECHECK SUMMARY" "$OUT/racecheck_layer.log"
+  grep -E "^=========  +(Write|Read)" "$OUT/racecheck_layer.log" | grep -oE ":[0-9]+:[^(]+" |
+    sed -E 's/^:[0-9]+://' | sort | uniq -c | sort -rn | head -12
 fi
 log done

@@ -1,4 +1,5 @@
-"""dsv4attn.Attention: one DeepSeek-V4 attention layer (SWA, C4A or C128A) driven from Python.
+"""dsv4attn.Attention: one DeepSeek-V4 attention layer (SWA, C4A or C128A) driven from Python, on
+the CPU or a CUDA device.
 
 The layer is the C++ `dsv4::Attention` (include/dsv4/layer.h): projections, norms, RoPE, the
 fused insert into its own paged FP8 caches, the compressor and indexer of compressed layers,
@@ -13,8 +14,8 @@ state of every request it has seen (cached tokens) until `release`.
 
 Weights come from a state dict under the official checkpoint names (`layers.{i}.attn.wq_a.weight`,
 `...wq_a.scale`, ...; `AttentionWeights.tensor_names(config)` lists them), a checkpoint
-directory, or are seeded random. The layer runs on the CPU for now: CUDA inputs raise
-dsv4attn.Error (the ops in torch.ops.dsv4 have their CUDA paths).
+directory, or are seeded random. `device="cuda"` runs the layer through the ops' CUDA twins, its
+caches and weights on the GPU. `AttentionStack` chains several layers of a config residually.
 """
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 // here from the format definitions.
 #pragma once
 
+#include <cmath>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -109,6 +111,26 @@ inline GemmReference reference_gemm(const std::vector<double>& x, int64_t x_off,
 // with margin. A bf16 output adds one rounding of at most 2^-9 relative; 2^-8 leaves margin.
 inline double gemm_tolerance(DType y_dtype, double ref, double abs_sum) {
   return 1e-5 * abs_sum + (y_dtype == DType::bf16 ? std::ldexp(std::fabs(ref), -8) : 0.0) + 1e-30;
+}
+
+// Inputs for the FP8 activation quantizer (its CPU test and the CPU-vs-CUDA test): each block of
+// x [T, K] gets its own magnitude (2^-20 .. 2^12), some are all-zero or tiny (the 1e-4 floor),
+// and some have an amax of exactly 448 · 2^j (the power-of-two boundary of the scale rule).
+inline void shape_blocks(HostTensor& x, int64_t T, int64_t K, int block, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> exp(-20, 12);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < K / block; ++b) {
+      const int64_t base = t * K + b * block;
+      const int kind = static_cast<int>((t * 7 + b) % 9);
+      for (int i = 0; i < block; ++i) {
+        const double v = at(x, base + i);
+        if (kind == 0) x.set(base + i, 0.0f);
+        else if (kind == 1) x.set(base + i, static_cast<float>(v * 1e-7));
+        else x.set(base + i, static_cast<float>(std::ldexp(v, exp(rng))));
+      }
+      if (kind == 2) x.set(base + (t % block), static_cast<float>(448.0 * std::ldexp(1.0, exp(rng) / 4)));
+    }
 }
 
 }  // namespace dense_test

@@ -386,24 +386,6 @@ TEST(DequantizeFp8BlocksCpuVsCudaLayout, StridedViews) {
 }
 
 // ---- quantize_act_fp8 --------------------------------------------------------------------------
-// Gives each block its own magnitude (2^-20 .. 2^12), some all-zero or tiny blocks (the 1e-4
-// floor) and some whose amax is exactly 448 · 2^j (the power-of-two boundary of the scale rule).
-void shape_blocks(HostTensor& x, int64_t T, int64_t K, int block, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int> exp(-20, 12);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t b = 0; b < K / block; ++b) {
-      const int64_t base = t * K + b * block;
-      const int kind = static_cast<int>((t * 7 + b) % 9);
-      for (int i = 0; i < block; ++i) {
-        const double v = at(x, base + i);
-        if (kind == 0) x.set(base + i, 0.0f);
-        else if (kind == 1) x.set(base + i, static_cast<float>(v * 1e-7));
-        else x.set(base + i, static_cast<float>(std::ldexp(v, exp(rng))));
-      }
-      if (kind == 2) x.set(base + (t % block), static_cast<float>(448.0 * std::ldexp(1.0, exp(rng) / 4)));
-    }
-}
 
 using QuantParams = std::tuple<int64_t /*T*/, int64_t /*K*/, int /*block*/, DType /*x*/, DType /*scale*/>;
 class QuantizeActFp8CpuVsCuda : public ::testing::TestWithParam<QuantParams> {};

@@ -68,6 +68,25 @@ struct Attention::Impl {
   // (a host x is rounded to bf16 and uploaded, as a serving engine's hidden states are bf16).
   TensorView stage_input(const TensorView& x);
   void forward(const BatchPlan& plan, const TensorView& x, const TensorView& y);
+
+  // What the phases of one forward share.
+  struct Step {
+    const BatchPlan& plan;
+    TensorView q;                   // [T, H, D] bf16: normed, roped queries
+    TensorView o;                   // [T, H, D] bf16: the attention output
+    TensorView positions;           // [T] int64, on the layer's device
+    HostTensor positions_h;         // the same on the host (host planning)
+    HostTensor token_to_req_h;      // [T] int32, host
+    std::vector<int64_t> req_ids;   // in plan order
+    CompressedIndices compressed;   // request-local compressed entries (topk 0: SWA layer)
+    TensorView cos_sin;             // the RoPE table on the layer's device
+  };
+  // 7a. Decodes read the caches directly through two scopes (SWA window | compressed entries).
+  void attend_decodes(const Step& st);
+  // 7b. Prefill chunks: gather (compressed | SWA) rows into a bf16 workspace, sparse prefill.
+  void attend_prefills(const Step& st);
+  // 8–9. Inverse RoPE, FP8 activation quant, grouped wo_a, wo_b → y.
+  void project_output(const Step& st, const TensorView& y);
 };
 
 Attention::Attention(const ModelConfig& cfg, int layer, AttentionWeights weights,
@@ -180,9 +199,8 @@ TensorView Attention::Impl::stage_input(const TensorView& x) {
 
 void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, const TensorView& y) {
   const int64_t T = plan.num_tokens();
-  const int H = cfg.n_heads, D = cfg.head_dim, W = cfg.window_size;
+  const int H = cfg.n_heads, D = cfg.head_dim;
   const float eps = static_cast<float>(cfg.norm_eps);
-  const int nd = plan.num_decodes;
   const int R = plan.num_requests();
   const Stream stream = opts.stream;
   const LayerWeightViews& wv = weights->views();
@@ -230,106 +248,137 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, con
   // 6. Compressor (and indexer) for compressed layers: request-local entry lists per token.
   CompressedIndices cidx;
   if (compressed) cidx = compressed->step(plan, x, qr_n, positions, cos_sin_v, ws);
-  const int K = cidx.topk;  // compressed slots per token (0 for SWA layers)
 
-  std::vector<int64_t> req_ids(R);
-  for (int r = 0; r < R; ++r) req_ids[r] = plan.requests[r].req_id;
-  TensorView o = ws.tensor(DType::bf16, {T, H, D});
-  HostTensor token_to_req_h = HostTensor::from_int32(plan.token_to_req);
+  Step st{plan, q, ws.tensor(DType::bf16, {T, H, D}), positions, std::move(positions_h),
+          HostTensor::from_int32(plan.token_to_req), {}, std::move(cidx), cos_sin_v};
+  for (const RequestStep& s : plan.requests) st.req_ids.push_back(s.req_id);
+  if (plan.num_decodes > 0) attend_decodes(st);
+  if (plan.num_decodes < R) attend_prefills(st);
+  project_output(st, y);
+
+  for (const RequestStep& s : plan.requests) cached[s.req_id] = s.context + s.num_new;
+}
+
+void Attention::Impl::attend_decodes(const Step& st) {
+  const BatchPlan& plan = st.plan;
+  const int H = cfg.n_heads, D = cfg.head_dim, W = cfg.window_size;
+  const int K = st.compressed.topk;  // compressed slots per token (0 for SWA layers)
+  const Stream stream = opts.stream;
+  const LayerWeightViews& wv = weights->views();
+  Scratch& ws = scratch;
+  const int nd = plan.num_decodes;
+  const std::vector<int64_t>& req_ids = st.req_ids;
+  const HostTensor &positions_h = st.positions_h, &token_to_req_h = st.token_to_req_h;
+  const TensorView &q = st.q, &o = st.o;
+  const CompressedIndices& cidx = st.compressed;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-
-  // 7a. Decodes: read the caches directly through two scopes.
-  if (nd > 0) {
-    // The SWA window depends only on the plan and the block tables: planned on the host.
-    HostTensor swa_table = pack_block_tables(*caches.swa, req_ids);
-    HostTensor swa_idx(DType::int32, {nd, W}), swa_len(DType::int32, {nd});
-    swa_window_indices(positions_h.view().slice0(0, nd), token_to_req_h.view().slice0(0, nd),
-                       swa_table, caches.swa->spec().block_size, W, swa_idx, swa_len);
-    SparseDecodeArgs a;
-    a.q = reshape(q.slice0(0, nd), {nd, 1, H, D});
-    a.k_cache = caches.swa->kv_view();
-    a.indices = reshape(ws.upload(swa_idx), {nd, 1, W});
-    a.topk_length = ws.upload(swa_len);
-    if (K > 0) {
-      // The compressed entries come from the indexer / plan on the layer's device.
-      TensorView ext_idx = ws.tensor(DType::int32, {nd, K});
-      TensorView ext_len = ws.tensor(DType::int32, {nd});
-      const TensorView table = ws.upload(pack_block_tables(*caches.compressed, req_ids));
-      local_to_global_slots(cidx.local.slice0(0, nd), ws.upload(token_to_req_h).slice0(0, nd),
-                            table, caches.compressed->spec().block_size, ext_idx, ext_len,
-                            stream);
-      a.extra_k_cache = caches.compressed->kv_view();
-      a.extra_indices = reshape(ext_idx, {nd, 1, K});
-      a.extra_topk_length = ext_len;
-    }
-    a.attn_sink = wv.attn_sink;
-    a.softmax_scale = scale;
-    a.d_v = D;
-    a.out = reshape(o.slice0(0, nd), {nd, 1, H, D});
-    a.lse = ws.tensor(DType::fp32, {nd, 1, H});
-    const DecodeSchedule sched = make_decode_schedule(nd, 1, H, W + K, opts.num_sms);
-    const TensorView workspace =
-        ws.tensor(DType::uint8, {std::max<int64_t>(sched.workspace_bytes, 1)});
-    sparse_decode(a, sched, workspace, stream);
+  // The SWA window depends only on the plan and the block tables: planned on the host.
+  HostTensor swa_table = pack_block_tables(*caches.swa, req_ids);
+  HostTensor swa_idx(DType::int32, {nd, W}), swa_len(DType::int32, {nd});
+  swa_window_indices(positions_h.view().slice0(0, nd), token_to_req_h.view().slice0(0, nd),
+                     swa_table, caches.swa->spec().block_size, W, swa_idx, swa_len);
+  SparseDecodeArgs a;
+  a.q = reshape(q.slice0(0, nd), {nd, 1, H, D});
+  a.k_cache = caches.swa->kv_view();
+  a.indices = reshape(ws.upload(swa_idx), {nd, 1, W});
+  a.topk_length = ws.upload(swa_len);
+  if (K > 0) {
+    // The compressed entries come from the indexer / plan on the layer's device.
+    TensorView ext_idx = ws.tensor(DType::int32, {nd, K});
+    TensorView ext_len = ws.tensor(DType::int32, {nd});
+    const TensorView table = ws.upload(pack_block_tables(*caches.compressed, req_ids));
+    local_to_global_slots(cidx.local.slice0(0, nd), ws.upload(token_to_req_h).slice0(0, nd),
+                          table, caches.compressed->spec().block_size, ext_idx, ext_len,
+                          stream);
+    a.extra_k_cache = caches.compressed->kv_view();
+    a.extra_indices = reshape(ext_idx, {nd, 1, K});
+    a.extra_topk_length = ext_len;
   }
+  a.attn_sink = wv.attn_sink;
+  a.softmax_scale = scale;
+  a.d_v = D;
+  a.out = reshape(o.slice0(0, nd), {nd, 1, H, D});
+  a.lse = ws.tensor(DType::fp32, {nd, 1, H});
+  const DecodeSchedule sched = make_decode_schedule(nd, 1, H, W + K, opts.num_sms);
+  const TensorView workspace =
+      ws.tensor(DType::uint8, {std::max<int64_t>(sched.workspace_bytes, 1)});
+  sparse_decode(a, sched, workspace, stream);
+}
 
-  // 7b. Prefill chunks: gather (compressed | SWA) rows into a bf16 workspace, then sparse prefill.
-  if (nd < R) {
-    const int Rp = R - nd;
-    const int64_t Tp = T - plan.query_start_loc[nd];
-    const int32_t t0 = plan.query_start_loc[nd];
-    std::vector<int32_t> qsl(Rp + 1), seq(Rp), gather(Rp), cseq(Rp);
-    int64_t max_gather = 0;
-    for (int i = 0; i < Rp; ++i) {
-      const RequestStep& s = plan.requests[nd + i];
-      qsl[i] = plan.query_start_loc[nd + i] - t0;
-      seq[i] = static_cast<int32_t>(s.context + s.num_new);
-      gather[i] = static_cast<int32_t>(std::min<int64_t>(seq[i], s.num_new + W - 1));
-      max_gather = std::max<int64_t>(max_gather, gather[i]);
-      if (compressed) cseq[i] = static_cast<int32_t>(seq[i] / compressed->ratio());
-    }
-    qsl[Rp] = static_cast<int32_t>(Tp);
-    int64_t N = 0;
-    if (compressed)
-      for (int i = 0; i < Rp; ++i) N = std::max<int64_t>(N, cseq[i]);
-    const int64_t M = N + max_gather;
-    std::vector<int64_t> prefill_ids(req_ids.begin() + nd, req_ids.end());
-
-    TensorView kv_rows = ws.tensor(DType::bf16, {Rp, M, D});
-    const TensorView seq_t = ws.upload(HostTensor::from_int32(seq));
-    const TensorView gather_t = ws.upload(HostTensor::from_int32(gather));
-    const TensorView qsl_t = ws.upload(HostTensor::from_int32(qsl));
-    if (compressed && N > 0) {
-      const TensorView ctable = ws.upload(pack_block_tables(*caches.compressed, prefill_ids));
-      dequantize_and_gather(caches.compressed->kv_view(), ctable,
-                            ws.upload(HostTensor::from_int32(cseq)), {}, 0, kv_rows, stream);
-    }
-    const TensorView stable = ws.upload(pack_block_tables(*caches.swa, prefill_ids));
-    dequantize_and_gather(caches.swa->kv_view(), stable, seq_t, gather_t, N, kv_rows, stream);
-
-    const TensorView topk_view =
-        K > 0 ? cidx.local.slice0(t0, T) : ws.tensor(DType::int32, {Tp, 0});
-    TensorView idx = ws.tensor(DType::int32, {Tp, K + W});
-    TensorView len = ws.tensor(DType::int32, {Tp});
-    combine_topk_swa_indices(topk_view, qsl_t, seq_t, gather_t, W, static_cast<int>(N), M,
-                             compressed ? compressed->ratio() : 0, idx, len, stream);
-
-    SparsePrefillArgs a;
-    a.q = q.slice0(t0, T);
-    a.kv = reshape(kv_rows, {Rp * M, 1, D});
-    a.indices = reshape(idx, {Tp, 1, K + W});
-    a.topk_length = len;
-    a.attn_sink = wv.attn_sink;
-    a.softmax_scale = scale;
-    a.d_v = D;
-    a.out = o.slice0(t0, T);
-    a.max_logits = ws.tensor(DType::fp32, {Tp, H});
-    a.lse = ws.tensor(DType::fp32, {Tp, H});
-    sparse_prefill(a, stream);
+void Attention::Impl::attend_prefills(const Step& st) {
+  const BatchPlan& plan = st.plan;
+  const int H = cfg.n_heads, D = cfg.head_dim, W = cfg.window_size;
+  const int K = st.compressed.topk;  // compressed slots per token (0 for SWA layers)
+  const Stream stream = opts.stream;
+  const LayerWeightViews& wv = weights->views();
+  Scratch& ws = scratch;
+  const int nd = plan.num_decodes, R = plan.num_requests();
+  const int64_t T = plan.num_tokens();
+  const std::vector<int64_t>& req_ids = st.req_ids;
+  const TensorView &q = st.q, &o = st.o;
+  const CompressedIndices& cidx = st.compressed;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int Rp = R - nd;
+  const int64_t Tp = T - plan.query_start_loc[nd];
+  const int32_t t0 = plan.query_start_loc[nd];
+  std::vector<int32_t> qsl(Rp + 1), seq(Rp), gather(Rp), cseq(Rp);
+  int64_t max_gather = 0;
+  for (int i = 0; i < Rp; ++i) {
+    const RequestStep& s = plan.requests[nd + i];
+    qsl[i] = plan.query_start_loc[nd + i] - t0;
+    seq[i] = static_cast<int32_t>(s.context + s.num_new);
+    gather[i] = static_cast<int32_t>(std::min<int64_t>(seq[i], s.num_new + W - 1));
+    max_gather = std::max<int64_t>(max_gather, gather[i]);
+    if (compressed) cseq[i] = static_cast<int32_t>(seq[i] / compressed->ratio());
   }
+  qsl[Rp] = static_cast<int32_t>(Tp);
+  int64_t N = 0;
+  if (compressed)
+    for (int i = 0; i < Rp; ++i) N = std::max<int64_t>(N, cseq[i]);
+  const int64_t M = N + max_gather;
+  std::vector<int64_t> prefill_ids(req_ids.begin() + nd, req_ids.end());
 
-  // 8–9. Inverse RoPE, FP8 activation quant, grouped wo_a, wo_b.
-  apply_rope(o, positions, cos_sin_v, /*inverse=*/true, o, stream);
+  TensorView kv_rows = ws.tensor(DType::bf16, {Rp, M, D});
+  const TensorView seq_t = ws.upload(HostTensor::from_int32(seq));
+  const TensorView gather_t = ws.upload(HostTensor::from_int32(gather));
+  const TensorView qsl_t = ws.upload(HostTensor::from_int32(qsl));
+  if (compressed && N > 0) {
+    const TensorView ctable = ws.upload(pack_block_tables(*caches.compressed, prefill_ids));
+    dequantize_and_gather(caches.compressed->kv_view(), ctable,
+                          ws.upload(HostTensor::from_int32(cseq)), {}, 0, kv_rows, stream);
+  }
+  const TensorView stable = ws.upload(pack_block_tables(*caches.swa, prefill_ids));
+  dequantize_and_gather(caches.swa->kv_view(), stable, seq_t, gather_t, N, kv_rows, stream);
+
+  const TensorView topk_view =
+      K > 0 ? cidx.local.slice0(t0, T) : ws.tensor(DType::int32, {Tp, 0});
+  TensorView idx = ws.tensor(DType::int32, {Tp, K + W});
+  TensorView len = ws.tensor(DType::int32, {Tp});
+  combine_topk_swa_indices(topk_view, qsl_t, seq_t, gather_t, W, static_cast<int>(N), M,
+                           compressed ? compressed->ratio() : 0, idx, len, stream);
+
+  SparsePrefillArgs a;
+  a.q = q.slice0(t0, T);
+  a.kv = reshape(kv_rows, {Rp * M, 1, D});
+  a.indices = reshape(idx, {Tp, 1, K + W});
+  a.topk_length = len;
+  a.attn_sink = wv.attn_sink;
+  a.softmax_scale = scale;
+  a.d_v = D;
+  a.out = o.slice0(t0, T);
+  a.max_logits = ws.tensor(DType::fp32, {Tp, H});
+  a.lse = ws.tensor(DType::fp32, {Tp, H});
+  sparse_prefill(a, stream);
+}
+
+void Attention::Impl::project_output(const Step& st, const TensorView& y) {
+  const int64_t T = st.plan.num_tokens();
+  const int H = cfg.n_heads, D = cfg.head_dim;
+  const Stream stream = opts.stream;
+  const LayerWeightViews& wv = weights->views();
+  Scratch& ws = scratch;
+  const TensorView& o = st.o;
+  apply_rope(o, st.positions, st.cos_sin, /*inverse=*/true, o, stream);
   const int64_t HD = int64_t{H} * D;
   // The CPU keeps the low-rank z in fp32; the CUDA GEMMs take bf16 operands, so there z is bf16
   // (as DeepSeek's inference code stores it).
@@ -358,8 +407,6 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, con
     linear(z, {}, wv.wo_b.value, wv.wo_b.scale, y_dev, stream);
     ws.download(y_dev, y);
   }
-
-  for (const RequestStep& s : plan.requests) cached[s.req_id] = s.context + s.num_new;
 }
 
 }  // namespace dsv4

@@ -80,7 +80,12 @@ struct Attention::Impl {
     std::vector<int64_t> req_ids;   // in plan order
     CompressedIndices compressed;   // request-local compressed entries (topk 0: SWA layer)
     TensorView cos_sin;             // the RoPE table on the layer's device
+    float softmax_scale = 0.0f;     // D^-0.5
   };
+  struct Dims {
+    int H, D, W;  // heads, head dim, SWA window
+  };
+  Dims dims() const { return {cfg.n_heads, cfg.head_dim, cfg.window_size}; }
   // 7a. Decodes read the caches directly through two scopes (SWA window | compressed entries).
   void attend_decodes(const Step& st);
   // 7b. Prefill chunks: gather (compressed | SWA) rows into a bf16 workspace, sparse prefill.
@@ -193,7 +198,8 @@ TensorView Attention::Impl::stage_input(const TensorView& x) {
   if (device == Device::cpu || x.device == Device::cuda) return x;
   HostTensor x_bf16(DType::bf16, {x.size(0), x.size(1)});
   uint16_t* out = x_bf16.data<uint16_t>();
-  for (int64_t i = 0; i < x.numel(); ++i) out[i] = float_to_bf16_bits(load_as_float(x.data, x.dtype, i));
+  for (int64_t i = 0; i < x.numel(); ++i)
+    out[i] = float_to_bf16_bits(load_as_float(x.data, x.dtype, i));
   return scratch.upload(x_bf16);
 }
 
@@ -250,7 +256,8 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, con
   if (compressed) cidx = compressed->step(plan, x, qr_n, positions, cos_sin_v, ws);
 
   Step st{plan, q, ws.tensor(DType::bf16, {T, H, D}), positions, std::move(positions_h),
-          HostTensor::from_int32(plan.token_to_req), {}, std::move(cidx), cos_sin_v};
+          HostTensor::from_int32(plan.token_to_req), {}, std::move(cidx), cos_sin_v,
+          1.0f / std::sqrt(static_cast<float>(D))};
   for (const RequestStep& s : plan.requests) st.req_ids.push_back(s.req_id);
   if (plan.num_decodes > 0) attend_decodes(st);
   if (plan.num_decodes < R) attend_prefills(st);
@@ -261,9 +268,8 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, con
 
 void Attention::Impl::attend_decodes(const Step& st) {
   const BatchPlan& plan = st.plan;
-  const int H = cfg.n_heads, D = cfg.head_dim, W = cfg.window_size;
+  const auto [H, D, W] = dims();
   const int K = st.compressed.topk;  // compressed slots per token (0 for SWA layers)
-  const Stream stream = opts.stream;
   const LayerWeightViews& wv = weights->views();
   Scratch& ws = scratch;
   const int nd = plan.num_decodes;
@@ -271,7 +277,6 @@ void Attention::Impl::attend_decodes(const Step& st) {
   const HostTensor &positions_h = st.positions_h, &token_to_req_h = st.token_to_req_h;
   const TensorView &q = st.q, &o = st.o;
   const CompressedIndices& cidx = st.compressed;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   // The SWA window depends only on the plan and the block tables: planned on the host.
   HostTensor swa_table = pack_block_tables(*caches.swa, req_ids);
   HostTensor swa_idx(DType::int32, {nd, W}), swa_len(DType::int32, {nd});
@@ -289,27 +294,26 @@ void Attention::Impl::attend_decodes(const Step& st) {
     const TensorView table = ws.upload(pack_block_tables(*caches.compressed, req_ids));
     local_to_global_slots(cidx.local.slice0(0, nd), ws.upload(token_to_req_h).slice0(0, nd),
                           table, caches.compressed->spec().block_size, ext_idx, ext_len,
-                          stream);
+                          opts.stream);
     a.extra_k_cache = caches.compressed->kv_view();
     a.extra_indices = reshape(ext_idx, {nd, 1, K});
     a.extra_topk_length = ext_len;
   }
   a.attn_sink = wv.attn_sink;
-  a.softmax_scale = scale;
+  a.softmax_scale = st.softmax_scale;
   a.d_v = D;
   a.out = reshape(o.slice0(0, nd), {nd, 1, H, D});
   a.lse = ws.tensor(DType::fp32, {nd, 1, H});
   const DecodeSchedule sched = make_decode_schedule(nd, 1, H, W + K, opts.num_sms);
   const TensorView workspace =
       ws.tensor(DType::uint8, {std::max<int64_t>(sched.workspace_bytes, 1)});
-  sparse_decode(a, sched, workspace, stream);
+  sparse_decode(a, sched, workspace, opts.stream);
 }
 
 void Attention::Impl::attend_prefills(const Step& st) {
   const BatchPlan& plan = st.plan;
-  const int H = cfg.n_heads, D = cfg.head_dim, W = cfg.window_size;
+  const auto [H, D, W] = dims();
   const int K = st.compressed.topk;  // compressed slots per token (0 for SWA layers)
-  const Stream stream = opts.stream;
   const LayerWeightViews& wv = weights->views();
   Scratch& ws = scratch;
   const int nd = plan.num_decodes, R = plan.num_requests();
@@ -317,7 +321,6 @@ void Attention::Impl::attend_prefills(const Step& st) {
   const std::vector<int64_t>& req_ids = st.req_ids;
   const TensorView &q = st.q, &o = st.o;
   const CompressedIndices& cidx = st.compressed;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int Rp = R - nd;
   const int64_t Tp = T - plan.query_start_loc[nd];
   const int32_t t0 = plan.query_start_loc[nd];
@@ -345,17 +348,17 @@ void Attention::Impl::attend_prefills(const Step& st) {
   if (compressed && N > 0) {
     const TensorView ctable = ws.upload(pack_block_tables(*caches.compressed, prefill_ids));
     dequantize_and_gather(caches.compressed->kv_view(), ctable,
-                          ws.upload(HostTensor::from_int32(cseq)), {}, 0, kv_rows, stream);
+                          ws.upload(HostTensor::from_int32(cseq)), {}, 0, kv_rows, opts.stream);
   }
   const TensorView stable = ws.upload(pack_block_tables(*caches.swa, prefill_ids));
-  dequantize_and_gather(caches.swa->kv_view(), stable, seq_t, gather_t, N, kv_rows, stream);
+  dequantize_and_gather(caches.swa->kv_view(), stable, seq_t, gather_t, N, kv_rows, opts.stream);
 
   const TensorView topk_view =
       K > 0 ? cidx.local.slice0(t0, T) : ws.tensor(DType::int32, {Tp, 0});
   TensorView idx = ws.tensor(DType::int32, {Tp, K + W});
   TensorView len = ws.tensor(DType::int32, {Tp});
   combine_topk_swa_indices(topk_view, qsl_t, seq_t, gather_t, W, static_cast<int>(N), M,
-                           compressed ? compressed->ratio() : 0, idx, len, stream);
+                           compressed ? compressed->ratio() : 0, idx, len, opts.stream);
 
   SparsePrefillArgs a;
   a.q = q.slice0(t0, T);
@@ -363,12 +366,12 @@ void Attention::Impl::attend_prefills(const Step& st) {
   a.indices = reshape(idx, {Tp, 1, K + W});
   a.topk_length = len;
   a.attn_sink = wv.attn_sink;
-  a.softmax_scale = scale;
+  a.softmax_scale = st.softmax_scale;
   a.d_v = D;
   a.out = o.slice0(t0, T);
   a.max_logits = ws.tensor(DType::fp32, {Tp, H});
   a.lse = ws.tensor(DType::fp32, {Tp, H});
-  sparse_prefill(a, stream);
+  sparse_prefill(a, opts.stream);
 }
 
 void Attention::Impl::project_output(const Step& st, const TensorView& y) {

@@ -66,6 +66,10 @@ class HostTensor {
   static HostTensor zeros(DType t, std::vector<int64_t> dims);
   // A 1-d int32 tensor holding `values` (index lists built on the host: offsets, lengths, ...).
   static HostTensor from_int32(const std::vector<int32_t>& values);
+  // A contiguous copy of a host view of any strides, in its dtype or converted to `as` (through
+  // float: load_as_float / store_from_float, so bf16 targets are rounded to nearest even).
+  static HostTensor copy_of(const TensorView& host);
+  static HostTensor copy_of(const TensorView& host, DType as);
 
   TensorView view() const { return view_; }
   operator TensorView() const { return view_; }  // NOLINT(google-explicit-constructor)

@@ -91,24 +91,7 @@ HostTensor host_copy(const AnyArray& a, const char* name) {
   const TensorView v = view_of(a, name);
   if (v.device != Device::cpu)
     fail_expected(name, "device", "a CPU tensor", "a CUDA tensor");
-  HostTensor out(v.dtype, std::vector<int64_t>(v.shape.begin(), v.shape.begin() + v.ndim));
-  const size_t elem = dtype_size(v.dtype);
-  const auto* src = static_cast<const uint8_t*>(v.data);
-  auto* dst = out.data<uint8_t>();
-  if (v.is_contiguous()) {
-    if (out.nbytes() > 0) std::memcpy(dst, src, out.nbytes());
-    return out;
-  }
-  // Strided: walk the elements in row-major order (weights are copied once, so a plain loop).
-  for (int64_t i = 0; i < out.numel(); ++i) {
-    int64_t offset = 0, rest = i;
-    for (int d = v.ndim - 1; d >= 0; --d) {
-      offset += (rest % v.shape[d]) * v.strides[d];
-      rest /= v.shape[d];
-    }
-    std::memcpy(dst + i * elem, src + offset * static_cast<int64_t>(elem), elem);
-  }
-  return out;
+  return HostTensor::copy_of(v);
 }
 
 nb::ndarray<nb::pytorch> torch_copy(const HostTensor& t) {

@@ -1,35 +1,14 @@
 #include "dsv4/device_tensor.h"
 
-#include <cstring>
+#include "cpu/backend.h"
 
 #if defined(DSV4_WITH_CUDA)
-#include <cuda_runtime.h>
+#include "cuda/common/check.h"
 #endif
 
 namespace dsv4 {
 
 namespace {
-
-// Copies a host view of any strides into contiguous bytes at `dst` (element order row-major).
-void gather_host(const TensorView& src, uint8_t* dst) {
-  const size_t esize = dtype_size(src.dtype);
-  const int64_t n = src.numel();
-  if (src.is_contiguous()) {
-    std::memcpy(dst, src.data, static_cast<size_t>(n) * esize);
-    return;
-  }
-  std::array<int64_t, kMaxDims> idx{};
-  const auto* base = static_cast<const uint8_t*>(src.data);
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t off = 0;
-    for (int d = 0; d < src.ndim; ++d) off += idx[d] * src.strides[d];
-    std::memcpy(dst + i * esize, base + off * static_cast<int64_t>(esize), esize);
-    for (int d = src.ndim - 1; d >= 0; --d) {
-      if (++idx[d] < src.shape[d]) break;
-      idx[d] = 0;
-    }
-  }
-}
 
 void check_copy_pair(const char* where, const TensorView& host, const TensorView& device) {
   check_device(where, "host", host, Device::cpu);
@@ -41,14 +20,9 @@ void check_copy_pair(const char* where, const TensorView& host, const TensorView
 }
 
 #if defined(DSV4_WITH_CUDA)
-void check(cudaError_t err, const char* where, const char* what) {
-  if (err != cudaSuccess)
-    fail(where, ": ", what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
-}
+using cuda::check_cuda;
 #else
-[[noreturn]] void no_cuda(const char* where) {
-  fail(where, ": CUDA backend not built (configure with DSV4_CUDA=ON on a machine with nvcc)");
-}
+[[noreturn]] void no_cuda(const char* where) { cpu::throw_cuda_unavailable(where); }
 #endif
 
 }  // namespace
@@ -80,7 +54,7 @@ DeviceTensor::DeviceTensor(DType t, std::vector<int64_t> dims) : dims_(std::move
   void* ptr = nullptr;
 #if defined(DSV4_WITH_CUDA)
   // Zero-size tensors still get a (small) allocation so their view is "defined".
-  check(cudaMalloc(&ptr, bytes > 0 ? bytes : 256), "DeviceTensor", "cudaMalloc");
+  check_cuda(cudaMalloc(&ptr, bytes > 0 ? bytes : 256), "DeviceTensor", "cudaMalloc");
   buf_ = std::shared_ptr<void>(ptr, [](void* p) { cudaFree(p); });
 #else
   (void)bytes;
@@ -93,13 +67,10 @@ DeviceTensor DeviceTensor::from_host(const TensorView& host) {
   check_device("DeviceTensor::from_host", "host", host, Device::cpu);
   std::vector<int64_t> dims(host.shape.begin(), host.shape.begin() + host.ndim);
   DeviceTensor d(host.dtype, dims);
-  if (host.is_contiguous()) {
+  if (host.is_contiguous())
     copy_to_device(host, d);
-  } else {
-    HostTensor tmp(host.dtype, dims);
-    gather_host(host, tmp.data<uint8_t>());
-    copy_to_device(tmp, d);
-  }
+  else
+    copy_to_device(HostTensor::copy_of(host), d);
   return d;
 }
 
@@ -111,7 +82,7 @@ HostTensor DeviceTensor::to_host() const {
 
 void DeviceTensor::fill_bytes(uint8_t byte) {
 #if defined(DSV4_WITH_CUDA)
-  if (nbytes() > 0) check(cudaMemset(view_.data, byte, nbytes()), "DeviceTensor::fill_bytes", "cudaMemset");
+  if (nbytes() > 0) check_cuda(cudaMemset(view_.data, byte, nbytes()), "DeviceTensor::fill_bytes", "cudaMemset");
 #else
   (void)byte;
   no_cuda("DeviceTensor::fill_bytes");
@@ -123,7 +94,7 @@ void copy_to_device(const TensorView& host, const TensorView& device) {
   const size_t bytes = static_cast<size_t>(host.numel()) * dtype_size(host.dtype);
   if (bytes == 0) return;
 #if defined(DSV4_WITH_CUDA)
-  check(cudaMemcpy(device.data, host.data, bytes, cudaMemcpyHostToDevice), "copy_to_device",
+  check_cuda(cudaMemcpy(device.data, host.data, bytes, cudaMemcpyHostToDevice), "copy_to_device",
         "cudaMemcpy");
 #else
   no_cuda("copy_to_device");
@@ -135,7 +106,7 @@ void copy_to_host(const TensorView& device, const TensorView& host) {
   const size_t bytes = static_cast<size_t>(host.numel()) * dtype_size(host.dtype);
   if (bytes == 0) return;
 #if defined(DSV4_WITH_CUDA)
-  check(cudaMemcpy(host.data, device.data, bytes, cudaMemcpyDeviceToHost), "copy_to_host",
+  check_cuda(cudaMemcpy(host.data, device.data, bytes, cudaMemcpyDeviceToHost), "copy_to_host",
         "cudaMemcpy");
 #else
   no_cuda("copy_to_host");

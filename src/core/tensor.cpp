@@ -141,6 +141,50 @@ HostTensor HostTensor::from_int32(const std::vector<int32_t>& values) {
   return h;
 }
 
+namespace {
+// Visits the elements of `v` in row-major order: fn(i, element offset in v).
+template <class Fn>
+void for_each_offset(const TensorView& v, Fn&& fn) {
+  std::array<int64_t, kMaxDims> idx{};
+  const int64_t n = v.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t off = 0;
+    for (int d = 0; d < v.ndim; ++d) off += idx[d] * v.strides[d];
+    fn(i, off);
+    for (int d = v.ndim - 1; d >= 0; --d) {
+      if (++idx[d] < v.shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+}  // namespace
+
+HostTensor HostTensor::copy_of(const TensorView& host) {
+  check_device("HostTensor::copy_of", "host", host, Device::cpu);
+  HostTensor out(host.dtype, std::vector<int64_t>(host.shape.begin(), host.shape.begin() + host.ndim));
+  const size_t esize = dtype_size(host.dtype);
+  if (host.is_contiguous()) {
+    if (out.nbytes() > 0) std::memcpy(out.buf_.get(), host.data, out.nbytes());
+    return out;
+  }
+  const auto* src = static_cast<const uint8_t*>(host.data);
+  uint8_t* dst = out.buf_.get();
+  for_each_offset(host, [&](int64_t i, int64_t off) {
+    std::memcpy(dst + i * esize, src + off * static_cast<int64_t>(esize), esize);
+  });
+  return out;
+}
+
+HostTensor HostTensor::copy_of(const TensorView& host, DType as) {
+  if (as == host.dtype) return copy_of(host);
+  check_device("HostTensor::copy_of", "host", host, Device::cpu);
+  HostTensor out(as, std::vector<int64_t>(host.shape.begin(), host.shape.begin() + host.ndim));
+  for_each_offset(host, [&](int64_t i, int64_t off) {
+    store_from_float(out.buf_.get(), as, i, load_as_float(host.data, host.dtype, off));
+  });
+  return out;
+}
+
 void HostTensor::fill_bytes(uint8_t byte) {
   if (buf_) std::memset(buf_.get(), byte, nbytes());
 }

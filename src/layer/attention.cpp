@@ -196,11 +196,7 @@ void Attention::Impl::check_plan(const BatchPlan& plan) const {
 
 TensorView Attention::Impl::stage_input(const TensorView& x) {
   if (device == Device::cpu || x.device == Device::cuda) return x;
-  HostTensor x_bf16(DType::bf16, {x.size(0), x.size(1)});
-  uint16_t* out = x_bf16.data<uint16_t>();
-  for (int64_t i = 0; i < x.numel(); ++i)
-    out[i] = float_to_bf16_bits(load_as_float(x.data, x.dtype, i));
-  return scratch.upload(x_bf16);
+  return scratch.upload(HostTensor::copy_of(x, DType::bf16));
 }
 
 void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, const TensorView& y) {

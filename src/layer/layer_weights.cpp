@@ -33,14 +33,13 @@ TensorView LayerWeightStore::plain(const HostTensor& t) {
 
 WeightView LayerWeightStore::gemm_weight(const Weight& w) {
   if (device_ == Device::cpu) return WeightView{w.value.view(), w.scale.view()};
-  HostTensor bf16(DType::bf16, w.value.shape());
+  HostTensor bf16;
   if (w.quantized()) {
     // 128×128 blocks over the last two dims (wo_a is [G, L, H·D/G] with per-group blocks).
+    bf16 = HostTensor(DType::bf16, w.value.shape());
     dequantize_fp8_blocks(w.value, w.scale, kWeightScaleBlock, kWeightScaleBlock, bf16);
   } else {
-    uint16_t* out = bf16.data<uint16_t>();
-    for (int64_t i = 0; i < w.value.numel(); ++i)
-      out[i] = float_to_bf16_bits(load_as_float(w.value.view().data, w.value.dtype(), i));
+    bf16 = HostTensor::copy_of(w.value, DType::bf16);
   }
   owned_.push_back(DeviceTensor::from_host(bf16));
   return WeightView{owned_.back().view(), {}};

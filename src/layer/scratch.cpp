@@ -1,7 +1,7 @@
 #include "layer/scratch.h"
 
 #if defined(DSV4_WITH_CUDA)
-#include <cuda_runtime.h>
+#include "cuda/common/check.h"
 #endif
 
 namespace dsv4 {
@@ -37,11 +37,8 @@ TensorView Scratch::upload(const HostTensor& host) {
   TensorView d = tensor(host.dtype(), host.shape());
   if (host.nbytes() == 0) return d;
 #if defined(DSV4_WITH_CUDA)
-  const cudaError_t err = cudaMemcpyAsync(d.data, host.view().data, host.nbytes(),
-                                          cudaMemcpyHostToDevice, stream_);
-  if (err != cudaSuccess)
-    fail("Scratch::upload: cudaMemcpyAsync: ", cudaGetErrorName(err), " (",
-         cudaGetErrorString(err), ")");
+  DSV4_CUDA_CHECK("Scratch::upload", cudaMemcpyAsync(d.data, host.view().data, host.nbytes(),
+                                                     cudaMemcpyHostToDevice, stream_));
 #endif
   return d;
 }
@@ -56,23 +53,17 @@ void Scratch::download(const TensorView& device, const TensorView& host) {
              host.shape_str(), " ", dtype_name(host.dtype));
 #if defined(DSV4_WITH_CUDA)
   const size_t bytes = static_cast<size_t>(host.numel()) * dtype_size(host.dtype);
-  cudaError_t err = bytes == 0 ? cudaSuccess
-                               : cudaMemcpyAsync(host.data, device.data, bytes,
-                                                 cudaMemcpyDeviceToHost, stream_);
-  if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
-  if (err != cudaSuccess)
-    fail("Scratch::download: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+  if (bytes > 0)
+    DSV4_CUDA_CHECK("Scratch::download", cudaMemcpyAsync(host.data, device.data, bytes,
+                                                         cudaMemcpyDeviceToHost, stream_));
+  DSV4_CUDA_CHECK("Scratch::download", cudaStreamSynchronize(stream_));
 #endif
 }
 
 void Scratch::set_stream(Stream stream) {
   if (stream == stream_) return;
 #if defined(DSV4_WITH_CUDA)
-  if (device_ == Device::cuda) {
-    const cudaError_t err = cudaStreamSynchronize(stream_);
-    if (err != cudaSuccess)
-      fail("Scratch::set_stream: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
-  }
+  if (device_ == Device::cuda) DSV4_CUDA_CHECK("Scratch::set_stream", cudaStreamSynchronize(stream_));
 #endif
   stream_ = stream;
 }

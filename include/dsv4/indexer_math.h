@@ -8,6 +8,7 @@
 // are. Host code targets x86-64 without FMA contraction.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "dsv4/dtype.h"
@@ -57,6 +58,13 @@ DSV4_HD uint32_t topk_key(float score) {
   // sign bit), then complemented for descending order. No number maps to 0xffffffff.
   const uint32_t ascending = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
   return ~ascending;
+}
+
+// The scale of the head weights, 128^-0.5 · H_I^-0.5, rounded once from double (host code: the
+// CPU op and the CUDA launch compute it alike).
+inline float indexer_weight_scale(int64_t heads) {
+  const double terms = double{indexer_keys::kDim} * static_cast<double>(heads);
+  return static_cast<float>(1.0 / std::sqrt(terms));
 }
 
 }  // namespace dsv4::indexer_math

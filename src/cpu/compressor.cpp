@@ -296,12 +296,10 @@ void compute_entry(const CompressorConfig& cfg, const RequestRun& run, int64_t r
   std::vector<const float*> kv(static_cast<size_t>(K)), s(static_cast<size_t>(K));
   const int n = window_rows(cfg, run, req, p, kv_rows, score_rows, state, kv.data(), s.data());
   for (int d = 0; d < D; ++d) e[d] = cm::pool_dim(kv.data(), s.data(), n, d);
-  const float inv = cpu::rms_inverse(e, D, cfg.eps);
-  for (int d = 0; d < D; ++d) e[d] = cpu::rms_apply(e[d], inv, norm_weight[d]);
+  cpu::rms_normalize(e, D, cfg.eps, norm_weight);
   const int64_t rope_pos = (p + 1) - cfg.ratio;  // j·r
-  const float* cs = cos_sin.ptr<float>() + rope_pos * cos_sin.stride(0);
-  for (int i = 0; i < R / 2; ++i)
-    cpu::rope_rotate_pair(e[D - R + 2 * i], e[D - R + 2 * i + 1], cs[i], cs[R / 2 + i]);
+  cpu::rope_rotate_pairs(e + D - R, cpu::rope_table_row(cos_sin, rope_pos), R / 2,
+                         /*inverse=*/false);
 }
 
 // Quantizes one finished entry (post norm + RoPE, + Hadamard for indexer keys) into its target;

@@ -9,6 +9,11 @@
 
 namespace dsv4::cpu {
 
+// n^-0.5 rounded once from double: the scale of every Hadamard rotation, CPU and CUDA alike.
+inline float hadamard_scale(int n) {
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
+}
+
 // In place, n a power of two (fp32 butterflies, log2(n) stages, then one scale).
 inline void hadamard_rotate(float* v, int n) {
   for (int h = 1; h < n; h *= 2)
@@ -18,7 +23,7 @@ inline void hadamard_rotate(float* v, int n) {
         v[k] = a + b;
         v[k + h] = a - b;
       }
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
+  const float scale = hadamard_scale(n);
   for (int i = 0; i < n; ++i) v[i] *= scale;
 }
 

@@ -88,8 +88,7 @@ void indexer_query_rows(const TensorView& q, const TensorView& positions,
   const int64_t T = q.size(0), H = q.size(1);
   if (T == 0) return;
   apply_rope(q, positions, cos_sin, /*inverse=*/false, q);
-  const float w_scale =
-      static_cast<float>(1.0 / std::sqrt(double{kKeyDim} * static_cast<double>(H)));
+  const float w_scale = indexer_math::indexer_weight_scale(H);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t h = 0; h < H; ++h) {
@@ -367,11 +366,10 @@ void indexer_topk(const TensorView& scores, const TensorView& positions, int rat
     const int64_t count = std::min(K, visible);
     // Descending score, NaN below everything, ties → lowest index: a strict total order, so
     // the selection is deterministic.
+    // The order is indexer_math::topk_key's, the one the CUDA top-k selects by.
     auto before = [s](int32_t a, int32_t b) {
-      const bool a_num = !std::isnan(s[a]), b_num = !std::isnan(s[b]);
-      if (a_num != b_num) return a_num;
-      if (a_num && s[a] != s[b]) return s[a] > s[b];
-      return a < b;
+      const uint32_t ka = indexer_math::topk_key(s[a]), kb = indexer_math::topk_key(s[b]);
+      return ka != kb ? ka < kb : a < b;
     };
     std::vector<int32_t> order(static_cast<size_t>(visible));
     for (int64_t j = 0; j < visible; ++j) order[j] = static_cast<int32_t>(j);

@@ -11,6 +11,7 @@
 #include "cpu/compressor_math.h"
 #include "cpu/norm_math.h"
 #include "cpu/rope_common.h"
+#include "cuda/common/float_rows.cuh"
 #include "cuda/compressor/update_params.cuh"
 #include "dsv4/compressor.h"
 #include "dsv4/fp8_block.h"
@@ -25,11 +26,6 @@ constexpr int kMaxRingRows = 128;   // K = coff·r: 8 (r = 4) or 128 (r = 128); 
 // Window rows: absent (position < 0: kv = 0, s = −inf, no term), present, or invalid (the row is
 // not where the contract puts it: not in this batch's run, or its ring row unmapped).
 enum RowState : int { kRowAbsent = 0, kRowPresent = 1, kRowInvalid = 2 };
-
-__device__ __forceinline__ float load_norm_weight(const UpdateParams& p, int d) {
-  return p.norm_bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(p.norm_weight)[d])
-                     : static_cast<const float*>(p.norm_weight)[d];
-}
 
 // In place v ← H_n v · scale (Sylvester order, the butterflies of cpu::hadamard_rotate: each
 // element sees the same adds in the same order). Needs blockDim.x >= n; call after a barrier,
@@ -132,7 +128,7 @@ __global__ void __launch_bounds__(kMaxDim) emit_entries_kernel(const UpdateParam
   __syncthreads();
   if (tid == 0) inv_rms = cpu::rms_inverse(e, p.D, p.eps);
   __syncthreads();
-  if (tid < p.D) e[tid] = cpu::rms_apply(e[tid], inv_rms, load_norm_weight(p, tid));
+  if (tid < p.D) e[tid] = cpu::rms_apply(e[tid], inv_rms, load_float(p.norm_weight, p.norm_bf16, tid));
   __syncthreads();
   const int half = p.rope_dims / 2;
   if (tid < half) {

@@ -5,10 +5,13 @@
 // identical codes and scales.
 #include <cmath>
 
+#include "cpu/hadamard.h"
+#include "cpu/rope_common.h"
 #include "cuda/common/check.h"
 #include "cuda/indexer/index_vector.cuh"
 #include "cuda/indexer/indexer.h"
 #include "dsv4/fp8_block.h"
+#include "dsv4/indexer_math.h"
 #include "dsv4/ops.h"
 
 namespace dsv4::cuda {
@@ -57,9 +60,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) query_rows_kernel(QueryRo
       const int d = 4 * lane + 2 * m;
       if (d < first) continue;
       const int i = (d - first) / 2;
-      const float c = cs[i], s = cs[half + i], a = v[2 * m], b = v[2 * m + 1];
-      v[2 * m] = ieee_sub(ieee_mul(a, c), ieee_mul(b, s));
-      v[2 * m + 1] = ieee_add(ieee_mul(a, s), ieee_mul(b, c));
+      cpu::rope_rotate_pair(v[2 * m], v[2 * m + 1], cs[i], cs[half + i]);
     }
   }
 
@@ -125,9 +126,9 @@ void indexer_query_rows(const TensorView& q_proj, const TensorView& positions,
   p.cos_sin_stride = cos_sin.stride(0);
   p.max_pos = cos_sin.size(0);
   p.rope_dims = static_cast<int>(cos_sin.size(1));
-  // The same expressions as the CPU reference (cpu::hadamard_rotate, indexer_query).
-  p.hadamard_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(kDim)));
-  p.weight_scale = static_cast<float>(1.0 / std::sqrt(double{kDim} * static_cast<double>(H)));
+  // The same scales as the CPU reference (cpu::hadamard_rotate, indexer_query).
+  p.hadamard_scale = cpu::hadamard_scale(kDim);
+  p.weight_scale = indexer_math::indexer_weight_scale(H);
   p.q_fp8 = q_fp8.ptr<uint8_t>();
   p.q_fp8_stride0 = q_fp8.stride(0);
   p.q_fp8_stride1 = q_fp8.stride(1);

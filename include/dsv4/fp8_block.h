@@ -18,7 +18,7 @@ DSV4_HD int32_t fp8_quantize_block(const float* v, int n, uint8_t* q) {
   for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(v[i]));
   const int32_t k = ue8m0_exponent_for_amax(amax);
   const float inv = exp2_int(-k);
-  for (int i = 0; i < n; ++i) q[i] = float_to_fp8_e4m3(v[i] * inv);
+  for (int i = 0; i < n; ++i) q[i] = float_to_fp8_e4m3(ieee_mul(v[i], inv));
   return k;
 }
 
@@ -28,7 +28,8 @@ DSV4_HD void fp8_round_block(float* v, int n) {
   for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(v[i]));
   const int32_t k = ue8m0_exponent_for_amax(amax);
   const float inv = exp2_int(-k), scale = exp2_int(k);
-  for (int i = 0; i < n; ++i) v[i] = fp8_e4m3_to_float(float_to_fp8_e4m3(v[i] * inv)) * scale;
+  for (int i = 0; i < n; ++i)
+    v[i] = ieee_mul(fp8_e4m3_to_float(float_to_fp8_e4m3(ieee_mul(v[i], inv))), scale);
 }
 
 }  // namespace dsv4

@@ -21,6 +21,7 @@
 #include <string_view>
 
 #include "dsv4/dtype.h"
+#include "dsv4/fp8_block.h"
 #include "dsv4/tensor.h"
 
 namespace dsv4 {
@@ -112,13 +113,8 @@ DSV4_HD int kv_plain_begin(KvLayout l) { return kv_num_scale_blocks(l) * kv_scal
 DSV4_HD void kv_encode_scale_block(const KvGeometry& g, uint8_t* block, int offset, int s,
                                    const float* values) {
   const int width = kv_scale_block_width(g.layout);
-  const float* v = values + s * width;
-  float amax = 0.0f;
-  for (int i = 0; i < width; ++i) amax = fmaxf(amax, v[i] < 0 ? -v[i] : v[i]);
-  const int32_t k = ue8m0_exponent_for_amax(amax);
-  const float inv = exp2_int(-k);
   uint8_t* row = block + g.data_offset(offset);
-  for (int i = 0; i < width; ++i) row[s * width + i] = float_to_fp8_e4m3(ieee_mul(v[i], inv));
+  const int32_t k = fp8_quantize_block(values + s * width, width, row + s * width);
   if (g.layout == KvLayout::model1_fp8) {
     block[g.scale_offset(offset) + s] = static_cast<uint8_t>(k + 127);
   } else {
@@ -127,9 +123,10 @@ DSV4_HD void kv_encode_scale_block(const KvGeometry& g, uint8_t* block, int offs
 }
 
 // Plain dim i (kv_plain_begin <= i < dim) of the token: bf16 (the rope dims of the FP8 layouts,
-// every dim of BF16) or fp8(value / tensor_scale) (FP8_PER_TENSOR).
+// every dim of BF16) or fp8(value · inv_tensor_scale) (FP8_PER_TENSOR; inv_tensor_scale =
+// ieee_div(1, tensor_scale), computed once per token by the caller).
 DSV4_HD void kv_encode_plain_value(const KvGeometry& g, uint8_t* block, int offset, int i,
-                                   float value, float tensor_scale = 1.0f) {
+                                   float value, float inv_tensor_scale = 1.0f) {
   uint8_t* row = block + g.data_offset(offset);
   switch (g.layout) {
     case KvLayout::model1_fp8:
@@ -142,7 +139,7 @@ DSV4_HD void kv_encode_plain_value(const KvGeometry& g, uint8_t* block, int offs
       reinterpret_cast<uint16_t*>(row)[i] = float_to_bf16_bits(value);
       return;
     case KvLayout::fp8_per_tensor:
-      row[i] = float_to_fp8_e4m3(ieee_mul(value, ieee_div(1.0f, tensor_scale)));
+      row[i] = float_to_fp8_e4m3(ieee_mul(value, inv_tensor_scale));
       return;
   }
 }
@@ -157,8 +154,9 @@ DSV4_HD void kv_encode_token(const KvGeometry& g, uint8_t* block, int offset, co
                              float tensor_scale = 1.0f) {
   for (int s = 0; s < kv_num_scale_blocks(g.layout); ++s)
     kv_encode_scale_block(g, block, offset, s, values);
+  const float inv_tensor_scale = ieee_div(1.0f, tensor_scale);
   for (int i = kv_plain_begin(g.layout); i < g.dim; ++i)
-    kv_encode_plain_value(g, block, offset, i, values[i], tensor_scale);
+    kv_encode_plain_value(g, block, offset, i, values[i], inv_tensor_scale);
   kv_encode_padding(g, block, offset);
 }
 

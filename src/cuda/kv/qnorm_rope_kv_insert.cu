@@ -95,8 +95,9 @@ __global__ void __launch_bounds__(kThreads) qnorm_rope_kv_insert_kernel(const In
   const int num_scale_blocks = kv_num_scale_blocks(sg.layout);
   if (tid < num_scale_blocks) kv_encode_scale_block(sg, scratch, 0, tid, row);
   if (tid == num_scale_blocks) kv_encode_padding(sg, scratch, 0);
+  const float inv_tensor_scale = ieee_div(1.0f, p.tensor_scale);
   for (int i = kv_plain_begin(sg.layout) + tid; i < sg.dim; i += kThreads)
-    kv_encode_plain_value(sg, scratch, 0, i, row[i], p.tensor_scale);
+    kv_encode_plain_value(sg, scratch, 0, i, row[i], inv_tensor_scale);
   __syncthreads();
 
   // kv ← exactly what the cache holds.

@@ -77,6 +77,7 @@ struct Attention::Impl {
     TensorView positions;           // [T] int64, on the layer's device
     HostTensor positions_h;         // the same on the host (host planning)
     HostTensor token_to_req_h;      // [T] int32, host
+    TensorView token_to_req;        // the same on the layer's device
     std::vector<int64_t> req_ids;   // in plan order
     CompressedIndices compressed;   // request-local compressed entries (topk 0: SWA layer)
     TensorView cos_sin;             // the RoPE table on the layer's device
@@ -248,11 +249,13 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, con
                        ws.upload(slot_mapping_h), stream);
 
   // 6. Compressor (and indexer) for compressed layers: request-local entry lists per token.
+  HostTensor token_to_req_h = HostTensor::from_int32(plan.token_to_req);
+  const TensorView token_to_req = ws.upload(token_to_req_h);
   CompressedIndices cidx;
-  if (compressed) cidx = compressed->step(plan, x, qr_n, positions, cos_sin_v, ws);
+  if (compressed) cidx = compressed->step(plan, x, qr_n, positions, token_to_req, cos_sin_v, ws);
 
   Step st{plan, q, ws.tensor(DType::bf16, {T, H, D}), positions, std::move(positions_h),
-          HostTensor::from_int32(plan.token_to_req), {}, std::move(cidx), cos_sin_v,
+          std::move(token_to_req_h), token_to_req, {}, std::move(cidx), cos_sin_v,
           1.0f / std::sqrt(static_cast<float>(D))};
   for (const RequestStep& s : plan.requests) st.req_ids.push_back(s.req_id);
   if (plan.num_decodes > 0) attend_decodes(st);
@@ -288,7 +291,7 @@ void Attention::Impl::attend_decodes(const Step& st) {
     TensorView ext_idx = ws.tensor(DType::int32, {nd, K});
     TensorView ext_len = ws.tensor(DType::int32, {nd});
     const TensorView table = ws.upload(pack_block_tables(*caches.compressed, req_ids));
-    local_to_global_slots(cidx.local.slice0(0, nd), ws.upload(token_to_req_h).slice0(0, nd),
+    local_to_global_slots(cidx.local.slice0(0, nd), st.token_to_req.slice0(0, nd),
                           table, caches.compressed->spec().block_size, ext_idx, ext_len,
                           opts.stream);
     a.extra_k_cache = caches.compressed->kv_view();

@@ -83,11 +83,11 @@ void CompressedScope::compress(const CompressorConfig& ccfg, const CompressorWei
 
 CompressedIndices CompressedScope::step(const BatchPlan& plan, const TensorView& x,
                                         const TensorView& qr_n, const TensorView& positions,
-                                        const TensorView& cos_sin, Scratch& scratch) {
+                                        const TensorView& token_to_req, const TensorView& cos_sin,
+                                        Scratch& scratch) {
   const int64_t T = plan.num_tokens();
   const int R = plan.num_requests();
   const Stream stream = scratch.stream();
-  const TensorView token_to_req = scratch.upload(HostTensor::from_int32(plan.token_to_req));
   HostTensor context_h(DType::int64, {R});
   for (int r = 0; r < R; ++r) context_h.data<int64_t>()[r] = plan.requests[r].context;
   const TensorView context = scratch.upload(context_h);

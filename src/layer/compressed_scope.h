@@ -37,10 +37,12 @@ class CompressedScope {
   void check_capacity(const BatchPlan& plan) const;
 
   // Compresses the batch's tokens (x [T, dim], qr_n [T, q_lora] the normed low-rank query,
-  // positions [T] int64, cos_sin the layer's RoPE table, all on the scratch's device) into the
-  // caches and plans each token's compressed entries (temporaries and results in `scratch`).
+  // positions [T] int64, token_to_req [T] int32, cos_sin the layer's RoPE table, all on the
+  // scratch's device) into the caches and plans each token's compressed entries (temporaries and
+  // results in `scratch`).
   CompressedIndices step(const BatchPlan& plan, const TensorView& x, const TensorView& qr_n,
-                         const TensorView& positions, const TensorView& cos_sin, Scratch& scratch);
+                         const TensorView& positions, const TensorView& token_to_req,
+                         const TensorView& cos_sin, Scratch& scratch);
 
  private:
   // One compressor (main or indexer): project, reserve emitted entries, update rings and emit.

@@ -3,6 +3,8 @@
 #   bench/device_check.sh test   build; the main job on the GPU (--check); GPU tests (CPU-vs-CUDA
 #                                included)
 #   bench/device_check.sh sanitize  compute-sanitizer memcheck (whole GPU suite) and racecheck
+#                                (attention kernels, then the whole layer); `memcheck`,
+#                                `racecheck` and `racecheck-layer` run one part each
 #   bench/device_check.sh bench  build (reused when warm); ceilings; `dsv4 bench` (all PERF.md cases)
 #   bench/device_check.sh python the extension against the device's python3/torch: library and
 #                                import-order probes (issue 5's crash at import), then the Python
@@ -11,6 +13,7 @@ set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 MODES=" ${*:-test} "   # several modes in one call: `device_check.sh test python`
 has() { [[ "$MODES" == *" $1 "* ]]; }
+if has sanitize; then MODES="$MODES memcheck racecheck racecheck-layer "; fi
 log() { echo "== $(date +%T) $*"; }
 log configure+build
 cmake -S . -B build -G Ninja -DDSV4_CUDA=ON -DDSV4_PYTHON=OFF >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
@@ -66,16 +69,20 @@ if has python; then
   log python tests
   PYTHONPATH=build/python:$PYTHONPATH timeout 300 $PY -m pytest -q tests/python 2>&1 | tee "$OUT/pytest.log" | tail -15
 fi
-if has sanitize; then
+if has memcheck; then
   log memcheck
   timeout 170 compute-sanitizer --tool memcheck --print-limit 10 ./build/dsv4_gpu_tests \
     --gtest_filter='-*BitIdentical*:*ManyItems*' >"$OUT/memcheck.log" 2>&1
   echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|^\[  PASSED|^\[  FAILED" "$OUT/memcheck.log" | tail -4
+fi
+if has racecheck; then
   log racecheck
   F='*Edge*:*Combine*:*CpuVsCuda*:Shapes/SparsePrefillGrid.*H64_d512_topk512*:*H128_d576_topk64*:*v32*h128*'
   timeout 150 compute-sanitizer --tool racecheck --racecheck-report all ./build/dsv4_gpu_tests \
     --gtest_filter="$F-*BitIdentical*" >"$OUT/racecheck.log" 2>&1
   echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|^\[  PASSED|^\[  FAILED" "$OUT/racecheck.log" | tail -4
+fi
+if has racecheck-layer; then
   # The whole layer on the GPU (every op's kernels, cuBLASLt's too, at the tiny config's padded
   # 16 heads): which functions the hazards are reported in.
   log racecheck layer
@@ -83,7 +90,8 @@ if has sanitize; then
     ./build/dsv4_gpu_tests --gtest_filter='*CudaLayerTest.MatchesCpu*/SWA:*CudaLayerTest.MatchesCpu*/C4A' \
     >"$OUT/racecheck_layer.log" 2>&1
   echo "racecheck layer rc=$?"; grep -E "RACECHECK SUMMARY" "$OUT/racecheck_layer.log"
-  grep -E "^=========  +(Write|Read)" "$OUT/racecheck_layer.log" | grep -oE ":[0-9]+:[^(]+" |
-    sed -E 's/^:[0-9]+://' | sort | uniq -c | sort -rn | head -12
+  # Where the hazards are: the access sites, addresses stripped, most frequent first.
+  grep -E "access at" "$OUT/racecheck_layer.log" | sed -E 's/0x[0-9a-f]+//g; s/^=+ +//' |
+    cut -c1-220 | sort | uniq -c | sort -rn | head -16
 fi
 log done

@@ -319,6 +319,12 @@ std::vector<Case> grid() {
       {"padded_h32", L::model1_fp8, 32, 2, 1, 128, 64, 64, 64, 1, true, true},
       {"padded_h96_v32", L::v32_fp8, 96, 1, 1, 200, 16, 0, 0, 2, false, false},
       {"tiny_topk3", L::model1_fp8, 64, 2, 1, 3, 64, 0, 0, 1, false, false},
+      // Head-block pairs run as 2-CTA clusters that share the gather (H 128 above, H 256 here:
+      // two clusters per split); an odd number of head blocks (H 192) runs without.
+      {"clusters_h256_split3", L::model1_fp8, 256, 2, 1, 128, 64, 320, 2, 3, true, true},
+      {"no_cluster_h192_v32", L::v32_fp8, 192, 2, 1, 300, 64, 0, 0, 2, false, true},
+      // A whole split of −1 in a cluster: both CTAs mask every key of every tile.
+      {"cluster_all_invalid", L::v32_fp8, 128, 1, 2, 256, 64, 0, 0, 2, false, true, 1.0},
   };
 }
 

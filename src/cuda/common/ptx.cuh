@@ -91,6 +91,14 @@ __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threa
 }
 
 // ---------------------------------------------------------------- proxies and registers
+// `v`, as a value the compiler cannot see through: what is computed from it inside a loop stays
+// inside the loop (keeps loop-invariant address arithmetic from occupying registers).
+__device__ __forceinline__ int opaque(int v) {
+  int out;
+  asm volatile("mov.b32 %0, %1;" : "=r"(out) : "r"(v));
+  return out;
+}
+
 // Ordinary shared-memory stores that wgmma / TMA read next must be fenced into the async proxy
 // by the writing thread before the barrier that publishes them.
 __device__ __forceinline__ void fence_proxy_async_smem() {

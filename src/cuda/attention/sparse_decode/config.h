@@ -3,8 +3,10 @@
 // One CTA computes one query token (b, s) × one block of 64 heads × one split of the concatenated
 // index list [main scope | extra scope]. All heads of a token share its indices, so the 64 heads
 // are the M dimension of the tensor-core products and each gathered KV row is reused 64 times.
-// H = 128 runs two head blocks (adjacent CTAs, so the second gather hits L2); any other H is
-// padded up to a multiple of 64 with zero query rows that are never stored.
+// Any H is padded up to a multiple of 64 with zero query rows that are never stored. When the
+// head blocks come in pairs (H 128), the two CTAs of a pair form a cluster: each gathers and
+// dequantizes half of every tile's keys and writes them into both CTAs' shared memory, so a pair
+// reads each KV row from L2 once and each producer does half the conversion work.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,24 +19,29 @@ namespace dsv4::cuda::decode {
 
 inline constexpr int kHeadsPerCta = 64;   // M of the products (4 warps × 16 rows)
 inline constexpr int kTileKeys = 64;      // index slots gathered per pipeline step
-// Warpgroups 0 and 1 consume (S, softmax, P·V; warp w of warpgroup `half` owns heads
-// 16w..16w+15; `half` picks the keys of S and the value dims of O); warpgroup 2 produces (gathers
-// and dequantizes the KV tiles into two shared-memory stages).
+// Warpgroup 0 computes S = Q·Kᵀ for the whole tile, the online softmax and O[:, 0:256] += P·V
+// (P from registers); warpgroup 1 computes O[:, 256:512] += P·V with P from shared memory, so
+// its product overlaps warpgroup 0's S of the next tile; warpgroup 2 produces (gathers and
+// dequantizes the KV tiles into two shared-memory stages).
 inline constexpr int kConsumerThreads = 256;
 inline constexpr int kProducerThreads = 128;
 inline constexpr int kThreads = kConsumerThreads + kProducerThreads;
-// setmaxnreg split of the 168·384 registers the CTA holds at launch: 128·(152 + 2·176) fits it
-// exactly (a larger total makes setmaxnreg.inc wait forever). ptxas: the consumers (128
-// accumulators + S) spill at 168, the producer (a tile of gathered bytes) at 112.
-inline constexpr int kProducerRegs = 152, kConsumerRegs = 176;
+// setmaxnreg split of the 168·384 registers the CTA holds at launch: 128·(192 + 160 + 152) fits
+// it exactly (a larger total makes setmaxnreg.inc wait forever). Warpgroup 0 holds O (128), S
+// (32) and P (16); warpgroup 1 only O; the producer one tile of gathered bytes.
+inline constexpr int kSoftmaxRegs = 192, kPvRegs = 160, kProducerRegs = 152;
 inline constexpr int kDv = 512;           // value dims (V = the first 512 dims of K)
 inline constexpr int kPRowBytes = kTileKeys * 2;  // bf16 probabilities, one row per head
 
-// What the gather and dequantization need to know about a cache layout. Two producer threads
-// share a slot: thread `sub` loads fp8 chunks (16 values) sub, sub+2, ... and rope chunks (8 bf16)
-// sub, sub+2, ..., so both need the same scale entries in the same order.
-inline constexpr int kThreadsPerKey = kProducerThreads / kTileKeys;  // 2
-inline constexpr int kRopeChunksPerThread = 64 * 2 / 16 / kThreadsPerKey;  // 4
+// How a producer splits a tile: with a cluster of kCluster CTAs each producer gathers
+// kTileKeys / kCluster keys, kThreadsPerKey threads per key; thread `sub` of a key loads fp8
+// chunks (16 values) sub, sub + kThreadsPerKey, ... and rope chunks (8 bf16) likewise, so a
+// thread's chunks of one quantization block sit at consecutive i (kThreadsPerKey divides the
+// chunks per block).
+template <int kCluster>
+inline constexpr int kThreadsPerKey = kProducerThreads * kCluster / kTileKeys;  // 2 or 4
+template <int kCluster>
+inline constexpr int kRopeChunksPerThread = 64 * 2 / 16 / kThreadsPerKey<kCluster>;  // 4 or 2
 
 template <KvLayout L>
 struct LayoutTraits;
@@ -55,8 +62,8 @@ struct LayoutTraits<KvLayout::v32_fp8> {
   static constexpr int kRopeOffset = v32::kRopeOffset;     // 528
 };
 
-template <KvLayout L>
-inline constexpr int kFp8ChunksPerThread = LayoutTraits<L>::kNope / 16 / kThreadsPerKey;  // 14 / 16
+template <KvLayout L, int kCluster>
+inline constexpr int kFp8ChunksPerThread = LayoutTraits<L>::kNope / 16 / kThreadsPerKey<kCluster>;
 
 // Shared-memory plan of one CTA (bytes). Q and two KV stages are bf16 K-major SW128 tiles
 // (smem_layout.cuh): the tensor cores multiply one stage while the threads fill the other.
@@ -66,12 +73,13 @@ struct SmemPlan {
   static constexpr int kQ = 0;
   static constexpr int kKv = kQ + kHeadsPerCta * kRowBytes;         // [2] stages
   static constexpr int kKvStage = kTileKeys * kRowBytes;
-  static constexpr int kP = kKv + 2 * kKvStage;
-  static constexpr int kRowMax = kP + kHeadsPerCta * kPRowBytes;    // float [2][64]
-  static constexpr int kRowSum = kRowMax + 2 * kHeadsPerCta * 4;    // float [2][64]
-  static constexpr int kKeyValid = kRowSum + 2 * kHeadsPerCta * 4;  // uint8 [2][64]
-  static constexpr int kBars = kKeyValid + 2 * kTileKeys;            // uint64 full[2], empty[2]
+  static constexpr int kP = kKv + 2 * kKvStage;                     // bf16 [64 heads × 64 keys]
+  static constexpr int kRowScale = kP + kHeadsPerCta * kPRowBytes;  // float [64]: O factor of a tile
+  static constexpr int kOutScale = kRowScale + kHeadsPerCta * 4;    // float [64]: 1 / row sum
+  static constexpr int kKeyValid = kOutScale + kHeadsPerCta * 4;    // uint8 [2][64]
+  static constexpr int kBars = kKeyValid + 2 * kTileKeys;           // uint64 full[2], empty[2]
   static constexpr int kBytes = kBars + 4 * 8;
+  static_assert(kBytes <= 227 * 1024, "shared-memory plan exceeds the sm_90 limit");
 };
 
 // One index scope as the kernel reads it (validated by the host).

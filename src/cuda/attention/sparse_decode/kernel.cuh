@@ -1,19 +1,23 @@
-// The sparse FP8 decode kernel (split-KV), templated on the cache layout.
+// The sparse FP8 decode kernel (split-KV), templated on the cache layout and the cluster size.
 //
 // Per CTA: one query token row, 64 heads, one split of the index list; 3 warpgroups.
-// Producer (warpgroup 2), per tile of 64 index slots:
+// Producer (warpgroup 2), per tile of 64 index slots (with a cluster of two CTAs, this CTA's
+// half of them):
 //   gather  — each slot's bytes (fp8 nope, scales, bf16 rope) are loaded from the paged cache
-//             into registers (2 threads per slot, 16-byte loads) one tile ahead of their use, the
-//             rows of the tile after are prefetched into L2;
+//             into registers (16-byte loads) one tile ahead of their use, the rows of the tile
+//             after are prefetched into L2;
 //   dequant — fp8 · scale → bf16 (exact) into one of two K-major SW128 KV stages in shared memory
 //             (mbarriers full/empty), which is K for S = Q·Kᵀ and, through its first 512
-//             columns, V.
-// Consumers (warpgroups 0, 1 = `half`), per tile:
-//   S       — warpgroup `half` computes S for all 64 heads × keys 32·half..+32 (wgmma, Q and K in
-//             shared memory); the halves exchange row maxima through shared memory;
-//   softmax — online, base 2 (logits pre-multiplied by scale·log2 e); P (bf16) goes to shared
-//             memory because each warpgroup multiplies all 64 keys;
-//   O += PV — warpgroup `half` owns value dims 256·half..+256 (wgmma, 64×256 accumulators).
+//             columns, V; in a cluster each converted chunk is also stored into the peer CTA's
+//             stage (st.async, counted as transaction bytes on the peer's `full` barrier).
+// Consumers, per tile:
+//   warpgroup 0 — S = Q·Kᵀ for 64 heads × 64 keys (wgmma, Q and K in shared memory); online
+//             softmax in base 2 (logits pre-multiplied by scale·log2 e); P (bf16) and the
+//             tile's O factor go to shared memory for warpgroup 1; O[:, 0:256] += P·V with P
+//             from registers;
+//   warpgroup 1 — O[:, 256:512] += P·V with P from shared memory; while it multiplies tile t,
+//             warpgroup 0 already computes S of tile t+1 (the tensor cores never wait on a
+//             softmax of the other warpgroup).
 // The producer fills stage t+1 while the consumers multiply stage t.
 #pragma once
 
@@ -21,6 +25,7 @@
 
 #include "cuda/attention/sparse_decode/config.h"
 #include "cuda/common/check.h"
+#include "cuda/common/cluster.cuh"
 #include "cuda/common/cp_async.cuh"
 #include "cuda/common/fp8_convert.cuh"
 #include "cuda/common/prefetch.cuh"
@@ -37,30 +42,51 @@ namespace dsv4::cuda::decode {
 
 namespace detail {
 
-// Global slot of position `pos` of the concatenated list [main | extra] of query row `row`, or
-// −1 when the position is past the split, past topk_length, −1, or outside the cache. Scope
-// fields are picked one by one with selects: a run-time choice of a whole struct inside the
-// kernel parameters could be copied to local memory.
-__device__ __forceinline__ int32_t slot_of(const DecodeParams& p, int row, int pos, int split_end) {
+// The valid lengths of a query row's two scopes (topk_length applied), read once per CTA so no
+// later index read waits on them.
+struct RowLengths {
+  int main, extra;
+};
+__device__ __forceinline__ RowLengths row_lengths(const DecodeParams& p, int row) {
+  const int b = row / p.s_q;
+  return {p.main.topk_length != nullptr ? min(p.main.topk, __ldg(p.main.topk_length + b)) : p.main.topk,
+          p.extra.topk_length != nullptr ? min(p.extra.topk, __ldg(p.extra.topk_length + b)) : p.extra.topk};
+}
+
+// The index at position `pos` of the concatenated list [main | extra] of query row `row`, or −1
+// (nothing read) when the position is past the split or past its scope's length. Not yet
+// range-checked: slot_in_cache() does that where the value is used, so issuing the read does
+// not wait for it. Scope fields are picked one by one with selects: a run-time choice of a whole
+// struct inside the kernel parameters could be copied to local memory.
+__device__ __forceinline__ int32_t raw_index(const DecodeParams& p, int row, int pos, int split_end,
+                                             const RowLengths& len) {
   if (pos >= split_end) return -1;
   const bool in_main = pos < p.main.topk;
-  const int topk = in_main ? p.main.topk : p.extra.topk;
-  const int32_t* lengths = in_main ? p.main.topk_length : p.extra.topk_length;
   const int local = in_main ? pos : pos - p.main.topk;
-  const int len = lengths != nullptr ? min(topk, lengths[row / p.s_q]) : topk;
-  if (local >= len) return -1;
-  const int32_t idx = (in_main ? p.main.indices : p.extra.indices)[static_cast<int64_t>(row) * topk + local];
+  if (local >= (in_main ? len.main : len.extra)) return -1;
+  const int topk = in_main ? p.main.topk : p.extra.topk;
+  return __ldg((in_main ? p.main.indices : p.extra.indices) + static_cast<int64_t>(row) * topk + local);
+}
+// The cache slot of index `idx` at position `pos`, or −1 when it is −1 or outside that scope's cache.
+__device__ __forceinline__ int32_t slot_in_cache(const DecodeParams& p, int pos, int32_t idx) {
+  const bool in_main = pos < p.main.topk;
   return idx >= 0 && idx < (in_main ? p.main.num_slots : p.extra.num_slots) ? idx : -1;
 }
 
 // One tile's share of a thread, in registers: its slot's fp8 chunks, rope chunks and scales.
-template <KvLayout L>
+template <KvLayout L, int kCluster>
 struct TileRegs {
-  uint4 fp8[kFp8ChunksPerThread<L>];
-  uint4 rope[kRopeChunksPerThread];
+  uint4 fp8[kFp8ChunksPerThread<L, kCluster>];
+  uint4 rope[kRopeChunksPerThread<kCluster>];
   uint4 scales;  // MODEL1: 7 UE8M0 bytes (+pad) in .x/.y; V32: 4 fp32 scales
   bool valid;
 };
+
+// Tiles of registers a producer thread keeps in flight: two when a cluster halves a MODEL1 share
+// (38 registers each). V3.2's halved share (44 registers) fits twice too, but measured slower
+// (bench/NOTES-decode.md, v7: 520 vs 511 µs), so it keeps one.
+template <KvLayout L, int kCluster>
+inline constexpr int kProducerBuffers = kCluster == 2 && L == KvLayout::model1_fp8 ? 2 : 1;
 
 // Where a valid slot's bytes live: its data row (V32: the whole token) and, for MODEL1, its
 // 8-byte scale row. The scope is picked by the slot's position `pos` in the concatenated list.
@@ -100,10 +126,11 @@ __device__ __forceinline__ void prefetch_slot(const DecodeParams& p, int pos, in
 }
 
 // Issues the register loads of slot `slot`: nothing is read for an invalid slot.
-template <KvLayout L>
+template <KvLayout L, int kCluster>
 __device__ __forceinline__ void load_slot(const DecodeParams& p, int pos, int32_t slot, int sub,
-                                          TileRegs<L>& regs) {
+                                          TileRegs<L, kCluster>& regs) {
   using T = LayoutTraits<L>;
+  constexpr int kStep = kThreadsPerKey<kCluster>;
   regs.valid = slot >= 0;
   if (!regs.valid) return;
   const SlotBytes bytes = slot_bytes<L>(p, pos, slot);
@@ -114,21 +141,42 @@ __device__ __forceinline__ void load_slot(const DecodeParams& p, int pos, int32_
     regs.scales = __ldg(reinterpret_cast<const uint4*>(bytes.scales));
   }
 #pragma unroll
-  for (int i = 0; i < kFp8ChunksPerThread<L>; ++i)
-    regs.fp8[i] = __ldg(reinterpret_cast<const uint4*>(bytes.data + 16 * (sub + kThreadsPerKey * i)));
+  for (int i = 0; i < kFp8ChunksPerThread<L, kCluster>; ++i)
+    regs.fp8[i] = __ldg(reinterpret_cast<const uint4*>(bytes.data + 16 * (sub + kStep * i)));
 #pragma unroll
-  for (int i = 0; i < kRopeChunksPerThread; ++i)
-    regs.rope[i] = __ldg(reinterpret_cast<const uint4*>(bytes.data + T::kRopeOffset + 16 * (sub + kThreadsPerKey * i)));
+  for (int i = 0; i < kRopeChunksPerThread<kCluster>; ++i)
+    regs.rope[i] = __ldg(reinterpret_cast<const uint4*>(bytes.data + T::kRopeOffset + 16 * (sub + kStep * i)));
+}
+
+// Where a producer thread's converted chunks go: its own CTA's stage and, in a cluster, the same
+// offset of the peer CTA's stage (a `.shared::cluster` address) with the peer's `full` barrier.
+struct StageTargets {
+  uint8_t* local;
+  uint32_t peer;
+  uint32_t peer_full;
+};
+
+// One 16-byte chunk of a key row into the stage(s).
+template <int kCluster>
+__device__ __forceinline__ void put_chunk(const StageTargets& to, uint32_t offset, const uint4& v) {
+  *reinterpret_cast<uint4*>(to.local + offset) = v;
+  if constexpr (kCluster == 2) ptx::st_async_16(to.peer + offset, v, to.peer_full);
 }
 
 // Dequantizes a thread's share into row `key` of a KV stage (zeros for an invalid slot, so
 // masked keys contribute 0 · 0 to P·V, never NaN).
-template <KvLayout L>
-__device__ __forceinline__ void store_slot(const TileRegs<L>& regs, int key, int sub, uint8_t* stage) {
+template <KvLayout L, int kCluster>
+__device__ __forceinline__ void store_slot(const TileRegs<L, kCluster>& regs, int key, int sub,
+                                           const StageTargets& to) {
   using T = LayoutTraits<L>;
-  constexpr int kChunksPerScale = T::kQuantBlock / 16 / kThreadsPerKey;  // fp8 chunks i per scale
+  constexpr int kStep = kThreadsPerKey<kCluster>;
+  constexpr int kChunksPerScale = T::kQuantBlock / 16 / kStep;  // fp8 chunks i per scale
+  // The chunk offsets below are recomputed per tile (a few integer ops) instead of being hoisted
+  // out of the tile loop as ~30 live registers, which made the producer spill.
+  key = ptx::opaque(key);
+  sub = ptx::opaque(sub);
 #pragma unroll
-  for (int i = 0; i < kFp8ChunksPerThread<L>; ++i) {
+  for (int i = 0; i < kFp8ChunksPerThread<L, kCluster>; ++i) {
     const int blk = i / kChunksPerScale;
     float scale;
     if constexpr (L == KvLayout::model1_fp8) {
@@ -140,264 +188,359 @@ __device__ __forceinline__ void store_slot(const TileRegs<L>& regs, int key, int
     }
     uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;
     if (regs.valid) fp8x16_to_bf16x16(regs.fp8[i], scale, lo, hi);
-    const int c = sub + kThreadsPerKey * i;  // fp8 chunk → bf16 chunks 2c, 2c+1
-    *reinterpret_cast<uint4*>(stage + sw128_chunk_offset<kTileKeys>(key, 2 * c)) = lo;
-    *reinterpret_cast<uint4*>(stage + sw128_chunk_offset<kTileKeys>(key, 2 * c + 1)) = hi;
+    const int c = sub + kStep * i;  // fp8 chunk → bf16 chunks 2c, 2c+1
+    put_chunk<kCluster>(to, sw128_chunk_offset<kTileKeys>(key, 2 * c), lo);
+    put_chunk<kCluster>(to, sw128_chunk_offset<kTileKeys>(key, 2 * c + 1), hi);
   }
 #pragma unroll
-  for (int i = 0; i < kRopeChunksPerThread; ++i) {
-    const int r = sub + kThreadsPerKey * i;
-    *reinterpret_cast<uint4*>(stage + sw128_chunk_offset<kTileKeys>(key, T::kNope / 8 + r)) =
-        regs.valid ? regs.rope[i] : make_uint4(0u, 0u, 0u, 0u);
+  for (int i = 0; i < kRopeChunksPerThread<kCluster>; ++i) {
+    const int r = sub + kStep * i;
+    put_chunk<kCluster>(to, sw128_chunk_offset<kTileKeys>(key, T::kNope / 8 + r),
+                        regs.valid ? regs.rope[i] : make_uint4(0u, 0u, 0u, 0u));
   }
 }
 
-// ---- the two products of a tile, per warpgroup (half) -------------------------------------
-// Accumulators are m64nN wgmma fragments: element i of warp w sits at row 16w + lane/4 +
-// 8·((i/2)%2), column 8·(i/4) + 2·(lane%4) + i%2.
-using MmaQK = decltype(cute::make_tiled_mma(
-    cute::GMMA::MMA_64x32x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>{}));
-using MmaPV = decltype(cute::make_tiled_mma(
+// ---- the products of a tile -----------------------------------------------------------------
+// Accumulators are m64nN wgmma fragments: element i of a thread sits at acc_row(i), acc_col(i).
+using MmaS = decltype(cute::make_tiled_mma(
+    cute::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>{}));
+using MmaPvRegs = decltype(cute::make_tiled_mma(
+    cute::GMMA::MMA_64x256x16_F32BF16BF16_RS<cute::GMMA::Major::K, cute::GMMA::Major::MN>{}));
+using MmaPvSmem = decltype(cute::make_tiled_mma(
     cute::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>{}));
 
-// s[16] = Q (64 heads × d_qk) · K[32·half .. +32]ᵀ (waits for the result).
-template <KvLayout L>
-__device__ __forceinline__ void qk_product(float (&s)[16], const uint8_t* q_tile, const uint8_t* stage,
-                                           int half) {
+// Q (64 heads × d_qk) and a whole KV stage (64 keys × d_qk), K-major.
+template <int kRows, KvLayout L>
+__device__ __forceinline__ auto k_major_tile(const uint8_t* bytes) {
   using namespace cute;
-  constexpr int kDqk = LayoutTraits<L>::kDqk;
-  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(q_tile)), SmemTileK<kHeadsPerCta, kDqk>{});
-  Tensor sK = local_tile(make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(stage)),
-                                     SmemTileK<kTileKeys, kDqk>{}),
-                         Shape<_32, Int<kDqk>>{}, make_coord(half, 0));
-  Tensor rS = make_tensor(make_rmem_ptr(&s[0]), partition_fragment_C(MmaQK{}, Shape<_64, _32>{}).layout());
-  wgmma_ss(MmaQK{}, sQ, sK, rS, true);
-  wgmma_commit();
-  wgmma_wait<0>();
-  warpgroup_fence_operand(rS);
+  return make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(bytes)),
+                     SmemTileK<kRows, LayoutTraits<L>::kDqk>{});
+}
+// Value dims [256·half, +256) of a stage, read MN-major (K = V: the same bytes as the keys).
+__device__ __forceinline__ auto v_half(const uint8_t* stage, int half) {
+  using namespace cute;
+  return make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(stage + half * 4 * kTileKeys * 128)),
+                     SmemTileKTransposed<kTileKeys, kDv / 2>{});
 }
 
-// Issues o[128] += P (64 heads × 64 keys, bf16) · V[:, 256·half .. +256]; pv_wait() completes it.
-template <KvLayout L>
-__device__ __forceinline__ void pv_issue(float (&o)[128], const uint8_t* p_tile, const uint8_t* stage,
-                                         int half) {
-  using namespace cute;
-  constexpr int kDqk = LayoutTraits<L>::kDqk;
-  Tensor sP = make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(p_tile)), SmemTileK<kHeadsPerCta, kTileKeys>{});
-  Tensor sV = local_tile(make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(stage)),
-                                     SmemTileKTransposed<kTileKeys, kDqk>{}),
-                         Shape<_256, Int<kTileKeys>>{}, make_coord(half, 0));
-  Tensor rO = make_tensor(make_rmem_ptr(&o[0]), partition_fragment_C(MmaPV{}, Shape<_64, _256>{}).layout());
-  wgmma_ss(MmaPV{}, sP, sV, rO, false);
-  wgmma_commit();
-}
-__device__ __forceinline__ void pv_wait(float (&o)[128]) {
-  using namespace cute;
-  wgmma_wait<0>();
-  Tensor rO = make_tensor(make_rmem_ptr(&o[0]), partition_fragment_C(MmaPV{}, Shape<_64, _256>{}).layout());
-  warpgroup_fence_operand(rO);  // no use of o may be scheduled before the wait
-}
-
-// Where one CTA works: its query row, head block and split.
+// Where one CTA works: its query row, head block, split and rank in its cluster.
 struct CtaWork {
-  int row, head_block, split, split_begin, split_end, num_tiles;
+  int row, head_block, split, split_begin, split_end, num_tiles, rank;
 };
 
-// Named barriers (0 is __syncthreads): 1..4 pair warp w of both consumer warpgroups, 5 all
-// consumers.
-inline constexpr int kBarConsumers = 5;
+// Named barriers (0 is __syncthreads), all between the two consumer warpgroups (256 threads):
+// Q loaded / row sums exchanged; P and the tile's O factor published by warpgroup 0; P read by
+// warpgroup 1 (so warpgroup 0 may overwrite it).
+inline constexpr int kBarConsumers = 1, kBarPReady = 2, kBarPFree = 3;
 
-// Warpgroup 2: per tile t, the slot (my_key) of this thread is loaded into registers one tile
-// ahead, the rows of the tile after are prefetched into L2, and the index of the one after that
-// is read; the registers are dequantized into stage t%2 once the consumers have released it.
-template <KvLayout L>
+// Warpgroup 2: per tile t, this thread's slot (my_key) is loaded into registers kBuffers tiles
+// ahead of its dequantization (two buffers when a cluster halves a thread's share, so a tile's
+// load latency overlaps two tile periods), the rows of the tile after are prefetched into L2 and
+// the indices are read one tile before they are needed. The registers are dequantized into
+// stage t%2 (of both CTAs of a cluster) once the consumers (of both) have released it. The
+// stage's key-valid flags cover the whole tile in every CTA: in a cluster thread `sub` 1 of each
+// key also records the peer's key at the same place.
+template <KvLayout L, int kCluster>
 __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w, uint8_t* smem) {
   using S = SmemPlan<L>;
+  constexpr int kStep = kThreadsPerKey<kCluster>;
+  constexpr int kKeysPerCta = kTileKeys / kCluster;
+  constexpr int kBuffers = kProducerBuffers<L, kCluster>;
+  constexpr uint32_t kPeerBytes = kKeysPerCta * S::kRowBytes;  // what the peer writes into a stage
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBars);
   uint64_t* empty = full + 2;
   uint8_t* key_valid = smem + S::kKeyValid;
   const int tid = threadIdx.x - kConsumerThreads;
-  const int my_key = tid / kThreadsPerKey, my_sub = tid % kThreadsPerKey;
+  const int my_key = w.rank * kKeysPerCta + tid / kStep, my_sub = tid % kStep;
+  const int peer_key = (1 - w.rank) * kKeysPerCta + tid / kStep;  // kCluster == 2 only
+  const bool records_peer = kCluster == 2 && my_sub == 1;
   const int my_pos = w.split_begin + my_key;  // my slot's position in tile 0
-  TileRegs<L> regs;
-  load_slot<L>(p, my_pos, slot_of(p, w.row, my_pos, w.split_end), my_sub, regs);
-  int32_t slot_ahead1 = slot_of(p, w.row, my_pos + kTileKeys, w.split_end);
-  int32_t slot_ahead2 = slot_of(p, w.row, my_pos + 2 * kTileKeys, w.split_end);
-  prefetch_slot<L>(p, my_pos + kTileKeys, slot_ahead1, my_sub);
-  for (int t = 0; t < w.num_tiles; ++t) {
-    const int stage = t & 1;
-    if (t >= 2) ptx::mbarrier_wait(&empty[stage], ((t >> 1) + 1) & 1);  // tile t-2 consumed
-    store_slot<L>(regs, my_key, my_sub, smem + S::kKv + stage * S::kKvStage);
-    if (my_sub == 0) key_valid[stage * kTileKeys + my_key] = regs.valid;
-    ptx::fence_proxy_async_smem();  // the stage is read by wgmma
-    ptx::mbarrier_arrive(&full[stage]);
-    const int pos1 = my_pos + (t + 1) * kTileKeys;
-    load_slot<L>(p, pos1, slot_ahead1, my_sub, regs);  // −1 past the split: nothing loaded
-    prefetch_slot<L>(p, pos1 + kTileKeys, slot_ahead2, my_sub);
-    slot_ahead1 = slot_ahead2;
-    slot_ahead2 = slot_of(p, w.row, pos1 + 2 * kTileKeys, w.split_end);
+  const int peer_pos = w.split_begin + peer_key;
+  const RowLengths len = row_lengths(p, w.row);
+  uint32_t peer_stages = 0, peer_full = 0;
+  if constexpr (kCluster == 2) {
+    peer_stages = ptx::map_to_cta(smem + S::kKv, 1 - w.rank);
+    peer_full = ptx::map_to_cta(full, 1 - w.rank);
+  }
+  auto index_at = [&](int pos) { return raw_index(p, w.row, pos, w.split_end, len); };
+
+  TileRegs<L, kCluster> regs[kBuffers];
+  int32_t peer_index[kBuffers];
+#pragma unroll
+  for (int b = 0; b < kBuffers; ++b) {
+    const int pos = my_pos + b * kTileKeys;
+    load_slot<L, kCluster>(p, pos, slot_in_cache(p, pos, index_at(pos)), my_sub, regs[b]);
+    peer_index[b] = records_peer ? index_at(peer_pos + b * kTileKeys) : -1;
+  }
+  int32_t index1 = index_at(my_pos + kBuffers * kTileKeys);        // tile t + kBuffers
+  int32_t index2 = index_at(my_pos + (kBuffers + 1) * kTileKeys);  // tile t + kBuffers + 1
+  {
+    const int pos = my_pos + kBuffers * kTileKeys;
+    prefetch_slot<L>(p, pos, slot_in_cache(p, pos, index1), my_sub);
+  }
+  for (int t0 = 0; t0 < w.num_tiles; t0 += kBuffers) {
+#pragma unroll
+    for (int b = 0; b < kBuffers; ++b) {
+      const int t = t0 + b;
+      if (t >= w.num_tiles) break;
+      const int stage = t & 1;
+      if (t >= 2) ptx::mbarrier_wait(&empty[stage], ((t >> 1) + 1) & 1);  // tile t-2 consumed
+      const StageTargets to{smem + S::kKv + stage * S::kKvStage, peer_stages + stage * S::kKvStage,
+                            peer_full + stage * 8u};
+      store_slot<L, kCluster>(regs[b], my_key, my_sub, to);
+      if (my_sub == 0) key_valid[stage * kTileKeys + my_key] = regs[b].valid;
+      if (records_peer) {
+        const int pos = peer_pos + t * kTileKeys;
+        key_valid[stage * kTileKeys + peer_key] = slot_in_cache(p, pos, peer_index[b]) >= 0;
+      }
+      ptx::fence_proxy_async_smem();  // the stage is read by wgmma
+      if (kCluster == 2 && tid == 0) {
+        ptx::mbarrier_arrive_expect_tx(&full[stage], kPeerBytes);  // + the peer's st.async bytes
+      } else {
+        ptx::mbarrier_arrive(&full[stage]);
+      }
+      // Refill this buffer with tile t + kBuffers (−1 past the split: nothing loaded).
+      const int pos = my_pos + (t + kBuffers) * kTileKeys;
+      load_slot<L, kCluster>(p, pos, slot_in_cache(p, pos, index1), my_sub, regs[b]);
+      if (records_peer) peer_index[b] = index_at(peer_pos + (t + kBuffers) * kTileKeys);
+      prefetch_slot<L>(p, pos + kTileKeys, slot_in_cache(p, pos + kTileKeys, index2), my_sub);
+      index1 = index2;
+      index2 = index_at(pos + 2 * kTileKeys);
+    }
   }
 }
 
-// Warpgroups 0 and 1: S, online softmax, P·V per tile; then the row's output.
+// Both consumer warpgroups: Q rows of this head block (zero rows past H) into shared memory, in
+// the same tile layout as the KV stages.
 template <KvLayout L>
-__device__ __forceinline__ void consume(const DecodeParams& p, const CtaWork& w, uint8_t* smem) {
-  using T = LayoutTraits<L>;
-  using S = SmemPlan<L>;
-  uint8_t* q_tile = smem + S::kQ;
-  uint8_t* p_tile = smem + S::kP;
-  float* row_max_x = reinterpret_cast<float*>(smem + S::kRowMax);
-  float* row_sum_x = reinterpret_cast<float*>(smem + S::kRowSum);
-  const uint8_t* key_valid = smem + S::kKeyValid;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBars);
-  uint64_t* empty = full + 2;
-
-  const int warp_id = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int group = warp_id % 4, half = warp_id / 4;  // warp in warpgroup, warpgroup
-  const int g = lane / 4, q4 = lane % 4;              // fragment row / column pair
-
-  // Query rows of this head block (zero rows past H), same tile layout as the KV stages.
-  {
-    constexpr int kChunks = T::kDqk / 8;
-    for (int i = threadIdx.x; i < kHeadsPerCta * kChunks; i += kConsumerThreads) {
-      const int r = i / kChunks, c = i - r * kChunks;
-      const int h = w.head_block * kHeadsPerCta + r;
-      const bool ok = h < p.num_heads;
-      const uint16_t* src = p.q + static_cast<int64_t>(w.row) * p.q_row_stride +
-                            static_cast<int64_t>(ok ? h : 0) * p.q_head_stride + c * 8;
-      ptx::cp_async_16_zfill(q_tile + sw128_chunk_offset<kHeadsPerCta>(r, c), src, ok);
-    }
-    ptx::cp_async_commit();
-    ptx::cp_async_wait<0>();
-    ptx::fence_proxy_async_smem();  // Q is read by wgmma
-    ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);
+__device__ __forceinline__ void load_q(const DecodeParams& p, const CtaWork& w, uint8_t* q_tile) {
+  constexpr int kChunks = LayoutTraits<L>::kDqk / 8;
+  for (int i = threadIdx.x; i < kHeadsPerCta * kChunks; i += kConsumerThreads) {
+    const int r = i / kChunks, c = i - r * kChunks;
+    const int h = w.head_block * kHeadsPerCta + r;
+    const bool ok = h < p.num_heads;
+    const uint16_t* src = p.q + static_cast<int64_t>(w.row) * p.q_row_stride +
+                          static_cast<int64_t>(ok ? h : 0) * p.q_head_stride + c * 8;
+    ptx::cp_async_16_zfill(q_tile + sw128_chunk_offset<kHeadsPerCta>(r, c), src, ok);
   }
+  ptx::cp_async_commit();
+  ptx::cp_async_wait<0>();
+  ptx::fence_proxy_async_smem();  // Q is read by wgmma
+  ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);
+}
 
-  float o_acc[128];  // 64 heads × 256 value dims of this warpgroup (fragment order)
+// A consumer waits for stage t%2; in a cluster half of it was written by the peer's st.async
+// (generic proxy) and is about to be read by wgmma (async proxy).
+template <KvLayout L, int kCluster>
+__device__ __forceinline__ const uint8_t* wait_stage(uint8_t* smem, int t) {
+  using S = SmemPlan<L>;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBars);
+  ptx::mbarrier_wait(&full[t & 1], (t >> 1) & 1);
+  ptx::fence_proxy_async_smem();
+  return smem + S::kKv + (t & 1) * S::kKvStage;
+}
+
+// A consumer warp is done with stage t%2 (its wgmma reads completed): one arrival per warp on
+// the stage's `empty` barrier of this CTA and, in a cluster, of the peer (whose producer also
+// writes this CTA's stage).
+template <KvLayout L, int kCluster>
+__device__ __forceinline__ void release_stage(uint8_t* smem, uint32_t peer_empty, int t) {
+  using S = SmemPlan<L>;
+  uint64_t* empty = reinterpret_cast<uint64_t*>(smem + S::kBars) + 2;
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) {
+    ptx::mbarrier_arrive(&empty[t & 1]);
+    if constexpr (kCluster == 2) ptx::mbarrier_arrive_cluster(peer_empty + (t & 1) * 8u);
+  }
+}
+
+// This warpgroup's O half (value dims 256·half ..), times factor[r] for rows acc_row(2r): the
+// bf16 output (one split) or the fp32 partial of this split.
+template <int kHalf, class Frag>
+__device__ __forceinline__ void store_o_half(const DecodeParams& p, const CtaWork& w, const Frag& rO,
+                                             const float (&factor)[2]) {
+  const int tid = threadIdx.x % 128;
 #pragma unroll
-  for (int i = 0; i < 128; ++i) o_acc[i] = 0.0f;
-  float m_run[2] = {-INFINITY, -INFINITY};  // rows g, g+8 of this warp (base-2 logits)
-  float l_run[2] = {0.0f, 0.0f};            // this lane's share of the row sums
+  for (int r = 0; r < 2; ++r) {
+    const int h = w.head_block * kHeadsPerCta + acc_row(2 * r, tid);
+    if (h >= p.num_heads) continue;
+    const int64_t out_row = static_cast<int64_t>(w.row) * p.num_heads + h;
+    const int col0 = kHalf * (kDv / 2) + acc_col(0, tid);
+    if (p.num_splits == 1) {
+      uint16_t* dst = p.out + out_row * kDv + col0;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_bf16x2(rO(4 * j + 2 * r) * factor[r], rO(4 * j + 2 * r + 1) * factor[r]);
+    } else {
+      float* dst = p.partial_o + (out_row * p.num_splits + w.split) * kDv + col0;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<float2*>(dst + j * 8) = make_float2(rO(4 * j + 2 * r) * factor[r], rO(4 * j + 2 * r + 1) * factor[r]);
+    }
+  }
+}
+
+// Warpgroup 0: S, online softmax, P → shared memory, its P·V half; then the row's lse and the
+// factor both halves of O are scaled by.
+template <KvLayout L, int kCluster>
+__device__ __forceinline__ void consume_softmax(const DecodeParams& p, const CtaWork& w, uint8_t* smem,
+                                                uint32_t peer_empty) {
+  using namespace cute;
+  using S = SmemPlan<L>;
+  uint8_t* p_smem = smem + S::kP;
+  float* row_scale = reinterpret_cast<float*>(smem + S::kRowScale);
+  float* out_scale = reinterpret_cast<float*>(smem + S::kOutScale);
+  const uint8_t* key_valid = smem + S::kKeyValid;
+  const int tid = threadIdx.x % 128, q4 = tid % 4;
+  const int row0 = acc_row(0, tid);  // this thread's rows: row0, row0 + 8
+
+  load_q<L>(p, w, smem + S::kQ);
+  const auto sQ = k_major_tile<kHeadsPerCta, L>(smem + S::kQ);
+  Tensor rO = partition_fragment_C(MmaPvRegs{}, Shape<Int<kHeadsPerCta>, Int<kDv / 2>>{});
+  Tensor rS = partition_fragment_C(MmaS{}, Shape<Int<kHeadsPerCta>, Int<kTileKeys>>{});
+  Tensor rP = make_tensor<bf16_t>(partition_shape_A(MmaPvRegs{}, Shape<Int<kHeadsPerCta>, Int<kTileKeys>>{}));
+  static_assert(decltype(size(rS))::value == decltype(size(rP))::value, "P mirrors S");
+  clear(rO);
+  float m_run[2] = {-INFINITY, -INFINITY};  // base-2 running maxima of rows row0, row0 + 8
+  float l_run[2] = {0.0f, 0.0f};            // this thread's share of the row sums
 
   for (int t = 0; t < w.num_tiles; ++t) {
-    const int stage_idx = t & 1;
-    ptx::mbarrier_wait(&full[stage_idx], (t >> 1) & 1);  // stage and valid flags written
-    const uint8_t* stage = smem + S::kKv + stage_idx * S::kKvStage;
-    const uint8_t* valid = key_valid + stage_idx * kTileKeys;
-
-    // ---- S = Q·Kᵀ for 64 heads × 32 keys ---------------------------------------------------
-    float s_acc[16];
-    qk_product<L>(s_acc, q_tile, stage, half);
-
-    // ---- online softmax (base 2) -----------------------------------------------------------
-    float tile_max[2] = {-INFINITY, -INFINITY};
+    const uint8_t* stage = wait_stage<L, kCluster>(smem, t);
+    wgmma_ss(MmaS{}, sQ, k_major_tile<kTileKeys, L>(stage), rS, /*zero_init=*/true);
+    wgmma_commit();
+    // Validity of this thread's 16 key columns (8·j + 2·q4 + e) while S is in flight.
+    const uint8_t* valid = key_valid + (t & 1) * kTileKeys;
+    uint32_t valid_bits = 0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int col = half * 32 + j * 8 + 2 * q4;
-      const bool v0 = valid[col] != 0, v1 = valid[col + 1] != 0;
-      s_acc[4 * j + 0] = v0 ? s_acc[4 * j + 0] * p.scale_log2 : -INFINITY;
-      s_acc[4 * j + 1] = v1 ? s_acc[4 * j + 1] * p.scale_log2 : -INFINITY;
-      s_acc[4 * j + 2] = v0 ? s_acc[4 * j + 2] * p.scale_log2 : -INFINITY;
-      s_acc[4 * j + 3] = v1 ? s_acc[4 * j + 3] * p.scale_log2 : -INFINITY;
-      tile_max[0] = fmaxf(tile_max[0], fmaxf(s_acc[4 * j + 0], s_acc[4 * j + 1]));
-      tile_max[1] = fmaxf(tile_max[1], fmaxf(s_acc[4 * j + 2], s_acc[4 * j + 3]));
+    for (int j = 0; j < 8; ++j) {
+      const uint16_t two = *reinterpret_cast<const uint16_t*>(valid + 8 * j + 2 * q4);
+      valid_bits |= ((two & 0xffu) != 0 ? 1u : 0u) << (2 * j);
+      valid_bits |= ((two >> 8) != 0 ? 1u : 0u) << (2 * j + 1);
     }
+    wgmma_wait<0>();
+    warpgroup_fence_operand(rS);
+    if (t > 0) ptx::named_barrier_sync(kBarPFree, kConsumerThreads);  // warpgroup 1 is done with P
+
+    // ---- masked online softmax (base 2) -------------------------------------------------------
+    float scale[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      float mx = -INFINITY;
+#pragma unroll
+      for (int i = 2 * r; i < size(rS); i += 4) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const bool v = (valid_bits >> (i / 4 * 2 + e)) & 1u;
+          rS(i + e) = v ? rS(i + e) * p.scale_log2 : -INFINITY;
+          mx = fmaxf(mx, rS(i + e));
+        }
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_run[r], mx);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: keep exp2 finite
+      scale[r] = exp2f(m_run[r] - m_use);                      // m_run = -inf → 0
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 2 * r; i < size(rS); i += 4) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pe = exp2f(rS(i + e) - m_use);
+          rP(i + e) = bf16_t(pe);
+          sum += pe;
+        }
+      }
+      l_run[r] = l_run[r] * scale[r] + sum;
+      m_run[r] = m_new;
     }
     if (q4 == 0) {
-      row_max_x[half * kHeadsPerCta + group * 16 + g] = tile_max[0];
-      row_max_x[half * kHeadsPerCta + group * 16 + g + 8] = tile_max[1];
-    }
-    ptx::named_barrier_sync(1 + group, 64);  // warp `group` of both warpgroups: same 16 heads
-    float corr[2], m_use[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float other = row_max_x[(1 - half) * kHeadsPerCta + group * 16 + g + 8 * r];
-      const float m_new = fmaxf(m_run[r], fmaxf(tile_max[r], other));
-      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: keep exp2 finite
-      corr[r] = exp2f(m_run[r] - m_use[r]);           // m_run = -inf → 0
-      m_run[r] = m_new;
-      l_run[r] *= corr[r];
+      row_scale[row0] = scale[0];
+      row_scale[row0 + 8] = scale[1];
     }
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float p0 = exp2f(s_acc[4 * j + 0] - m_use[0]), p1 = exp2f(s_acc[4 * j + 1] - m_use[0]);
-      const float p2 = exp2f(s_acc[4 * j + 2] - m_use[1]), p3 = exp2f(s_acc[4 * j + 3] - m_use[1]);
-      l_run[0] += p0 + p1;
-      l_run[1] += p2 + p3;
-      const int chunk = half * 4 + j;  // 8 keys = one 16-byte chunk of a P row
-      const int prow = group * 16 + g;
-      *reinterpret_cast<uint32_t*>(p_tile + sw128_chunk_offset<kHeadsPerCta>(prow, chunk) + 4 * q4) =
-          pack_bf16x2(p0, p1);
-      *reinterpret_cast<uint32_t*>(p_tile + sw128_chunk_offset<kHeadsPerCta>(prow + 8, chunk) + 4 * q4) =
-          pack_bf16x2(p2, p3);
+    for (int i = 0; i < size(rP); i += 2) {
+      const uint32_t two = (uint32_t{reinterpret_cast<const uint16_t&>(rP(i + 1))} << 16) |
+                           reinterpret_cast<const uint16_t&>(rP(i));
+      *reinterpret_cast<uint32_t*>(p_smem + sw128_elem_offset<kHeadsPerCta>(acc_row(i, tid), acc_col(i, tid))) = two;
     }
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      o_acc[4 * j + 0] *= corr[0];
-      o_acc[4 * j + 1] *= corr[0];
-      o_acc[4 * j + 2] *= corr[1];
-      o_acc[4 * j + 3] *= corr[1];
-    }
-    ptx::fence_proxy_async_smem();
-    ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);  // P of both halves written
+    for (int i = 0; i < size(rO); ++i) rO(i) *= scale[(i >> 1) & 1];
+    ptx::fence_proxy_async_smem();  // P is read by warpgroup 1's wgmma
+    ptx::named_barrier_arrive(kBarPReady, kConsumerThreads);
 
-    // ---- O += P·V for 64 heads × 256 value dims ---------------------------------------------
-    pv_issue<L>(o_acc, p_tile, stage, half);
-    pv_wait(o_acc);
-    ptx::mbarrier_arrive(&empty[stage_idx]);  // this thread is done with the stage
-    // Both warpgroups' P·V read all of P: nobody writes the next P before both are done.
-    ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);
+    // ---- O[:, 0:256] += P·V, P from registers ---------------------------------------------------
+    wgmma_rs(MmaPvRegs{}, rP, v_half(stage, 0), rO, /*zero_init=*/false);
+    wgmma_commit();
+    wgmma_wait<0>();
+    warpgroup_fence_operand(rO);
+    release_stage<L, kCluster>(smem, peer_empty, t);
   }
 
-  // ---- finish: full row sums, normalise, write -----------------------------------------------
+  // ---- finish: full row sums, lse, the factor of both O halves ---------------------------------
+  float factor[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-  }
-  if (q4 == 0) {
-    row_sum_x[half * kHeadsPerCta + group * 16 + g] = l_run[0];
-    row_sum_x[half * kHeadsPerCta + group * 16 + g + 8] = l_run[1];
-  }
-  ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int hr = group * 16 + g + 8 * r;
+    float l = l_run[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int hr = row0 + 8 * r;
     const int h = w.head_block * kHeadsPerCta + hr;
-    if (h >= p.num_heads) continue;
-    const float l = l_run[r] + row_sum_x[(1 - half) * kHeadsPerCta + hr];
     const bool empty_row = !(l > 0.0f);
     const float lse = empty_row ? -INFINITY : (m_run[r] + log2f(l)) * 0.69314718055994531f;
-    const int64_t out_row = static_cast<int64_t>(w.row) * p.num_heads + h;
-    float factor = empty_row ? 0.0f : 1.0f / l;
-    if (p.num_splits == 1) {
-      if (!empty_row && p.sink != nullptr) factor /= 1.0f + expf(p.sink[h] - lse);
-      uint16_t* dst = p.out + out_row * kDv + half * 256 + 2 * q4;
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        *reinterpret_cast<uint32_t*>(dst + j * 8) =
-            pack_bf16x2(o_acc[4 * j + 2 * r] * factor, o_acc[4 * j + 2 * r + 1] * factor);
+    factor[r] = empty_row ? 0.0f : 1.0f / l;
+    if (h < p.num_heads) {
+      const int64_t out_row = static_cast<int64_t>(w.row) * p.num_heads + h;
+      if (p.num_splits == 1) {
+        if (!empty_row && p.sink != nullptr) factor[r] /= 1.0f + expf(p.sink[h] - lse);
+        if (q4 == 0) p.lse[out_row] = empty_row ? INFINITY : lse;
+      } else if (q4 == 0) {
+        p.partial_lse[out_row * p.num_splits + w.split] = lse;
       }
-      if (half == 0 && q4 == 0) p.lse[out_row] = empty_row ? INFINITY : lse;
-    } else {
-      float* dst = p.partial_o + (out_row * p.num_splits + w.split) * kDv + half * 256 + 2 * q4;
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        *reinterpret_cast<float2*>(dst + j * 8) =
-            make_float2(o_acc[4 * j + 2 * r] * factor, o_acc[4 * j + 2 * r + 1] * factor);
-      }
-      if (half == 0 && q4 == 0) p.partial_lse[out_row * p.num_splits + w.split] = lse;
     }
+    if (q4 == 0) out_scale[hr] = factor[r];
   }
+  ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);  // out_scale written
+  store_o_half<0>(p, w, rO, factor);
+}
+
+// Warpgroup 1: O[:, 256:512] += P·V per tile with P and the tile's O factor from warpgroup 0.
+template <KvLayout L, int kCluster>
+__device__ __forceinline__ void consume_pv(const DecodeParams& p, const CtaWork& w, uint8_t* smem,
+                                           uint32_t peer_empty) {
+  using namespace cute;
+  using S = SmemPlan<L>;
+  const float* row_scale = reinterpret_cast<const float*>(smem + S::kRowScale);
+  const float* out_scale = reinterpret_cast<const float*>(smem + S::kOutScale);
+  const int tid = threadIdx.x % 128;
+  const int row0 = acc_row(0, tid);
+
+  load_q<L>(p, w, smem + S::kQ);
+  const auto sP = make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(smem + S::kP)),
+                              SmemTileK<kHeadsPerCta, kTileKeys>{});
+  Tensor rO = partition_fragment_C(MmaPvSmem{}, Shape<Int<kHeadsPerCta>, Int<kDv / 2>>{});
+  clear(rO);
+#pragma unroll 1
+  for (int t = 0; t < w.num_tiles; ++t) {
+    const uint8_t* stage = wait_stage<L, kCluster>(smem, t);
+    ptx::named_barrier_sync(kBarPReady, kConsumerThreads);  // P and row_scale of tile t
+    const float scale[2] = {row_scale[row0], row_scale[row0 + 8]};
+#pragma unroll
+    for (int i = 0; i < size(rO); ++i) rO(i) *= scale[(i >> 1) & 1];
+    wgmma_ss(MmaPvSmem{}, sP, v_half(stage, 1), rO, /*zero_init=*/false);
+    wgmma_commit();
+    wgmma_wait<0>();
+    warpgroup_fence_operand(rO);
+    release_stage<L, kCluster>(smem, peer_empty, t);
+    if (t + 1 < w.num_tiles) ptx::named_barrier_arrive(kBarPFree, kConsumerThreads);
+  }
+  ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);  // out_scale written by warpgroup 0
+  const float factor[2] = {out_scale[row0], out_scale[row0 + 8]};
+  store_o_half<1>(p, w, rO, factor);
 }
 
 }  // namespace detail
 
-template <KvLayout L>
+template <KvLayout L, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid_constant__ DecodeParams p) {
   using S = SmemPlan<L>;
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -409,35 +552,69 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
   w.split_begin = w.split * p.split_len;
   w.split_end = min(w.split_begin + p.split_len, p.topk_total);
   w.num_tiles = w.split_end > w.split_begin ? (w.split_end - w.split_begin + kTileKeys - 1) / kTileKeys : 0;
+  w.rank = kCluster == 2 ? static_cast<int>(ptx::cluster_ctarank()) : 0;
 
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
   if (threadIdx.x == 0) {
-    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
     ptx::mbarrier_init(&bars[0], kProducerThreads);  // full[2]: every producer thread arrives
     ptx::mbarrier_init(&bars[1], kProducerThreads);
-    ptx::mbarrier_init(&bars[2], kConsumerThreads);  // empty[2]: every consumer thread arrives
-    ptx::mbarrier_init(&bars[3], kConsumerThreads);
+    ptx::mbarrier_init(&bars[2], 8 * kCluster);       // empty[2]: every consumer warp of the cluster
+    ptx::mbarrier_init(&bars[3], 8 * kCluster);
     ptx::fence_barrier_init();
   }
-  __syncthreads();  // the last block-wide barrier: the roles below sync among themselves
+  // The last block-wide barrier (cluster-wide: the peer arrives on these barriers): the roles
+  // below sync among themselves.
+  if constexpr (kCluster == 2) ptx::cluster_sync(); else __syncthreads();
+  const uint32_t peer_empty = kCluster == 2 ? ptx::map_to_cta(&bars[2], 1 - w.rank) : 0u;
   if (threadIdx.x >= kConsumerThreads) {
     ptx::warpgroup_regs_decrease<kProducerRegs>();
-    detail::produce<L>(p, w, smem);
+    detail::produce<L, kCluster>(p, w, smem);
+  } else if (threadIdx.x >= 128) {
+    ptx::warpgroup_regs_decrease<kPvRegs>();
+    detail::consume_pv<L, kCluster>(p, w, smem, peer_empty);
   } else {
-    ptx::warpgroup_regs_increase<kConsumerRegs>();
-    detail::consume<L>(p, w, smem);
+    ptx::warpgroup_regs_increase<kSoftmaxRegs>();
+    detail::consume_softmax<L, kCluster>(p, w, smem, peer_empty);
   }
+  // No CTA of a cluster exits while its peer may still write its stages or arrive on its barriers.
+  if constexpr (kCluster == 2) ptx::cluster_sync();
 }
 
-template <KvLayout L>
-void launch_sparse_decode(const DecodeParams& params, cudaStream_t stream) {
+namespace detail {
+template <KvLayout L, int kCluster>
+void launch_with_cluster(const DecodeParams& params, cudaStream_t stream) {
   constexpr int kSmem = SmemPlan<L>::kBytes;
   static const cudaError_t attr_status = cudaFuncSetAttribute(
-      sparse_decode_kernel<L>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      sparse_decode_kernel<L, kCluster>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   check_cuda(attr_status, "sparse_decode", "cudaFuncSetAttribute(max dynamic shared memory)");
   const int num_head_blocks = (params.num_heads + kHeadsPerCta - 1) / kHeadsPerCta;
-  const dim3 grid(num_head_blocks * params.num_splits, params.num_rows);
-  sparse_decode_kernel<L><<<grid, kThreads, kSmem, stream>>>(params);
-  check_launch("sparse_decode");
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(num_head_blocks * params.num_splits, params.num_rows);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmem;
+  config.stream = stream;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kCluster;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  check_cuda(cudaLaunchKernelEx(&config, sparse_decode_kernel<L, kCluster>, params), "sparse_decode",
+             "cudaLaunchKernelEx");
+}
+}  // namespace detail
+
+// Head blocks in pairs (H 128, 256, ...): adjacent CTAs of a split (head blocks 2k, 2k+1) form a
+// cluster and share the gather. Otherwise each CTA gathers its own tiles.
+template <KvLayout L>
+void launch_sparse_decode(const DecodeParams& params, cudaStream_t stream) {
+  const int num_head_blocks = (params.num_heads + kHeadsPerCta - 1) / kHeadsPerCta;
+  if (num_head_blocks % 2 == 0) {
+    detail::launch_with_cluster<L, 2>(params, stream);
+  } else {
+    detail::launch_with_cluster<L, 1>(params, stream);
+  }
 }
 
 }  // namespace dsv4::cuda::decode

@@ -117,17 +117,28 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
         for (int blk = 0; blk < kBlocks; ++blk)
           ptx::tma_load_3d(plan.q + blk * kHeads * 128, &p.q_map, blk * 64, it.head0, it.token, &plan.q_full);
       }
+      // This thread's 4 row indices of a tile, read one tile before the gather that needs them
+      // (so the gather never waits on an index read; only an item's tile 0 does).
+      int32_t next_indices[kTile / 16];
+      auto read_indices = [&](int t) {
+#pragma unroll
+        for (int rk = 0; rk < kTile / 16; ++rk) {
+          const int slot = t * kTile + group + 16 * rk;
+          next_indices[rk] = slot < it.valid_len ? __ldg(it.indices + slot) : -1;
+        }
+      };
+      if (it.num_tiles > 0) read_indices(0);
       for (int t = 0; t < it.num_tiles; ++t, ++g) {
         const int buf = g & 1;
         const uint8_t* src[kTile / 16];
         bool valid[kTile / 16];
 #pragma unroll
         for (int rk = 0; rk < kTile / 16; ++rk) {
-          const int slot = t * kTile + group + 16 * rk;
-          const int idx = slot < it.valid_len ? __ldg(it.indices + slot) : -1;
+          const int idx = next_indices[rk];
           valid[rk] = idx >= 0 && idx < p.s_kv;
           src[rk] = kv_base + (valid[rk] ? idx * kv_row_bytes : 0);
         }
+        if (t + 1 < it.num_tiles) read_indices(t + 1);
         if (g >= 2) ptx::mbarrier_wait(&plan.k_empty[buf], ((g >> 1) - 1) & 1);
         uint8_t* dst = plan.k[buf];
         auto gather_blocks = [&](int blk_begin, int blk_end) {

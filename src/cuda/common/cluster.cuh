@@ -1,0 +1,55 @@
+// Thread-block clusters (sm_90): the few PTX instructions a kernel needs to let the CTAs of a
+// cluster write into each other's shared memory and signal each other's mbarriers.
+//
+// Addresses of another CTA's shared memory are 32-bit `.shared::cluster` addresses obtained with
+// map_to_cta(); the same byte offset maps to the same variable in every CTA of the cluster when
+// they run the same kernel.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/ptx.cuh"
+
+namespace dsv4::cuda::ptx {
+
+// This CTA's rank in its cluster (0 .. cluster size − 1).
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+}
+
+// The `.shared::cluster` address of the byte at local shared-memory pointer `p`, in CTA `rank`.
+__device__ __forceinline__ uint32_t map_to_cta(const void* p, uint32_t rank) {
+  uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(smem_addr(p)), "r"(rank));
+  return out;
+}
+
+// Every thread of every CTA of the cluster arrives and waits: this thread's earlier memory
+// operations are released to, and everyone else's acquired from, the whole cluster. Needed once
+// after mbarrier init (before any remote arrival) and once before exit (no CTA may leave while
+// a peer can still write its shared memory). All threads of each warp must execute it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n\t"
+      "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// One arrival on an mbarrier of another CTA (release at cluster scope: this thread's earlier
+// reads of the buffer the barrier guards are ordered before the arrival).
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t cluster_bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_bar) : "memory");
+}
+
+// 16-byte store into another CTA's shared memory that completes as 16 transaction bytes on that
+// CTA's mbarrier `cluster_bar` (whose phase must expect them through mbarrier_arrive_expect_tx).
+__device__ __forceinline__ void st_async_16(uint32_t cluster_dst, const uint4& v, uint32_t cluster_bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
+          cluster_dst),
+      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(cluster_bar)
+      : "memory");
+}
+
+}  // namespace dsv4::cuda::ptx

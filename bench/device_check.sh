@@ -77,7 +77,7 @@ if has memcheck; then
 fi
 if has racecheck; then
   log racecheck
-  F='*Edge*:*Combine*:*CpuVsCuda*:Shapes/SparsePrefillGrid.*H64_d512_topk512*:*H128_d576_topk64*:*v32*h128*'
+  F='*Edge*:*Combine*:*CpuVsCuda*:*cluster*:Shapes/SparsePrefillGrid.*H64_d512_topk512*:*H128_d576_topk64*:*v32*h128*'
   timeout 150 compute-sanitizer --tool racecheck --racecheck-report all ./build/dsv4_gpu_tests \
     --gtest_filter="$F-*BitIdentical*" >"$OUT/racecheck.log" 2>&1
   echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|^\[  PASSED|^\[  FAILED" "$OUT/racecheck.log" | tail -4

@@ -90,14 +90,10 @@ if has racecheck-layer; then
     ./build/dsv4_gpu_tests --gtest_filter='*CudaLayerTest.MatchesCpu*/SWA:*CudaLayerTest.MatchesCpu*/C4A' \
     >"$OUT/racecheck_layer.log" 2>&1
   echo "racecheck layer rc=$?"; grep -E "RACECHECK SUMMARY" "$OUT/racecheck_layer.log"
-  # The same without cuBLASLt's kernels (nvjet_*: NVIDIA's wgmma GEMMs, whose mbarrier/TMA
-  # synchronisation racecheck does not model): every hazard left would be ours.
-  timeout 150 compute-sanitizer --tool racecheck --racecheck-report hazard --kernel-name-exclude kns=nvjet \
-    ./build/dsv4_gpu_tests --gtest_filter='*CudaLayerTest.MatchesCpu*/SWA:*CudaLayerTest.MatchesCpu*/C4A' \
-    >"$OUT/racecheck_layer_ours.log" 2>&1
-  echo "racecheck layer without cuBLASLt rc=$?"; grep -E "RACECHECK SUMMARY|PASSED|FAILED" "$OUT/racecheck_layer_ours.log"
+  # (--kernel-name-exclude kns=nvjet, to check everything but cuBLASLt, made compute-sanitizer
+  # 2025.3 fail with an internal error on the H100: every displayed hazard is listed below instead.)
   # Where the hazards are: the access sites, addresses stripped, most frequent first.
-  grep -E "access at" "$OUT/racecheck_layer.log" | sed -E 's/0x[0-9a-f]+//g; s/^=+ +//' |
-    cut -c1-220 | sort | uniq -c | sort -rn | head -16
+  grep -E "(Read|Write) Thread" "$OUT/racecheck_layer.log" | sed -E 's/0x[0-9a-f]+//g; s/^=+ +//; s/Thread \([0-9,]+\)//' |
+    cut -c1-200 | sort | uniq -c | sort -rn | head -16
 fi
 log done

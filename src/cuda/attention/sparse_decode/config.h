@@ -77,8 +77,8 @@ struct SmemPlan {
   static constexpr int kRowScale = kP + kHeadsPerCta * kPRowBytes;  // float [64]: O factor of a tile
   static constexpr int kOutScale = kRowScale + kHeadsPerCta * 4;    // float [64]: 1 / row sum
   static constexpr int kKeyValid = kOutScale + kHeadsPerCta * 4;    // uint8 [2][64]
-  static constexpr int kBars = kKeyValid + 2 * kTileKeys;           // uint64 full[2], empty[2]
-  static constexpr int kBytes = kBars + 4 * 8;
+  static constexpr int kBars = kKeyValid + 2 * kTileKeys;  // uint64 full[2], empty[2], p_ready, p_free
+  static constexpr int kBytes = kBars + 6 * 8;
   static_assert(kBytes <= 227 * 1024, "shared-memory plan exceeds the sm_90 limit");
 };
 

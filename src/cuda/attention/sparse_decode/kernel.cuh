@@ -228,10 +228,13 @@ struct CtaWork {
   int row, head_block, split, split_begin, split_end, num_tiles, rank;
 };
 
-// Named barriers (0 is __syncthreads), all between the two consumer warpgroups (256 threads):
-// Q loaded / row sums exchanged; P and the tile's O factor published by warpgroup 0; P read by
-// warpgroup 1 (so warpgroup 0 may overwrite it).
-inline constexpr int kBarConsumers = 1, kBarPReady = 2, kBarPFree = 3;
+// Named barrier (0 is __syncthreads) of both consumer warpgroups (256 threads): Q loaded, and the
+// output factors written. The per-tile hand-off between them goes through two mbarriers instead
+// (p_ready: P and the tile's O factor published by warpgroup 0; p_free: warpgroup 1 has read
+// them), whose release/acquire racecheck models (a named-barrier arrive it does not).
+inline constexpr int kBarConsumers = 1;
+__device__ __forceinline__ uint64_t* p_ready_bar(uint8_t* bars) { return reinterpret_cast<uint64_t*>(bars) + 4; }
+__device__ __forceinline__ uint64_t* p_free_bar(uint8_t* bars) { return reinterpret_cast<uint64_t*>(bars) + 5; }
 
 // Warpgroup 2: per tile t, this thread's slot (my_key) is loaded into registers kBuffers tiles
 // ahead of its dequantization (two buffers when a cluster halves a thread's share, so a tile's
@@ -419,7 +422,7 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
     }
     wgmma_wait<0>();
     warpgroup_fence_operand(rS);
-    if (t > 0) ptx::named_barrier_sync(kBarPFree, kConsumerThreads);  // warpgroup 1 is done with P
+    if (t > 0) ptx::mbarrier_wait(p_free_bar(smem + S::kBars), (t - 1) & 1);  // warpgroup 1 is done with P
 
     // ---- masked online softmax (base 2) -------------------------------------------------------
     float scale[2];
@@ -466,7 +469,7 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
 #pragma unroll
     for (int i = 0; i < size(rO); ++i) rO(i) *= scale[(i >> 1) & 1];
     ptx::fence_proxy_async_smem();  // P is read by warpgroup 1's wgmma
-    ptx::named_barrier_arrive(kBarPReady, kConsumerThreads);
+    ptx::mbarrier_arrive(p_ready_bar(smem + S::kBars));
 
     // ---- O[:, 0:256] += P·V, P from registers ---------------------------------------------------
     wgmma_rs(MmaPvRegs{}, rP, v_half(stage, 0), rO, /*zero_init=*/false);
@@ -522,7 +525,7 @@ __device__ __forceinline__ void consume_pv(const DecodeParams& p, const CtaWork&
 #pragma unroll 1
   for (int t = 0; t < w.num_tiles; ++t) {
     const uint8_t* stage = wait_stage<L, kCluster>(smem, t);
-    ptx::named_barrier_sync(kBarPReady, kConsumerThreads);  // P and row_scale of tile t
+    ptx::mbarrier_wait(p_ready_bar(smem + S::kBars), t & 1);  // P and row_scale of tile t
     const float scale[2] = {row_scale[row0], row_scale[row0 + 8]};
 #pragma unroll
     for (int i = 0; i < size(rO); ++i) rO(i) *= scale[(i >> 1) & 1];
@@ -531,7 +534,7 @@ __device__ __forceinline__ void consume_pv(const DecodeParams& p, const CtaWork&
     wgmma_wait<0>();
     warpgroup_fence_operand(rO);
     release_stage<L, kCluster>(smem, peer_empty, t);
-    if (t + 1 < w.num_tiles) ptx::named_barrier_arrive(kBarPFree, kConsumerThreads);
+    if (t + 1 < w.num_tiles) ptx::mbarrier_arrive(p_free_bar(smem + S::kBars));
   }
   ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);  // out_scale written by warpgroup 0
   const float factor[2] = {out_scale[row0], out_scale[row0 + 8]};
@@ -560,6 +563,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
     ptx::mbarrier_init(&bars[1], kProducerThreads);
     ptx::mbarrier_init(&bars[2], 8 * kCluster);       // empty[2]: every consumer warp of the cluster
     ptx::mbarrier_init(&bars[3], 8 * kCluster);
+    ptx::mbarrier_init(&bars[4], 128);                // p_ready: warpgroup 0's threads
+    ptx::mbarrier_init(&bars[5], 128);                // p_free: warpgroup 1's threads
     ptx::fence_barrier_init();
   }
   // The last block-wide barrier (cluster-wide: the peer arrives on these barriers): the roles

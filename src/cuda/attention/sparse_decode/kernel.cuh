@@ -28,6 +28,7 @@
 #include "cuda/common/cluster.cuh"
 #include "cuda/common/cp_async.cuh"
 #include "cuda/common/fp8_convert.cuh"
+#include "cuda/common/online_softmax.cuh"
 #include "cuda/common/prefetch.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/smem_layout.cuh"
@@ -424,48 +425,14 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
     warpgroup_fence_operand(rS);
     if (t > 0) ptx::mbarrier_wait(p_free_bar(smem + S::kBars), (t - 1) & 1);  // warpgroup 1 is done with P
 
-    // ---- masked online softmax (base 2) -------------------------------------------------------
+    // ---- masked online softmax (base 2), P and the tile's O factor for warpgroup 1 ------------
     float scale[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int i = 2 * r; i < size(rS); i += 4) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const bool v = (valid_bits >> (i / 4 * 2 + e)) & 1u;
-          rS(i + e) = v ? rS(i + e) * p.scale_log2 : -INFINITY;
-          mx = fmaxf(mx, rS(i + e));
-        }
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_run[r], mx);
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: keep exp2 finite
-      scale[r] = exp2f(m_run[r] - m_use);                      // m_run = -inf → 0
-      float sum = 0.0f;
-#pragma unroll
-      for (int i = 2 * r; i < size(rS); i += 4) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pe = exp2f(rS(i + e) - m_use);
-          rP(i + e) = bf16_t(pe);
-          sum += pe;
-        }
-      }
-      l_run[r] = l_run[r] * scale[r] + sum;
-      m_run[r] = m_new;
-    }
+    online_softmax_tile(rS, rP, valid_bits, p.scale_log2, m_run, l_run, scale);
     if (q4 == 0) {
       row_scale[row0] = scale[0];
       row_scale[row0 + 8] = scale[1];
     }
-#pragma unroll
-    for (int i = 0; i < size(rP); i += 2) {
-      const uint32_t two = (uint32_t{reinterpret_cast<const uint16_t&>(rP(i + 1))} << 16) |
-                           reinterpret_cast<const uint16_t&>(rP(i));
-      *reinterpret_cast<uint32_t*>(p_smem + sw128_elem_offset<kHeadsPerCta>(acc_row(i, tid), acc_col(i, tid))) = two;
-    }
+    store_p_tile<kHeadsPerCta>(rP, p_smem, tid);
 #pragma unroll
     for (int i = 0; i < size(rO); ++i) rO(i) *= scale[(i >> 1) & 1];
     ptx::fence_proxy_async_smem();  // P is read by warpgroup 1's wgmma

@@ -23,6 +23,7 @@
 
 #include "cuda/attention/sparse_prefill/config.h"
 #include "cuda/common/check.h"
+#include "cuda/common/online_softmax.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/smem_layout.cuh"
 #include "cuda/common/wgmma.cuh"
@@ -256,52 +257,13 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
       };
       // D1. S of the own tile t is complete: masked online softmax (base 2), publish P and the
       // row stats for the other WG; `scale` is the factor O must be multiplied by.
-      auto softmax_publish = [&](int t, uint32_t valid_bits, float scale[2]) {
-        float m_new[2];
-        CUTE_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          float mx = -INFINITY;
-          CUTE_UNROLL
-          for (int i = 2 * r; i < size(rS); i += 4) {
-            CUTE_UNROLL
-            for (int e = 0; e < 2; ++e) {
-              const bool v = (valid_bits >> (i / 4 * 2 + e)) & 1u;
-              rS(i + e) = v ? rS(i + e) * p.scale_log2 : -INFINITY;
-              mx = fmaxf(mx, rS(i + e));
-            }
-          }
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          m_new[r] = fmaxf(m_run[r], mx);
-          // No valid key so far: keep exponents finite (every term is 0 anyway).
-          const float base = m_new[r] == -INFINITY ? 0.f : m_new[r];
-          scale[r] = fast_exp2(m_run[r] - base);
-          float sum = 0.f;
-          CUTE_UNROLL
-          for (int i = 2 * r; i < size(rS); i += 4) {
-            CUTE_UNROLL
-            for (int e = 0; e < 2; ++e) {
-              const float pe = fast_exp2(rS(i + e) - base);
-              rP(i + e) = bf16_t(pe);
-              sum += pe;
-            }
-          }
-          l_part[r] = l_part[r] * scale[r] + sum;
-          m_run[r] = m_new[r];
-        }
-        // P as bf16 in the SW128 K-major layout: 4-byte stores, conflict-free thanks to the swizzle.
-        uint8_t* sp = p_bytes(t, buf_of(t));
-        CUTE_UNROLL
-        for (int i = 0; i < size(rP); i += 2) {
-          __nv_bfloat162 v2;
-          v2.x = reinterpret_cast<const __nv_bfloat16&>(rP(i));
-          v2.y = reinterpret_cast<const __nv_bfloat16&>(rP(i + 1));
-          *reinterpret_cast<__nv_bfloat162*>(sp + sw128_elem_offset<kHeads>(acc_row(i, tid), acc_col(i, tid))) = v2;
-        }
+      auto softmax_publish = [&](int t, uint32_t valid_bits, float (&scale)[2]) {
+        online_softmax_tile(rS, rP, valid_bits, p.scale_log2, m_run, l_part, scale);
+        store_p_tile<kHeads>(rP, p_bytes(t, buf_of(t)), tid);
         if ((tid & 3) == 0) {
           CUTE_UNROLL
           for (int r = 0; r < 2; ++r) {
-            plan.row_max[t & 1][row0 + 8 * r] = m_new[r];
+            plan.row_max[t & 1][row0 + 8 * r] = m_run[r];
             plan.row_scale[t & 1][row0 + 8 * r] = scale[r];
           }
         }

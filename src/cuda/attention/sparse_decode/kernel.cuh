@@ -4,8 +4,9 @@
 // Producer (warpgroup 2), per tile of 64 index slots (with a cluster of two CTAs, this CTA's
 // half of them):
 //   gather  — each slot's bytes (fp8 nope, scales, bf16 rope) are loaded from the paged cache
-//             into registers (16-byte loads) one tile ahead of their use, the rows of the tile
-//             after are prefetched into L2;
+//             into registers (16-byte loads) one or two tiles ahead of their use
+//             (kProducerBuffers), the rows of the tile after that are prefetched into L2, and
+//             no index read is waited on before the tile that needs it;
 //   dequant — fp8 · scale → bf16 (exact) into one of two K-major SW128 KV stages in shared memory
 //             (mbarriers full/empty), which is K for S = Q·Kᵀ and, through its first 512
 //             columns, V; in a cluster each converted chunk is also stored into the peer CTA's
@@ -24,11 +25,11 @@
 #include <cmath>
 
 #include "cuda/attention/sparse_decode/config.h"
+#include "cuda/common/attention_tile.cuh"
 #include "cuda/common/check.h"
 #include "cuda/common/cluster.cuh"
 #include "cuda/common/cp_async.cuh"
 #include "cuda/common/fp8_convert.cuh"
-#include "cuda/common/online_softmax.cuh"
 #include "cuda/common/prefetch.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/smem_layout.cuh"
@@ -113,8 +114,8 @@ __device__ __forceinline__ SlotBytes slot_bytes(const DecodeParams& p, int pos, 
 }
 
 // Pulls a valid slot's bytes into L2 (no registers): thread 0 of the slot prefetches the data
-// row in one bulk request, thread 1 the MODEL1 scale row. Issued two tiles ahead, so the
-// register loads one tile ahead hit L2 instead of waiting on DRAM.
+// row in one bulk request, thread 1 the MODEL1 scale row. Issued one tile before the slot's
+// register loads, so those hit L2 instead of waiting on DRAM.
 template <KvLayout L>
 __device__ __forceinline__ void prefetch_slot(const DecodeParams& p, int pos, int32_t slot, int sub) {
   if (slot < 0) return;
@@ -201,15 +202,7 @@ __device__ __forceinline__ void store_slot(const TileRegs<L, kCluster>& regs, in
   }
 }
 
-// ---- the products of a tile -----------------------------------------------------------------
-// Accumulators are m64nN wgmma fragments: element i of a thread sits at acc_row(i), acc_col(i).
-using MmaS = decltype(cute::make_tiled_mma(
-    cute::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>{}));
-using MmaPvRegs = decltype(cute::make_tiled_mma(
-    cute::GMMA::MMA_64x256x16_F32BF16BF16_RS<cute::GMMA::Major::K, cute::GMMA::Major::MN>{}));
-using MmaPvSmem = decltype(cute::make_tiled_mma(
-    cute::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>{}));
-
+// ---- the products of a tile (MmaS, MmaPvRegs, MmaPvSmem: attention_tile.cuh) ----------------
 // Q (64 heads × d_qk) and a whole KV stage (64 keys × d_qk), K-major.
 template <int kRows, KvLayout L>
 __device__ __forceinline__ auto k_major_tile(const uint8_t* bytes) {

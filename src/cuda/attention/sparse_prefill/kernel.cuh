@@ -22,25 +22,13 @@
 #include <cstdint>
 
 #include "cuda/attention/sparse_prefill/config.h"
+#include "cuda/common/attention_tile.cuh"
 #include "cuda/common/check.h"
-#include "cuda/common/online_softmax.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/smem_layout.cuh"
 #include "cuda/common/wgmma.cuh"
 
 namespace dsv4::cuda::sparse_prefill_detail {
-
-namespace gmma = cute::SM90::GMMA;
-using cute::GMMA::Major;
-
-// S = Q·Kᵀ: M 64 heads, N 64 gathered rows, K over d_qk; both operands K-major in smem.
-using MmaS = decltype(cute::make_tiled_mma(gmma::MMA_64x64x16_F32BF16BF16_SS<Major::K, Major::K>{}));
-// O[:, 256] += P·V: P (64 heads × 64 rows) from registers (owner) or smem (other WG); V is the
-// same gathered tile read MN-major.
-using MmaPvRegs =
-    decltype(cute::make_tiled_mma(gmma::MMA_64x256x16_F32BF16BF16_RS<Major::K, Major::MN>{}));
-using MmaPvSmem =
-    decltype(cute::make_tiled_mma(gmma::MMA_64x256x16_F32BF16BF16_SS<Major::K, Major::MN>{}));
 
 __device__ __forceinline__ float fast_exp2(float x) { return exp2f(x); }  // ex2.approx
 

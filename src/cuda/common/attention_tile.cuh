@@ -1,7 +1,8 @@
-// The online-softmax step both sparse attention kernels run per tile of S, on the accumulator
-// fragment of an m64nN wgmma (wgmma.cuh: element i of a thread sits at acc_row(i), acc_col(i);
-// a thread holds rows acc_row(0) and acc_row(0) + 8), and the store of the resulting P into a
-// K-major SW128 tile that another warpgroup's wgmma reads.
+// What both sparse attention kernels do with one tile of 64 heads × 64 gathered keys: the three
+// wgmma products (S = Q·Kᵀ, O[:, 256 dims] += P·V with P from registers or from shared memory),
+// the online-softmax step on S's accumulator fragment (wgmma.cuh: element i of a thread sits at
+// acc_row(i), acc_col(i); a thread holds rows acc_row(0) and acc_row(0) + 8), and the store of
+// the resulting P into a K-major SW128 tile that another warpgroup's wgmma reads.
 #pragma once
 
 #if defined(DSV4_HAVE_CUTLASS)
@@ -12,6 +13,16 @@
 #include "cuda/common/wgmma.cuh"
 
 namespace dsv4::cuda {
+
+// S = Q·Kᵀ: M 64 heads, N 64 keys, K over d_qk; both operands K-major in shared memory.
+using MmaS = decltype(cute::make_tiled_mma(
+    cute::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>{}));
+// O[:, 256 value dims] += P·V: P (64 heads × 64 keys) from registers or from shared memory; V is
+// the gathered tile read MN-major (K = V).
+using MmaPvRegs = decltype(cute::make_tiled_mma(
+    cute::GMMA::MMA_64x256x16_F32BF16BF16_RS<cute::GMMA::Major::K, cute::GMMA::Major::MN>{}));
+using MmaPvSmem = decltype(cute::make_tiled_mma(
+    cute::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>{}));
 
 // One tile: columns whose bit in `valid_bits` is clear (bit 2·(i/4) + i%2 for element i) become
 // −inf, the rest are scaled by `scale_log2` (logits in base 2); the running row maxima `m_run`

@@ -23,22 +23,13 @@ bool cuda_built();
 // The library was built with CUDA and at least one CUDA device is visible.
 bool cuda_available();
 
-class DeviceTensor {
+class DeviceTensor : public OwnedTensor {
  public:
   DeviceTensor() = default;
   // Uninitialized device memory for a contiguous [dims] tensor of `t` (256-byte aligned).
   DeviceTensor(DType t, std::vector<int64_t> dims);
   // A device copy of a host view (any strides: the copy is contiguous).
   static DeviceTensor from_host(const TensorView& host);
-
-  TensorView view() const { return view_; }
-  operator TensorView() const { return view_; }  // NOLINT(google-explicit-constructor)
-  template <typename T>
-  T* data() const { return static_cast<T*>(view_.data); }
-  int64_t numel() const { return view_.numel(); }
-  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(view_.dtype); }
-  DType dtype() const { return view_.dtype; }
-  const std::vector<int64_t>& shape() const { return dims_; }
 
   // A host copy (contiguous).
   HostTensor to_host() const;
@@ -47,8 +38,6 @@ class DeviceTensor {
 
  private:
   std::shared_ptr<void> buf_;
-  std::vector<int64_t> dims_;
-  TensorView view_;
 };
 
 // Synchronous copies between a contiguous host view and a contiguous device view of the same

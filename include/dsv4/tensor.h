@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dsv4/dtype.h"
@@ -59,7 +60,27 @@ void check_inner_contiguous(const char* where, const char* name, const TensorVie
 void check_device(const char* where, const char* name, const TensorView& t, Device expected);
 
 // Owning host tensor (contiguous, 64-byte aligned).
-class HostTensor {
+// What an owning tensor exposes, whatever memory holds it (HostTensor, DeviceTensor): the view
+// of its contiguous buffer and that view's shape, dtype and size.
+class OwnedTensor {
+ public:
+  TensorView view() const { return view_; }
+  operator TensorView() const { return view_; }  // NOLINT(google-explicit-constructor)
+  template <typename T>
+  T* data() const { return static_cast<T*>(view_.data); }
+  int64_t numel() const { return view_.numel(); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(view_.dtype); }
+  DType dtype() const { return view_.dtype; }
+  const std::vector<int64_t>& shape() const { return dims_; }
+
+ protected:
+  OwnedTensor() = default;
+  explicit OwnedTensor(std::vector<int64_t> dims) : dims_(std::move(dims)) {}
+  std::vector<int64_t> dims_;
+  TensorView view_;
+};
+
+class HostTensor : public OwnedTensor {
  public:
   HostTensor() = default;
   HostTensor(DType t, std::vector<int64_t> dims);
@@ -71,14 +92,6 @@ class HostTensor {
   static HostTensor copy_of(const TensorView& host);
   static HostTensor copy_of(const TensorView& host, DType as);
 
-  TensorView view() const { return view_; }
-  operator TensorView() const { return view_; }  // NOLINT(google-explicit-constructor)
-  template <typename T>
-  T* data() const { return static_cast<T*>(view_.data); }
-  int64_t numel() const { return view_.numel(); }
-  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(view_.dtype); }
-  DType dtype() const { return view_.dtype; }
-  const std::vector<int64_t>& shape() const { return dims_; }
   // Fills every byte with `byte` (tests poison outputs with 0xFF / NaN patterns).
   void fill_bytes(uint8_t byte);
   // Element access as float for float-like dtypes (bf16/fp16/fp32/fp8/ue8m0) and integers.
@@ -87,8 +100,6 @@ class HostTensor {
 
  private:
   std::shared_ptr<uint8_t[]> buf_;
-  std::vector<int64_t> dims_;
-  TensorView view_;
 };
 
 // Reads/writes element i (flat, contiguous) of a float-like buffer as float.

@@ -44,7 +44,7 @@ bool cuda_available() {
 #endif
 }
 
-DeviceTensor::DeviceTensor(DType t, std::vector<int64_t> dims) : dims_(std::move(dims)) {
+DeviceTensor::DeviceTensor(DType t, std::vector<int64_t> dims) : OwnedTensor(std::move(dims)) {
   int64_t n = 1;
   for (int64_t d : dims_) {
     DSV4_CHECK(d >= 0, "DeviceTensor: negative dimension ", d);

@@ -116,7 +116,7 @@ void check_device(const char* where, const char* name, const TensorView& t, Devi
                   t.device == Device::cpu ? "cpu" : "cuda");
 }
 
-HostTensor::HostTensor(DType t, std::vector<int64_t> dims) : dims_(std::move(dims)) {
+HostTensor::HostTensor(DType t, std::vector<int64_t> dims) : OwnedTensor(std::move(dims)) {
   int64_t n = 1;
   for (int64_t d : dims_) {
     DSV4_CHECK(d >= 0, "HostTensor: negative dimension ", d);

@@ -11,7 +11,11 @@
 #include <utility>
 #include <vector>
 
+#include <cstring>
+
+#include "dsv4/batch.h"
 #include "dsv4/dtype.h"
+#include "dsv4/tensor.h"
 
 namespace dsv4_test {
 
@@ -28,6 +32,31 @@ inline std::vector<float> layer_hidden(int dim, int64_t req, int64_t pos, uint64
 
 // Every token's output row, by (request id, position).
 using LayerOutputs = std::map<std::pair<int64_t, int64_t>, std::vector<float>>;
+
+// One step's input x [T, dim] (token t: layer_hidden of its request and position) and output y,
+// NaN-poisoned so every row the layer leaves unwritten shows.
+struct StepIo {
+  dsv4::HostTensor x, y;
+};
+inline StepIo step_io(const dsv4::BatchPlan& plan, int dim, uint64_t seed, bool bf16_representable = false) {
+  const int64_t T = plan.num_tokens();
+  StepIo io{dsv4::HostTensor(dsv4::DType::fp32, {T, dim}), dsv4::HostTensor(dsv4::DType::fp32, {T, dim})};
+  io.y.fill_bytes(0xFF);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t req = plan.requests[plan.token_to_req[t]].req_id;
+    const std::vector<float> h = layer_hidden(dim, req, plan.positions[t], seed, bf16_representable);
+    std::memcpy(io.x.data<float>() + t * dim, h.data(), dim * sizeof(float));
+  }
+  return io;
+}
+
+// Records y's row of every token of the step under (request id, position).
+inline void record_outputs(const dsv4::BatchPlan& plan, const dsv4::HostTensor& y, int dim, LayerOutputs& out) {
+  for (int64_t t = 0; t < plan.num_tokens(); ++t) {
+    const int64_t req = plan.requests[plan.token_to_req[t]].req_id;
+    out[{req, plan.positions[t]}] = std::vector<float>(y.data<float>() + t * dim, y.data<float>() + (t + 1) * dim);
+  }
+}
 
 // max_i |a_i − b_i| / max_i |b_i| over one token's row.
 inline double row_rel_err(const std::vector<float>& a, const std::vector<double>& b) {

@@ -45,20 +45,9 @@ using Outputs = dsv4_test::LayerOutputs;
 void step(Attention& a, const std::vector<RequestStep>& steps, Outputs& out) {
   const BatchPlan plan = BatchPlan::make(steps);
   const int dim = a.config().dim;
-  const int64_t T = plan.num_tokens();
-  HostTensor x(DType::fp32, {T, dim}), y(DType::fp32, {T, dim});
-  y.fill_bytes(0xFF);  // NaN poison: every row must be written
-  for (int64_t t = 0; t < T; ++t) {
-    const RequestStep& s = plan.requests[plan.token_to_req[t]];
-    const std::vector<float> h = hidden(dim, s.req_id, plan.positions[t]);
-    std::memcpy(x.data<float>() + t * dim, h.data(), dim * sizeof(float));
-  }
-  a.forward(plan, x, y);
-  for (int64_t t = 0; t < T; ++t) {
-    const RequestStep& s = plan.requests[plan.token_to_req[t]];
-    out[{s.req_id, plan.positions[t]}] =
-        std::vector<float>(y.data<float>() + t * dim, y.data<float>() + (t + 1) * dim);
-  }
+  dsv4_test::StepIo io = dsv4_test::step_io(plan, dim, kSeed);
+  a.forward(plan, io.x, io.y);
+  dsv4_test::record_outputs(plan, io.y, dim, out);
 }
 
 // Processes one request of `len` tokens in chunks of `chunk`, then `decodes` single tokens.

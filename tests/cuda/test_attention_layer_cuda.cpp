@@ -61,28 +61,19 @@ void step(Attention& a, const std::vector<RequestStep>& steps, Io io, Outputs& o
   const BatchPlan plan = BatchPlan::make(steps);
   const int dim = a.config().dim;
   const int64_t T = plan.num_tokens();
-  HostTensor x(DType::fp32, {T, dim}), y(DType::fp32, {T, dim});
-  y.fill_bytes(0xFF);  // NaN poison: every row must be written
-  for (int64_t t = 0; t < T; ++t) {
-    const RequestStep& s = plan.requests[plan.token_to_req[t]];
-    const std::vector<float> h = hidden(dim, s.req_id, plan.positions[t]);
-    std::memcpy(x.data<float>() + t * dim, h.data(), dim * sizeof(float));
-  }
+  dsv4_test::StepIo xy = dsv4_test::step_io(plan, dim, kSeed, /*bf16_representable=*/true);
+  HostTensor& x = xy.x;
+  HostTensor& y = xy.y;
   if (io == Io::host) {
     a.forward(plan, x, y);
   } else {
-    HostTensor xb(DType::bf16, {T, dim});
-    for (int64_t i = 0; i < x.numel(); ++i) xb.data<uint16_t>()[i] = float_to_bf16_bits(x.data<float>()[i]);
-    DeviceTensor xd = DeviceTensor::from_host(xb), yd(DType::fp32, {T, dim});
+    // x is bf16-representable: the bf16 copy is exact.
+    DeviceTensor xd = DeviceTensor::from_host(HostTensor::copy_of(x, DType::bf16)), yd(DType::fp32, {T, dim});
     yd.fill_bytes(0xFF);
     a.forward(plan, xd, yd);
     y = yd.to_host();
   }
-  for (int64_t t = 0; t < T; ++t) {
-    const RequestStep& s = plan.requests[plan.token_to_req[t]];
-    out[{s.req_id, plan.positions[t]}] =
-        std::vector<float>(y.data<float>() + t * dim, y.data<float>() + (t + 1) * dim);
-  }
+  dsv4_test::record_outputs(plan, y, dim, out);
 }
 
 // A serving-like schedule: request 1 (long prompt, chunks of 48) and request 2 (short prompt in one

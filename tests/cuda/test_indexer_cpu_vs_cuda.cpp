@@ -126,6 +126,25 @@ struct QueryCase {
 
 class IndexerQueryRowsCpuVsCuda : public ::testing::TestWithParam<QueryCase> {};
 
+// cpu:: and cuda::indexer_query_rows on the same q [T, H, 128] and weights [T, H]: the FP8 codes,
+// their scales and (when asked) the scaled weights must be the same bytes; outputs poisoned.
+void expect_query_rows_match(const HostTensor& q, const HostTensor& w, const HostTensor& pos,
+                             const HostTensor& cos_sin, bool check_weights) {
+  const int64_t T = q.shape()[0], H = q.shape()[1];
+  HostTensor q_cpu = copy_of(q), w_cpu = copy_of(w);
+  HostTensor codes_cpu = poisoned_host(DType::fp8_e4m3, {T, H, kDim}),
+             scale_cpu = poisoned_host(DType::fp32, {T, H});
+  cpu::indexer_query_rows(q_cpu, pos, cos_sin, codes_cpu, scale_cpu, w_cpu);
+  DeviceTensor q_d = DeviceTensor::from_host(q), w_d = DeviceTensor::from_host(w),
+               pos_d = DeviceTensor::from_host(pos), cs_d = DeviceTensor::from_host(cos_sin);
+  DeviceTensor codes_d = poisoned(DType::fp8_e4m3, {T, H, kDim}),
+               scale_d = poisoned(DType::fp32, {T, H});
+  cuda::indexer_query_rows(q_d, pos_d, cs_d, codes_d, scale_d, w_d, nullptr);
+  expect_same_bytes("q_fp8", codes_cpu, download(codes_d));
+  expect_same_bytes("q_scale", scale_cpu, download(scale_d));
+  if (check_weights) expect_same_bytes("weights", w_cpu, download(w_d));
+}
+
 // The same projected rows into both backends' row step: RoPE, Hadamard and FP8 are the same fp32
 // operations in the same order, so codes, scales and weights must be bit-identical.
 TEST_P(IndexerQueryRowsCpuVsCuda, BitIdentical) {
@@ -145,19 +164,7 @@ TEST_P(IndexerQueryRowsCpuVsCuda, BitIdentical) {
   const HostTensor pos = index_tensor(pos_dtype, pv);
   const HostTensor cos_sin = build_rope_cache(yarn_rope(R), max_pos);
 
-  HostTensor q_cpu = copy_of(q), w_cpu = copy_of(w);
-  HostTensor codes_cpu = poisoned_host(DType::fp8_e4m3, {T, H, kDim}),
-             scale_cpu = poisoned_host(DType::fp32, {T, H});
-  cpu::indexer_query_rows(q_cpu, pos, cos_sin, codes_cpu, scale_cpu, w_cpu);
-
-  DeviceTensor q_d = DeviceTensor::from_host(q), w_d = DeviceTensor::from_host(w),
-               pos_d = DeviceTensor::from_host(pos), cs_d = DeviceTensor::from_host(cos_sin);
-  DeviceTensor codes_d = poisoned(DType::fp8_e4m3, {T, H, kDim}),
-               scale_d = poisoned(DType::fp32, {T, H});
-  cuda::indexer_query_rows(q_d, pos_d, cs_d, codes_d, scale_d, w_d, nullptr);
-  expect_same_bytes("q_fp8", codes_cpu, download(codes_d));
-  expect_same_bytes("q_scale", scale_cpu, download(scale_d));
-  expect_same_bytes("weights", w_cpu, download(w_d));
+  expect_query_rows_match(q, w, pos, cos_sin, /*check_weights=*/true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, IndexerQueryRowsCpuVsCuda,
@@ -188,17 +195,7 @@ TEST(IndexerQueryRowsCpuVsCuda, ScaleBoundaryRowsBitIdentical) {
   }
   const HostTensor pos = index_tensor(DType::int64, std::vector<int64_t>(T, 3));
   const HostTensor cos_sin = build_rope_cache(yarn_rope(2), max_pos);
-  HostTensor q_cpu = copy_of(q), w_cpu = copy_of(w);
-  HostTensor codes_cpu = poisoned_host(DType::fp8_e4m3, {T, H, kDim}),
-             scale_cpu = poisoned_host(DType::fp32, {T, H});
-  cpu::indexer_query_rows(q_cpu, pos, cos_sin, codes_cpu, scale_cpu, w_cpu);
-  DeviceTensor q_d = DeviceTensor::from_host(q), w_d = DeviceTensor::from_host(w),
-               pos_d = DeviceTensor::from_host(pos), cs_d = DeviceTensor::from_host(cos_sin);
-  DeviceTensor codes_d = poisoned(DType::fp8_e4m3, {T, H, kDim}),
-               scale_d = poisoned(DType::fp32, {T, H});
-  cuda::indexer_query_rows(q_d, pos_d, cs_d, codes_d, scale_d, w_d, nullptr);
-  expect_same_bytes("q_fp8", codes_cpu, download(codes_d));
-  expect_same_bytes("q_scale", scale_cpu, download(scale_d));
+  expect_query_rows_match(q, w, pos, cos_sin, /*check_weights=*/false);
 }
 
 // CUDA cannot reject a position outside the cos/sin table: that token gets codes 0 and scale NaN;

@@ -310,6 +310,30 @@ TEST(SparsePrefillEdge, PeakedSoftmaxLargeScale) {
   check(p);
 }
 
+// Logits that grow tile after tile (kv rows scaled up along the top-k order, q aligned with
+// them): the kernel's reference max (Config::kRescaleSlack: P and the row sums are relative to a
+// max that moves only when a tile exceeds it by more than the slack) lags the true max and moves
+// every few tiles, so both the skipped and the applied O rescale are checked, and max_logits must
+// still be the true max.
+TEST(SparsePrefillEdge, LogitsGrowAcrossTiles) {
+  DSV4_SKIP_WITHOUT_GPU();
+  for (int d_qk : {512, 576}) {
+    Problem p = make_problem(2, 128, d_qk, 1024, 1024, 22);
+    std::mt19937 rng(23);
+    std::uniform_real_distribution<float> jitter(0.9f, 1.1f);
+    std::vector<float> u(d_qk);
+    for (auto& x : u) x = (rng() & 1) ? 1.f : -1.f;
+    for (size_t i = 0; i < p.q.size(); ++i) p.q[i] = dsv4::float_to_bf16_bits(u[i % d_qk] * jitter(rng));
+    // Row r scaled by 0.002·(r + 1): a 64-row tile raises the max by ~4 (base 2) at d 512.
+    for (int r = 0; r < p.s_kv; ++r)
+      for (int d = 0; d < d_qk; ++d)
+        p.kv[static_cast<size_t>(r) * d_qk + d] = dsv4::float_to_bf16_bits(u[d] * 0.002f * (r + 1));
+    for (int s = 0; s < p.s_q; ++s)
+      for (int j = 0; j < p.topk; ++j) p.indices[static_cast<size_t>(s) * p.topk + j] = j;
+    check(p);
+  }
+}
+
 // More (token, head group) items than SMs: persistent CTAs walk several items each, with empty and
 // short items mixed in (the Q / K buffer rings and barrier phases must carry across items).
 TEST(SparsePrefillEdge, ManyItemsPerCta) {

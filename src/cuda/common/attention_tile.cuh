@@ -25,13 +25,17 @@ using MmaPvSmem = decltype(cute::make_tiled_mma(
     cute::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>{}));
 
 // One tile: columns whose bit in `valid_bits` is clear (bit 2·(i/4) + i%2 for element i) become
-// −inf, the rest are scaled by `scale_log2` (logits in base 2); the running row maxima `m_run`
+// −inf, the rest are scaled by `scale_log2` (logits in base 2); the rows' reference maxima `m_run`
 // and this thread's partial row sums `l_part` are updated; P = exp2(s − m) goes to rP as bf16;
 // `scale` returns the factor the rows' O accumulators (and nothing else) must still be
 // multiplied by. A row with no valid key so far keeps m = −inf and exponents finite (base 0).
+// With `rescale_slack` > 0 the reference max only moves when the tile's max exceeds it by more
+// than the slack (P ≤ 2^slack, exact in fp32 sums), so `scale` is 1 for most tiles and callers
+// can skip rescaling O; `tile_max` (if given) receives the tile's true row maxima (base 2).
 template <class FragS, class FragP>
 __device__ __forceinline__ void online_softmax_tile(FragS& rS, FragP& rP, uint32_t valid_bits, float scale_log2,
-                                                    float (&m_run)[2], float (&l_part)[2], float (&scale)[2]) {
+                                                    float (&m_run)[2], float (&l_part)[2], float (&scale)[2],
+                                                    float rescale_slack = 0.f, float* tile_max = nullptr) {
   using cute::size;
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
@@ -47,7 +51,8 @@ __device__ __forceinline__ void online_softmax_tile(FragS& rS, FragP& rP, uint32
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m_run[r], mx);
+    if (tile_max != nullptr) tile_max[r] = mx;
+    const float m_new = mx > m_run[r] + rescale_slack ? mx : m_run[r];
     const float base = m_new == -INFINITY ? 0.f : m_new;
     scale[r] = exp2f(m_run[r] - base);  // m_run = −inf → 0
     float sum = 0.f;

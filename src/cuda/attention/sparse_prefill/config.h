@@ -62,6 +62,12 @@ struct Config {
   // A tile arrives in two halves (columns [0, 256) and [256, d_qk)) so S can start on the first.
   static constexpr int kSplitBlocks = 4;           // 64-column blocks in the first half
   static constexpr int kSplitKSteps = kSplitBlocks * 64 / 16;
+  // The reference max of a row (what P and the row sum are relative to) only moves when a tile's
+  // max exceeds it by more than this (base 2): P ≤ 2^8 stays exact enough in bf16 (relative
+  // rounding does not depend on magnitude) and the fp32 sums cannot overflow, while O is rescaled
+  // only for the few tiles that raise the max by that much — for most tiles the rescale of the
+  // 128 O accumulators is skipped (FlashAttention-4's conditional rescaling).
+  static constexpr float kRescaleSlack = 8.f;
   // Named barrier (0 is __syncthreads) for the end-of-item row-sum exchange between math WGs.
   static constexpr uint32_t kBarLExchange = 1;
 
@@ -69,7 +75,8 @@ struct Config {
     alignas(1024) uint8_t q[kQBytes];
     alignas(1024) uint8_t k[2][kTileBytes];
     alignas(1024) uint8_t p[kPInRopeBlock ? 1 : 2][kPInRopeBlock ? 16 : kPBytes];
-    float row_max[2][kHeads];    // running max (base-2 units) after the tile, per buffer parity
+    float row_max[2][kHeads];    // reference max (base-2 units) after the tile, per buffer parity
+    float row_seen_max[2][kHeads];  // true running max after the tile (for max_logits)
     float row_scale[2][kHeads];  // factor the tile's owner applied to O and l
     float row_sum[2][2][kHeads];  // [item parity][WG] partial l, exchanged at the item's end
     uint64_t q_full, q_empty;

@@ -7,8 +7,8 @@
 //   math WG w ∈ {0,1} owns tiles i ≡ w (mod 2). Iteration over its own tile i:
 //     A. own P·V of tile i-2 finished → release buffer (i-2)%2 to the producer
 //     C. tile i-1 belongs to the other WG: wait for its published P and row stats, rescale O,
-//        issue O += P_{i-1}·V_{i-1}[:, my half] (A from smem)
-//     B. issue S_i = Q·K_iᵀ (async); once C's product is done release buffer (i-1)%2
+//        O += P_{i-1}·V_{i-1}[:, my half] (A from smem), wait for it → release buffer (i-1)%2
+//     B. issue S_i = Q·K_iᵀ (async)
 //     D. S_i done → mask, online softmax (base 2), publish P_i + stats, rescale O,
 //        issue O += P_i·V_i[:, my half] (A from registers)
 //   Both WGs see every tile's scale factor, so their O halves and partial row sums stay in step;
@@ -176,13 +176,18 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
 
     // Rows of this thread: row0 = acc_row(0) and row0 + 8. Running max in base-2 units.
     const int row0 = acc_row(0, tid);
-    float m_run[2] = {-INFINITY, -INFINITY}, l_part[2] = {0.f, 0.f};  // l_part: this thread's columns only; reduced at the end
+    // m_run: the reference max P and l are relative to (moves lazily, see Config::kRescaleSlack);
+    // m_seen: the true running max (max_logits); l_part: this thread's columns only, reduced at
+    // the end.
+    float m_run[2] = {-INFINITY, -INFINITY}, m_seen[2] = {-INFINITY, -INFINITY}, l_part[2] = {0.f, 0.f};
 
-    auto rescale = [&](const float scale[2]) {
-      CUTE_UNROLL
-      for (int i = 0; i < size(rO); ++i) rO(i) *= scale[(i >> 1) & 1];
-      l_part[0] *= scale[0];
-      l_part[1] *= scale[1];
+    // O *= scale per row; skipped by the whole warp when none of its rows' reference max moved
+    // (the common case once the first tiles are in).
+    auto rescale_o = [&](const float scale[2]) {
+      if (__any_sync(0xffffffffu, scale[0] != 1.f || scale[1] != 1.f)) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(rO); ++i) rO(i) *= scale[(i >> 1) & 1];
+      }
     };
 
     // Publications of the other WG's tiles seen so far (mod 2): WG w only ever waits on
@@ -195,7 +200,7 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
       const int n = it.num_tiles;
       auto buf_of = [&](int t) { return static_cast<int>((g + t) & 1); };
       clear(rO);
-      m_run[0] = m_run[1] = -INFINITY;
+      m_run[0] = m_run[1] = m_seen[0] = m_seen[1] = -INFINITY;
       l_part[0] = l_part[1] = 0.f;
 
       // A. this WG's P·V of tile t-2 has finished (caller waited) → its buffer goes back.
@@ -224,8 +229,10 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
         for (int r = 0; r < 2; ++r) {
           scale[r] = plan.row_scale[t & 1][row0 + 8 * r];
           m_run[r] = plan.row_max[t & 1][row0 + 8 * r];
+          m_seen[r] = plan.row_seen_max[t & 1][row0 + 8 * r];
+          l_part[r] *= scale[r];
         }
-        rescale(scale);
+        rescale_o(scale);
         wgmma_ss(MmaPvSmem{}, p_tile(t, buf_of(t)), v_half(buf_of(t)), rO, false);
         wgmma_commit();
       };
@@ -246,13 +253,17 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
       // D1. S of the own tile t is complete: masked online softmax (base 2), publish P and the
       // row stats for the other WG; `scale` is the factor O must be multiplied by.
       auto softmax_publish = [&](int t, uint32_t valid_bits, float (&scale)[2]) {
-        online_softmax_tile(rS, rP, valid_bits, p.scale_log2, m_run, l_part, scale);
+        float tile_max[2];
+        online_softmax_tile(rS, rP, valid_bits, p.scale_log2, m_run, l_part, scale, Cfg::kRescaleSlack, tile_max);
+        m_seen[0] = fmaxf(m_seen[0], tile_max[0]);
+        m_seen[1] = fmaxf(m_seen[1], tile_max[1]);
         store_p_tile<kHeads>(rP, p_bytes(t, buf_of(t)), tid);
         if ((tid & 3) == 0) {
           CUTE_UNROLL
           for (int r = 0; r < 2; ++r) {
             plan.row_max[t & 1][row0 + 8 * r] = m_run[r];
             plan.row_scale[t & 1][row0 + 8 * r] = scale[r];
+            plan.row_seen_max[t & 1][row0 + 8 * r] = m_seen[r];
           }
         }
         ptx::fence_proxy_async_smem();
@@ -260,8 +271,7 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
       };
       // D2. (no P·V in flight) rescale O, issue O += P·V_t.
       auto accumulate_own = [&](int t, const float scale[2]) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(rO); ++i) rO(i) *= scale[(i >> 1) & 1];
+        rescale_o(scale);
         wgmma_rs(MmaPvRegs{}, rP, v_half(buf_of(t)), rO, false);
         wgmma_commit();
       };
@@ -282,17 +292,17 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
         accumulate_own(0, scale);
         t = 2;
       }
-      // The remote P·V is issued BEFORE the own S so that buffer of tile t-1 is released as early
-      // as possible: the gather of tile t+1 into it then overlaps S, softmax and P·V of tile t
-      // (bench/NOTES-prefill.md, v2: 3.2 → 2.3 µs per tile).
+      // The remote P·V is issued and waited for BEFORE the own S so that buffer of tile t-1 is
+      // released as early as possible — not after S_t has waited for tile t's gather, which put
+      // one whole gather per tile on the critical path (bench/NOTES-prefill.md, v2 and v8).
       for (; t < n; t += 2) {
         wgmma_wait<0>();  // A: own P·V of tile t-2 done
         release_own_tile(t);
         const uint32_t bits = column_mask(t);
         accumulate_remote(t - 1);  // C
-        issue_s(t);                // B
-        wgmma_wait<1>();           // P·V of tile t-1 done → its buffer is free
+        wgmma_wait<0>();           // P·V of tile t-1 done → its buffer is free
         ptx::mbarrier_arrive(&plan.k_empty[buf_of(t - 1)]);
+        issue_s(t);                // B
         wgmma_wait<0>();           // S done
         s_done(t);
         float scale[2];
@@ -352,7 +362,7 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
           if (head >= p.num_heads) continue;
           const bool empty = !(l_total[r] > 0.f);
           constexpr float kLn2 = 0.6931471805599453f;
-          p.max_logits[it.token * p.ml_stride_s + head * p.ml_stride_h] = empty ? -INFINITY : m_run[r] * kLn2;
+          p.max_logits[it.token * p.ml_stride_s + head * p.ml_stride_h] = empty ? -INFINITY : m_seen[r] * kLn2;
           p.lse[it.token * p.lse_stride_s + head * p.lse_stride_h] =
               empty ? INFINITY : m_run[r] * kLn2 + logf(l_total[r]);
         }

@@ -374,7 +374,15 @@ TEST(SparsePrefillEdge, RejectsBadArguments) {
   a.max_logits = ml.view(DType::fp32, {2, 64});
   a.lse = lse.view(DType::fp32, {2, 64});
   EXPECT_THROW(dsv4::cuda::sparse_prefill(a, nullptr), dsv4::Error);
+  // Valid otherwise, but out is not 16-byte aligned (the kernel stores 16-byte row chunks).
+  DeviceBuffer<uint16_t> q512(2 * 64 * 512), kv512(10 * 512), out_shifted(2 * 64 * kDv + 1);
+  out_shifted.poison();
+  a.q = q512.view(DType::bf16, {2, 64, 512});
+  a.kv = kv512.view(DType::bf16, {10, 1, 512});
+  a.out = dsv4::TensorView(out_shifted.data() + 1, DType::bf16, {2, 64, kDv}, dsv4::Device::cuda);
+  EXPECT_THROW(dsv4::cuda::sparse_prefill(a, nullptr), dsv4::Error);
   for (uint16_t o : out.download()) ASSERT_EQ(o, 0xFFFF);  // nothing written
+  for (uint16_t o : out_shifted.download()) ASSERT_EQ(o, 0xFFFF);
 }
 
 }  // namespace

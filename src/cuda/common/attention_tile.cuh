@@ -6,6 +6,8 @@
 #pragma once
 
 #if defined(DSV4_HAVE_CUTLASS)
+#include <cuda_bf16.h>
+
 #include <cmath>
 #include <cstdint>
 
@@ -81,6 +83,40 @@ __device__ __forceinline__ void store_p_tile(const FragP& rP, uint8_t* tile, int
                          reinterpret_cast<const uint16_t&>(rP(i));
     *reinterpret_cast<uint32_t*>(tile + sw128_elem_offset<kRows>(acc_row(i, thread_in_wg), acc_col(i, thread_in_wg))) =
         two;
+  }
+}
+
+// O (an m64nN accumulator fragment, scaled per row by factor[r], rounded to bf16) in 16-byte
+// chunks of 8 consecutive columns: the 4 lanes of a quad hold 2 columns each of every 8-column
+// group of their two rows, so a 4×4 transpose of their packed pairs across the quad (3 shuffles
+// per 4 groups) gives each lane one whole group. `store(r, col, chunk)` then writes row
+// acc_row(0) + 8r, columns [col, col + 8): a warp store covers 64 contiguous bytes of 8 rows
+// (full sectors) instead of 8 scattered 4-byte pieces per row (bench/NOTES-prefill.md, v8).
+template <class FragO, class Store>
+__device__ __forceinline__ void for_each_o_chunk(const FragO& rO, const float (&factor)[2], int thread_in_wg,
+                                                 Store&& store) {
+  const int q = thread_in_wg & 3;
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    CUTE_UNROLL
+    for (int m = 0; m < cute::size(rO) / 16; ++m) {  // groups j = 4m .. 4m+3 (32 columns)
+      uint32_t a[4];
+      CUTE_UNROLL
+      for (int jj = 0; jj < 4; ++jj) {
+        const int i = 4 * (4 * m + jj) + 2 * r;  // element (row r, column 8j + 2q)
+        const __nv_bfloat162 two = __floats2bfloat162_rn(rO(i) * factor[r], rO(i + 1) * factor[r]);
+        a[jj] = reinterpret_cast<const uint32_t&>(two);
+      }
+      auto pick = [&](int k) { return k == 0 ? a[0] : k == 1 ? a[1] : k == 2 ? a[2] : a[3]; };
+      // Lane q keeps a[q] and trades a[q ^ s] for lane (q ^ s)'s a[q].
+      const uint32_t got1 = __shfl_xor_sync(0xffffffffu, pick(q ^ 1), 1);
+      const uint32_t got2 = __shfl_xor_sync(0xffffffffu, pick(q ^ 2), 2);
+      const uint32_t got3 = __shfl_xor_sync(0xffffffffu, pick(q ^ 3), 3);
+      uint32_t b[4];
+      CUTE_UNROLL
+      for (int k = 0; k < 4; ++k) b[k] = k == q ? pick(q) : (k ^ q) == 1 ? got1 : (k ^ q) == 2 ? got2 : got3;
+      store(r, 8 * (4 * m + q), make_uint4(b[0], b[1], b[2], b[3]));
+    }
   }
 }
 

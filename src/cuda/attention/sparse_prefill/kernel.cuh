@@ -345,16 +345,13 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
         factor[r] = l_total[r] > 0.f ? 1.f / (l_total[r] + sink_term) : 0.f;
       }
       auto* out_base = static_cast<uint8_t*>(p.out) + it.token * p.out_stride_s * 2;
-      CUTE_UNROLL
-      for (int i = 0; i < size(rO); i += 2) {
-        const int r = (i >> 1) & 1;
-        const int head = it.head0 + acc_row(i, tid);
-        if (head >= p.num_heads) continue;
-        const int col = wg * Cfg::kDvPerWarpgroup + acc_col(i, tid);
-        const __nv_bfloat162 o2 = __floats2bfloat162_rn(rO(i) * factor[r], rO(i + 1) * factor[r]);
-        __stcs(reinterpret_cast<unsigned int*>(out_base + (head * p.out_stride_h + col) * 2),
-               reinterpret_cast<const unsigned int&>(o2));  // streaming store: out is not re-read
-      }
+      for_each_o_chunk(rO, factor, tid, [&](int r, int col, uint4 chunk) {
+        const int head = it.head0 + row0 + 8 * r;
+        if (head >= p.num_heads) return;
+        // Streaming store: out is not re-read. Rows are 16-byte aligned (checked by the host).
+        __stcs(reinterpret_cast<uint4*>(out_base + (head * p.out_stride_h + wg * Cfg::kDvPerWarpgroup + col) * 2),
+               chunk);
+      });
       if (wg == 0 && (tid & 3) == 0) {
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {

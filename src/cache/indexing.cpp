@@ -96,20 +96,14 @@ void convert_slots(const SlotProblem& p, const TensorView& local, const TensorVi
 
 void local_to_global_slots(const TensorView& local, const TensorView& token_to_req,
                            const TensorView& block_table, int block_size, const TensorView& global,
-                           const TensorView& lens, Stream stream) {
+                           const TensorView& lens, [[maybe_unused]] Stream stream) {
   constexpr const char* where = "local_to_global_slots";
   const SlotProblem p =
       check_slot_args(where, local, token_to_req, block_table, block_size, global, lens);
   if (p.device != Device::cpu) {
-#ifdef DSV4_WITH_CUDA
-    cuda::local_to_global_slots(local, token_to_req, block_table, block_size, global, lens,
-                                stream);
-    return;
-#else
-    cpu::throw_cuda_unavailable(where);
-#endif
+    DSV4_CUDA_DISPATCH(where, cuda::local_to_global_slots(local, token_to_req, block_table,
+                                                          block_size, global, lens, stream));
   }
-  (void)stream;
   convert_slots(p, local, token_to_req, block_table, block_size, global, lens);
 }
 
@@ -151,7 +145,8 @@ void local_to_global_slots_checked(const TensorView& local, const TensorView& to
 
 void swa_window_indices(const TensorView& positions, const TensorView& token_to_req,
                         const TensorView& block_table, int block_size, int window,
-                        const TensorView& indices, const TensorView& lens, Stream stream) {
+                        const TensorView& indices, const TensorView& lens,
+                        [[maybe_unused]] Stream stream) {
   constexpr const char* where = "swa_window_indices";
   check_positive(where, "block_size", block_size);
   check_positive(where, "window", window);
@@ -171,15 +166,9 @@ void swa_window_indices(const TensorView& positions, const TensorView& token_to_
       where, {{"positions", positions}, {"token_to_req", token_to_req},
               {"block_table", block_table}, {"indices", indices}, {"lens", lens}});
   if (device != Device::cpu) {
-#ifdef DSV4_WITH_CUDA
-    cuda::swa_window_indices(positions, token_to_req, block_table, block_size, window, indices,
-                             lens, stream);
-    return;
-#else
-    cpu::throw_cuda_unavailable(where);
-#endif
+    DSV4_CUDA_DISPATCH(where, cuda::swa_window_indices(positions, token_to_req, block_table,
+                                                       block_size, window, indices, lens, stream));
   }
-  (void)stream;
   const int64_t R = block_table.shape[0], max_blocks = block_table.shape[1];
 
   auto position = [&](int64_t t) -> int64_t {
@@ -230,7 +219,7 @@ void combine_topk_swa_indices(const TensorView& topk, const TensorView& query_st
                               const TensorView& seq_lens, const TensorView& gather_lens,
                               int window, int compressed_region, int64_t rows_per_request,
                               int ratio, const TensorView& out, const TensorView& out_lens,
-                              Stream stream) {
+                              [[maybe_unused]] Stream stream) {
   constexpr const char* where = "combine_topk_swa_indices";
   check_positive(where, "window", window);
   if (compressed_region < 0) fail_expected(where, "compressed_region", ">= 0", compressed_region);
@@ -262,16 +251,11 @@ void combine_topk_swa_indices(const TensorView& topk, const TensorView& query_st
       where, {{"topk", topk}, {"query_start_loc", query_start_loc}, {"seq_lens", seq_lens},
               {"gather_lens", gather_lens}, {"out", out}, {"out_lens", out_lens}});
   if (device != Device::cpu) {
-#ifdef DSV4_WITH_CUDA
-    cuda::combine_topk_swa_indices(topk, query_start_loc, seq_lens, gather_lens, window,
-                                   compressed_region, rows_per_request, ratio, out, out_lens,
-                                   stream);
-    return;
-#else
-    cpu::throw_cuda_unavailable(where);
-#endif
+    DSV4_CUDA_DISPATCH(where,
+                       cuda::combine_topk_swa_indices(topk, query_start_loc, seq_lens, gather_lens,
+                                                      window, compressed_region, rows_per_request,
+                                                      ratio, out, out_lens, stream));
   }
-  (void)stream;
 
   // Request metadata: token ranges cover out's T rows exactly; each request's gathered SWA
   // range fits its workspace rows and holds every query token's window.

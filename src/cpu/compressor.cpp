@@ -329,7 +329,7 @@ void compressor_update_and_emit(const CompressorConfig& cfg, const TensorView& k
                                 const TensorView& score_rows, const CompressorBatch& batch,
                                 const TensorView& norm_weight, const TensorView& cos_sin,
                                 const CompressorStateView& state, const CompressorOutputView& out,
-                                const TensorView& entries, Stream stream) {
+                                const TensorView& entries, [[maybe_unused]] Stream stream) {
   cfg.validate(kEmitOp);
   const int D = cfg.head_dim, r = cfg.ratio, K = cfg.ring_rows();
   const int64_t width = cfg.proj_width();
@@ -390,16 +390,11 @@ void compressor_update_and_emit(const CompressorConfig& cfg, const TensorView& k
                                                   {"out cache", out_data},
                                                   {"entries", entries}});
   if (dev == Device::cuda) {
-#if defined(DSV4_WITH_CUDA)
     // The data-dependent checks below read index tensors: not on the host for CUDA tensors. The
     // kernels skip what they would reject (header comment); they rely on the checks above.
-    cuda::compressor_update_and_emit(cfg, kv_rows, score_rows, batch, norm_weight, cos_sin, state,
-                                     out, entries, stream);
-    return;
-#else
-    (void)stream;
-    cpu::throw_cuda_unavailable(kEmitOp);
-#endif
+    DSV4_CUDA_DISPATCH(kEmitOp, cuda::compressor_update_and_emit(cfg, kv_rows, score_rows, batch,
+                                                                 norm_weight, cos_sin, state, out,
+                                                                 entries, stream));
   }
 
   // ---- data: runs, emitted entries and every slot this call touches ----

@@ -80,16 +80,11 @@ void dequantize_cpu(const TensorView& x, const TensorView& scale, int block_rows
 }  // namespace
 
 void dequantize_fp8_blocks(const TensorView& x, const TensorView& scale, int block_rows,
-                           int block_cols, const TensorView& y, Stream stream) {
+                           int block_cols, const TensorView& y, [[maybe_unused]] Stream stream) {
   validate_dequantize(x, scale, block_rows, block_cols, y);
   if (cpu::common_device(kOp, {{"x", x}, {"scale", scale}, {"y", y}}) == Device::cuda) {
-#ifdef DSV4_WITH_CUDA
-    cuda::dequantize_fp8_blocks(x, scale, block_rows, block_cols, y, stream);
-    return;
-#else
-    (void)stream;
-    cpu::throw_cuda_unavailable(kOp);
-#endif
+    DSV4_CUDA_DISPATCH(kOp,
+                       cuda::dequantize_fp8_blocks(x, scale, block_rows, block_cols, y, stream));
   }
   dequantize_cpu(x, scale, block_rows, block_cols, y);
 }

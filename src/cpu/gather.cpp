@@ -110,19 +110,16 @@ void dequantize_and_gather_cpu(const KvCacheView& cache, const TensorView& block
 
 void dequantize_and_gather(const KvCacheView& cache, const TensorView& block_table,
                            const TensorView& seq_lens, const TensorView& gather_lens,
-                           int64_t offset, const TensorView& workspace, Stream stream) {
+                           int64_t offset, const TensorView& workspace,
+                           [[maybe_unused]] Stream stream) {
   validate_gather(cache, block_table, seq_lens, gather_lens, offset, workspace);
   if (workspace.device == Device::cpu) {
     dequantize_and_gather_cpu(cache, block_table, seq_lens, gather_lens, offset, workspace);
     return;
   }
   // Length and table values live on the device: the kernel skips rows it cannot gather validly.
-#if defined(DSV4_WITH_CUDA)
-  cuda::dequantize_and_gather(cache, block_table, seq_lens, gather_lens, offset, workspace, stream);
-#else
-  (void)stream;
-  cpu::throw_cuda_unavailable(kOp);
-#endif
+  DSV4_CUDA_DISPATCH(kOp, cuda::dequantize_and_gather(cache, block_table, seq_lens, gather_lens,
+                                                      offset, workspace, stream));
 }
 
 }  // namespace dsv4

@@ -215,9 +215,8 @@ int64_t indexer_query_workspace_bytes(int64_t T, int index_heads, int head_dim) 
 void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const TensorView& weights,
                     const TensorView& positions, const TensorView& token_to_req,
                     const IndexerKeyCacheView& keys, const TensorView& key_block_table, int ratio,
-                    const TensorView& scores, Stream stream) {
+                    const TensorView& scores, [[maybe_unused]] Stream stream) {
   constexpr const char* kOp = "indexer_scores";
-  (void)stream;
   check_ratio(kOp, ratio);
   check_defined(kOp, "q_fp8", q_fp8);
   check_dtype(kOp, "q_fp8", q_fp8, DType::fp8_e4m3);
@@ -252,13 +251,8 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
                                               {"key_block_table", key_block_table},
                                               {"scores", scores}});
   if (dev == Device::cuda) {
-#if defined(DSV4_WITH_CUDA)
-    cuda::indexer_scores(q_fp8, q_scale, weights, positions, token_to_req, keys, key_block_table,
-                         ratio, scores, stream);
-    return;
-#else
-    cpu::throw_cuda_unavailable(kOp);
-#endif
+    DSV4_CUDA_DISPATCH(kOp, cuda::indexer_scores(q_fp8, q_scale, weights, positions, token_to_req,
+                                                 keys, key_block_table, ratio, scores, stream));
   }
 
   // Data: request rows in range, the visible entries fit in `scores`, and every visible entry's
@@ -335,9 +329,9 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
 // ================================ top-k ======================================================
 
 void indexer_topk(const TensorView& scores, const TensorView& positions, int ratio,
-                  const TensorView& indices, const TensorView& lens, Stream stream) {
+                  const TensorView& indices, const TensorView& lens,
+                  [[maybe_unused]] Stream stream) {
   constexpr const char* kOp = "indexer_topk";
-  (void)stream;
   check_ratio(kOp, ratio);
   check_defined(kOp, "scores", scores);
   check_dtype(kOp, "scores", scores, DType::fp32);
@@ -349,12 +343,7 @@ void indexer_topk(const TensorView& scores, const TensorView& positions, int rat
   const Device dev = cpu::common_device(
       kOp, {{"scores", scores}, {"positions", positions}, {"indices", indices}, {"lens", lens}});
   if (dev == Device::cuda) {
-#if defined(DSV4_WITH_CUDA)
-    cuda::indexer_topk(scores, positions, ratio, indices, lens, stream);
-    return;
-#else
-    cpu::throw_cuda_unavailable(kOp);
-#endif
+    DSV4_CUDA_DISPATCH(kOp, cuda::indexer_topk(scores, positions, ratio, indices, lens, stream));
   }
   check_visible_fit(kOp, "scores.shape[1]", positions, ratio, N);
 
@@ -384,9 +373,8 @@ void indexer_topk(const TensorView& scores, const TensorView& positions, int rat
 // ================================ C128A plan =================================================
 
 void compressed_prefix_indices(const TensorView& positions, int ratio, const TensorView& indices,
-                               const TensorView& lens, Stream stream) {
+                               const TensorView& lens, [[maybe_unused]] Stream stream) {
   constexpr const char* kOp = "compressed_prefix_indices";
-  (void)stream;
   check_ratio(kOp, ratio);
   check_defined(kOp, "positions", positions);
   check_ndim(kOp, "positions", positions, 1);
@@ -396,12 +384,8 @@ void compressed_prefix_indices(const TensorView& positions, int ratio, const Ten
   const Device dev =
       cpu::common_device(kOp, {{"positions", positions}, {"indices", indices}, {"lens", lens}});
   if (dev == Device::cuda) {
-#if defined(DSV4_WITH_CUDA)
-    cuda::compressed_prefix_indices(positions, ratio, indices, lens, stream);
-    return;
-#else
-    cpu::throw_cuda_unavailable(kOp);
-#endif
+    DSV4_CUDA_DISPATCH(kOp,
+                       cuda::compressed_prefix_indices(positions, ratio, indices, lens, stream));
   }
   const int64_t K = indices.size(1);
   check_visible_fit(kOp, "indices.shape[1]", positions, ratio, K);

@@ -79,20 +79,15 @@ void check_slots(const TensorView& slot_mapping, int64_t num_slots) {
 
 void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const TensorView& positions,
                           const TensorView& cos_sin, float eps, const KvCacheView& cache,
-                          const TensorView& slot_mapping, Stream stream) {
+                          const TensorView& slot_mapping, [[maybe_unused]] Stream stream) {
   const int64_t R = validate_shapes(q, kv, positions, cos_sin, eps, cache, slot_mapping);
   if (cpu::common_device(kOp, {{"q", q}, {"kv", kv}, {"positions", positions},
                                {"cos_sin", cos_sin}, {"cache", cache.data},
                                {"slot_mapping", slot_mapping}}) == Device::cuda) {
     // Position and slot values live on the device: the kernel handles invalid ones (see
     // src/cuda/kv/qnorm_rope_kv_insert.h).
-#if defined(DSV4_WITH_CUDA)
-    cuda::qnorm_rope_kv_insert(q, kv, positions, cos_sin, eps, cache, slot_mapping, stream);
-    return;
-#else
-    (void)stream;
-    cpu::throw_cuda_unavailable(kOp);
-#endif
+    DSV4_CUDA_DISPATCH(kOp, cuda::qnorm_rope_kv_insert(q, kv, positions, cos_sin, eps, cache,
+                                                       slot_mapping, stream));
   }
   cpu::check_positions_in_table(kOp, positions, cos_sin);
   check_slots(slot_mapping, cache.num_slots());

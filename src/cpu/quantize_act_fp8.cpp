@@ -44,16 +44,10 @@ void validate_quantize_act(const TensorView& x, int block, const TensorView& xq,
 }  // namespace
 
 void quantize_act_fp8(const TensorView& x, int block, const TensorView& xq,
-                      const TensorView& scale, Stream stream) {
+                      const TensorView& scale, [[maybe_unused]] Stream stream) {
   validate_quantize_act(x, block, xq, scale);
   if (cpu::common_device(kOp, {{"x", x}, {"xq", xq}, {"scale", scale}}) == Device::cuda) {
-#ifdef DSV4_WITH_CUDA
-    cuda::quantize_act_fp8(x, block, xq, scale, stream);
-    return;
-#else
-    (void)stream;
-    cpu::throw_cuda_unavailable(kOp);
-#endif
+    DSV4_CUDA_DISPATCH(kOp, cuda::quantize_act_fp8(x, block, xq, scale, stream));
   }
 
   const int64_t T = x.shape[0], K = x.shape[1], num_blocks = K / block;

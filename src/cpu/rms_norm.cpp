@@ -70,25 +70,19 @@ void normalize_rows(const TensorView& x, const TensorView& weight, float eps, co
 }  // namespace
 
 void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& y,
-              Stream stream) {
+              [[maybe_unused]] Stream stream) {
   constexpr const char* kOp = "rms_norm";
   validate_norm_operand(kOp, "x", x, "weight", weight, false, "y", y);
   check_eps(kOp, eps);
   if (cpu::common_device(kOp, {{"x", x}, {"weight", weight}, {"y", y}}) == Device::cuda) {
-#if defined(DSV4_WITH_CUDA)
-    cuda::rms_norm(x, weight, eps, y, stream);
-    return;
-#else
-    (void)stream;
-    cpu::throw_cuda_unavailable(kOp);
-#endif
+    DSV4_CUDA_DISPATCH(kOp, cuda::rms_norm(x, weight, eps, y, stream));
   }
   normalize_rows(x, weight, eps, y);
 }
 
 void fused_qkv_rms_norm(const TensorView& q_in, const TensorView& wq, const TensorView& kv_in,
                         const TensorView& wkv, float eps, const TensorView& q_out,
-                        const TensorView& kv_out, Stream stream) {
+                        const TensorView& kv_out, [[maybe_unused]] Stream stream) {
   constexpr const char* kOp = "fused_qkv_rms_norm";
   validate_norm_operand(kOp, "q_in", q_in, "wq", wq, true, "q_out", q_out);
   validate_norm_operand(kOp, "kv_in", kv_in, "wkv", wkv, true, "kv_out", kv_out);
@@ -102,13 +96,8 @@ void fused_qkv_rms_norm(const TensorView& q_in, const TensorView& wq, const Tens
   cpu::check_disjoint(kOp, "q_out", q_out, "kv_out", kv_out);
   if (cpu::common_device(kOp, {{"q_in", q_in}, {"wq", wq}, {"kv_in", kv_in}, {"wkv", wkv},
                                {"q_out", q_out}, {"kv_out", kv_out}}) == Device::cuda) {
-#if defined(DSV4_WITH_CUDA)
-    cuda::fused_qkv_rms_norm(q_in, wq, kv_in, wkv, eps, q_out, kv_out, stream);
-    return;
-#else
-    (void)stream;
-    cpu::throw_cuda_unavailable(kOp);
-#endif
+    DSV4_CUDA_DISPATCH(kOp,
+                       cuda::fused_qkv_rms_norm(q_in, wq, kv_in, wkv, eps, q_out, kv_out, stream));
   }
   normalize_rows(q_in, wq, eps, q_out);
   normalize_rows(kv_in, wkv, eps, kv_out);

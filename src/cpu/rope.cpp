@@ -81,7 +81,7 @@ HostTensor build_rope_cache(const RopeConfig& cfg, int64_t max_pos) {
 }
 
 void apply_rope(const TensorView& x, const TensorView& positions, const TensorView& cos_sin,
-                bool inverse, const TensorView& y, Stream stream) {
+                bool inverse, const TensorView& y, [[maybe_unused]] Stream stream) {
   constexpr const char* kOp = "apply_rope";
   check_defined(kOp, "x", x);
   check_defined(kOp, "y", y);
@@ -100,13 +100,7 @@ void apply_rope(const TensorView& x, const TensorView& positions, const TensorVi
   if (cpu::common_device(kOp, {{"x", x}, {"positions", positions}, {"cos_sin", cos_sin},
                                {"y", y}}) == Device::cuda) {
     // Position values live on the device: the kernel leaves rows with an invalid one unwritten.
-#if defined(DSV4_WITH_CUDA)
-    cuda::apply_rope(x, positions, cos_sin, inverse, y, stream);
-    return;
-#else
-    (void)stream;
-    cpu::throw_cuda_unavailable(kOp);
-#endif
+    DSV4_CUDA_DISPATCH(kOp, cuda::apply_rope(x, positions, cos_sin, inverse, y, stream));
   }
   cpu::check_positions_in_table(kOp, positions, cos_sin);
 

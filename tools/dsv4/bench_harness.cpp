@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -78,45 +77,10 @@ Timing time_launch(const LaunchFn& launch, int rotations, int warmup, int reps) 
   return {us[us.size() / 2], us.front(), us.back(), reps};
 }
 
-// Case buffers come from one arena reserved at the first request and reused by every case (a
-// bump pointer, rewound when the last buffer of the previous case is released), the way a serving
-// engine's caching allocator hands out memory. With a cudaMalloc/cudaFree per case, the V4-Flash
-// prefill case ran 25 % slower when it followed the 1.2 GB V3.2 cases in the same process than in
-// a process of its own (bench/NOTES-prefill.md, v8): a case's time must not depend on which cases
-// ran before it.
-namespace {
-struct Arena {
-  uint8_t* base = nullptr;
-  size_t capacity = 0, used = 0;
-  int live = 0;
-};
-Arena& arena() {
-  static Arena a;
-  return a;
-}
-}  // namespace
-
 std::shared_ptr<void> device_alloc(size_t bytes) {
-  Arena& a = arena();
-  if (a.base == nullptr) {
-    size_t free_bytes = 0, total = 0;
-    check(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
-    a.capacity = std::min<size_t>(free_bytes / 10 * 8, size_t{24} << 30);
-    void* p = nullptr;
-    check(cudaMalloc(&p, a.capacity), "cudaMalloc (bench arena)");
-    a.base = static_cast<uint8_t*>(p);
-  }
-  constexpr size_t kAlign = size_t{2} << 20;  // 2 MiB: every buffer starts on a large page
-  const size_t size = (bytes + kAlign - 1) / kAlign * kAlign;
-  if (a.used + size > a.capacity)
-    fail("dsv4 bench: a case needs more than the ", a.capacity >> 20, " MiB bench arena");
-  void* p = a.base + a.used;
-  a.used += size;
-  ++a.live;
-  return std::shared_ptr<void>(p, [](void*) {
-    Arena& arena_ref = arena();
-    if (--arena_ref.live == 0) arena_ref.used = 0;  // the case is over: its space is reused
-  });
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes), "cudaMalloc");
+  return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
 }
 
 int device_count() {

@@ -6,11 +6,10 @@
 #pragma once
 
 #if defined(DSV4_HAVE_CUTLASS)
-#include <cuda_bf16.h>
-
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/common/fp8_convert.cuh"
 #include "cuda/common/smem_layout.cuh"
 #include "cuda/common/wgmma.cuh"
 
@@ -104,8 +103,7 @@ __device__ __forceinline__ void for_each_o_chunk(const FragO& rO, const float (&
       CUTE_UNROLL
       for (int jj = 0; jj < 4; ++jj) {
         const int i = 4 * (4 * m + jj) + 2 * r;  // element (row r, column 8j + 2q)
-        const __nv_bfloat162 two = __floats2bfloat162_rn(rO(i) * factor[r], rO(i + 1) * factor[r]);
-        a[jj] = reinterpret_cast<const uint32_t&>(two);
+        a[jj] = pack_bf16x2(rO(i) * factor[r], rO(i + 1) * factor[r]);
       }
       auto pick = [&](int k) { return k == 0 ? a[0] : k == 1 ? a[1] : k == 2 ? a[2] : a[3]; };
       // Lane q keeps a[q] and trades a[q ^ s] for lane (q ^ s)'s a[q].

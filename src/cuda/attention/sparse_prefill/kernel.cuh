@@ -112,6 +112,18 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
       }
       ptx::named_barrier_sync(Cfg::kBarProducer, 128);  // no thread gathers into b before it is read
     };
+    // This thread's 4 row indices of a tile, read one tile before the gather that needs them —
+    // across items too (the next item's tile 0 during this item's last tile), so no gather waits
+    // on an index read.
+    int32_t next_indices[kTile / 16];
+    int prefetched_item = -1;  // the item whose tile-0 indices next_indices holds
+    auto read_indices = [&](const Item& of, int t) {
+#pragma unroll
+      for (int rk = 0; rk < kTile / 16; ++rk) {
+        const int slot = t * kTile + group + 16 * rk;
+        next_indices[rk] = slot < of.valid_len ? __ldg(of.indices + slot) : -1;
+      }
+    };
     uint32_t g = 0;
     int k = 0;
     for (int item = blockIdx.x; item < num_items; item += gridDim.x, ++k) {
@@ -124,17 +136,7 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
         for (int blk = 0; blk < kBlocks; ++blk)
           ptx::tma_load_3d(plan.q + blk * kHeads * 128, &p.q_map, blk * 64, it.head0, it.token, &plan.q_full);
       }
-      // This thread's 4 row indices of a tile, read one tile before the gather that needs them
-      // (so the gather never waits on an index read; only an item's tile 0 does).
-      int32_t next_indices[kTile / 16];
-      auto read_indices = [&](int t) {
-#pragma unroll
-        for (int rk = 0; rk < kTile / 16; ++rk) {
-          const int slot = t * kTile + group + 16 * rk;
-          next_indices[rk] = slot < it.valid_len ? __ldg(it.indices + slot) : -1;
-        }
-      };
-      if (it.num_tiles > 0) read_indices(0);
+      if (it.num_tiles > 0 && prefetched_item != item) read_indices(it, 0);
       for (int t = 0; t < it.num_tiles; ++t, ++g) {
         const int buf = g & 1;
         const uint8_t* src[kTile / 16];
@@ -145,7 +147,12 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
           valid[rk] = idx >= 0 && idx < p.s_kv;
           src[rk] = kv_base + (valid[rk] ? idx * kv_row_bytes : 0);
         }
-        if (t + 1 < it.num_tiles) read_indices(t + 1);
+        if (t + 1 < it.num_tiles) {
+          read_indices(it, t + 1);
+        } else if (item + static_cast<int>(gridDim.x) < num_items) {
+          prefetched_item = item + gridDim.x;
+          read_indices(item_at(prefetched_item), 0);
+        }
         if (g >= 2) ptx::mbarrier_wait(&plan.k_empty[buf], ((g >> 1) - 1) & 1);
         const int staged = buf ? staged1 : staged0;
         if (staged >= 0) {

@@ -110,6 +110,10 @@ void sparse_prefill(const SparsePrefillArgs& a, Stream stream) {
     const uint64_t q_strides[2] = {static_cast<uint64_t>(a.q.stride(1)) * 2, static_cast<uint64_t>(a.q.stride(0)) * 2};
     const uint32_t q_box[3] = {64, 64, 1};
     p.q_map = make_tensor_map_bf16_sw128(kOp, a.q.data, 3, q_dims, q_strides, q_box);
+    const uint64_t out_dims[3] = {512, static_cast<uint64_t>(heads), static_cast<uint64_t>(s_q)};
+    const uint64_t out_strides[2] = {static_cast<uint64_t>(a.out.stride(1)) * 2,
+                                     static_cast<uint64_t>(a.out.stride(0)) * 2};
+    p.out_map = make_tensor_map_bf16_sw128(kOp, a.out.data, 3, out_dims, out_strides, q_box);
   }
 
 #if defined(DSV4_HAVE_CUTLASS)

@@ -80,6 +80,25 @@ __device__ __forceinline__ void tma_load_3d(void* smem_dst, const void* tensor_m
       : "memory");
 }
 
+// Bulk tensor store: the box at (c0, c1, c2) of the tensor map from shared memory. Boxes past the
+// tensor's end are clipped. Asynchronous: bulk_commit() closes a group, bulk_wait_read<N>() waits
+// until at most N groups still read shared memory, bulk_wait<N>() until their writes are done.
+// Generic-proxy writes of the source must be fenced (fence_proxy_async_smem) and published first.
+__device__ __forceinline__ void tma_store_3d(const void* tensor_map, const void* smem_src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];"
+               ::"l"(tensor_map), "r"(smem_addr(smem_src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
 // ---------------------------------------------------------------- named barriers
 // Hardware barriers 1..15 between a subset of warps (0 is __syncthreads). `threads` counts every
 // participant (multiple of 32). arrive() does not wait: a producer signals, a consumer syncs.

@@ -24,6 +24,8 @@ namespace dsv4::cuda::sparse_prefill_detail {
 struct Params {
   // TMA map of q as (d_qk, H, s_q) with 64×64×1 boxes, 128-byte swizzled (64-byte aligned type).
   CUtensorMap q_map;
+  // TMA map of out as (512, H, s_q), same boxes and swizzle: O leaves through shared memory.
+  CUtensorMap out_map;
   const void* kv;          // [s_kv, d_qk] bf16 (row stride kv_row_stride elements)
   const int32_t* indices;  // [s_q, topk] (row stride indices_row_stride)
   const int32_t* topk_length;  // [s_q] or nullptr
@@ -68,8 +70,10 @@ struct Config {
   // only for the few tiles that raise the max by that much — for most tiles the rescale of the
   // 128 O accumulators is skipped (FlashAttention-4's conditional rescaling).
   static constexpr float kRescaleSlack = 8.f;
-  // Named barrier (0 is __syncthreads) for the end-of-item row-sum exchange between math WGs.
+  // Named barriers (0 is __syncthreads): the end-of-item row-sum exchange between the math WGs;
+  // the producer WG's threads waiting for its O store to have read a buffer.
   static constexpr uint32_t kBarLExchange = 1;
+  static constexpr uint32_t kBarProducer = 2;
 
   struct SharedPlan {
     alignas(1024) uint8_t q[kQBytes];

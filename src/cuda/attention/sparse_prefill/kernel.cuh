@@ -13,6 +13,8 @@
 //        issue O += P_i·V_i[:, my half] (A from registers)
 //   Both WGs see every tile's scale factor, so their O halves and partial row sums stay in step;
 //   the row sums are added across WGs at the end (fixed order: deterministic).
+//   Epilogue: O is staged in the item's last tile buffer and TMA-stored by the producer before it
+//   gathers into that buffer again (scattered global stores cost ~35 cycles per warp store).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -94,6 +96,34 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
     const int group = tid / 8, lane8 = tid % 8;
     const auto* kv_base = static_cast<const uint8_t*>(p.kv) + lane8 * 16;
     const int64_t kv_row_bytes = p.kv_row_stride * 2;
+    // O of an item leaves through its last tile's buffer: the math WGs stage it there (the out
+    // map's box layout) and free the buffer as for any tile; before the next gather into that
+    // buffer — or at the end — this WG TMA-stores it, so no math thread waits on global stores.
+    // staged0/1: the item whose O buffer 0/1 holds, -1 if none (two scalars: no local memory).
+    int staged0 = -1, staged1 = -1;
+    auto store_staged_o = [&](int b, int staged_item) {
+      if (tid == 0) {
+        const int token = staged_item / head_groups, head0 = (staged_item % head_groups) * kHeads;
+#pragma unroll
+        for (int blk = 0; blk < Cfg::kDv / 64; ++blk)
+          ptx::tma_store_3d(&p.out_map, plan.k[b] + blk * kTile * 128, blk * 64, head0, token);
+        ptx::bulk_commit();
+        ptx::bulk_wait_read<0>();
+      }
+      ptx::named_barrier_sync(Cfg::kBarProducer, 128);  // no thread gathers into b before it is read
+    };
+    // This thread's 4 row indices of a tile, read one tile before the gather that needs them —
+    // across items too (the next item's tile 0 during this item's last tile), so no gather waits
+    // on an index read.
+    int32_t next_indices[kTile / 16];
+    int prefetched_item = -1;  // the item whose tile-0 indices next_indices holds
+    auto read_indices = [&](const Item& of, int t) {
+#pragma unroll
+      for (int rk = 0; rk < kTile / 16; ++rk) {
+        const int slot = t * kTile + group + 16 * rk;
+        next_indices[rk] = slot < of.valid_len ? __ldg(of.indices + slot) : -1;
+      }
+    };
     uint32_t g = 0;
     int k = 0;
     for (int item = blockIdx.x; item < num_items; item += gridDim.x, ++k) {
@@ -106,17 +136,7 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
         for (int blk = 0; blk < kBlocks; ++blk)
           ptx::tma_load_3d(plan.q + blk * kHeads * 128, &p.q_map, blk * 64, it.head0, it.token, &plan.q_full);
       }
-      // This thread's 4 row indices of a tile, read one tile before the gather that needs them
-      // (so the gather never waits on an index read; only an item's tile 0 does).
-      int32_t next_indices[kTile / 16];
-      auto read_indices = [&](int t) {
-#pragma unroll
-        for (int rk = 0; rk < kTile / 16; ++rk) {
-          const int slot = t * kTile + group + 16 * rk;
-          next_indices[rk] = slot < it.valid_len ? __ldg(it.indices + slot) : -1;
-        }
-      };
-      if (it.num_tiles > 0) read_indices(0);
+      if (it.num_tiles > 0 && prefetched_item != item) read_indices(it, 0);
       for (int t = 0; t < it.num_tiles; ++t, ++g) {
         const int buf = g & 1;
         const uint8_t* src[kTile / 16];
@@ -127,8 +147,19 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
           valid[rk] = idx >= 0 && idx < p.s_kv;
           src[rk] = kv_base + (valid[rk] ? idx * kv_row_bytes : 0);
         }
-        if (t + 1 < it.num_tiles) read_indices(t + 1);
+        if (t + 1 < it.num_tiles) {
+          read_indices(it, t + 1);
+        } else if (item + static_cast<int>(gridDim.x) < num_items) {
+          prefetched_item = item + gridDim.x;
+          read_indices(item_at(prefetched_item), 0);
+        }
         if (g >= 2) ptx::mbarrier_wait(&plan.k_empty[buf], ((g >> 1) - 1) & 1);
+        const int staged = buf ? staged1 : staged0;
+        if (staged >= 0) {
+          store_staged_o(buf, staged);
+          if (buf) staged1 = -1;
+          else staged0 = -1;
+        }
         uint8_t* dst = plan.k[buf];
         auto gather_blocks = [&](int blk_begin, int blk_end) {
 #pragma unroll
@@ -145,7 +176,20 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
         gather_blocks(Cfg::kSplitBlocks, kBlocks);
         ptx::cp_async_arrive_noinc(&plan.k_full[buf][1]);
       }
+      if (it.num_tiles > 0) {
+        if ((g - 1) & 1) staged1 = item;
+        else staged0 = item;
+      }
     }
+    // The last items' O: once the math WGs staged it (the buffer's last use completed), store it.
+    for (int b = 0; b < 2; ++b) {
+      const int staged = b ? staged1 : staged0;
+      if (staged < 0) continue;
+      const uint32_t last = ((g - 1) & 1) == static_cast<uint32_t>(b) ? g - 1 : g - 2;
+      ptx::mbarrier_wait(&plan.k_empty[b], (last >> 1) & 1);
+      store_staged_o(b, staged);
+    }
+    if (tid == 0) ptx::bulk_wait<0>();  // the stores' global writes, before the CTA exits
   } else {
     // ============================== math ==============================
     ptx::warpgroup_regs_increase<Cfg::kMathRegs>();
@@ -315,8 +359,8 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
         accumulate_remote(t - 1);
       }
       wgmma_wait<0>();
-      // Every tile's buffer is released once by each WG; the last one is still held here.
-      if (n >= 1) ptx::mbarrier_arrive(&plan.k_empty[buf_of(n - 1)]);
+      // The last tile's buffer is released only after O has been staged in it (below).
+      const int stage_buf = n >= 1 ? buf_of(n - 1) : 0;
       g += n;
 
       // ---- epilogue: total row sums across the two WGs, sink, normalise, store.
@@ -344,14 +388,26 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
         }
         factor[r] = l_total[r] > 0.f ? 1.f / (l_total[r] + sink_term) : 0.f;
       }
-      auto* out_base = static_cast<uint8_t*>(p.out) + it.token * p.out_stride_s * 2;
-      for_each_o_chunk(rO, factor, tid, [&](int r, int col, uint4 chunk) {
-        const int head = it.head0 + row0 + 8 * r;
-        if (head >= p.num_heads) return;
-        // Streaming store: out is not re-read. Rows are 16-byte aligned (checked by the host).
-        __stcs(reinterpret_cast<uint4*>(out_base + (head * p.out_stride_h + wg * Cfg::kDvPerWarpgroup + col) * 2),
-               chunk);
-      });
+      if (n >= 1) {
+        // Into the last tile's buffer (both WGs' P·V on it are done: the exchange above), in the
+        // out map's 64×64 SW128 boxes; the producer TMA-stores it (rows past H are clipped).
+        uint8_t* stage = plan.k[stage_buf];
+        for_each_o_chunk(rO, factor, tid, [&](int r, int col, uint4 chunk) {
+          const int chunk_index = (wg * Cfg::kDvPerWarpgroup + col) >> 3;
+          *reinterpret_cast<uint4*>(stage + sw128_chunk_offset<kHeads>(row0 + 8 * r, chunk_index)) = chunk;
+        });
+        ptx::fence_proxy_async_smem();
+        ptx::mbarrier_arrive(&plan.k_empty[stage_buf]);
+      } else {
+        // No tile, no buffer: the zero rows go out directly.
+        auto* out_base = static_cast<uint8_t*>(p.out) + it.token * p.out_stride_s * 2;
+        for_each_o_chunk(rO, factor, tid, [&](int r, int col, uint4 chunk) {
+          const int head = it.head0 + row0 + 8 * r;
+          if (head >= p.num_heads) return;
+          __stcs(reinterpret_cast<uint4*>(out_base + (head * p.out_stride_h + wg * Cfg::kDvPerWarpgroup + col) * 2),
+                 chunk);
+        });
+      }
       if (wg == 0 && (tid & 3) == 0) {
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {

@@ -406,6 +406,40 @@ TEST_F(SparseDecodeCudaEdge, InfiniteSinks) {
   }
 }
 
+// Logits that grow tile after tile (key j of a row is u·c·(j + 1), q a jittered ±u): the
+// kernel's reference max (kLazyRescaleSlack in attention_tile.cuh: P and the row sums are
+// relative to a max that moves only when a tile exceeds it by more than the slack) lags the
+// true max and moves every few tiles, so both the skipped and the applied O rescale of both
+// consumer warpgroups are checked, on the cluster (H 128) and single-CTA (H 64) paths, with and
+// without splits.
+TEST_F(SparseDecodeCudaEdge, LogitsGrowAcrossTiles) {
+  struct Variant {
+    KvLayout layout;
+    int h, splits;
+  };
+  for (const Variant var : {Variant{KvLayout::model1_fp8, 128, 1}, Variant{KvLayout::v32_fp8, 64, 2}}) {
+    std::mt19937 rng(21);
+    Case c{"grow", var.layout, var.h, 1, 2, 1024, 64, 0, 0, var.splits, false, true, 0.0};
+    Problem pb(c, rng);
+    std::uniform_real_distribution<float> jitter(0.9f, 1.1f);
+    std::vector<float> u(pb.d_qk);
+    for (auto& x : u) x = (rng() & 1) ? 1.f : -1.f;
+    for (size_t i = 0; i < pb.q.size(); ++i) pb.q[i] = float_to_bf16_bits(u[i % pb.d_qk] * jitter(rng));
+    // Per key a logit step of ~0.043 (natural units) at d 512: a 64-key tile raises the max by
+    // ~4 in base 2, so the reference max moves about every other tile.
+    const float step = 0.0019f * std::sqrt(512.f / pb.d_qk);
+    std::vector<float> v(pb.d_qk);
+    for (int64_t r = 0; r < pb.rows; ++r)
+      for (int j = 0; j < c.topk; ++j) {
+        const int32_t slot = static_cast<int32_t>(r * c.topk + j);  // distinct, < num_slots
+        pb.main.indices[r * c.topk + j] = slot;
+        for (int i = 0; i < pb.d_qk; ++i) v[i] = u[i] * step * static_cast<float>(j + 1);
+        pb.main_cache.encode(slot, v);
+      }
+    expect_matches_reference(pb, run_cuda(pb));
+  }
+}
+
 // ---- combine alone ---------------------------------------------------------------------------
 TEST_F(SparseDecodeCudaEdge, CombineMatchesFloat64Formula) {
   const int b = 3, s_q = 2, h = 64, splits = 5;

@@ -311,10 +311,10 @@ TEST(SparsePrefillEdge, PeakedSoftmaxLargeScale) {
 }
 
 // Logits that grow tile after tile (kv rows scaled up along the top-k order, q aligned with
-// them): the kernel's reference max (Config::kRescaleSlack: P and the row sums are relative to a
-// max that moves only when a tile exceeds it by more than the slack) lags the true max and moves
-// every few tiles, so both the skipped and the applied O rescale are checked, and max_logits must
-// still be the true max.
+// them): the kernel's reference max (kLazyRescaleSlack in attention_tile.cuh: P and the row sums
+// are relative to a max that moves only when a tile exceeds it by more than the slack) lags the
+// true max and moves every few tiles, so both the skipped and the applied O rescale are checked,
+// and max_logits must still be the true max.
 TEST(SparsePrefillEdge, LogitsGrowAcrossTiles) {
   DSV4_SKIP_WITHOUT_GPU();
   for (int d_qk : {512, 576}) {

@@ -71,6 +71,23 @@ __device__ __forceinline__ void online_softmax_tile(FragS& rS, FragP& rP, uint32
   }
 }
 
+// The slack both kernels pass to online_softmax_tile: P ≤ 2^8 stays exact enough in bf16
+// (relative rounding does not depend on magnitude) and the fp32 row sums cannot overflow, while
+// O is rescaled only for the few tiles that raise a row's max by that much (FlashAttention-4's
+// conditional rescaling).
+inline constexpr float kLazyRescaleSlack = 8.f;
+
+// O *= scale per row (the factors online_softmax_tile returned, or another warpgroup's copy of
+// them); skipped by the whole warp when none of its rows' reference max moved — the common case
+// once the first tiles are in, which takes 128 multiplies off the tile's critical path.
+template <class FragO>
+__device__ __forceinline__ void rescale_o_rows(FragO& rO, const float scale[2]) {
+  if (__any_sync(0xffffffffu, scale[0] != 1.f || scale[1] != 1.f)) {
+    CUTE_UNROLL
+    for (int i = 0; i < cute::size(rO); ++i) rO(i) *= scale[(i >> 1) & 1];
+  }
+}
+
 // P (bf16, same fragment order as S) into a K-major SW128 tile of kRows rows: 4-byte stores,
 // conflict-free thanks to the swizzle. The caller fences it into the async proxy before
 // publishing it to a wgmma.

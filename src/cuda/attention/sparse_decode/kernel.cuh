@@ -13,7 +13,8 @@
 //             stage (st.async, counted as transaction bytes on the peer's `full` barrier).
 // Consumers, per tile:
 //   warpgroup 0 — S = Q·Kᵀ for 64 heads × 64 keys (wgmma, Q and K in shared memory); online
-//             softmax in base 2 (logits pre-multiplied by scale·log2 e); P (bf16) and the
+//             softmax in base 2 (logits pre-multiplied by scale·log2 e; the reference max
+//             moves lazily, so most tiles skip both warpgroups' O rescale); P (bf16) and the
 //             tile's O factor go to shared memory for warpgroup 1; O[:, 0:256] += P·V with P
 //             from registers;
 //   warpgroup 1 — O[:, 256:512] += P·V with P from shared memory; while it multiplies tile t,
@@ -420,14 +421,13 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
 
     // ---- masked online softmax (base 2), P and the tile's O factor for warpgroup 1 ------------
     float scale[2];
-    online_softmax_tile(rS, rP, valid_bits, p.scale_log2, m_run, l_run, scale);
+    online_softmax_tile(rS, rP, valid_bits, p.scale_log2, m_run, l_run, scale, kLazyRescaleSlack);
     if (q4 == 0) {
       row_scale[row0] = scale[0];
       row_scale[row0 + 8] = scale[1];
     }
     store_p_tile<kHeadsPerCta>(rP, p_smem, tid);
-#pragma unroll
-    for (int i = 0; i < size(rO); ++i) rO(i) *= scale[(i >> 1) & 1];
+    rescale_o_rows(rO, scale);
     ptx::fence_proxy_async_smem();  // P is read by warpgroup 1's wgmma
     ptx::mbarrier_arrive(p_ready_bar(smem + S::kBars));
 
@@ -487,8 +487,7 @@ __device__ __forceinline__ void consume_pv(const DecodeParams& p, const CtaWork&
     const uint8_t* stage = wait_stage<L, kCluster>(smem, t);
     ptx::mbarrier_wait(p_ready_bar(smem + S::kBars), t & 1);  // P and row_scale of tile t
     const float scale[2] = {row_scale[row0], row_scale[row0 + 8]};
-#pragma unroll
-    for (int i = 0; i < size(rO); ++i) rO(i) *= scale[(i >> 1) & 1];
+    rescale_o_rows(rO, scale);
     wgmma_ss(MmaPvSmem{}, sP, v_half(stage, 1), rO, /*zero_init=*/false);
     wgmma_commit();
     wgmma_wait<0>();

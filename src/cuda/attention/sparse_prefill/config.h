@@ -64,12 +64,6 @@ struct Config {
   // A tile arrives in two halves (columns [0, 256) and [256, d_qk)) so S can start on the first.
   static constexpr int kSplitBlocks = 4;           // 64-column blocks in the first half
   static constexpr int kSplitKSteps = kSplitBlocks * 64 / 16;
-  // The reference max of a row (what P and the row sum are relative to) only moves when a tile's
-  // max exceeds it by more than this (base 2): P ≤ 2^8 stays exact enough in bf16 (relative
-  // rounding does not depend on magnitude) and the fp32 sums cannot overflow, while O is rescaled
-  // only for the few tiles that raise the max by that much — for most tiles the rescale of the
-  // 128 O accumulators is skipped (FlashAttention-4's conditional rescaling).
-  static constexpr float kRescaleSlack = 8.f;
   // Named barriers (0 is __syncthreads): the end-of-item row-sum exchange between the math WGs;
   // the producer WG's threads waiting for its O store to have read a buffer.
   static constexpr uint32_t kBarLExchange = 1;

@@ -220,19 +220,10 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
 
     // Rows of this thread: row0 = acc_row(0) and row0 + 8. Running max in base-2 units.
     const int row0 = acc_row(0, tid);
-    // m_run: the reference max P and l are relative to (moves lazily, see Config::kRescaleSlack);
+    // m_run: the reference max P and l are relative to (moves lazily, see kLazyRescaleSlack);
     // m_seen: the true running max (max_logits); l_part: this thread's columns only, reduced at
     // the end.
     float m_run[2] = {-INFINITY, -INFINITY}, m_seen[2] = {-INFINITY, -INFINITY}, l_part[2] = {0.f, 0.f};
-
-    // O *= scale per row; skipped by the whole warp when none of its rows' reference max moved
-    // (the common case once the first tiles are in).
-    auto rescale_o = [&](const float scale[2]) {
-      if (__any_sync(0xffffffffu, scale[0] != 1.f || scale[1] != 1.f)) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(rO); ++i) rO(i) *= scale[(i >> 1) & 1];
-      }
-    };
 
     // Publications of the other WG's tiles seen so far (mod 2): WG w only ever waits on
     // p_ready[1 - w], once per completed phase.
@@ -276,7 +267,7 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
           m_seen[r] = plan.row_seen_max[t & 1][row0 + 8 * r];
           l_part[r] *= scale[r];
         }
-        rescale_o(scale);
+        rescale_o_rows(rO, scale);
         wgmma_ss(MmaPvSmem{}, p_tile(t, buf_of(t)), v_half(buf_of(t)), rO, false);
         wgmma_commit();
       };
@@ -298,7 +289,7 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
       // row stats for the other WG; `scale` is the factor O must be multiplied by.
       auto softmax_publish = [&](int t, uint32_t valid_bits, float (&scale)[2]) {
         float tile_max[2];
-        online_softmax_tile(rS, rP, valid_bits, p.scale_log2, m_run, l_part, scale, Cfg::kRescaleSlack, tile_max);
+        online_softmax_tile(rS, rP, valid_bits, p.scale_log2, m_run, l_part, scale, kLazyRescaleSlack, tile_max);
         m_seen[0] = fmaxf(m_seen[0], tile_max[0]);
         m_seen[1] = fmaxf(m_seen[1], tile_max[1]);
         store_p_tile<kHeads>(rP, p_bytes(t, buf_of(t)), tid);
@@ -315,7 +306,7 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
       };
       // D2. (no P·V in flight) rescale O, issue O += P·V_t.
       auto accumulate_own = [&](int t, const float scale[2]) {
-        rescale_o(scale);
+        rescale_o_rows(rO, scale);
         wgmma_rs(MmaPvRegs{}, rP, v_half(buf_of(t)), rO, false);
         wgmma_commit();
       };

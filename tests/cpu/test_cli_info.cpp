@@ -49,4 +49,21 @@ TEST(CliInfo, BadArgumentsFail) {
   EXPECT_NE(missing.output.find("cannot open"), std::string::npos) << missing.output;
 }
 
+// `dsv4 bench` checks its options before it looks for a GPU, so this runs everywhere.
+TEST(CliBench, ListsCasesAndRejectsBadOptions) {
+  const Result list = run_cli("bench --list --filter prefill_flash");
+  ASSERT_EQ(list.status, 0) << list.output;
+  EXPECT_NE(list.output.find("prefill_flash_h64_d512_topk512_skv8192_sink"), std::string::npos) << list.output;
+  EXPECT_EQ(list.output.find("decode_"), std::string::npos) << list.output;
+  const Result help = run_cli("bench --help");
+  EXPECT_EQ(help.status, 0);
+  EXPECT_NE(help.output.find("--cooldown-ms"), std::string::npos) << help.output;
+  const Result cool = run_cli("bench --cooldown-ms -1");
+  EXPECT_NE(cool.status, 0);
+  EXPECT_NE(cool.output.find("--cooldown-ms: expected >= 0, got -1"), std::string::npos) << cool.output;
+  const Result reps = run_cli("bench --reps 5");
+  EXPECT_NE(reps.status, 0);
+  EXPECT_NE(reps.output.find("--reps: expected >= 20"), std::string::npos) << reps.output;
+}
+
 }  // namespace

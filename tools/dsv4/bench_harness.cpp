@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -41,9 +43,12 @@ void check(cudaError_t e, const char* what) {
 void usage() {
   std::puts(
       "usage: dsv4 bench [--filter SUBSTR] [--list] [--json FILE] [--warmup N] [--reps N]\n"
+      "                  [--cooldown-ms MS]\n"
       "  Runs the kernel benchmarks of PERF.md on the first CUDA device: median of --reps (>= 20)\n"
       "  CUDA-event timed runs after --warmup runs; prints µs, TFLOP/s, GB/s, % of the bound\n"
-      "  ceiling and the FlashMLA anchor. --filter keeps cases whose name contains SUBSTR.");
+      "  ceiling and the FlashMLA anchor. --filter keeps cases whose name contains SUBSTR.\n"
+      "  --cooldown-ms: the GPU idles this long before each case's runs (default 1000), so no case\n"
+      "  inherits the power cap the previous ones drove the clocks into; 0 runs them back to back.");
 }
 
 }  // namespace
@@ -112,6 +117,11 @@ int run_bench_cli(const std::vector<std::string>& args) {
   std::string filter, json_path;
   bool list = false;
   int warmup = 5, reps = 30;
+  // Back to back, the tensor-heavy prefill cases hold the H100 at its 700 W cap and the SM clock
+  // fell to 1275-1600 MHz for the cases after them (20 ms nvidia-smi samples, bench/RESULTS.md,
+  // "Sparse prefill v9"), so a case's number depended on its place in the sweep. The power
+  // controller reacts within ~100 ms; a second of idle gives every case the same start.
+  int cooldown_ms = 1000;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&]() -> std::string {
@@ -124,10 +134,12 @@ int run_bench_cli(const std::vector<std::string>& args) {
     else if (a == "--list") list = true;
     else if (a == "--warmup") warmup = std::stoi(value());
     else if (a == "--reps") reps = std::stoi(value());
+    else if (a == "--cooldown-ms") cooldown_ms = std::stoi(value());
     else { std::fprintf(stderr, "dsv4 bench: unknown option '%s'\n", a.c_str()); usage(); return 2; }
   }
   if (reps < 20) fail("dsv4 bench: --reps: expected >= 20 (median of at least 20 runs), got ", reps);
   if (warmup < 1) fail("dsv4 bench: --warmup: expected >= 1, got ", warmup);
+  if (cooldown_ms < 0) fail("dsv4 bench: --cooldown-ms: expected >= 0, got ", cooldown_ms);
 
   std::vector<std::pair<std::string, Case>> selected;
   for (const auto& g : registered_groups())
@@ -147,12 +159,22 @@ int run_bench_cli(const std::vector<std::string>& args) {
   }
   if (selected.empty()) { std::fprintf(stderr, "dsv4 bench: no case matches '%s'\n", filter.c_str()); return 2; }
   const std::string device = device_name();
-  std::printf("device: %s   date: %s   median of %d runs after %d warm-up\n", device.c_str(), utc_now().c_str(), reps, warmup);
+  std::printf("device: %s   date: %s   median of %d runs after %d warm-up, %d ms idle before each case\n",
+              device.c_str(), utc_now().c_str(), reps, warmup, cooldown_ms);
   std::printf("%-44s %10s %9s %9s %8s %10s %8s\n", "case", "us", "TFLOP/s", "GB/s", "%ceil", "FlashMLA", "ratio");
   nlohmann::json results = nlohmann::json::array();
   for (const auto& [group, c] : selected) {
     const LaunchFn launch = c.setup();
+    // Wall-clock window of warm-up + timed runs (Unix ms), to line a case up with clock and
+    // power logs (nvidia-smi -lms) sampled beside the sweep.
+    const auto unix_ms = [] {
+      return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+    };
+    std::this_thread::sleep_for(std::chrono::milliseconds(cooldown_ms));
+    const int64_t run_from_ms = unix_ms();
     const Timing t = time_launch(launch, c.rotations, warmup, reps);
+    const int64_t run_to_ms = unix_ms();
     const double tflops = c.flops / (t.median_us * 1e-6) / 1e12;
     const double gbps = c.bytes / (t.median_us * 1e-6) / 1e9;
     const double pct = c.memory_bound ? 100.0 * gbps / kHbmGbpsCeiling : 100.0 * tflops / kBf16TflopsCeiling;
@@ -169,11 +191,13 @@ int run_bench_cli(const std::vector<std::string>& args) {
                        {"bytes", c.bytes}, {"tflops", tflops}, {"gbps", gbps},
                        {"bound", c.memory_bound ? "memory" : "compute"}, {"percent_of_ceiling", pct},
                        {"flashmla_us", c.anchor_us}, {"flashmla_tflops", c.anchor_tflops},
-                       {"ratio_vs_flashmla", ratio}});
+                       {"ratio_vs_flashmla", ratio}, {"run_from_unix_ms", run_from_ms},
+                       {"run_to_unix_ms", run_to_ms}});
   }
   std::printf("TFLOP/s counted as FlashMLA does (PERF.md); ratio = our TFLOP/s / FlashMLA's (> 1: faster).\n");
   if (!json_path.empty()) {
     nlohmann::json doc = {{"device", device}, {"date", utc_now()}, {"warmup", warmup}, {"reps", reps},
+                          {"cooldown_ms", cooldown_ms},
                           {"ceilings", {{"bf16_tflops", kBf16TflopsCeiling}, {"hbm_gbps", kHbmGbpsCeiling}}},
                           {"results", results}};
     std::ofstream f(json_path);

@@ -492,7 +492,7 @@ TEST_F(SparseDecodeCudaEdge, RejectsBadArguments) {
   std::mt19937 rng(12);
   Case c{"bad", KvLayout::model1_fp8, 64, 1, 1, 64, 64, 0, 0, 1};
   const Problem pb(c, rng);
-  const DeviceBuffer<uint16_t> q(64 * 576), out(64 * 512);
+  const DeviceBuffer<uint16_t> q(64 * 576), out(64 * 512 + 8);
   const DeviceBuffer<float> lse(64);
   const DeviceBuffer<int32_t> idx(64);
   const DeviceBuffer<uint8_t> kc(pb.main_cache.bytes.size());
@@ -509,6 +509,15 @@ TEST_F(SparseDecodeCudaEdge, RejectsBadArguments) {
   EXPECT_THROW(cuda::sparse_decode(a, sched, TensorView(), nullptr), Error);
   sched = DecodeSchedule{1, 32, 0};  // does not cover topk
   EXPECT_THROW(cuda::sparse_decode(a, sched, TensorView(), nullptr), Error);
+  // out rows are written in 16-byte pieces: a view 2 bytes into the buffer is refused.
+  sched = DecodeSchedule{1, 64, 0};
+  a.out = TensorView(out.data() + 1, DType::bf16, {1, 1, 64, 512}, Device::cuda);
+  try {
+    cuda::sparse_decode(a, sched, TensorView(), nullptr);
+    ADD_FAILURE() << "misaligned out accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out: expected 16-byte alignment"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -99,6 +99,7 @@ void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
                          args.extra_topk_length, b, s_q);
   }
   check_cuda_tensor(kOp, "out", args.out, DType::bf16, {b, s_q, h, sd::kDv});
+  DSV4_CHECK(aligned16(args.out.data), kOp, ": out: expected 16-byte alignment (16-byte row stores)");
   check_cuda_tensor(kOp, "lse", args.lse, DType::fp32, {b, s_q, h});
   if (args.attn_sink.defined()) check_cuda_tensor(kOp, "attn_sink", args.attn_sink, DType::fp32, {h});
 

@@ -353,28 +353,31 @@ __device__ __forceinline__ void release_stage(uint8_t* smem, uint32_t peer_empty
 }
 
 // This warpgroup's O half (value dims 256·half ..), times factor[r] for rows acc_row(2r): the
-// bf16 output (one split) or the fp32 partial of this split.
+// bf16 output (one split; 16-byte chunks through a quad transpose, out is 16-byte aligned) or
+// the fp32 partial of this split.
 template <int kHalf, class Frag>
 __device__ __forceinline__ void store_o_half(const DecodeParams& p, const CtaWork& w, const Frag& rO,
                                              const float (&factor)[2]) {
   const int tid = threadIdx.x % 128;
+  if (p.num_splits == 1) {
+    for_each_o_chunk(rO, factor, tid, [&](int r, int col, uint4 chunk) {
+      const int h = w.head_block * kHeadsPerCta + acc_row(2 * r, tid);
+      if (h >= p.num_heads) return;
+      const int64_t out_row = static_cast<int64_t>(w.row) * p.num_heads + h;
+      *reinterpret_cast<uint4*>(p.out + out_row * kDv + kHalf * (kDv / 2) + col) = chunk;
+    });
+    return;
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int h = w.head_block * kHeadsPerCta + acc_row(2 * r, tid);
     if (h >= p.num_heads) continue;
     const int64_t out_row = static_cast<int64_t>(w.row) * p.num_heads + h;
     const int col0 = kHalf * (kDv / 2) + acc_col(0, tid);
-    if (p.num_splits == 1) {
-      uint16_t* dst = p.out + out_row * kDv + col0;
+    float* dst = p.partial_o + (out_row * p.num_splits + w.split) * kDv + col0;
 #pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_bf16x2(rO(4 * j + 2 * r) * factor[r], rO(4 * j + 2 * r + 1) * factor[r]);
-    } else {
-      float* dst = p.partial_o + (out_row * p.num_splits + w.split) * kDv + col0;
-#pragma unroll
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<float2*>(dst + j * 8) = make_float2(rO(4 * j + 2 * r) * factor[r], rO(4 * j + 2 * r + 1) * factor[r]);
-    }
+    for (int j = 0; j < 32; ++j)
+      *reinterpret_cast<float2*>(dst + j * 8) = make_float2(rO(4 * j + 2 * r) * factor[r], rO(4 * j + 2 * r + 1) * factor[r]);
   }
 }
 

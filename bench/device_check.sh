@@ -44,7 +44,15 @@ x = torch.empty(1 << 29, device="cuda", dtype=torch.int16).random_(); y = torch.
 t = med(lambda: y.copy_(x)); print(f"D2D copy 1 GiB: {2 * x.numel() * 2 / t / 1e9:.0f} GB/s (read + write)")
 PY
   log bench
+  # SM clock, power and clock-event flags every 20 ms beside the sweep (0x04: power cap), tied to
+  # the cases' run windows by bench/trace/clocks_per_case.py.
+  echo "unix_ms_at_sampler_start $(date +%s%3N) local $(date '+%Y/%m/%d %H:%M:%S.%3N')" > "$OUT/clocks.csv"
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+    --format=csv,noheader -lms 20 >> "$OUT/clocks.csv" 2>&1 &
+  smi=$!
   timeout 420 ./build/dsv4 bench --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -45
+  kill $smi; gzip -f "$OUT/clocks.csv"
+  python3 bench/trace/clocks_per_case.py "$OUT/bench.json" "$OUT/clocks.csv.gz" > "$OUT/clocks_per_case.txt"
 fi
 if has python; then
   log python extension

@@ -38,6 +38,7 @@ struct Problem {
   std::vector<int32_t> indices;  // [s_q, topk]
   std::vector<int32_t> topk_length;  // empty = none
   std::vector<float> sink;           // empty = none
+  int out_row_pad = 0;  // > 0: out is a view with head rows of kDv + pad elements (pad poisoned)
 };
 
 struct Result {
@@ -119,7 +120,8 @@ Result run_cuda(const Problem& p) {
   DeviceBuffer<int32_t> indices(p.indices);
   DeviceBuffer<int32_t> topk_length(p.topk_length);
   DeviceBuffer<float> sink(p.sink);
-  DeviceBuffer<uint16_t> out(static_cast<size_t>(p.s_q) * p.heads * kDv);
+  const int out_row = kDv + p.out_row_pad;
+  DeviceBuffer<uint16_t> out(static_cast<size_t>(p.s_q) * p.heads * out_row);
   DeviceBuffer<float> max_logits(static_cast<size_t>(p.s_q) * p.heads), lse(max_logits.size());
   out.poison();
   max_logits.poison();
@@ -132,11 +134,23 @@ Result run_cuda(const Problem& p) {
   if (!p.sink.empty()) a.attn_sink = sink.view(DType::fp32, {p.heads});
   a.softmax_scale = p.scale;
   a.out = out.view(DType::bf16, {p.s_q, p.heads, kDv});
+  a.out.strides[0] = int64_t{p.heads} * out_row;
+  a.out.strides[1] = out_row;
   a.max_logits = max_logits.view(DType::fp32, {p.s_q, p.heads});
   a.lse = lse.view(DType::fp32, {p.s_q, p.heads});
   dsv4::cuda::sparse_prefill(a, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  return {out.download(), max_logits.download(), lse.download()};
+  const std::vector<uint16_t> rows = out.download();
+  std::vector<uint16_t> dense(static_cast<size_t>(p.s_q) * p.heads * kDv);
+  for (size_t r = 0; r < static_cast<size_t>(p.s_q) * p.heads; ++r) {
+    std::copy_n(rows.begin() + r * out_row, kDv, dense.begin() + r * kDv);
+    for (int e = kDv; e < out_row; ++e)  // the pad between rows is not part of out
+      if (rows[r * out_row + e] != 0xFFFF) {
+        ADD_FAILURE() << "pad element " << e << " of out row " << r << " was written";
+        break;
+      }
+  }
+  return {dense, max_logits.download(), lse.download()};
 }
 
 void expect_close_scalar(const char* what, float got, double want, size_t i) {
@@ -336,6 +350,19 @@ TEST(SparsePrefillEdge, LogitsGrowAcrossTiles) {
 
 // More (token, head group) items than SMs: persistent CTAs walk several items each, with empty and
 // short items mixed in (the Q / K buffer rings and barrier phases must carry across items).
+// out as a strided view (head rows padded by 64 elements, 16-byte aligned): O leaves through a
+// TMA map built from the view's strides, so the pad must stay poisoned; H 96 makes the second
+// head group's 64-row box cross the end of the heads (clipped, never written into the pad or
+// the next token).
+TEST(SparsePrefillEdge, StridedOutWritesOnlyItsView) {
+  DSV4_SKIP_WITHOUT_GPU();
+  for (int d_qk : {512, 576}) {
+    Problem p = make_problem(3, 96, d_qk, 300, 128, 31);
+    p.out_row_pad = 64;
+    check(p);
+  }
+}
+
 TEST(SparsePrefillEdge, ManyItemsPerCta) {
   DSV4_SKIP_WITHOUT_GPU();
   const int shapes[][4] = {{400, 64, 512, 64}, {300, 128, 576, 128}};  // s_q, H, d_qk, topk

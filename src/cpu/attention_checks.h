@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "cpu/backend.h"
 #include "dsv4/kv_layout.h"
 #include "dsv4/tensor.h"
 
@@ -17,6 +18,15 @@ enum class Dense : uint8_t { all, last_dim };
 // Defined, of dtype `dtype`, shape `shape` (-1: any size), on `device`, laid out per `dense`.
 void check_tensor(const char* where, const char* name, const TensorView& t, DType dtype,
                   std::initializer_list<int64_t> shape, Device device, Dense dense = Dense::all);
+// An output: check_tensor's checks, then non-negative strides and no two elements at one address
+// (outputs are written by many CTAs / threads at once; an overlapping view would race).
+void check_output_tensor(const char* where, const char* name, const TensorView& t, DType dtype,
+                         std::initializer_list<int64_t> shape, Device device,
+                         Dense dense = Dense::all);
+// Every output shares no byte with another output or with any input (undefined views pass): the
+// kernels read inputs and write outputs concurrently, so no op here works in place.
+void check_outputs_disjoint(const char* where, std::initializer_list<NamedView> outputs,
+                            std::initializer_list<NamedView> inputs);
 // Same, for an optional argument: an undefined view passes.
 void check_optional_tensor(const char* where, const char* name, const TensorView& t, DType dtype,
                            std::initializer_list<int64_t> shape, Device device);

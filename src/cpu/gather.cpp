@@ -35,14 +35,17 @@ void validate_gather(const KvCacheView& cache, const TensorView& block_table,
   check_defined(kOp, "workspace", workspace);
   const Device device = workspace.device;
   const int dim = cpu::check_cache(kOp, "cache", cache, device);
-  cpu::check_tensor(kOp, "workspace", workspace, DType::bf16, {-1, -1, dim}, device,
-                    cpu::Dense::last_dim);
+  cpu::check_output_tensor(kOp, "workspace", workspace, DType::bf16, {-1, -1, dim}, device,
+                           cpu::Dense::last_dim);
   const int64_t requests = workspace.shape[0], rows = workspace.shape[1];
   cpu::check_tensor(kOp, "block_table", block_table, DType::int32, {requests, -1}, device);
   cpu::check_tensor(kOp, "seq_lens", seq_lens, DType::int32, {requests}, device);
   cpu::check_optional_tensor(kOp, "gather_lens", gather_lens, DType::int32, {requests}, device);
   if (offset < 0 || offset > rows)
     fail_expected(kOp, "offset", detail::concat("a value in [0, ", rows, "]"), offset);
+  cpu::check_outputs_disjoint(kOp, {{"workspace", workspace}},
+                              {{"cache.data", cache.data}, {"block_table", block_table},
+                               {"seq_lens", seq_lens}, {"gather_lens", gather_lens}});
   if (device != Device::cpu) return;
 
   // Data checks (CPU): lengths, workspace room, and every gathered entry's block.

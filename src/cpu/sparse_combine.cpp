@@ -62,8 +62,12 @@ void validate_combine(const TensorView& partial_o, const TensorView& partial_lse
   if (d_v < 1) fail_expected(kOp, "partial_o.shape[4] (d_v)", ">= 1", d_v);
   cpu::check_tensor(kOp, "partial_lse", partial_lse, DType::fp32, {b, s_q, h, splits}, device);
   cpu::check_optional_tensor(kOp, "attn_sink", attn_sink, DType::fp32, {h}, device);
-  cpu::check_tensor(kOp, "out", out, DType::bf16, {b, s_q, h, d_v}, device, cpu::Dense::last_dim);
-  cpu::check_tensor(kOp, "lse", lse, DType::fp32, {b, s_q, h}, device);
+  cpu::check_output_tensor(kOp, "out", out, DType::bf16, {b, s_q, h, d_v}, device,
+                           cpu::Dense::last_dim);
+  cpu::check_output_tensor(kOp, "lse", lse, DType::fp32, {b, s_q, h}, device);
+  cpu::check_outputs_disjoint(kOp, {{"out", out}, {"lse", lse}},
+                              {{"partial_o", partial_o}, {"partial_lse", partial_lse},
+                               {"attn_sink", attn_sink}});
 }
 
 }  // namespace

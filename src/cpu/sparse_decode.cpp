@@ -113,9 +113,9 @@ DecodeDims validate_decode(const SparseDecodeArgs& a, const DecodeSchedule& sche
 
   cpu::check_optional_tensor(kOp, "attn_sink", a.attn_sink, DType::fp32, {h}, dims.device);
   dims.scale = cpu::resolve_softmax_scale(kOp, a.softmax_scale, d_qk);
-  cpu::check_tensor(kOp, "out", a.out, DType::bf16, {b, s_q, h, a.d_v}, dims.device,
-                    cpu::Dense::last_dim);
-  cpu::check_tensor(kOp, "lse", a.lse, DType::fp32, {b, s_q, h}, dims.device);
+  cpu::check_output_tensor(kOp, "out", a.out, DType::bf16, {b, s_q, h, a.d_v}, dims.device,
+                           cpu::Dense::last_dim);
+  cpu::check_output_tensor(kOp, "lse", a.lse, DType::fp32, {b, s_q, h}, dims.device);
 
   const int64_t topk_total = dims.topk + dims.extra_topk;
   if (schedule.num_splits < 1)
@@ -133,6 +133,13 @@ DecodeDims validate_decode(const SparseDecodeArgs& a, const DecodeSchedule& sche
     fail_expected(kOp, "workspace bytes", detail::concat(">= ", need), workspace.numel());
   if (reinterpret_cast<uintptr_t>(workspace.data) % 16 != 0)
     fail(kOp, ": workspace: expected a 16-byte aligned pointer, got ", workspace.data);
+  // The split partials in workspace are written and read back while out / lse are written.
+  cpu::check_outputs_disjoint(
+      kOp, {{"out", a.out}, {"lse", a.lse}, {"workspace", workspace}},
+      {{"q", a.q}, {"k_cache.data", a.k_cache.data}, {"indices", a.indices},
+       {"topk_length", a.topk_length}, {"extra_k_cache.data", a.extra_k_cache.data},
+       {"extra_indices", a.extra_indices}, {"extra_topk_length", a.extra_topk_length},
+       {"attn_sink", a.attn_sink}});
 
   if (dims.device == Device::cpu) {
     check_scope_indices("indices", "topk_length", a.indices, a.topk_length,

@@ -51,10 +51,13 @@ PrefillDims validate_prefill(const SparsePrefillArgs& a) {
   cpu::check_optional_tensor(kOp, "attn_sink", a.attn_sink, DType::fp32, {h}, dims.device);
   dims.scale = cpu::resolve_softmax_scale(kOp, a.softmax_scale, d_qk);
 
-  cpu::check_tensor(kOp, "out", a.out, DType::bf16, {s_q, h, a.d_v}, dims.device,
-                    cpu::Dense::last_dim);
-  cpu::check_tensor(kOp, "max_logits", a.max_logits, DType::fp32, {s_q, h}, dims.device);
-  cpu::check_tensor(kOp, "lse", a.lse, DType::fp32, {s_q, h}, dims.device);
+  cpu::check_output_tensor(kOp, "out", a.out, DType::bf16, {s_q, h, a.d_v}, dims.device,
+                           cpu::Dense::last_dim);
+  cpu::check_output_tensor(kOp, "max_logits", a.max_logits, DType::fp32, {s_q, h}, dims.device);
+  cpu::check_output_tensor(kOp, "lse", a.lse, DType::fp32, {s_q, h}, dims.device);
+  cpu::check_outputs_disjoint(kOp, {{"out", a.out}, {"max_logits", a.max_logits}, {"lse", a.lse}},
+                              {{"q", a.q}, {"kv", a.kv}, {"indices", a.indices},
+                               {"topk_length", a.topk_length}, {"attn_sink", a.attn_sink}});
 
   // Index values are masked, not checked; only the lengths are data the contract constrains.
   if (dims.device == Device::cpu && a.topk_length.defined())

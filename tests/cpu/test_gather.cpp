@@ -133,6 +133,7 @@ TEST(Gather, BadInputThrowsAndWritesNothing) {
   const int len0 = p.seq_lens.data<int32_t>()[0], g0 = p.gather_lens.data<int32_t>()[0];
   const int64_t needed_block = (len0 - g0) / 16;
   HostTensor ws_576(DType::bf16, {3, p.rows, 576}), table_bad(DType::int32, {2, 4});
+  HostTensor wide_table(DType::int32, {3, p.rows * 256});
   struct Bad {
     const char* what;
     std::function<void(dsv4::TensorView& ws, dsv4::TensorView& table, int64_t& offset)> mutate;
@@ -148,6 +149,13 @@ TEST(Gather, BadInputThrowsAndWritesNothing) {
       {"gather_lens[1]", [&](auto&, auto&, auto&) { set(p.gather_lens, 1, -1); }},
       {"block_table[0]", [&](auto&, auto&, auto&) { set(p.block_table, needed_block, -1); }},
       {"block_table[0]", [&](auto&, auto&, auto&) { set(p.block_table, needed_block, 1000); }},
+      {"workspace: expected an output whose elements do not overlap",
+       [&](auto& ws, auto&, auto&) { ws.strides[1] = 0; }},
+      {"workspace: expected memory disjoint from block_table",
+       [&](auto& ws, auto& t, auto&) {  // a table wide enough to hold the whole workspace view
+         t = wide_table;
+         ws = dsv4::TensorView(t.data, DType::bf16, {3, p.rows, 512});
+       }},
       {"block_table[0]", [&](auto&, auto&, auto&) {  // entries beyond the table
          set(p.seq_lens, 0, 100);
          set(p.gather_lens, 0, 50);

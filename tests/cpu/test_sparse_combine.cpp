@@ -128,6 +128,10 @@ TEST(SparseCombine, BadInputThrowsAndWritesNothing) {
   HostTensor plse_bad(DType::fp32, {2, 1, 16, 5}), po_bf16(DType::bf16, {2, 1, 16, 4, 512});
   HostTensor out_bad(DType::bf16, {2, 1, 16, 256}), lse_bad(DType::fp32, {2, 16}), sink_bad(DType::fp32, {8});
   HostTensor po_4d(DType::fp32, {2, 16, 4, 512});
+  dsv4::TensorView out_broadcast = p.out;
+  out_broadcast.strides[2] = 0;  // every head at one address
+  const dsv4::TensorView out_on_po(p.po.view().data, DType::bf16, {2, 1, 16, 512});
+  const dsv4::TensorView lse_on_plse(p.plse.view().data, DType::fp32, {2, 1, 16});
   struct Bad {
     const char* what;
     dsv4::TensorView po, plse, sink, out, lse;
@@ -139,6 +143,9 @@ TEST(SparseCombine, BadInputThrowsAndWritesNothing) {
       {"out.shape", p.po, p.plse, p.sink, out_bad, p.lse},
       {"lse.shape", p.po, p.plse, p.sink, p.out, lse_bad},
       {"attn_sink.shape", p.po, p.plse, sink_bad, p.out, p.lse},
+      {"out: expected an output whose elements do not overlap", p.po, p.plse, p.sink, out_broadcast, p.lse},
+      {"out: expected memory disjoint from partial_o", p.po, p.plse, p.sink, out_on_po, p.lse},
+      {"lse: expected memory disjoint from partial_lse", p.po, p.plse, p.sink, p.out, lse_on_plse},
   };
   for (const Bad& bad : cases) {
     SCOPED_TRACE(bad.what);

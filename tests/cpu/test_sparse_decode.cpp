@@ -394,6 +394,16 @@ TEST(SparseDecode, BadInputThrowsAndWritesNothing) {
       {"schedule.split_len", [&](auto&, auto& s, auto&) { s.split_len = 32; }},
       {"schedule (num_splits * split_len)", [&](auto&, auto& s, auto&) { s.num_splits = 1; s.split_len = 64; }},
       {"workspace bytes", [&](auto&, auto&, auto& ws) { ws = small_ws; }},
+      // Outputs: no two elements at one address, non-negative strides, no aliasing.
+      {"out: expected an output whose elements do not overlap", [&](auto& a, auto&, auto&) { a.out.strides[0] = 0; }},
+      {"out.stride(2)", [&](auto& a, auto&, auto&) { a.out.strides[2] = -512; }},
+      {"out: expected memory disjoint from q", [&](auto& a, auto&, auto&) { a.out = a.q; }},
+      {"lse: expected memory disjoint from out",
+       [&](auto& a, auto&, auto&) { a.lse = TensorView(a.out.data, DType::fp32, {c.b, c.s_q, c.h}); }},
+      {"workspace: expected memory disjoint from out",
+       [&](auto& a, auto&, auto& ws) { a.out = TensorView(ws.data, DType::bf16, {c.b, c.s_q, c.h, 512}); }},
+      {"out: expected memory disjoint from k_cache.data",
+       [&](auto& a, auto&, auto&) { a.out = TensorView(a.k_cache.data.data, DType::bf16, {c.b, c.s_q, c.h, 512}); }},
   };
   for (const BadDecode& bad : cases) {
     SCOPED_TRACE(bad.what);

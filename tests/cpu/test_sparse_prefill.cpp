@@ -196,6 +196,13 @@ TEST(SparsePrefill, BadInputThrowsAndWritesNothing) {
       {"max_logits.shape", [&](auto& a) { a.max_logits = ml_bad; }},
       {"d_v", [&](auto& a) { a.d_v = 0; }},
       {"attn_sink.device", [&](auto& a) { a.attn_sink.device = dsv4::Device::cuda; }},
+      // Outputs: no two elements at one address, non-negative strides, no aliasing.
+      {"out: expected an output whose elements do not overlap", [&](auto& a) { a.out.strides[0] = 0; }},
+      {"out.stride(1)", [&](auto& a) { a.out.strides[1] = -512; }},
+      {"out: expected memory disjoint from q", [&](auto& a) { a.out = p.q; }},
+      {"max_logits: expected memory disjoint from out",
+       [&](auto& a) { a.max_logits = TensorView(a.out.data, DType::fp32, {3, 16}); }},
+      {"lse: expected memory disjoint from max_logits", [&](auto& a) { a.lse = a.max_logits; }},
   };
   const std::vector<int32_t> lengths(p.lengths.data<int32_t>(), p.lengths.data<int32_t>() + 3);
   for (const Bad& bad : cases) {

@@ -12,6 +12,7 @@
 
 #include "cache/index_math.h"
 #include "cpu/backend.h"
+#include "cpu/validate.h"
 #include "dsv4/status.h"
 #ifdef DSV4_WITH_CUDA
 #include "cuda/index/indexing.h"
@@ -32,6 +33,13 @@ void check_int32(const char* where, const char* name, const TensorView& t, int n
   check_dtype(where, name, t, DType::int32);
   check_ndim(where, name, t, ndim);
   check_inner_contiguous(where, name, t);
+}
+
+// An int32 output of `ndim` dims: check_int32, and no two elements at one address (see
+// cpu::check_output_layout; rows are written concurrently).
+void check_int32_output(const char* where, const char* name, const TensorView& t, int ndim) {
+  check_int32(where, name, t, ndim);
+  cpu::check_output_layout(where, name, t);
 }
 
 void check_positive(const char* where, const char* name, int64_t v) {
@@ -60,12 +68,17 @@ SlotProblem check_slot_args(const char* where, const TensorView& local,
   check_int32(where, "token_to_req", token_to_req, 1);
   check_dim(where, "token_to_req", token_to_req, 0, T);
   check_int32(where, "block_table", block_table, 2);
-  check_int32(where, "global", global, 2);
+  check_int32_output(where, "global", global, 2);
   check_shape(where, "global", global, {T, K});
   if (lens.defined()) {
-    check_int32(where, "lens", lens, 1);
+    check_int32_output(where, "lens", lens, 1);
     check_dim(where, "lens", lens, 0, T);
   }
+  // global may be local itself (each row is read before it is written), nothing else.
+  cpu::check_alias_exact_or_disjoint(where, "global", global, "local", local);
+  cpu::check_outputs_disjoint(where, {{"global", global}, {"lens", lens}},
+                              {{"token_to_req", token_to_req}, {"block_table", block_table}});
+  cpu::check_disjoint(where, "lens", lens, "local", local);
   const Device device =
       cpu::common_device(where, {{"local", local}, {"token_to_req", token_to_req},
                                  {"block_table", block_table}, {"global", global}, {"lens", lens}});
@@ -158,10 +171,13 @@ void swa_window_indices(const TensorView& positions, const TensorView& token_to_
   check_int32(where, "token_to_req", token_to_req, 1);
   check_dim(where, "token_to_req", token_to_req, 0, T);
   check_int32(where, "block_table", block_table, 2);
-  check_int32(where, "indices", indices, 2);
+  check_int32_output(where, "indices", indices, 2);
   check_shape(where, "indices", indices, {T, int64_t{window}});
-  check_int32(where, "lens", lens, 1);
+  check_int32_output(where, "lens", lens, 1);
   check_dim(where, "lens", lens, 0, T);
+  cpu::check_outputs_disjoint(
+      where, {{"indices", indices}, {"lens", lens}},
+      {{"positions", positions}, {"token_to_req", token_to_req}, {"block_table", block_table}});
   const Device device = cpu::common_device(
       where, {{"positions", positions}, {"token_to_req", token_to_req},
               {"block_table", block_table}, {"indices", indices}, {"lens", lens}});
@@ -233,7 +249,7 @@ void combine_topk_swa_indices(const TensorView& topk, const TensorView& query_st
   check_dim(where, "seq_lens", seq_lens, 0, R);
   check_int32(where, "gather_lens", gather_lens, 1);
   check_dim(where, "gather_lens", gather_lens, 0, R);
-  check_int32(where, "out", out, 2);
+  check_int32_output(where, "out", out, 2);
   const int64_t T = out.shape[0];
   int64_t K = 0;
   if (topk.defined()) {
@@ -242,8 +258,11 @@ void combine_topk_swa_indices(const TensorView& topk, const TensorView& query_st
     K = topk.shape[1];
   }
   check_dim(where, "out", out, 1, K + window);
-  check_int32(where, "out_lens", out_lens, 1);
+  check_int32_output(where, "out_lens", out_lens, 1);
   check_dim(where, "out_lens", out_lens, 0, T);
+  cpu::check_outputs_disjoint(where, {{"out", out}, {"out_lens", out_lens}},
+                              {{"topk", topk}, {"query_start_loc", query_start_loc},
+                               {"seq_lens", seq_lens}, {"gather_lens", gather_lens}});
   if (R * rows_per_request > kMaxSlot)
     fail(where, ": rows_per_request: ", R, " requests x ", rows_per_request,
          " rows exceed the int32 index range");

@@ -26,15 +26,6 @@ void check_output_tensor(const char* where, const char* name, const TensorView& 
   check_output_layout(where, name, t);
 }
 
-void check_outputs_disjoint(const char* where, std::initializer_list<NamedView> outputs,
-                            std::initializer_list<NamedView> inputs) {
-  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
-    for (auto other = outputs.begin(); other != out; ++other)
-      check_disjoint(where, out->name, out->view, other->name, other->view);
-    for (const NamedView& in : inputs) check_disjoint(where, out->name, out->view, in.name, in.view);
-  }
-}
-
 void check_optional_tensor(const char* where, const char* name, const TensorView& t, DType dtype,
                            std::initializer_list<int64_t> shape, Device device) {
   if (t.defined()) check_tensor(where, name, t, dtype, shape, device);

@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "cpu/backend.h"
 #include "dsv4/kv_layout.h"
 #include "dsv4/tensor.h"
 
@@ -23,10 +22,6 @@ void check_tensor(const char* where, const char* name, const TensorView& t, DTyp
 void check_output_tensor(const char* where, const char* name, const TensorView& t, DType dtype,
                          std::initializer_list<int64_t> shape, Device device,
                          Dense dense = Dense::all);
-// Every output shares no byte with another output or with any input (undefined views pass): the
-// kernels read inputs and write outputs concurrently, so no op here works in place.
-void check_outputs_disjoint(const char* where, std::initializer_list<NamedView> outputs,
-                            std::initializer_list<NamedView> inputs);
 // Same, for an optional argument: an undefined view passes.
 void check_optional_tensor(const char* where, const char* name, const TensorView& t, DType dtype,
                            std::initializer_list<int64_t> shape, Device device);

@@ -7,6 +7,7 @@
 
 #include "cpu/attention_checks.h"
 #include "cpu/backend.h"
+#include "cpu/validate.h"
 #include "dsv4/ops.h"
 #include "dsv4/status.h"
 #if defined(DSV4_WITH_CUDA)

@@ -52,10 +52,11 @@ void check_index_output(const char* where, const TensorView& indices, const Tens
   check_dtype(where, "indices", indices, DType::int32);
   check_ndim(where, "indices", indices, 2);
   check_dim(where, "indices", indices, 0, T);
-  cpu::check_row_strided(where, "indices", indices);
+  cpu::check_output_layout(where, "indices", indices);
   if (lens.defined()) {
     check_dtype(where, "lens", lens, DType::int32);
     check_shape(where, "lens", lens, {T});
+    cpu::check_output_layout(where, "lens", lens);
   }
 }
 
@@ -147,14 +148,19 @@ void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorVie
   check_defined(kOp, "q_fp8", q_fp8);
   check_dtype(kOp, "q_fp8", q_fp8, DType::fp8_e4m3);
   check_shape(kOp, "q_fp8", q_fp8, {T, H, kKeyDim});
-  cpu::check_row_strided(kOp, "q_fp8", q_fp8);
+  cpu::check_output_layout(kOp, "q_fp8", q_fp8);
   for (const auto& [name, out] : {std::pair<const char*, const TensorView&>{"q_scale", q_scale},
                                   std::pair<const char*, const TensorView&>{"weights", weights}}) {
     check_defined(kOp, name, out);
     check_dtype(kOp, name, out, DType::fp32);
     check_shape(kOp, name, out, {T, H});
-    cpu::check_row_strided(kOp, name, out);
+    cpu::check_output_layout(kOp, name, out);
   }
+  cpu::check_outputs_disjoint(
+      kOp, {{"q_fp8", q_fp8}, {"q_scale", q_scale}, {"weights", weights}},
+      {{"qr", qr}, {"wq_b", wq_b}, {"wq_b_scale", wq_b_scale}, {"x", x},
+       {"weights_proj", weights_proj}, {"positions", positions}, {"cos_sin", cos_sin},
+       {"workspace", workspace}});
   const Device dev = cpu::common_device(kOp, {{"qr", qr},
                                               {"wq_b", wq_b},
                                               {"wq_b_scale", wq_b_scale},
@@ -241,7 +247,11 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
   check_dtype(kOp, "scores", scores, DType::fp32);
   check_ndim(kOp, "scores", scores, 2);
   check_dim(kOp, "scores", scores, 0, T);
-  cpu::check_row_strided(kOp, "scores", scores);
+  cpu::check_output_layout(kOp, "scores", scores);
+  cpu::check_outputs_disjoint(kOp, {{"scores", scores}},
+                              {{"q_fp8", q_fp8}, {"q_scale", q_scale}, {"weights", weights},
+                               {"positions", positions}, {"token_to_req", token_to_req},
+                               {"keys.data", keys.data}, {"key_block_table", key_block_table}});
   const Device dev = cpu::common_device(kOp, {{"q_fp8", q_fp8},
                                               {"q_scale", q_scale},
                                               {"weights", weights},
@@ -340,6 +350,8 @@ void indexer_topk(const TensorView& scores, const TensorView& positions, int rat
   const int64_t T = scores.size(0), N = scores.size(1);
   cpu::check_index_vector(kOp, "positions", positions, T);
   check_index_output(kOp, indices, lens, T);
+  cpu::check_outputs_disjoint(kOp, {{"indices", indices}, {"lens", lens}},
+                              {{"scores", scores}, {"positions", positions}});
   const Device dev = cpu::common_device(
       kOp, {{"scores", scores}, {"positions", positions}, {"indices", indices}, {"lens", lens}});
   if (dev == Device::cuda) {
@@ -381,6 +393,8 @@ void compressed_prefix_indices(const TensorView& positions, int ratio, const Ten
   const int64_t T = positions.size(0);
   cpu::check_index_vector(kOp, "positions", positions, T);
   check_index_output(kOp, indices, lens, T);
+  cpu::check_outputs_disjoint(kOp, {{"indices", indices}, {"lens", lens}},
+                              {{"positions", positions}});
   const Device dev =
       cpu::common_device(kOp, {{"positions", positions}, {"indices", indices}, {"lens", lens}});
   if (dev == Device::cuda) {

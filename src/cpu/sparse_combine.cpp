@@ -6,6 +6,7 @@
 
 #include "cpu/attention_checks.h"
 #include "cpu/attention_core.h"
+#include "cpu/validate.h"
 #include "dsv4/ops.h"
 #include "dsv4/status.h"
 #ifdef DSV4_WITH_CUDA

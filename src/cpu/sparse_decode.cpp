@@ -8,6 +8,7 @@
 
 #include "cpu/attention_checks.h"
 #include "cpu/attention_core.h"
+#include "cpu/validate.h"
 #include "cpu/sparse_combine.h"
 #include "dsv4/ops.h"
 #include "dsv4/status.h"

@@ -113,6 +113,15 @@ void check_disjoint(const char* where, const char* out_name, const TensorView& o
          ", got overlapping memory ranges");
 }
 
+void check_outputs_disjoint(const char* where, std::initializer_list<NamedView> outputs,
+                            std::initializer_list<NamedView> inputs) {
+  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
+    for (auto other = outputs.begin(); other != out; ++other)
+      check_disjoint(where, out->name, out->view, other->name, other->view);
+    for (const NamedView& in : inputs) check_disjoint(where, out->name, out->view, in.name, in.view);
+  }
+}
+
 int64_t check_activation_scale(const char* where, const char* x_name, const TensorView& x,
                                const char* scale_name, const TensorView& scale) {
   if (x.dtype != DType::fp8_e4m3) {

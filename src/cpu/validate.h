@@ -4,6 +4,7 @@
 
 #include <initializer_list>
 
+#include "cpu/backend.h"  // NamedView
 #include "dsv4/tensor.h"
 
 namespace dsv4::cpu {
@@ -28,6 +29,11 @@ void check_alias_exact_or_disjoint(const char* where, const char* out_name, cons
 // An output that must not share memory with an input (the op reads the input while writing).
 void check_disjoint(const char* where, const char* out_name, const TensorView& out,
                     const char* in_name, const TensorView& in);
+
+// Every output shares no byte with another output or with any input (undefined and empty views
+// pass): for ops that read inputs and write outputs concurrently and never work in place.
+void check_outputs_disjoint(const char* where, std::initializer_list<NamedView> outputs,
+                            std::initializer_list<NamedView> inputs);
 
 // Scales of a quantized activation x [rows, cols]: when x is fp8_e4m3, `scale` must be
 // [rows, cols / block] (ue8m0 or fp32) with block 64 or 128 — the block is returned; for a

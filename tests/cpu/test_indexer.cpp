@@ -103,6 +103,22 @@ TEST(IndexerQueryErrors, BadInputWritesNothing) {
   dense_test::expect_error(
       [&] { indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_bad, q_scale, w, {}); },
       {"q_fp8.dtype"});
+  TensorView q_fp8_rows_at_one_address = q_fp8;
+  q_fp8_rows_at_one_address.strides[0] = 0;
+  dense_test::expect_error(
+      [&] {
+        indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8_rows_at_one_address, q_scale, w, {});
+      },
+      {"q_fp8: expected an output whose elements do not overlap"});
+  dense_test::expect_error(
+      [&] { indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, w, w, {}); },
+      {"weights: expected memory disjoint from q_scale"});
+  dense_test::expect_error(
+      [&] {
+        indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale,
+                      TensorView(x.data<float>(), DType::fp32, {T, H}), {});
+      },
+      {"weights: expected memory disjoint from x"});
   pos.data<int32_t>()[2] = 4;  // beyond the 4-row cos/sin table
   dense_test::expect_error(
       [&] { indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w, {}); },
@@ -343,6 +359,20 @@ TEST(IndexerScores, BadInputWritesNothing) {
                        rig.scores);
       },
       {"keys.data"});
+  TensorView scores_rows_at_one_address = rig.scores;
+  scores_rows_at_one_address.strides[0] = 0;
+  dense_test::expect_error(
+      [&] {
+        indexer_scores(rig.q_fp8, rig.q_scale, rig.w, rig.pos, rig.req, rig.key_view(), rig.table,
+                       4, scores_rows_at_one_address);
+      },
+      {"scores: expected an output whose elements do not overlap"});
+  dense_test::expect_error(
+      [&] {
+        indexer_scores(rig.q_fp8, rig.q_scale, rig.w, rig.pos, rig.req, rig.key_view(), rig.table,
+                       4, TensorView(rig.w.data<float>(), DType::fp32, {rig.T, rig.N}));
+      },
+      {"scores: expected memory disjoint from"});
   EXPECT_TRUE(same_bytes(rig.scores, before));
 }
 
@@ -414,6 +444,16 @@ TEST(IndexerTopkErrors, BadInputWritesNothing) {
   dense_test::expect_error([&] { indexer_topk(scores, pos, 4, idx64); }, {"indices.dtype"});
   HostTensor lens_bad(DType::int32, {3});
   dense_test::expect_error([&] { indexer_topk(scores, pos, 4, idx, lens_bad); }, {"lens"});
+  dense_test::expect_error(
+      [&] { indexer_topk(scores, pos, 4, idx, TensorView(idx.data<int32_t>(), DType::int32, {2})); },
+      {"lens: expected memory disjoint from indices"});
+  TensorView idx_rows_overlap = idx;
+  idx_rows_overlap.strides[0] = 2;  // rows of 3 entries, 2 apart
+  dense_test::expect_error([&] { indexer_topk(scores, pos, 4, idx_rows_overlap); },
+                           {"indices: expected an output whose elements do not overlap"});
+  dense_test::expect_error(
+      [&] { indexer_topk(scores, pos, 4, TensorView(scores.data<float>(), DType::int32, {2, 3})); },
+      {"indices: expected memory disjoint from scores"});
   dense_test::expect_error([&] { indexer_topk(scores, pos, 0, idx); }, {"ratio"});
   EXPECT_TRUE(same_bytes(idx, before));
 }
@@ -437,6 +477,11 @@ TEST(CompressedPrefixIndices, EveryEmittedEntryInOrderThenPadding) {
   dense_test::expect_error([&] { compressed_prefix_indices(pos, 128, narrow); },
                            {"indices.shape[1]"});
   dense_test::expect_error([&] { compressed_prefix_indices(pos, 0, idx); }, {"ratio"});
+  dense_test::expect_error(
+      [&] {
+        compressed_prefix_indices(pos, 128, TensorView(pos.data<int64_t>(), DType::int32, {T, K}));
+      },
+      {"indices: expected memory disjoint from positions"});
   EXPECT_TRUE(same_bytes(idx, before));
 }
 

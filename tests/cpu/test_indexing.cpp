@@ -157,6 +157,33 @@ TEST(LocalToGlobal, RejectsWrongDtypeShapeAndStride) {
   expect_rejected(
       [&] { dsv4::local_to_global_slots(local, s.token_to_req, s.table, 4, out, lens_wrong); },
       "lens", {&out, &lens_wrong});
+  // Outputs: in place (the very view of local) is allowed, any other overlap is not.
+  HostTensor local_copy = i32({3, 2}, {0, 1, 2, 3, 0, 1});
+  dsv4::TensorView shifted(local_copy.data<int32_t>() + 1, DType::int32, {2, 2});
+  expect_rejected(
+      [&] {
+        dsv4::local_to_global_slots(local_copy.view().slice0(0, 2), i32({2}, {0, 0}), s.table, 4,
+                                    shifted);
+      },
+      "global: expected the same view as local (in place) or memory disjoint from it",
+      {&local_copy});
+  expect_rejected(
+      [&] {
+        dsv4::local_to_global_slots(local, s.token_to_req, s.table, 4, out,
+                                    dsv4::TensorView(local.data<int32_t>(), DType::int32, {3}));
+      },
+      "lens: expected memory disjoint from local", {&out, &local});
+  dsv4::TensorView rows_at_one_address = out.view();
+  rows_at_one_address.strides[0] = 0;
+  expect_rejected(
+      [&] { dsv4::local_to_global_slots(local, s.token_to_req, s.table, 4, rows_at_one_address); },
+      "global: expected an output whose elements do not overlap", {&out});
+  expect_rejected(
+      [&] {
+        dsv4::local_to_global_slots(local, s.token_to_req, s.table, 4, out,
+                                    dsv4::TensorView(s.token_to_req.data<int32_t>(), DType::int32, {3}));
+      },
+      "lens: expected memory disjoint from token_to_req", {&out, &s.token_to_req});
 }
 
 // ================================ SWA window ================================================
@@ -251,6 +278,17 @@ TEST(SwaWindow, RejectsMissingBlocksAndBadInputWithoutWriting) {
   HostTensor pos_f(DType::fp32, {2});
   expect_rejected([&] { dsv4::swa_window_indices(pos_f, t2r, f.table, 4, 4, idx, lens); },
                   "positions.dtype", {&idx, &lens});
+  const dsv4::TensorView lens_in_idx(idx.data<int32_t>() + 1, DType::int32, {2});
+  expect_rejected([&] { dsv4::swa_window_indices(pos, t2r, f.table, 4, 4, idx, lens_in_idx); },
+                  "lens: expected memory disjoint from indices", {&idx});
+  dsv4::TensorView idx_rows_overlap = idx.view();
+  idx_rows_overlap.strides[0] = 3;  // rows of 4 entries, 3 apart
+  expect_rejected(
+      [&] { dsv4::swa_window_indices(pos, t2r, f.table, 4, 4, idx_rows_overlap, lens); },
+      "indices: expected an output whose elements do not overlap", {&idx, &lens});
+  expect_rejected(
+      [&] { dsv4::swa_window_indices(pos, t2r, f.table, 4, 4, idx, t2r); },
+      "lens: expected memory disjoint from token_to_req", {&idx, &t2r});
 }
 
 // A slot beyond int32 is an error in any block of the window, not only the newest one.
@@ -344,6 +382,29 @@ TEST(CombineTopkSwa, RejectsBadIndicesAndMetadataWithoutWriting) {
   expect_rejected(
       [&] { dsv4::combine_topk_swa_indices(f.topk, f.qsl, f.seq, f.gather, 4, 3, 12, 8, out, lens); },
       "ratio", outs);
+  // Outputs must not overlap themselves, each other or an input.
+  dsv4::TensorView out_rows_overlap = out.view();
+  out_rows_overlap.strides[0] = 5;  // rows of 6 entries, 5 apart
+  expect_rejected(
+      [&] {
+        dsv4::combine_topk_swa_indices(f.topk, f.qsl, f.seq, f.gather, 4, 3, 12, 4,
+                                       out_rows_overlap, lens);
+      },
+      "out: expected an output whose elements do not overlap", outs);
+  expect_rejected(
+      [&] {
+        dsv4::combine_topk_swa_indices(f.topk, f.qsl, f.seq, f.gather, 4, 3, 12, 4, out,
+                                       dsv4::TensorView(out.data<int32_t>(), DType::int32, {5}));
+      },
+      "out_lens: expected memory disjoint from out", outs);
+  HostTensor shared = poisoned({5, 6});  // topk's values in its first 10 entries, out over all
+  std::copy_n(f.topk.data<int32_t>(), f.topk.numel(), shared.data<int32_t>());
+  expect_rejected(
+      [&] {
+        dsv4::combine_topk_swa_indices(dsv4::TensorView(shared.data<int32_t>(), DType::int32, {5, 2}),
+                                       f.qsl, f.seq, f.gather, 4, 3, 12, 4, shared, lens);
+      },
+      "out: expected memory disjoint from topk", {&shared, &lens});
 }
 
 // ================================ devices ===================================================

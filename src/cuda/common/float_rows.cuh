@@ -24,11 +24,6 @@ __device__ __forceinline__ void store_float(void* base, bool is_bf16, int64_t i,
     static_cast<float*>(base)[i] = v;
   }
 }
-// Element i of an int32 / int64 index array.
-__device__ __forceinline__ int64_t load_index(const void* base, bool is_int64, int64_t i) {
-  return is_int64 ? static_cast<const int64_t*>(base)[i]
-                  : static_cast<int64_t>(static_cast<const int32_t*>(base)[i]);
-}
 
 // The rows of a bf16 / fp32 view: all dims but the last, flattened row-major, each row
 // contiguous (stride 1), the leading dims with any non-negative strides (validated by the op).

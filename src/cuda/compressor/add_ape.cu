@@ -13,7 +13,7 @@ constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads)
     add_ape_kernel(const float* ape, int64_t ape_stride, int ratio,
-                   compressor::IndexVector positions, float* score, int64_t score_stride,
+                   IndexVector positions, float* score, int64_t score_stride,
                    int64_t width) {
   const int64_t t = blockIdx.x;
   const int64_t pos = positions[t];
@@ -37,7 +37,7 @@ void compressor_add_ape(const CompressorConfig& cfg, const TensorView& ape,
   if (T == 0) return;
   DSV4_CHECK(T <= INT32_MAX, kOp, ": T: expected <= 2^31 - 1 rows on CUDA, got ", T);
   add_ape_kernel<<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
-      ape.ptr<const float>(), ape.stride(0), cfg.ratio, compressor::IndexVector::of(positions),
+      ape.ptr<const float>(), ape.stride(0), cfg.ratio, IndexVector::of(positions),
       score_rows.ptr<float>(), score_rows.stride(0), cfg.proj_width());
   check_launch(kOp);
 }

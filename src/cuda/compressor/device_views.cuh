@@ -1,24 +1,13 @@
-// Index tensors as the compressor kernels read them. Values come straight from caller memory and
+// Block tables as the compressor kernels read them (index vectors: cuda/common/index_vector.cuh). Values come straight from caller memory and
 // are never trusted: every lookup that could leave a view returns -1 instead.
 #pragma once
 
 #include <cstdint>
 
+#include "cuda/common/index_vector.cuh"
 #include "dsv4/tensor.h"
 
 namespace dsv4::cuda::compressor {
-
-// A 1-d int32 / int64 tensor (contiguous: the host API requires index vectors row-strided).
-struct IndexVector {
-  const void* data = nullptr;
-  bool is64 = false;
-
-  static IndexVector of(const TensorView& t) { return {t.data, t.dtype == DType::int64}; }
-  __device__ __forceinline__ int64_t operator[](int64_t i) const {
-    return is64 ? static_cast<const int64_t*>(data)[i]
-                : static_cast<int64_t>(static_cast<const int32_t*>(data)[i]);
-  }
-};
 
 // An int32 block table [rows, cols] (any strides) of a paged buffer of `num_slots` slots in
 // blocks of `block_size`.

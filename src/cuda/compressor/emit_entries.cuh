@@ -10,8 +10,8 @@
 
 #include "cpu/compressor_math.h"
 #include "cpu/norm_math.h"
-#include "cpu/rope_common.h"
 #include "cuda/common/float_rows.cuh"
+#include "cuda/common/rope_table.cuh"
 #include "cuda/compressor/update_params.cuh"
 #include "dsv4/compressor.h"
 #include "dsv4/fp8_block.h"
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kMaxDim) emit_entries_kernel(const UpdateParam
   const int64_t ctx = p.context_lens[q];
   const int64_t j = (pos + 1) / p.r - 1;
   const int64_t rope_pos = j * p.r;  // the window's first position
-  if (ctx < 0 || pos < ctx || rope_pos >= p.max_pos) return;
+  if (ctx < 0 || pos < ctx || !p.rope.contains(rope_pos)) return;
   const int64_t slot = p.out_table.slot(q, j);
   if (slot < 0) return;
 
@@ -130,11 +130,9 @@ __global__ void __launch_bounds__(kMaxDim) emit_entries_kernel(const UpdateParam
   __syncthreads();
   if (tid < p.D) e[tid] = cpu::rms_apply(e[tid], inv_rms, load_float(p.norm_weight, p.norm_bf16, tid));
   __syncthreads();
-  const int half = p.rope_dims / 2;
-  if (tid < half) {
-    const float* cs = p.cos_sin + rope_pos * p.cos_sin_stride;
+  if (tid < p.rope.half) {
     const int a = p.D - p.rope_dims + 2 * tid;
-    cpu::rope_rotate_pair(e[a], e[a + 1], cs[tid], cs[half + tid]);
+    p.rope.rotate(rope_pos, tid, e[a], e[a + 1]);
   }
   __syncthreads();
   if (p.target == CompressorTarget::indexer_keys) hadamard_rotate_block(e, p.D, p.hadamard_scale);

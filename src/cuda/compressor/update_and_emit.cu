@@ -38,14 +38,12 @@ compressor::UpdateParams make_params(const CompressorConfig& cfg, const TensorVi
   p.score_rows = score_rows.ptr<const float>();
   p.kv_stride = kv_rows.stride(0);
   p.score_stride = score_rows.stride(0);
-  p.positions = compressor::IndexVector::of(batch.positions);
-  p.token_to_req = compressor::IndexVector::of(batch.token_to_req);
-  p.context_lens = compressor::IndexVector::of(batch.context_lens);
+  p.positions = IndexVector::of(batch.positions);
+  p.token_to_req = IndexVector::of(batch.token_to_req);
+  p.context_lens = IndexVector::of(batch.context_lens);
   p.norm_weight = norm_weight.data;
   p.norm_bf16 = norm_weight.dtype == DType::bf16;
-  p.cos_sin = cos_sin.ptr<const float>();
-  p.cos_sin_stride = cos_sin.stride(0);
-  p.max_pos = cos_sin.size(0);
+  p.rope = RopeTable::of(cos_sin);
   p.state_rows = state.rows.ptr<float>();
   p.state_stride = state.rows.stride(0);
   p.state_table = compressor::BlockTable::of(state.block_table, state.block_size,

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/rope_table.cuh"
 #include "cuda/compressor/device_views.cuh"
 #include "dsv4/compressor.h"
 
@@ -22,8 +23,7 @@ struct UpdateParams {
   IndexVector positions, token_to_req, context_lens;
   const void* norm_weight = nullptr;  // [D], contiguous
   bool norm_bf16 = false;
-  const float* cos_sin = nullptr;  // [max_pos, rope_dims], rows of cos_sin_stride
-  int64_t cos_sin_stride = 0, max_pos = 0;
+  RopeTable rope;  // [max_pos, rope_dims]
   // The rings: row i of request q at state_table.slot(q, i), [kv (W) | score (W)].
   float* state_rows = nullptr;
   int64_t state_stride = 0;

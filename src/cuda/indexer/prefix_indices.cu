@@ -1,7 +1,7 @@
 // CUDA C128A plan (SPEC §5): indices[t, k] = k for k < count, then −1, count = (p+1) div r
 // clamped to [0, K]. One thread per output element.
 #include "cuda/common/check.h"
-#include "cuda/indexer/index_vector.cuh"
+#include "cuda/common/index_vector.cuh"
 #include "cuda/indexer/indexer.h"
 #include "dsv4/indexer_math.h"
 
@@ -53,7 +53,7 @@ void compressed_prefix_indices(const TensorView& positions, int ratio, const Ten
     zero_lens_kernel<<<grid_1d(T, kThreads), kThreads, 0, stream>>>(T, lens_ptr, lens_stride);
   } else {
     prefix_indices_kernel<<<grid_1d(T * K, kThreads), kThreads, 0, stream>>>(
-        index_vector(positions), ratio, T, K, indices.ptr<int32_t>(), indices.stride(0), lens_ptr,
+        IndexVector::of(positions), ratio, T, K, indices.ptr<int32_t>(), indices.stride(0), lens_ptr,
         lens_stride);
   }
   check_launch(kOp);

@@ -6,9 +6,9 @@
 #include <cmath>
 
 #include "cpu/hadamard.h"
-#include "cpu/rope_common.h"
 #include "cuda/common/check.h"
-#include "cuda/indexer/index_vector.cuh"
+#include "cuda/common/index_vector.cuh"
+#include "cuda/common/rope_table.cuh"
 #include "cuda/indexer/indexer.h"
 #include "dsv4/fp8_block.h"
 #include "dsv4/indexer_math.h"
@@ -25,9 +25,7 @@ struct QueryRowsParams {
   int64_t T;
   int H;
   IndexVector positions;
-  const float* cos_sin;  // [max_pos, R], row stride cos_sin_stride
-  int64_t cos_sin_stride, max_pos;
-  int rope_dims;
+  RopeTable table;  // the last 2·table.half dims are rotated
   float hadamard_scale, weight_scale;
   uint8_t* q_fp8;
   int64_t q_fp8_stride0, q_fp8_stride1;
@@ -50,17 +48,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) query_rows_kernel(QueryRo
   const float4 in = reinterpret_cast<const float4*>(p.q + row * kDim)[lane];
   float v[4] = {in.x, in.y, in.z, in.w};
   const int64_t pos = p.positions[t];
-  const bool valid = pos >= 0 && pos < p.max_pos;
+  const bool valid = p.table.contains(pos);
 
   if (valid) {
     // GPT-J pairs (2i, 2i+1) of the last R dims; pairs never straddle lanes (4l is even).
-    const float* cs = p.cos_sin + pos * p.cos_sin_stride;
-    const int half = p.rope_dims / 2, first = kDim - p.rope_dims;
+    const int first = kDim - 2 * p.table.half;
     for (int m = 0; m < 2; ++m) {
       const int d = 4 * lane + 2 * m;
       if (d < first) continue;
-      const int i = (d - first) / 2;
-      cpu::rope_rotate_pair(v[2 * m], v[2 * m + 1], cs[i], cs[half + i]);
+      p.table.rotate(pos, (d - first) / 2, v[2 * m], v[2 * m + 1]);
     }
   }
 
@@ -121,11 +117,8 @@ void indexer_query_rows(const TensorView& q_proj, const TensorView& positions,
   p.q = q_proj.ptr<const float>();
   p.T = T;
   p.H = static_cast<int>(H);
-  p.positions = index_vector(positions);
-  p.cos_sin = cos_sin.ptr<const float>();
-  p.cos_sin_stride = cos_sin.stride(0);
-  p.max_pos = cos_sin.size(0);
-  p.rope_dims = static_cast<int>(cos_sin.size(1));
+  p.positions = IndexVector::of(positions);
+  p.table = RopeTable::of(cos_sin);
   // The same scales as the CPU reference (cpu::hadamard_rotate, indexer_query).
   p.hadamard_scale = cpu::hadamard_scale(kDim);
   p.weight_scale = indexer_math::indexer_weight_scale(H);

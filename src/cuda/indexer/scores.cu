@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "cuda/common/check.h"
-#include "cuda/indexer/index_vector.cuh"
+#include "cuda/common/index_vector.cuh"
 #include "cuda/indexer/indexer.h"
 #include "dsv4/indexer_key_cache.h"
 #include "dsv4/indexer_math.h"
@@ -131,8 +131,8 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
   p.weights = weights.ptr<const float>();
   p.weights_stride0 = weights.stride(0);
   p.H = static_cast<int>(H);
-  p.positions = index_vector(positions);
-  p.token_to_req = index_vector(token_to_req);
+  p.positions = IndexVector::of(positions);
+  p.token_to_req = IndexVector::of(token_to_req);
   p.keys = keys.data.ptr<const uint8_t>();
   p.key_stride0 = keys.data.stride(0);
   p.num_key_blocks = keys.data.size(0);

@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "cuda/common/check.h"
-#include "cuda/indexer/index_vector.cuh"
+#include "cuda/common/index_vector.cuh"
 #include "cuda/indexer/indexer.h"
 #include "dsv4/indexer_math.h"
 
@@ -134,7 +134,7 @@ void indexer_topk(const TensorView& scores, const TensorView& positions, int rat
   p.scores = scores.ptr<const float>();
   p.scores_stride0 = scores.stride(0);
   p.N = N;
-  p.positions = index_vector(positions);
+  p.positions = IndexVector::of(positions);
   p.ratio = ratio;
   p.indices = indices.ptr<int32_t>();
   p.indices_stride0 = indices.stride(0);

@@ -13,9 +13,10 @@
 
 #include <climits>
 
-#include "cpu/rope_common.h"
 #include "cuda/common/check.h"
 #include "cuda/common/float_rows.cuh"
+#include "cuda/common/index_vector.cuh"
+#include "cuda/common/rope_table.cuh"
 #include "cuda/norm/warp_rms.cuh"
 
 namespace dsv4::cuda {
@@ -36,13 +37,9 @@ struct InsertParams {
   FloatRows q;   // rows (t, h): T · heads rows of D
   FloatRows kv;  // rows t: T rows of D
   int64_t heads;
-  const void* positions;  // [T] int32/int64, contiguous
-  bool positions_int64;
-  const void* slots;      // [T] int32/int64, contiguous
-  bool slots_int64;
-  const float* cos_sin;   // [max_pos, 2·half] fp32
-  int64_t cos_sin_stride, max_pos;
-  int half;
+  IndexVector positions;  // [T]
+  IndexVector slots;      // [T]
+  RopeTable table;
   float eps;
   KvGeometry geometry;          // of the cache
   KvGeometry scratch_geometry;  // the same layout with block_size 1
@@ -56,12 +53,10 @@ __global__ void __launch_bounds__(kThreads) qnorm_rope_kv_insert_kernel(const In
   __shared__ float row[kMaxDim];
   __shared__ __align__(16) uint8_t scratch[kScratchBytes];
   const int64_t t = blockIdx.x;
-  const int64_t pos = load_index(p.positions, p.positions_int64, t);
-  if (pos < 0 || pos >= p.max_pos) return;  // invalid position: the whole block skips the token
+  const int64_t pos = p.positions[t];
+  if (!p.table.contains(pos)) return;  // invalid position: the whole block skips the token
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
-  const int64_t D = p.kv.row_len, nope = D - 2 * p.half;
-  const float* cos_row = p.cos_sin + pos * p.cos_sin_stride;
-  const float* sin_row = cos_row + p.half;
+  const int64_t D = p.kv.row_len, nope = D - 2 * p.table.half;
 
   // 1. q heads: RMSNorm without weight, then RoPE, in place.
   for (int64_t h = warp; h < p.heads; h += kWarps) {
@@ -69,10 +64,10 @@ __global__ void __launch_bounds__(kThreads) qnorm_rope_kv_insert_kernel(const In
     const float inv = warp_rms_inverse([&](int64_t i) { return p.q.load(q_off, i); }, D, p.eps);
     for (int64_t i = lane; i < nope; i += 32)
       p.q.store(q_off, i, cpu::rms_apply(p.q.load(q_off, i), inv, 1.0f));
-    for (int j = lane; j < p.half; j += 32) {
+    for (int j = lane; j < p.table.half; j += 32) {
       float a = cpu::rms_apply(p.q.load(q_off, nope + 2 * j), inv, 1.0f);
       float b = cpu::rms_apply(p.q.load(q_off, nope + 2 * j + 1), inv, 1.0f);
-      cpu::rope_rotate_pair(a, b, cos_row[j], sin_row[j]);
+      p.table.rotate(pos, j, a, b);
       p.q.store(q_off, nope + 2 * j, a);
       p.q.store(q_off, nope + 2 * j + 1, b);
     }
@@ -81,9 +76,9 @@ __global__ void __launch_bounds__(kThreads) qnorm_rope_kv_insert_kernel(const In
   // 2. kv: RoPE into shared memory.
   const int64_t kv_off = p.kv.row_offset(t);
   for (int64_t i = tid; i < nope; i += kThreads) row[i] = p.kv.load(kv_off, i);
-  for (int j = tid; j < p.half; j += kThreads) {
+  for (int j = tid; j < p.table.half; j += kThreads) {
     float a = p.kv.load(kv_off, nope + 2 * j), b = p.kv.load(kv_off, nope + 2 * j + 1);
-    cpu::rope_rotate_pair(a, b, cos_row[j], sin_row[j]);
+    p.table.rotate(pos, j, a, b);
     row[nope + 2 * j] = a;
     row[nope + 2 * j + 1] = b;
   }
@@ -105,7 +100,7 @@ __global__ void __launch_bounds__(kThreads) qnorm_rope_kv_insert_kernel(const In
     p.kv.store(kv_off, i, kv_decode_value(sg, scratch, 0, i, p.tensor_scale));
 
   // Store the token's bytes (its data row and, for MODEL1_FP8, its scale row).
-  const int64_t slot = load_index(p.slots, p.slots_int64, t);
+  const int64_t slot = p.slots[t];
   if (slot < 0 || slot >= p.num_slots) return;  // -1 (or an invalid slot): not stored
   const KvGeometry& g = p.geometry;
   uint8_t* block = p.cache + (slot / g.block_size) * p.block_stride;
@@ -132,14 +127,9 @@ void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const Tenso
   const int64_t T = kv.shape[0];
   if (T == 0) return;  // nothing to write
   p.heads = q.shape[1];
-  p.positions = positions.data;
-  p.positions_int64 = positions.dtype == DType::int64;
-  p.slots = slot_mapping.data;
-  p.slots_int64 = slot_mapping.dtype == DType::int64;
-  p.cos_sin = static_cast<const float*>(cos_sin.data);
-  p.cos_sin_stride = cos_sin.strides[0];
-  p.max_pos = cos_sin.shape[0];
-  p.half = static_cast<int>(cos_sin.shape[1] / 2);
+  p.positions = IndexVector::of(positions);
+  p.slots = IndexVector::of(slot_mapping);
+  p.table = RopeTable::of(cos_sin);
   p.eps = eps;
   p.geometry = kv_geometry(cache.layout, cache.block_size);
   p.scratch_geometry = kv_geometry(cache.layout, 1);

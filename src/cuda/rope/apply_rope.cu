@@ -8,9 +8,10 @@
 
 #include <climits>
 
-#include "cpu/rope_common.h"
 #include "cuda/common/check.h"
 #include "cuda/common/float_rows.cuh"
+#include "cuda/common/index_vector.cuh"
+#include "cuda/common/rope_table.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -20,28 +21,23 @@ constexpr int kWarpsPerBlock = 8;
 struct RopeParams {
   FloatRows x, y;
   int64_t heads;          // rows per token (1 for [T, D])
-  const void* positions;  // [T] int32/int64, contiguous
-  bool positions_int64;
-  const float* cos_sin;   // [max_pos, 2·half] fp32, rows cos_sin_stride apart
-  int64_t cos_sin_stride, max_pos;
-  int half;
+  IndexVector positions;  // [T]
+  RopeTable table;
   bool inverse;
 };
 
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) apply_rope_kernel(const RopeParams p) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= p.x.num_rows) return;
-  const int64_t pos = load_index(p.positions, p.positions_int64, row / p.heads);
-  if (pos < 0 || pos >= p.max_pos) return;  // invalid position: row left unwritten
+  const int64_t pos = p.positions[row / p.heads];
+  if (!p.table.contains(pos)) return;  // invalid position: row left unwritten
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t x_off = p.x.row_offset(row), y_off = p.y.row_offset(row);
-  const int64_t nope = p.x.row_len - 2 * p.half;
+  const int64_t nope = p.x.row_len - 2 * p.table.half;
   for (int64_t i = lane; i < nope; i += 32) p.y.store(y_off, i, p.x.load(x_off, i));
-  const float* cos_row = p.cos_sin + pos * p.cos_sin_stride;
-  const float* sin_row = cos_row + p.half;
-  for (int j = lane; j < p.half; j += 32) {
+  for (int j = lane; j < p.table.half; j += 32) {
     float a = p.x.load(x_off, nope + 2 * j), b = p.x.load(x_off, nope + 2 * j + 1);
-    cpu::rope_rotate_pair(a, b, cos_row[j], p.inverse ? -sin_row[j] : sin_row[j]);
+    p.table.rotate(pos, j, a, b, p.inverse);
     p.y.store(y_off, nope + 2 * j, a);
     p.y.store(y_off, nope + 2 * j + 1, b);
   }
@@ -58,12 +54,8 @@ void apply_rope(const TensorView& x, const TensorView& positions, const TensorVi
   const int64_t T = x.shape[0];
   if (T == 0 || p.x.num_rows == 0) return;  // nothing to write
   p.heads = p.x.num_rows / T;
-  p.positions = positions.data;
-  p.positions_int64 = positions.dtype == DType::int64;
-  p.cos_sin = static_cast<const float*>(cos_sin.data);
-  p.cos_sin_stride = cos_sin.strides[0];
-  p.max_pos = cos_sin.shape[0];
-  p.half = static_cast<int>(cos_sin.shape[1] / 2);
+  p.positions = IndexVector::of(positions);
+  p.table = RopeTable::of(cos_sin);
   p.inverse = inverse;
   const int64_t blocks = (p.x.num_rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   DSV4_CHECK(blocks <= INT_MAX, kOp, ": x: expected at most ", int64_t{INT_MAX} * kWarpsPerBlock,

@@ -5,6 +5,9 @@
 #   bench/device_check.sh sanitize  compute-sanitizer memcheck (whole GPU suite) and racecheck
 #                                (attention kernels, then the whole layer); `memcheck`,
 #                                `racecheck` and `racecheck-layer` run one part each
+#   bench/device_check.sh memcheck-full / racecheck-full   the whole GPU test binary, nothing
+#                                filtered out (racecheck-full: ~6 min on the H100; its hazards
+#                                listed by kernel function and by test)
 #   bench/device_check.sh bench  build (reused when warm); ceilings; `dsv4 bench` (all PERF.md cases)
 #   bench/device_check.sh python the extension against the device's python3/torch: library and
 #                                import-order probes (issue 5's crash at import), then the Python
@@ -103,5 +106,22 @@ if has racecheck-layer; then
   # Where the hazards are: the access sites, addresses stripped, most frequent first.
   grep -E "(Read|Write) Thread" "$OUT/racecheck_layer.log" | sed -E 's/0x[0-9a-f]+//g; s/^=+ +//; s/Thread \([0-9,]+\)//' |
     cut -c1-200 | sort | uniq -c | sort -rn | head -16
+fi
+if has memcheck-full; then
+  log memcheck, whole binary
+  timeout 450 compute-sanitizer --tool memcheck --print-limit 20 ./build/dsv4_gpu_tests >"$OUT/memcheck_full.log" 2>&1
+  echo "memcheck-full rc=$?"; grep -E "ERROR SUMMARY|^\[  PASSED|^\[  FAILED|tests ran" "$OUT/memcheck_full.log" | tail -4
+fi
+if has racecheck-full; then
+  log racecheck, whole binary
+  timeout 540 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 20000 \
+    ./build/dsv4_gpu_tests >"$OUT/racecheck_full.log" 2>&1
+  echo "racecheck-full rc=$?"; grep -E "RACECHECK SUMMARY|^\[  PASSED|^\[  FAILED|tests ran" "$OUT/racecheck_full.log" | tail -4
+  # Which kernel functions the displayed hazards are in, and which tests reported them.
+  echo "-- functions of the displayed hazards (Read / Write sites):"
+  grep -oE "(Read|Write) Thread \([0-9,]+\) at [A-Za-z_0-9]+" "$OUT/racecheck_full.log" | awk '{print $NF}' | sort | uniq -c | sort -rn | head
+  echo "-- tests that reported hazards:"
+  awk '/^\[ RUN/ {t=$NF} /Potential .* hazard/ {n[t]++} END {for (k in n) print n[k], k}' "$OUT/racecheck_full.log" | sort -rn | head -40
+  gzip -f "$OUT/racecheck_full.log"
 fi
 log done

@@ -26,6 +26,7 @@ void check_row_strided(const char* where, const char* name, const TensorView& t)
 
 void check_output_layout(const char* where, const char* name, const TensorView& t) {
   check_row_strided(where, name, t);
+  if (t.numel() == 0) return;  // no elements: nothing to overlap, whatever the strides say
   // Dims of size > 1 by increasing stride: each stride must step past everything spanned by the
   // dims inside it (the standard sufficient condition for non-overlapping elements).
   std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)

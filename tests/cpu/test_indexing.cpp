@@ -76,6 +76,19 @@ TEST(LocalToGlobal, InPlaceAliasAndUnknownRequestGivesMinusOne) {
   EXPECT_EQ(values(idx), (std::vector<int32_t>{21, 8, -1, -1, -1, -1}));
 }
 
+// K = 0 (no compressed entries): [T, 0] views have row-major stride 0 and no elements, so they
+// are valid outputs (not "overlapping"); every row counts 0.
+TEST(LocalToGlobal, EmptyRowsAreAcceptedAndCountZero) {
+  SmallTable s;
+  HostTensor local_buf = poisoned({1}), global_buf = poisoned({1}), lens = poisoned({3});
+  const dsv4::TensorView local(local_buf.data<int32_t>(), DType::int32, {3, 0});
+  const dsv4::TensorView global(global_buf.data<int32_t>(), DType::int32, {3, 0});
+  ASSERT_EQ(global.strides[0], 0);
+  dsv4::local_to_global_slots(local, s.token_to_req, s.table, 4, global, lens);
+  EXPECT_EQ(values(lens), (std::vector<int32_t>{0, 0, 0}));
+  EXPECT_EQ(values(global_buf), (std::vector<int32_t>{12345}));
+}
+
 TEST(LocalToGlobal, RandomGridMatchesFormula) {
   std::mt19937 rng(3);
   for (int block_size : {1, 4, 64}) {

@@ -6,7 +6,7 @@
 #                                (attention kernels, then the whole layer); `memcheck`,
 #                                `racecheck` and `racecheck-layer` run one part each
 #   bench/device_check.sh memcheck-full / racecheck-full   the whole GPU test binary, nothing
-#                                filtered out (racecheck-full: ~6 min on the H100; its hazards
+#                                filtered out (racecheck-full: ~6 min on the H100; all its hazards
 #                                listed by kernel function and by test)
 #   bench/device_check.sh bench  build (reused when warm); ceilings; `dsv4 bench` (all PERF.md cases)
 #   bench/device_check.sh python the extension against the device's python3/torch: library and
@@ -114,7 +114,7 @@ if has memcheck-full; then
 fi
 if has racecheck-full; then
   log racecheck, whole binary
-  timeout 540 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 20000 \
+  timeout 540 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 0 \
     ./build/dsv4_gpu_tests >"$OUT/racecheck_full.log" 2>&1
   echo "racecheck-full rc=$?"; grep -E "RACECHECK SUMMARY|^\[  PASSED|^\[  FAILED|tests ran" "$OUT/racecheck_full.log" | tail -4
   # Which kernel functions the displayed hazards are in, and which tests reported them.

@@ -6,6 +6,7 @@
 
 #include "cpu/attention_checks.h"
 #include "cpu/attention_core.h"
+#include "cpu/backend.h"
 #include "cpu/validate.h"
 #include "dsv4/ops.h"
 #include "dsv4/status.h"
@@ -75,18 +76,14 @@ void validate_combine(const TensorView& partial_o, const TensorView& partial_lse
 
 void sparse_attention_combine(const TensorView& partial_o, const TensorView& partial_lse,
                               const TensorView& attn_sink, const TensorView& out,
-                              const TensorView& lse, Stream stream) {
+                              const TensorView& lse, [[maybe_unused]] Stream stream) {
   validate_combine(partial_o, partial_lse, attn_sink, out, lse);
   if (partial_o.device == Device::cpu) {
     cpu::combine_partials(partial_o, partial_lse, attn_sink.ptr<const float>(), out, lse);
     return;
   }
-#ifdef DSV4_WITH_CUDA
-  cuda::sparse_attention_combine(partial_o, partial_lse, attn_sink, out, lse, stream);
-#else
-  (void)stream;
-  fail(kOp, ": tensors are on CUDA but the CUDA backend is not built");
-#endif
+  DSV4_CUDA_DISPATCH(kOp, cuda::sparse_attention_combine(partial_o, partial_lse, attn_sink, out,
+                                                         lse, stream));
 }
 
 }  // namespace dsv4

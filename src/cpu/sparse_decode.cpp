@@ -8,8 +8,9 @@
 
 #include "cpu/attention_checks.h"
 #include "cpu/attention_core.h"
-#include "cpu/validate.h"
+#include "cpu/backend.h"
 #include "cpu/sparse_combine.h"
+#include "cpu/validate.h"
 #include "dsv4/ops.h"
 #include "dsv4/status.h"
 #ifdef DSV4_WITH_CUDA
@@ -257,7 +258,7 @@ DecodeSchedule make_decode_schedule(int b, int s_q, int h, int topk_total, int n
 }
 
 void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
-                   const TensorView& workspace, Stream stream) {
+                   const TensorView& workspace, [[maybe_unused]] Stream stream) {
   const DecodeDims dims = validate_decode(args, schedule, workspace);
   if (dims.device == Device::cpu) {
     // Carve the partials out of the workspace (layout documented in ops.h).
@@ -271,12 +272,7 @@ void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
     sparse_decode_cpu(args, dims, schedule, partial_o, partial_lse);
     return;
   }
-#ifdef DSV4_WITH_CUDA
-  cuda::sparse_decode(args, schedule, workspace, stream);
-#else
-  (void)stream;
-  fail(kOp, ": tensors are on CUDA but the CUDA backend is not built");
-#endif
+  DSV4_CUDA_DISPATCH(kOp, cuda::sparse_decode(args, schedule, workspace, stream));
 }
 
 }  // namespace dsv4

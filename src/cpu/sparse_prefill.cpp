@@ -7,6 +7,7 @@
 
 #include "cpu/attention_checks.h"
 #include "cpu/attention_core.h"
+#include "cpu/backend.h"
 #include "cpu/validate.h"
 #include "dsv4/ops.h"
 #include "dsv4/status.h"
@@ -107,18 +108,13 @@ void sparse_prefill_cpu(const SparsePrefillArgs& a, const PrefillDims& dims) {
 
 }  // namespace
 
-void sparse_prefill(const SparsePrefillArgs& args, Stream stream) {
+void sparse_prefill(const SparsePrefillArgs& args, [[maybe_unused]] Stream stream) {
   const PrefillDims dims = validate_prefill(args);
   if (dims.device == Device::cpu) {
     sparse_prefill_cpu(args, dims);
     return;
   }
-#ifdef DSV4_WITH_CUDA
-  cuda::sparse_prefill(args, stream);
-#else
-  (void)stream;
-  fail(kOp, ": tensors are on CUDA but the CUDA backend is not built");
-#endif
+  DSV4_CUDA_DISPATCH(kOp, cuda::sparse_prefill(args, stream));
 }
 
 }  // namespace dsv4

@@ -5,6 +5,10 @@
 // the CPU reference; all CUDA → the CUDA kernel (when built with CUDA), launched on `stream`.
 // Mixing devices is an error. Every op validates shapes, dtypes and strides at entry and throws
 // dsv4::Error (naming op, argument, expected and actual) before writing anything.
+// Outputs: strides >= 0, no two elements at one address (no broadcast / overlapping rows; a view
+// with no elements always passes), and no memory shared with another argument — except where an
+// op documents an in-place form (the very same view as its input: rms_norm, apply_rope,
+// local_to_global_slots).
 //
 // Conventions: T tokens, H heads, D = 512 head dim, R = 64 rope dims (the LAST R of D),
 // N = D - R nope dims. Accumulation is fp32. lse values are natural-log unless stated.

@@ -92,9 +92,11 @@ void compressor_project(const CompressorConfig& cfg, const TensorView& x, const 
     check_defined(kOp, name, out);
     check_dtype(kOp, name, out, DType::fp32);
     check_shape(kOp, name, out, {T, width});
-    cpu::check_row_strided(kOp, name, out);
+    cpu::check_output_layout(kOp, name, out);
   }
-  cpu::check_disjoint(kOp, "score_rows", score_rows, "kv_rows", kv_rows);
+  cpu::check_outputs_disjoint(kOp, {{"kv_rows", kv_rows}, {"score_rows", score_rows}},
+                              {{"x", x}, {"wkv", wkv}, {"wgate", wgate}, {"ape", ape},
+                               {"positions", positions}});
   const Device dev = cpu::common_device(kOp, {{"x", x},
                                               {"wkv", wkv},
                                               {"wgate", wgate},
@@ -373,10 +375,17 @@ void compressor_update_and_emit(const CompressorConfig& cfg, const TensorView& k
   if (entries.defined()) {
     check_dtype(kEmitOp, "entries", entries, DType::fp32);
     check_shape(kEmitOp, "entries", entries, {T, D});
-    cpu::check_row_strided(kEmitOp, "entries", entries);
+    cpu::check_output_layout(kEmitOp, "entries", entries);
   }
   const TensorView& out_data =
       cfg.target == CompressorTarget::kv_cache ? out.kv_cache.data : out.indexer_keys.data;
+  // Written: the ring (read-modify-write of its own rows), the output cache and entries.
+  cpu::check_outputs_disjoint(
+      kEmitOp, {{"state.rows", state.rows}, {"out cache", out_data}, {"entries", entries}},
+      {{"kv_rows", kv_rows}, {"score_rows", score_rows}, {"positions", batch.positions},
+       {"token_to_req", batch.token_to_req}, {"context_lens", batch.context_lens},
+       {"norm_weight", norm_weight}, {"cos_sin", cos_sin},
+       {"state.block_table", state.block_table}, {"out.block_table", out.block_table}});
   const Device dev = cpu::common_device(kEmitOp, {{"kv_rows", kv_rows},
                                                   {"score_rows", score_rows},
                                                   {"positions", batch.positions},

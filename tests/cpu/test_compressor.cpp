@@ -636,6 +636,29 @@ TEST_F(CompressorBadInput, ShapeAndDtypeMismatches) {
         call(idx_dim, kv, {pos, req, ctx}, rig.state_view(), rig.out_view(), rig.cos_sin);
       },
       {"cfg.head_dim"});
+  // Outputs: entries must not overlap itself or share memory with an input or the cache.
+  dense_test::expect_error(
+      [&] {
+        compressor_update_and_emit(cfg, kv, score, {pos, req, ctx}, norm, rig.cos_sin,
+                                   rig.state_view(), rig.out_view(),
+                                   TensorView(kv.data<float>(), DType::fp32, {6, 512}));
+      },
+      {"entries: expected memory disjoint from kv_rows"});
+  TensorView entries_rows_overlap = entries;
+  entries_rows_overlap.strides[0] = 256;
+  dense_test::expect_error(
+      [&] {
+        compressor_update_and_emit(cfg, kv, score, {pos, req, ctx}, norm, rig.cos_sin,
+                                   rig.state_view(), rig.out_view(), entries_rows_overlap);
+      },
+      {"entries: expected an output whose elements do not overlap"});
+  CompressorStateView state_on_kv = rig.state_view();
+  state_on_kv.rows = TensorView(score.data<float>(), DType::fp32, {1, 2048});
+  dense_test::expect_error(
+      [&] {
+        call(cfg, kv, {pos, req, ctx}, state_on_kv, rig.out_view(), rig.cos_sin);
+      },
+      {"state.rows: expected memory disjoint from score_rows"});
   expect_unchanged();
 }
 
@@ -722,6 +745,17 @@ TEST(CompressorProject, BadInputWritesNothing) {
                            {"ape"});
   dense_test::expect_error([&] { compressor_project(cfg, x, wkv, wgate, ape, pos, kv, kv); },
                            {"score_rows"});
+  TensorView kv_rows_overlap = kv;
+  kv_rows_overlap.strides[0] = W / 2;  // rows of W values, W / 2 apart
+  dense_test::expect_error(
+      [&] { compressor_project(cfg, x, wkv, wgate, ape, pos, kv_rows_overlap, score); },
+      {"kv_rows: expected an output whose elements do not overlap"});
+  dense_test::expect_error(
+      [&] {
+        compressor_project(cfg, x, wkv, wgate, ape, pos, kv,
+                           TensorView(wkv.data<float>(), DType::fp32, {T, W}));
+      },
+      {"score_rows: expected memory disjoint from wkv"});
   pos.data<int64_t>()[1] = -4;
   dense_test::expect_error([&] { compressor_project(cfg, x, wkv, wgate, ape, pos, kv, score); },
                            {"positions[1]"});

@@ -16,16 +16,27 @@ void check_dtype_in(const char* where, const char* name, const TensorView& t,
   fail_expected(where, std::string(name) + ".dtype", expected, dtype_name(t.dtype));
 }
 
-void check_row_strided(const char* where, const char* name, const TensorView& t) {
-  check_inner_contiguous(where, name, t);
+namespace {
+void check_nonnegative_strides(const char* where, const char* name, const TensorView& t) {
   for (int d = 0; d < t.ndim; ++d)
     if (t.strides[d] < 0)
       fail_expected(where, std::string(name) + ".stride(" + std::to_string(d) + ")",
                     "a non-negative stride", t.strides[d]);
 }
+}  // namespace
+
+void check_row_strided(const char* where, const char* name, const TensorView& t) {
+  check_inner_contiguous(where, name, t);
+  check_nonnegative_strides(where, name, t);
+}
 
 void check_output_layout(const char* where, const char* name, const TensorView& t) {
-  check_row_strided(where, name, t);
+  check_inner_contiguous(where, name, t);
+  check_distinct_elements(where, name, t);
+}
+
+void check_distinct_elements(const char* where, const char* name, const TensorView& t) {
+  check_nonnegative_strides(where, name, t);
   if (t.numel() == 0) return;  // no elements: nothing to overlap, whatever the strides say
   // Dims of size > 1 by increasing stride: each stride must step past everything spanned by the
   // dims inside it (the standard sufficient condition for non-overlapping elements).

@@ -20,6 +20,9 @@ void check_row_strided(const char* where, const char* name, const TensorView& t)
 // An output: row-strided (above) and no two elements at the same address (e.g. no stride-0
 // broadcast dim), so every element is written once and the result does not depend on the order.
 void check_output_layout(const char* where, const char* name, const TensorView& t);
+// The same without the contiguous last dim: strides >= 0 and no two elements at one address (an
+// output the kernels write element by element at any stride, e.g. a strided 1-d lens).
+void check_distinct_elements(const char* where, const char* name, const TensorView& t);
 
 // An output that may alias an input: either the very same view (data, dtype, strides) — the op
 // then works in place — or memory disjoint from it. Partial overlap is rejected.

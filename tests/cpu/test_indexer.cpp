@@ -460,6 +460,27 @@ TEST(IndexerTopkErrors, BadInputWritesNothing) {
 
 // ================================ C128A plan =================================================
 
+// lens may be any non-overlapping strided view (both backends write lens[t * stride(0)]).
+TEST(CompressedPrefixIndices, StridedLensWritesOnlyItsElements) {
+  const int64_t T = 5, K = 2;
+  HostTensor pos(DType::int64, {T}), idx(DType::int32, {T, K}), lens_buf(DType::int32, {T, 2});
+  std::iota(pos.data<int64_t>(), pos.data<int64_t>() + T, 126);  // 126..130: 0 or 1 entries
+  lens_buf.fill_bytes(0x7F);
+  TensorView lens = lens_buf;  // column 0 of [T, 2]: shape [T], stride 2
+  lens.ndim = 1;
+  lens.shape[0] = T;
+  lens.strides[0] = 2;
+  compressed_prefix_indices(pos, 128, idx, lens);
+  for (int64_t t = 0; t < T; ++t) {
+    EXPECT_EQ(lens_buf.data<int32_t>()[2 * t], t == 0 ? 0 : 1) << t;
+    EXPECT_EQ(lens_buf.data<int32_t>()[2 * t + 1], 0x7F7F7F7F) << t;  // untouched
+  }
+  TensorView lens_overlap = lens;
+  lens_overlap.strides[0] = 0;
+  dense_test::expect_error([&] { compressed_prefix_indices(pos, 128, idx, lens_overlap); },
+                           {"lens: expected an output whose elements do not overlap"});
+}
+
 TEST(CompressedPrefixIndices, EveryEmittedEntryInOrderThenPadding) {
   const int64_t T = 301, K = 3;
   HostTensor pos(DType::int64, {T}), idx(DType::int32, {T, K}), lens(DType::int32, {T});

@@ -1,5 +1,6 @@
-// Block tables as the compressor kernels read them (index vectors: cuda/common/index_vector.cuh). Values come straight from caller memory and
-// are never trusted: every lookup that could leave a view returns -1 instead.
+// Block tables as the compressor kernels read them (index vectors: cuda/common/index_vector.cuh).
+// Values come straight from caller memory and are never trusted: every lookup that could leave a
+// view returns -1 instead.
 #pragma once
 
 #include <cstdint>

@@ -22,12 +22,24 @@ namespace dsv4 {
 // device current when the layer is constructed, which must be current for its forwards too.
 enum class Backend : uint8_t { cpu, cuda };
 
+// Per-op timing of a forward (`dsv4 bench layer`): the layer calls begin(op) on its stream before
+// the launches of each named op of a forward, and end() after the last; an implementation records
+// CUDA events (or host clocks on the CPU backend). Op names are stable identifiers
+// (layer_op_names() lists them), so a cost model can be keyed by them.
+class OpTimer {
+ public:
+  virtual ~OpTimer() = default;
+  virtual void begin(const char* op, Stream stream) = 0;
+  virtual void end(Stream stream) = 0;
+};
+
 struct AttentionOptions {
   Backend backend = Backend::cpu;
   Stream stream = nullptr;      // CUDA: the stream every kernel of the layer runs on
   LayerCacheOptions caches;     // layout and pool sizes
   bool fp8_activations = true;  // quantize o to FP8 (UE8M0 1x128) before wo_a, as production does
   int num_sms = 132;            // decode split plan
+  OpTimer* op_timer = nullptr;  // optional per-op timing (not owned); nullptr = none
 };
 
 class Attention {

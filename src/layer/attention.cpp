@@ -68,6 +68,10 @@ struct Attention::Impl {
   // (a host x is rounded to bf16 and uploaded, as a serving engine's hidden states are bf16).
   TensorView stage_input(const TensorView& x);
   void forward(const BatchPlan& plan, const TensorView& x, const TensorView& y);
+  // Marks the start of the named op's launches for the optional per-op timer.
+  void op(const char* name) const {
+    if (opts.op_timer) opts.op_timer->begin(name, opts.stream);
+  }
 
   // What the phases of one forward share.
   struct Step {
@@ -227,12 +231,16 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, con
   // 1–3. Projections and norms.
   TensorView qr = ws.tensor(DType::fp32, {T, cfg.q_lora_rank});
   TensorView kv_raw = ws.tensor(DType::fp32, {T, D});
+  op("wq_a");
   linear(x, {}, wv.wq_a.value, wv.wq_a.scale, qr, stream);
+  op("wkv");
   linear(x, {}, wv.wkv.value, wv.wkv.scale, kv_raw, stream);
   TensorView qr_n = ws.tensor(DType::bf16, {T, cfg.q_lora_rank});
   TensorView kv = ws.tensor(DType::bf16, {T, D});
+  op("qkv_norm");
   fused_qkv_rms_norm(qr, wv.q_norm, kv_raw, wv.kv_norm, eps, qr_n, kv, stream);
   TensorView q = ws.tensor(DType::bf16, {T, H, D});
+  op("wq_b");
   linear(qr_n, {}, wv.wq_b.value, wv.wq_b.scale, reshape(q, {T, int64_t{H} * D}), stream);
 
   // 4–5. SWA slots, q head-norm + RoPE, kv RoPE + quant + insert.
@@ -245,6 +253,7 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, con
     std::copy(slots.begin(), slots.end(), slot_mapping_h.data<int64_t>() + plan.query_start_loc[r]);
   }
   const TensorView positions = ws.upload(positions_h);
+  op("qnorm_rope_kv_insert");
   qnorm_rope_kv_insert(q, kv, positions, cos_sin_v, eps, caches.swa->kv_view(),
                        ws.upload(slot_mapping_h), stream);
 
@@ -252,7 +261,9 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, con
   HostTensor token_to_req_h = HostTensor::from_int32(plan.token_to_req);
   const TensorView token_to_req = ws.upload(token_to_req_h);
   CompressedIndices cidx;
-  if (compressed) cidx = compressed->step(plan, x, qr_n, positions, token_to_req, cos_sin_v, ws);
+  if (compressed)
+    cidx = compressed->step(plan, x, qr_n, positions, token_to_req, cos_sin_v, ws,
+                            [this](const char* name) { op(name); });
 
   Step st{plan, q, ws.tensor(DType::bf16, {T, H, D}), positions, std::move(positions_h),
           std::move(token_to_req_h), token_to_req, {}, std::move(cidx), cos_sin_v,
@@ -261,6 +272,7 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, con
   if (plan.num_decodes > 0) attend_decodes(st);
   if (plan.num_decodes < R) attend_prefills(st);
   project_output(st, y);
+  if (opts.op_timer) opts.op_timer->end(stream);
 
   for (const RequestStep& s : plan.requests) cached[s.req_id] = s.context + s.num_new;
 }
@@ -277,6 +289,7 @@ void Attention::Impl::attend_decodes(const Step& st) {
   const TensorView &q = st.q, &o = st.o;
   const CompressedIndices& cidx = st.compressed;
   // The SWA window depends only on the plan and the block tables: planned on the host.
+  op("decode_indices");
   HostTensor swa_table = pack_block_tables(*caches.swa, req_ids);
   HostTensor swa_idx(DType::int32, {nd, W}), swa_len(DType::int32, {nd});
   swa_window_indices(positions_h.view().slice0(0, nd), token_to_req_h.view().slice0(0, nd),
@@ -306,6 +319,7 @@ void Attention::Impl::attend_decodes(const Step& st) {
   const DecodeSchedule sched = make_decode_schedule(nd, 1, H, W + K, opts.num_sms);
   const TensorView workspace =
       ws.tensor(DType::uint8, {std::max<int64_t>(sched.workspace_bytes, 1)});
+  op("sparse_decode");
   sparse_decode(a, sched, workspace, opts.stream);
 }
 
@@ -341,6 +355,7 @@ void Attention::Impl::attend_prefills(const Step& st) {
   std::vector<int64_t> prefill_ids(req_ids.begin() + nd, req_ids.end());
 
   TensorView kv_rows = ws.tensor(DType::bf16, {Rp, M, D});
+  op("prefill_gather");
   const TensorView seq_t = ws.upload(HostTensor::from_int32(seq));
   const TensorView gather_t = ws.upload(HostTensor::from_int32(gather));
   const TensorView qsl_t = ws.upload(HostTensor::from_int32(qsl));
@@ -356,6 +371,7 @@ void Attention::Impl::attend_prefills(const Step& st) {
       K > 0 ? cidx.local.slice0(t0, T) : ws.tensor(DType::int32, {Tp, 0});
   TensorView idx = ws.tensor(DType::int32, {Tp, K + W});
   TensorView len = ws.tensor(DType::int32, {Tp});
+  op("prefill_indices");
   combine_topk_swa_indices(topk_view, qsl_t, seq_t, gather_t, W, static_cast<int>(N), M,
                            compressed ? compressed->ratio() : 0, idx, len, opts.stream);
 
@@ -370,6 +386,7 @@ void Attention::Impl::attend_prefills(const Step& st) {
   a.out = o.slice0(t0, T);
   a.max_logits = ws.tensor(DType::fp32, {Tp, H});
   a.lse = ws.tensor(DType::fp32, {Tp, H});
+  op("sparse_prefill");
   sparse_prefill(a, opts.stream);
 }
 
@@ -380,6 +397,7 @@ void Attention::Impl::project_output(const Step& st, const TensorView& y) {
   const LayerWeightViews& wv = weights->views();
   Scratch& ws = scratch;
   const TensorView& o = st.o;
+  op("inverse_rope");
   apply_rope(o, st.positions, st.cos_sin, /*inverse=*/true, o, stream);
   const int64_t HD = int64_t{H} * D;
   // The CPU keeps the low-rank z in fp32; the CUDA GEMMs take bf16 operands, so there z is bf16
@@ -390,18 +408,24 @@ void Attention::Impl::project_output(const Step& st, const TensorView& y) {
   if (opts.fp8_activations) {
     TensorView oq = ws.tensor(DType::fp8_e4m3, {T, HD});
     TensorView oscale = ws.tensor(DType::fp32, {T, HD / 128});
+    op("act_quant");
     quantize_act_fp8(o2, 128, oq, oscale, stream);
     if (device == Device::cuda) {
       // fp8 · 2^k is exact in bf16: the bf16 GEMM sees exactly the quantized activations.
       TensorView o_deq = ws.tensor(DType::bf16, {T, HD});
+      op("act_dequant");
       dequantize_fp8_blocks(oq, oscale, 1, 128, o_deq, stream);
+      op("wo_a");
       grouped_wo_a(o_deq, {}, wv.wo_a.value, wv.wo_a.scale, z, stream);
     } else {
+      op("wo_a");
       grouped_wo_a(oq, oscale, wv.wo_a.value, wv.wo_a.scale, z, stream);
     }
   } else {
+    op("wo_a");
     grouped_wo_a(o2, {}, wv.wo_a.value, wv.wo_a.scale, z, stream);
   }
+  op("wo_b");
   if (y.device == device) {
     linear(z, {}, wv.wo_b.value, wv.wo_b.scale, y, stream);
   } else {

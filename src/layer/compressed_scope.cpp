@@ -84,7 +84,11 @@ void CompressedScope::compress(const CompressorConfig& ccfg, const CompressorWei
 CompressedIndices CompressedScope::step(const BatchPlan& plan, const TensorView& x,
                                         const TensorView& qr_n, const TensorView& positions,
                                         const TensorView& token_to_req, const TensorView& cos_sin,
-                                        Scratch& scratch) {
+                                        Scratch& scratch,
+                                        const std::function<void(const char*)>& mark_op) {
+  auto op = [&](const char* name) {
+    if (mark_op) mark_op(name);
+  };
   const int64_t T = plan.num_tokens();
   const int R = plan.num_requests();
   const Stream stream = scratch.stream();
@@ -92,6 +96,7 @@ CompressedIndices CompressedScope::step(const BatchPlan& plan, const TensorView&
   for (int r = 0; r < R; ++r) context_h.data<int64_t>()[r] = plan.requests[r].context;
   const TensorView context = scratch.upload(context_h);
 
+  op("compressor");
   compress(main_, *w_.compressor, *caches_.compressor_state, *caches_.compressed, plan, x,
            positions, token_to_req, context, cos_sin, scratch);
 
@@ -104,12 +109,14 @@ CompressedIndices CompressedScope::step(const BatchPlan& plan, const TensorView&
     if (out.topk == 0) return out;
     out.local = scratch.tensor(DType::int32, {T, out.topk});
     out.lens = scratch.tensor(DType::int32, {T});
+    op("compressed_indices");
     compressed_prefix_indices(positions, ratio_, out.local, out.lens, stream);
     return out;
   }
 
   // C4A: the indexer's own compressor, then query, scores over the request's keys, top-k.
   const IndexerWeightViews& iw = *w_.indexer;
+  op("indexer_compressor");
   compress(indexer_, iw.compressor, *caches_.indexer_state, *caches_.indexer_keys, plan, x,
            positions, token_to_req, context, cos_sin, scratch);
   out.topk = cfg_.index_topk;
@@ -121,15 +128,18 @@ CompressedIndices CompressedScope::step(const BatchPlan& plan, const TensorView&
   TensorView weights = scratch.tensor(DType::fp32, {T, HI});
   TensorView query_ws = scratch.tensor(
       DType::uint8, {std::max<int64_t>(indexer_query_workspace_bytes(T, HI, cfg_.index_head_dim), 1)});
+  op("indexer_query");
   indexer_query(qr_n, iw.wq_b.value, iw.wq_b.scale, x, iw.weights_proj.value, positions, cos_sin,
                 q_fp8, q_scale, weights, query_ws, stream);
   const int64_t N = std::max<int64_t>(max_visible, 1);
   TensorView scores = scratch.tensor(DType::fp32, {T, N});
   const TensorView key_table = scratch.upload(pack_block_tables(*caches_.indexer_keys, request_ids(plan)));
+  op("indexer_scores");
   indexer_scores(q_fp8, q_scale, weights, positions, token_to_req,
                  IndexerKeyCacheView{caches_.indexer_keys->storage_view(),
                                      caches_.indexer_keys->spec().block_size},
                  key_table, ratio_, scores, stream);
+  op("indexer_topk");
   indexer_topk(scores, positions, ratio_, out.local, out.lens, stream);
   return out;
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "dsv4/batch.h"
 #include "dsv4/compressor.h"
@@ -42,7 +43,8 @@ class CompressedScope {
   // results in `scratch`).
   CompressedIndices step(const BatchPlan& plan, const TensorView& x, const TensorView& qr_n,
                          const TensorView& positions, const TensorView& token_to_req,
-                         const TensorView& cos_sin, Scratch& scratch);
+                         const TensorView& cos_sin, Scratch& scratch,
+                         const std::function<void(const char*)>& mark_op = {});
 
  private:
   // One compressor (main or indexer): project, reserve emitted entries, update rings and emit.

@@ -40,6 +40,22 @@ struct AttentionOptions {
   bool fp8_activations = true;  // quantize o to FP8 (UE8M0 1x128) before wo_a, as production does
   int num_sms = 132;            // decode split plan
   OpTimer* op_timer = nullptr;  // optional per-op timing (not owned); nullptr = none
+  // CUDA: decode-only steps of up to 512 tokens run as CUDA graphs, one per bucket of 1, 2, 4,
+  // ..., 512 tokens (the step is padded with empty requests): the first step of a bucket runs
+  // eagerly, the second is captured, later ones replay it. Off: every step runs eagerly.
+  bool cuda_graphs = true;
+  // Prefill requests are gathered into the bf16 workspace this many at a time, so the gather
+  // workspace is bounded by the group, not the batch (the V4 wrapper's chunks of 4).
+  int prefill_group_requests = 4;
+};
+
+// What one layer holds in memory on its device (bytes).
+struct LayerMemory {
+  int64_t weights = 0;    // GEMM weights (+ scales), norms, sink
+  int64_t caches = 0;     // every paged cache's storage
+  int64_t workspace = 0;  // the temporaries' arena (as reserved or grown so far)
+  int64_t workspace_used = 0;  // the most any forward so far took of it
+  int64_t step_upload = 0;  // the step metadata buffer
 };
 
 class Attention {
@@ -55,10 +71,11 @@ class Attention {
   // dsv4::Error on bad input, before changing any state.
   //   CPU backend: x bf16 or fp32, x and y on the host.
   //   CUDA backend: x and y each on the GPU or the host. A GPU x must be bf16 (a host x is rounded
-  //   to bf16 and uploaded); a host y waits for the result (the forward is otherwise
-  //   asynchronous on `AttentionOptions::stream`). Per step the layer uploads its plan (positions,
-  //   slots, block tables, index lists), so a forward is not graph-capturable as a whole; its ops
-  //   are.
+  //   to bf16 and uploaded); a host y waits for the result. With x and y on the GPU a forward
+  //   neither synchronizes nor copies from pageable memory: the step's plan (positions, slots,
+  //   block tables, lengths) goes up in one asynchronous copy from pinned memory, and decode-only
+  //   steps replay CUDA graphs (AttentionOptions::cuda_graphs). A forward may also be captured by
+  //   the caller (torch.cuda.graph): a replay then re-runs the captured step, plan included.
   void forward(const BatchPlan& plan, const TensorView& x, const TensorView& y);
 
   // The checks forward() makes of a plan before it changes anything — every request's context,
@@ -68,6 +85,15 @@ class Attention {
 
   // CUDA: the stream later forwards run on (a serving engine's current stream; CPU: ignored).
   void set_stream(Stream stream);
+
+  // Sizes every workspace for steps of up to `max_tokens` tokens over `max_requests` requests
+  // with sequences of up to `max_context` tokens (the RoPE table, the temporaries' arena, the
+  // step upload), so that such steps allocate nothing. Returns the layer's memory after it.
+  LayerMemory reserve(int64_t max_tokens, int max_requests, int64_t max_context);
+  LayerMemory memory() const;
+  // CUDA graphs of decode steps: captured so far, and steps replayed from them.
+  int64_t graph_captures() const;
+  int64_t graph_replays() const;
 
   // Forgets a finished request and returns its cache blocks.
   void release(int64_t req_id);

@@ -11,6 +11,7 @@
 
 #include "dsv4/batch.h"
 #include "dsv4/config.h"
+#include "dsv4/device_tensor.h"
 #include "dsv4/layer.h"
 #include "dsv4/tensor.h"
 
@@ -32,7 +33,10 @@ class AttentionStack {
   AttentionStack(AttentionStack&&) noexcept = default;
   AttentionStack& operator=(AttentionStack&&) noexcept = default;
 
-  // x [T, dim] fp32 → y [T, dim] fp32 (host, contiguous; may alias x), on every layer's backend.
+  // x [T, dim] fp32 → y [T, dim] fp32 (contiguous; may alias x), on every layer's backend. On the
+  // CUDA backend x and y may be on the GPU or the host: the residual stream stays on the GPU
+  // (residual_add_rms_norm between layers), so a step with x and y on the GPU neither synchronizes
+  // nor copies from pageable memory.
   // If `layer_io` is given, it receives each layer's input (normed h) and output per token:
   // layer_io[l] = {in [T, dim], out [T, dim]}. Bad input (tensors, or a plan any layer rejects)
   // throws dsv4::Error before any layer changes state.
@@ -40,6 +44,8 @@ class AttentionStack {
   void forward(const BatchPlan& plan, const TensorView& x, const TensorView& y,
                std::vector<LayerIO>* layer_io = nullptr);
   void release(int64_t req_id);
+  // CUDA: the stream every layer and the residual ops run on.
+  void set_stream(Stream stream);
 
   int num_layers() const { return static_cast<int>(layers_.size()); }
   Attention& layer(int i) { return layers_[i]; }
@@ -48,6 +54,12 @@ class AttentionStack {
  private:
   ModelConfig cfg_;
   std::vector<Attention> layers_;
+  Stream stream_ = nullptr;
+  // The residual stream's buffers (grown on demand): on the host for the CPU backend, on the GPU
+  // for CUDA.
+  int64_t capacity_rows_ = 0;
+  HostTensor residual_, normed_, out_;
+  DeviceTensor residual_dev_, normed_dev_, out_dev_;
 };
 
 // Parses "0,2,5-7" into layer indices (each < n_layers); throws dsv4::Error on bad syntax.

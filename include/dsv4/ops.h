@@ -76,6 +76,16 @@ void fused_qkv_rms_norm(const TensorView& q_in, const TensorView& wq, const Tens
                         const TensorView& wkv, float eps, const TensorView& q_out,
                         const TensorView& kv_out, Stream stream = nullptr);
 
+// The residual stream between layers (vLLM's fused_add_rms_norm): residual ← residual + delta
+// (fp32, in place), then y = RMSNorm(residual; weight, eps) of the updated rows, in one pass.
+//   residual [T, D] fp32 (updated in place), delta [T, D] bf16/fp32 or undefined (no add),
+//   weight [D] bf16/fp32 or undefined (no weight), y [T, D] bf16/fp32 or undefined (add only).
+//   y must not overlap residual or delta; delta must not overlap residual.
+// CPU and CUDA give the same bits (fp32 add, then rms_norm's summation order and rounding).
+void residual_add_rms_norm(const TensorView& residual, const TensorView& delta,
+                           const TensorView& weight, float eps, const TensorView& y,
+                           Stream stream = nullptr);
+
 // ================================ RoPE =========================================================
 // cos/sin table for positions [0, max_pos): fp32 [max_pos, R] = [cos(p f_0..f_{R/2-1}) |
 // sin(...)], frequencies per SPEC §3 (YaRN when cfg.yarn). Host tensor.

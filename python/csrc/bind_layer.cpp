@@ -119,7 +119,8 @@ void bind_weights(nb::module_& m) {
 
 Attention make_attention(const ModelConfig& cfg, int layer, const AttentionWeights& w,
                          int32_t swa_blocks, int32_t compressed_blocks, int32_t state_blocks,
-                         int swa_block_size, bool fp8_activations, const std::string& backend) {
+                         int swa_block_size, bool fp8_activations, const std::string& backend,
+                         bool cuda_graphs) {
   check_weights_for("Attention", w, cfg, layer);
   AttentionOptions opts;
   if (backend != "cpu" && backend != "cuda")
@@ -130,6 +131,7 @@ Attention make_attention(const ModelConfig& cfg, int layer, const AttentionWeigh
   opts.caches.state_blocks = state_blocks;
   opts.caches.swa_block_size = swa_block_size;
   opts.fp8_activations = fp8_activations;
+  opts.cuda_graphs = cuda_graphs;
   return Attention(cfg, layer, w, opts);
 }
 
@@ -188,7 +190,23 @@ void forward_op(Layer& layer, const std::vector<int64_t>& req_ids,
               plan.requests[r].num_new);
 }
 
+void bind_memory(nb::module_& m) {
+  nb::class_<LayerMemory>(m, "LayerMemory", "Bytes one layer holds on its device")
+      .def_ro("weights", &LayerMemory::weights)
+      .def_ro("caches", &LayerMemory::caches)
+      .def_ro("workspace", &LayerMemory::workspace)
+      .def_ro("workspace_used", &LayerMemory::workspace_used)
+      .def_ro("step_upload", &LayerMemory::step_upload)
+      .def("__repr__", [](const LayerMemory& mem) {
+        return "<dsv4attn.LayerMemory weights " + std::to_string(mem.weights) + " B, caches " +
+               std::to_string(mem.caches) + " B, workspace " + std::to_string(mem.workspace) +
+               " B (used " + std::to_string(mem.workspace_used) + "), step upload " +
+               std::to_string(mem.step_upload) + " B>";
+      });
+}
+
 void bind_attention(nb::module_& m) {
+  bind_memory(m);
   nb::class_<Attention>(m, "Attention",
                         "One attention layer with its weights and paged caches (CPU or CUDA), "
                         "include/dsv4/layer.h. Not safe to call from two threads at once.")
@@ -196,14 +214,15 @@ void bind_attention(nb::module_& m) {
           "__init__",
           [](Attention* self, const ModelConfig& cfg, int layer, const AttentionWeights& w,
              int32_t swa_blocks, int32_t compressed_blocks, int32_t state_blocks,
-             int swa_block_size, bool fp8_activations, const std::string& backend) {
+             int swa_block_size, bool fp8_activations, const std::string& backend,
+             bool cuda_graphs) {
             new (self) Attention(make_attention(cfg, layer, w, swa_blocks, compressed_blocks,
                                                 state_blocks, swa_block_size, fp8_activations,
-                                                backend));
+                                                backend, cuda_graphs));
           },
           arg("config"), arg("layer"), arg("weights"), arg("swa_blocks"),
           arg("compressed_blocks"), arg("state_blocks"), arg("swa_block_size"),
-          arg("fp8_activations"), arg("backend") = "cpu")
+          arg("fp8_activations"), arg("backend") = "cpu", arg("cuda_graphs") = true)
       .def("forward", &forward_op<Attention>, arg("req_ids"), arg("contexts"), arg("num_new"), arg("x"),
            arg("y"), Release(),
            "x [T, dim] bf16/fp32 → y [T, dim] fp32 (CPU, contiguous); rows follow the given "
@@ -213,6 +232,12 @@ void bind_attention(nb::module_& m) {
           "set_stream",
           [](Attention& a, uintptr_t stream) { a.set_stream(reinterpret_cast<Stream>(stream)); },
           arg("stream"), "CUDA: the cudaStream_t (as an int) later forwards run on")
+      .def("reserve", &Attention::reserve, arg("max_tokens"), arg("max_requests"),
+           arg("max_context"), Release(),
+           "Sizes every workspace for steps within these bounds; returns the memory (bytes)")
+      .def("memory", &Attention::memory)
+      .def_prop_ro("graph_captures", &Attention::graph_captures)
+      .def_prop_ro("graph_replays", &Attention::graph_replays)
       .def_prop_ro("config", &Attention::config)
       .def_prop_ro("layer", &Attention::layer_index)
       .def_prop_ro("kind",
@@ -237,7 +262,7 @@ void bind_stack(nb::module_& m) {
           [](AttentionStack* self, const ModelConfig& cfg, const std::vector<int>& layers,
              const std::string& weights_dir, uint64_t seed, bool fp8_weights, int32_t swa_blocks,
              int32_t compressed_blocks, int32_t state_blocks, bool fp8_activations,
-             const std::string& backend) {
+             const std::string& backend, bool cuda_graphs) {
             StackOptions so;
             so.layers = layers;
             so.weights_dir = weights_dir;
@@ -247,6 +272,7 @@ void bind_stack(nb::module_& m) {
             so.attention.caches.compressed_blocks = compressed_blocks;
             so.attention.caches.state_blocks = state_blocks;
             so.attention.fp8_activations = fp8_activations;
+            so.attention.cuda_graphs = cuda_graphs;
             if (backend != "cpu" && backend != "cuda")
               fail_expected("AttentionStack", "backend", "cpu or cuda", backend);
             so.attention.backend = backend == "cuda" ? Backend::cuda : Backend::cpu;
@@ -254,10 +280,15 @@ void bind_stack(nb::module_& m) {
           },
           arg("config"), arg("layers"), arg("weights_dir"), arg("seed"), arg("fp8_weights"),
           arg("swa_blocks"), arg("compressed_blocks"), arg("state_blocks"),
-          arg("fp8_activations"), arg("backend"))
+          arg("fp8_activations"), arg("backend"), arg("cuda_graphs") = true)
       .def("forward", &forward_op<AttentionStack>, arg("req_ids"), arg("contexts"),
            arg("num_new"), arg("x"), arg("y"), Release(),
-           "x [T, dim] fp32 → y [T, dim] fp32 (CPU, contiguous); rows follow the given order")
+           "x [T, dim] fp32 → y [T, dim] fp32 (contiguous; on the CPU, or on the layers' GPU); "
+           "rows follow the given order")
+      .def(
+          "set_stream",
+          [](AttentionStack& s, uintptr_t stream) { s.set_stream(reinterpret_cast<Stream>(stream)); },
+          arg("stream"), "CUDA: the cudaStream_t (as an int) later forwards run on")
       .def("release", &AttentionStack::release, arg("req_id"))
       .def_prop_ro("num_layers", &AttentionStack::num_layers)
       .def(

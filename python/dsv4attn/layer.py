@@ -104,6 +104,28 @@ def _device_guard(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
+def _plan_order_rows(batch: "BatchDescription", x: torch.Tensor):
+    """The layer runs decodes first: the batch's requests in that order (ids, contexts, num_new),
+    x's rows gathered into it on x's device, and the function that scatters y back."""
+    order = _C.plan_order(batch.request_ids, batch.contexts, batch.num_new)
+    ids = [batch.request_ids[i] for i in order]
+    ctx = [batch.contexts[i] for i in order]
+    new = [batch.num_new[i] for i in order]
+    if order == list(range(len(order))):
+        return ids, ctx, new, x, lambda y: y
+
+    def scatter(y: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(y)
+        start = 0
+        for i in ids:
+            rows = batch.rows(i)
+            out[rows] = y[start:start + (rows.stop - rows.start)]
+            start += rows.stop - rows.start
+        return out
+
+    return ids, ctx, new, torch.cat([x[batch.rows(i)] for i in ids]), scatter
+
+
 def _load_weights(config, layer: int, weights: WeightsArg, seed: int,
                   fp8_weights: bool) -> AttentionWeights:
     if weights is None:
@@ -141,14 +163,19 @@ class Attention:
         128, the compressor state one window per block). SWA blocks beyond the window are
         recycled; running out raises dsv4attn.Error before anything changes.
     fp8_activations: quantize the attention output to FP8 before wo_a, as production does.
-    device: "cpu" (the reference ops) or "cuda[:i]" (the CUDA ops; caches and weights — GEMM
-        weights as bf16 — live on that GPU, and forwards run on torch's current stream).
+    device: "cpu" (the reference ops) or "cuda[:i]" (the CUDA ops; caches and weights live on
+        that GPU, and forwards run on torch's current stream without synchronizing).
+    cuda_graphs: CUDA decode-only steps replay CUDA graphs, one per batch-size bucket (1, 2, 4,
+        ..., 512 tokens): the first step of a bucket runs eagerly, the second is captured.
+        A forward may also be captured by the caller with torch.cuda.graph (run one step of the
+        same shape eagerly first, so the workspaces are sized); a replay re-runs the captured
+        step, its plan included, on the inputs then in the captured tensors.
     """
 
     def __init__(self, config, layer: int, weights: WeightsArg = None, *, seed: int = 1,
                  fp8_weights: bool = True, swa_blocks: int = 256, compressed_blocks: int = 256,
                  state_blocks: int = 64, swa_block_size: int = 64, fp8_activations: bool = True,
-                 device: Union[torch.device, str] = "cpu"):
+                 device: Union[torch.device, str] = "cpu", cuda_graphs: bool = True):
         self.device = _layer_device(device)
         if isinstance(config, str):
             config = _C.ModelConfig.builtin(config)
@@ -157,7 +184,7 @@ class Attention:
         with self._device_guard():
             self._layer = _C.Attention(config, layer, w, swa_blocks, compressed_blocks,
                                        state_blocks, swa_block_size, fp8_activations,
-                                       self.device.type)
+                                       self.device.type, cuda_graphs)
 
     def _device_guard(self):
         return _device_guard(self.device)
@@ -183,6 +210,23 @@ class Attention:
     def state_dict(self) -> dict:
         """{checkpoint name: CPU tensor}: copies of the weights under the official names."""
         return self.weights.tensors(self.config)
+
+    def reserve(self, max_tokens: int, max_requests: int, max_context: int) -> "_C.LayerMemory":
+        """Sizes every workspace for steps of up to max_tokens tokens over max_requests requests
+        with sequences up to max_context (so they allocate nothing); returns the layer's memory
+        in bytes (weights, caches, workspace, step upload)."""
+        with self._device_guard():
+            return self._layer.reserve(max_tokens, max_requests, max_context)
+
+    def memory(self) -> "_C.LayerMemory":
+        """Bytes the layer holds on its device: weights, caches, workspace (and its high water
+        mark), step upload."""
+        return self._layer.memory()
+
+    @property
+    def graph_stats(self) -> Tuple[int, int]:
+        """(CUDA graphs captured, decode steps replayed from them)."""
+        return self._layer.graph_captures, self._layer.graph_replays
 
     def forward(self, batch: BatchDescription, x: torch.Tensor) -> torch.Tensor:
         """x [T, dim] (float32 or bfloat16) → y [T, dim] float32 on the layer's device, rows in
@@ -211,27 +255,12 @@ class Attention:
             raise Error(f"Attention.forward: x.shape: expected [{batch.num_tokens}, "
                         f"{self.config.dim}], got {list(x.shape)}")
         x = x.to(self.device, torch.bfloat16).contiguous()
-        # The layer runs decodes first; on the GPU the rows are put in that order here.
-        order = _C.plan_order(batch.request_ids, batch.contexts, batch.num_new)
-        ids = [batch.request_ids[i] for i in order]
-        ctx = [batch.contexts[i] for i in order]
-        new = [batch.num_new[i] for i in order]
-        reordered = order != list(range(len(order)))
-        if reordered:
-            x = torch.cat([x[batch.rows(i)] for i in ids])
+        ids, ctx, new, x, scatter = _plan_order_rows(batch, x)
         y = torch.empty((x.shape[0], self.config.dim), dtype=torch.float32, device=self.device)
         with self._device_guard():
             self._layer.set_stream(torch.cuda.current_stream(self.device).cuda_stream)
             self._layer.forward(ids, ctx, new, x, y)
-        if reordered:
-            out = torch.empty_like(y)
-            start = 0
-            for i in ids:
-                rows = batch.rows(i)
-                out[rows] = y[start:start + (rows.stop - rows.start)]
-                start += rows.stop - rows.start
-            y = out
-        return y
+        return scatter(y)
 
     __call__ = forward
 
@@ -251,16 +280,17 @@ class AttentionStack:
     `dsv4 run` drives (include/dsv4/model.h).
 
     weights: None (seeded random, `seed`, FP8 as released when `fp8_weights`) or a checkpoint
-    directory. device "cuda" runs every layer on the GPU (the residual stream stays on the host,
-    so x and y are host tensors either way). A step any layer rejects raises dsv4attn.Error
-    before any layer changes state.
+    directory. device "cuda" runs every layer on the GPU, with the residual stream on the GPU
+    too: x may be on the CPU or the GPU, y comes back on the stack's device, and a step neither
+    synchronizes nor copies from pageable memory (decode steps replay CUDA graphs, see
+    Attention). A step any layer rejects raises dsv4attn.Error before any layer changes state.
     """
 
     def __init__(self, config, layers: Sequence[int] | None = None,
                  weights: Union[str, os.PathLike, None] = None, *, seed: int = 1,
                  fp8_weights: bool = True, swa_blocks: int = 256, compressed_blocks: int = 256,
                  state_blocks: int = 64, fp8_activations: bool = True,
-                 device: Union[torch.device, str] = "cpu"):
+                 device: Union[torch.device, str] = "cpu", cuda_graphs: bool = True):
         self.device = _layer_device(device)
         if isinstance(config, str):
             config = _C.ModelConfig.builtin(config)
@@ -269,7 +299,8 @@ class AttentionStack:
             self._stack = _C.AttentionStack(
                 config, [int(i) for i in (layers or [])],
                 os.fspath(weights) if weights is not None else "", int(seed), fp8_weights,
-                swa_blocks, compressed_blocks, state_blocks, fp8_activations, self.device.type)
+                swa_blocks, compressed_blocks, state_blocks, fp8_activations, self.device.type,
+                cuda_graphs)
 
     def __len__(self) -> int:
         return self._stack.num_layers
@@ -280,12 +311,21 @@ class AttentionStack:
         return [(self._stack.layer_index(i), self._stack.layer_kind(i)) for i in range(len(self))]
 
     def forward(self, batch: BatchDescription, x: torch.Tensor) -> torch.Tensor:
-        """x [T, dim] float32 → y [T, dim] float32 (CPU), rows in batch order."""
-        x = x.detach().to("cpu", torch.float32).contiguous()
-        y = torch.empty((x.shape[0], self.config.dim), dtype=torch.float32)
-        with _device_guard(self.device):
+        """x [T, dim] → y [T, dim] float32 on the stack's device, rows in batch order."""
+        if x.dim() != 2 or x.shape[0] != batch.num_tokens or x.shape[1] != self.config.dim:
+            raise Error(f"AttentionStack.forward: x.shape: expected [{batch.num_tokens}, "
+                        f"{self.config.dim}], got {list(x.shape)}")
+        x = x.detach().to(self.device, torch.float32).contiguous()
+        if self.device.type == "cpu":
+            y = torch.empty((x.shape[0], self.config.dim), dtype=torch.float32)
             self._stack.forward(batch.request_ids, batch.contexts, batch.num_new, x, y)
-        return y
+            return y
+        ids, ctx, new, x, scatter = _plan_order_rows(batch, x)
+        y = torch.empty((x.shape[0], self.config.dim), dtype=torch.float32, device=self.device)
+        with _device_guard(self.device):
+            self._stack.set_stream(torch.cuda.current_stream(self.device).cuda_stream)
+            self._stack.forward(ids, ctx, new, x, y)
+        return scatter(y)
 
     __call__ = forward
 

@@ -103,4 +103,48 @@ void fused_qkv_rms_norm(const TensorView& q_in, const TensorView& wq, const Tens
   normalize_rows(kv_in, wkv, eps, kv_out);
 }
 
+void residual_add_rms_norm(const TensorView& residual, const TensorView& delta,
+                           const TensorView& weight, float eps, const TensorView& y,
+                           [[maybe_unused]] Stream stream) {
+  constexpr const char* kOp = "residual_add_rms_norm";
+  check_defined(kOp, "residual", residual);
+  check_dtype(kOp, "residual", residual, DType::fp32);
+  check_ndim(kOp, "residual", residual, 2);
+  cpu::check_row_strided(kOp, "residual", residual);
+  cpu::check_output_layout(kOp, "residual", residual);
+  const int64_t T = residual.shape[0], D = residual.shape[1];
+  if (delta.defined()) {
+    cpu::check_dtype_in(kOp, "delta", delta, {DType::bf16, DType::fp32});
+    check_shape(kOp, "delta", delta, {T, D});
+    cpu::check_row_strided(kOp, "delta", delta);
+    cpu::check_disjoint(kOp, "residual", residual, "delta", delta);
+  }
+  if (!y.defined() && weight.defined())
+    fail(kOp, ": weight: given without y (the weight only applies to the norm)");
+  if (y.defined()) {
+    validate_norm_operand(kOp, "residual", residual, "weight", weight, false, "y", y);
+    cpu::check_disjoint(kOp, "y", y, "residual", residual);
+    if (delta.defined()) cpu::check_disjoint(kOp, "y", y, "delta", delta);
+    check_eps(kOp, eps);
+  }
+  if (cpu::common_device(kOp, {{"residual", residual}, {"delta", delta}, {"weight", weight},
+                               {"y", y}}) == Device::cuda) {
+    DSV4_CUDA_DISPATCH(kOp, cuda::residual_add_rms_norm(residual, delta, weight, eps, y, stream));
+  }
+  if (delta.defined()) {
+    const cpu::RowWalker r_rows(residual), d_rows(delta);
+#pragma omp parallel if (T > 1)
+    {
+      std::vector<float> row(static_cast<size_t>(D)), add(static_cast<size_t>(D));
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < T; ++t) {
+        float* r = reinterpret_cast<float*>(r_rows.row_ptr(t));
+        cpu::load_row(d_rows.row_ptr(t), delta.dtype, D, add.data());
+        for (int64_t i = 0; i < D; ++i) r[i] += add[static_cast<size_t>(i)];
+      }
+    }
+  }
+  if (y.defined()) normalize_rows(residual, weight, eps, y);
+}
+
 }  // namespace dsv4

@@ -12,17 +12,23 @@
 #include <map>
 
 #include "dsv4/device_tensor.h"
+#include "dsv4/indexer.h"
 #include "dsv4/indexing.h"
 #include "dsv4/ops.h"
 #include "dsv4/status.h"
 #include "layer/compressed_scope.h"
+#include "layer/decode_graphs.h"
 #include "layer/layer_weights.h"
 #include "layer/scratch.h"
+#include "layer/step_upload.h"
+#include "runtime/device_runtime.h"
 
 namespace dsv4 {
 
 namespace {
 constexpr const char* kWhere = "Attention::forward";
+// Decode steps of up to this many tokens run as CUDA graphs (buckets 1, 2, 4, ..., 512).
+constexpr int64_t kMaxGraphTokens = 512;
 
 // Reinterprets a contiguous tensor with a new shape (same element count).
 TensorView reshape(const TensorView& t, std::initializer_list<int64_t> dims) {
@@ -43,11 +49,14 @@ struct Attention::Impl {
   LayerCaches caches;
   std::unique_ptr<LayerWeightStore> weights;  // w as the ops take it, on `device`
   Scratch scratch{Device::cpu, nullptr};
+  StepUpload upload{Device::cpu};
   RopeConfig rope;
   HostTensor cos_sin;                 // [rows, R] for positions [0, rows); grown on demand
   DeviceTensor cos_sin_device;        // its copy on the GPU (CUDA backend)
+  uint64_t rope_generation = 0;       // changes when the table moves
   std::map<int64_t, int64_t> cached;  // tokens cached per request
   std::unique_ptr<CompressedScope> compressed;  // ratio > 0 layers
+  DecodeGraphs graphs;                // CUDA: captured decode steps per shape bucket
 
   void check_inputs(const BatchPlan& plan, const TensorView& x, const TensorView& y) const;
   void check_plan(const BatchPlan& plan) const;  // contexts, lengths, cache capacity
@@ -60,6 +69,7 @@ struct Attention::Impl {
     while (rows < len) rows *= 2;
     cos_sin = build_rope_cache(rope, std::min<int64_t>(rows, cfg.max_position));
     if (device == Device::cuda) cos_sin_device = DeviceTensor::from_host(cos_sin);
+    ++rope_generation;
   }
   TensorView rope_table() const {
     return device == Device::cuda ? cos_sin_device.view() : cos_sin.view();
@@ -72,20 +82,55 @@ struct Attention::Impl {
   void op(const char* name) const {
     if (opts.op_timer) opts.op_timer->begin(name, opts.stream);
   }
+  // Whether this step runs as a replayed CUDA graph: a decode-only step on CUDA, with graphs on,
+  // nobody capturing the stream already (a caller's torch.cuda.graph captures the eager path)
+  // and no per-op timer.
+  bool graph_step(const BatchPlan& plan) const;
+  // Upper bounds of the temporaries and the step upload of steps within reserve()'s limits.
+  struct WorkspaceBound {
+    int64_t scratch_bytes = 0, upload_bytes = 0;
+  };
+  WorkspaceBound workspace_bound(int64_t max_tokens, int max_requests, int64_t max_context) const;
+  uint64_t memory_generation() const {
+    return scratch.generation() + upload.generation() + rope_generation;
+  }
 
-  // What the phases of one forward share.
+  // ---- a step: planned on the host, then launched -------------------------------------------
+  // A group of prefill requests gathered into one bounded workspace.
+  struct PrefillGroup {
+    int r0 = 0, r1 = 0;            // requests [r0, r1) of the plan (all prefills)
+    int64_t t0 = 0, t1 = 0;        // their tokens
+    int64_t compressed_rows = 0;   // N: compressed entries gathered per request
+    int64_t rows_per_request = 0;  // M = N + the longest SWA gather
+    StepUpload::Array query_start, seq_lens, gather_lens, compressed_lens;
+  };
+  struct StepPlan {
+    int64_t T = 0;   // token rows (a graph bucket pads decode rows with empty requests)
+    int R = 0;       // request rows
+    int nd = 0;      // decode rows [0, nd)
+    StepUpload::Array positions, slot_mapping, token_to_req;  // [T]
+    StepUpload::Array swa_table;                             // [R, width]
+    CompressedPlan compressed;
+    std::vector<PrefillGroup> prefill_groups;
+    // Everything the launch's shapes depend on: equal keys → the same kernels and arguments.
+    std::vector<int64_t> shape_key() const;
+  };
+  StepPlan plan_step(const BatchPlan& plan, int64_t rows, bool round);
+  // Enqueues every kernel of the step on `stream`: x [T, dim] (bf16 on CUDA), y [T, dim] fp32,
+  // both on the layer's device. Reads only device views and shapes (graph-capturable).
+  void launch(const StepPlan& sp, const TensorView& x, const TensorView& y, Stream stream);
+
+  // What the phases of one launch share.
   struct Step {
-    const BatchPlan& plan;
-    TensorView q;                   // [T, H, D] bf16: normed, roped queries
-    TensorView o;                   // [T, H, D] bf16: the attention output
-    TensorView positions;           // [T] int64, on the layer's device
-    HostTensor positions_h;         // the same on the host (host planning)
-    HostTensor token_to_req_h;      // [T] int32, host
-    TensorView token_to_req;        // the same on the layer's device
-    std::vector<int64_t> req_ids;   // in plan order
-    CompressedIndices compressed;   // request-local compressed entries (topk 0: SWA layer)
-    TensorView cos_sin;             // the RoPE table on the layer's device
-    float softmax_scale = 0.0f;     // D^-0.5
+    const StepPlan& sp;
+    Stream stream;
+    TensorView q;             // [T, H, D] bf16: normed, roped queries
+    TensorView o;             // [T, H, D] bf16: the attention output
+    TensorView positions;     // [T] int64
+    TensorView token_to_req;  // [T] int32
+    CompressedIndices compressed;  // request-local compressed entries (topk 0: SWA layer)
+    TensorView cos_sin;       // the RoPE table on the layer's device
+    float softmax_scale = 0.0f;
   };
   struct Dims {
     int H, D, W;  // heads, head dim, SWA window
@@ -93,7 +138,8 @@ struct Attention::Impl {
   Dims dims() const { return {cfg.n_heads, cfg.head_dim, cfg.window_size}; }
   // 7a. Decodes read the caches directly through two scopes (SWA window | compressed entries).
   void attend_decodes(const Step& st);
-  // 7b. Prefill chunks: gather (compressed | SWA) rows into a bf16 workspace, sparse prefill.
+  // 7b. Prefill chunks: gather (compressed | SWA) rows into a bf16 workspace, sparse prefill,
+  // a group of requests at a time.
   void attend_prefills(const Step& st);
   // 8–9. Inverse RoPE, FP8 activation quant, grouped wo_a, wo_b → y.
   void project_output(const Step& st, const TensorView& y);
@@ -122,6 +168,7 @@ Attention::Attention(const ModelConfig& cfg, int layer, AttentionWeights weights
   m.caches = make_layer_caches(cfg, m.kind, cache_opts);
   m.weights = std::make_unique<LayerWeightStore>(m.w, m.device);
   m.scratch = Scratch(m.device, opts.stream);
+  m.upload = StepUpload(m.device);
   m.rope = cfg.rope_for_layer(layer);
   m.ensure_rope(4096);
   if (m.kind != LayerKind::swa)
@@ -142,6 +189,39 @@ const LayerCaches& Attention::caches() const { return impl_->caches; }
 void Attention::set_stream(Stream stream) {
   impl_->opts.stream = stream;
   impl_->scratch.set_stream(stream);
+}
+
+int64_t Attention::graph_captures() const { return impl_->graphs.captures(); }
+int64_t Attention::graph_replays() const { return impl_->graphs.replays(); }
+
+LayerMemory Attention::memory() const {
+  const Impl& m = *impl_;
+  LayerMemory mem;
+  mem.weights = m.weights->bytes();
+  for (const PagedCache* c : {m.caches.swa.get(), m.caches.compressed.get(),
+                              m.caches.compressor_state.get(), m.caches.indexer_keys.get(),
+                              m.caches.indexer_state.get()})
+    if (c) mem.caches += c->storage_view().numel();
+  mem.workspace = m.scratch.capacity();
+  mem.workspace_used = m.scratch.high_water();
+  mem.step_upload = m.upload.capacity();
+  return mem;
+}
+
+LayerMemory Attention::reserve(int64_t max_tokens, int max_requests, int64_t max_context) {
+  constexpr const char* where = "Attention::reserve";
+  if (max_tokens < 1) fail_expected(where, "max_tokens", ">= 1", max_tokens);
+  if (max_requests < 1 || max_requests > max_tokens)
+    fail_expected(where, "max_requests", "1..max_tokens", max_requests);
+  if (max_context < max_tokens / max_requests || max_context > impl_->cfg.max_position)
+    fail_expected(where, "max_context", "<= max_position " + std::to_string(impl_->cfg.max_position),
+                  max_context);
+  Impl& m = *impl_;
+  m.ensure_rope(max_context);
+  const Impl::WorkspaceBound b = m.workspace_bound(max_tokens, max_requests, max_context);
+  m.scratch.reserve(b.scratch_bytes);
+  m.upload.reserve(b.upload_bytes);
+  return memory();
 }
 
 void Attention::release(int64_t req_id) {
@@ -204,20 +284,183 @@ TensorView Attention::Impl::stage_input(const TensorView& x) {
   return scratch.upload(HostTensor::copy_of(x, DType::bf16));
 }
 
+Attention::Impl::WorkspaceBound Attention::Impl::workspace_bound(int64_t max_tokens,
+                                                                 int max_requests,
+                                                                 int64_t max_context) const {
+  // Every temporary launch() takes (and padding of graph buckets, and power-of-two rounding of
+  // the data-dependent widths), counted generously: a test checks it covers what steps use.
+  const int64_t T = std::max(max_tokens, DecodeGraphs::bucket(std::min(max_tokens, kMaxGraphTokens)));
+  const int64_t R = std::max<int64_t>(max_requests, DecodeGraphs::bucket(std::min<int64_t>(max_requests, kMaxGraphTokens)));
+  const int64_t H = cfg.n_heads, D = cfg.head_dim, HD = H * D, W = cfg.window_size;
+  const int ratio = compressed ? compressed->ratio() : 0;
+  const int64_t visible = ratio ? 2 * (max_context / ratio) + 1 : 0;  // rounded up to 2^k
+  const int64_t K = ratio == 4 ? cfg.index_topk : visible;
+  const int64_t HI = cfg.index_n_heads, DI = cfg.index_head_dim;
+  int64_t bytes = 0, tensors = 0;
+  auto add = [&](int64_t b) { bytes += b; ++tensors; };
+  add(4 * T * cfg.q_lora_rank);  // qr
+  add(4 * T * D);                // kv_raw
+  add(2 * T * cfg.q_lora_rank);  // qr_n
+  add(2 * T * D);                // kv
+  add(2 * T * HD);               // q
+  add(2 * T * HD);               // o
+  if (ratio) {
+    const int64_t coff = ratio == 4 ? 2 : 1;
+    add(2 * 4 * T * coff * D);  // compressor kv / score rows
+    add(4 * T * K);             // local entries
+    add(4 * T);                 // lens
+  }
+  if (ratio == 4) {
+    add(2 * 4 * T * 2 * DI);    // indexer compressor rows
+    add(T * HI * DI);           // q_fp8
+    add(2 * 4 * T * HI);        // q_scale, weights
+    add(indexer_query_workspace_bytes(T, static_cast<int>(HI), static_cast<int>(DI)));
+    add(4 * T * visible);       // scores
+  }
+  // Decodes.
+  add(4 * T * (W + 1));  // swa indices, lens
+  add(4 * T * (K + 1));  // extra indices, lens
+  add(4 * T * H);        // lse
+  add(make_decode_schedule(static_cast<int>(T), 1, static_cast<int>(H), static_cast<int>(W + K),
+                           opts.num_sms).workspace_bytes);
+  // Prefills: one gather workspace for the largest group, then per group indices and stats.
+  const int64_t group = std::min<int64_t>(std::max(1, opts.prefill_group_requests), R);
+  add(2 * group * ((ratio ? max_context / ratio : 0) + max_tokens + W) * D);
+  const int64_t groups = (R + group - 1) / group;
+  bytes += 4 * T * (K + W + 1 + 2 * H) + 4 * groups * 256;
+  tensors += 4 * groups;
+  // Output path.
+  add(4 * T * cfg.o_groups * cfg.o_lora_rank);  // z
+  add(T * HD);                                  // o fp8
+  add(4 * T * (HD / 64));                       // o scales
+  add(2 * T * HD);                              // o dequantized (bf16 GEMM path)
+  add(4 * T * cfg.dim);                         // y on the device for a host y
+  add(2 * T * cfg.dim);                         // x staged from the host
+  WorkspaceBound b;
+  b.scratch_bytes = bytes + 256 * (tensors + 8);
+  // The upload: per token positions, slots, token_to_req; per request context, lengths and the
+  // block tables of every cache (widths rounded up to 2^k).
+  const int64_t swa_blocks = round_up_pow2((max_context + caches.swa->spec().block_size - 1) /
+                                           caches.swa->spec().block_size);
+  int64_t tables = swa_blocks;
+  if (ratio) {
+    const int64_t entries = max_context / ratio + 1;
+    tables += 2 * round_up_pow2(entries / caches.compressed->spec().block_size + 1);
+    tables += 2 * round_up_pow2(caches.compressor_state->spec().retain + 1);
+  }
+  b.upload_bytes = 20 * T + R * (4 * tables + 40) + 64 * 32;
+  return b;
+}
+
+bool Attention::Impl::graph_step(const BatchPlan& plan) const {
+  return device == Device::cuda && opts.cuda_graphs && opts.op_timer == nullptr &&
+         plan.num_decodes == plan.num_requests() && plan.num_tokens() <= kMaxGraphTokens &&
+         !rt::is_capturing(opts.stream);
+}
+
+std::vector<int64_t> Attention::Impl::StepPlan::shape_key() const {
+  std::vector<int64_t> key{T, R, nd, compressed.topk, compressed.score_cols};
+  auto add = [&](const StepUpload::Array& a) {
+    key.push_back(a.offset);
+    key.insert(key.end(), a.shape.begin(), a.shape.end());
+    key.push_back(-1);
+  };
+  for (const auto* a : {&positions, &slot_mapping, &token_to_req, &swa_table, &compressed.context,
+                        &compressed.state_table, &compressed.out_table,
+                        &compressed.index_state_table, &compressed.index_key_table})
+    add(*a);
+  for (const PrefillGroup& g : prefill_groups) {
+    key.insert(key.end(), {g.r0, g.r1, g.t0, g.t1, g.compressed_rows, g.rows_per_request});
+    for (const auto* a : {&g.query_start, &g.seq_lens, &g.gather_lens, &g.compressed_lens}) add(*a);
+  }
+  return key;
+}
+
+Attention::Impl::StepPlan Attention::Impl::plan_step(const BatchPlan& plan, int64_t rows,
+                                                     bool round) {
+  const int R = plan.num_requests();
+  const int64_t T = plan.num_tokens();
+  StepPlan sp;
+  sp.T = rows;
+  sp.R = static_cast<int>(R + (rows - T));  // padding tokens are one-token requests of their own
+  sp.nd = static_cast<int>(plan.num_decodes + (rows - T));
+  upload.begin();
+
+  std::vector<int64_t> req_ids;
+  for (const RequestStep& s : plan.requests) req_ids.push_back(s.req_id);
+  // Padding rows: position 0 of an empty request (no blocks: nothing is read or written for it).
+  std::vector<int64_t> positions(plan.positions), slots(static_cast<size_t>(rows), -1);
+  std::vector<int32_t> token_to_req(plan.token_to_req);
+  positions.resize(static_cast<size_t>(rows), 0);
+  for (int64_t t = T; t < rows; ++t) token_to_req.push_back(static_cast<int32_t>(R + (t - T)));
+  for (int r = 0; r < R; ++r) {
+    const RequestStep& s = plan.requests[r];
+    const std::vector<int64_t> new_slots = caches.swa->append(s.req_id, s.num_new);
+    std::copy(new_slots.begin(), new_slots.end(), slots.begin() + plan.query_start_loc[r]);
+  }
+  sp.positions = upload.put<int64_t>({rows}, positions);
+  sp.slot_mapping = upload.put<int64_t>({rows}, slots);
+  sp.token_to_req = upload.put<int32_t>({rows}, token_to_req);
+  int64_t swa_width = 1;
+  for (int64_t id : req_ids)
+    swa_width = std::max<int64_t>(swa_width, static_cast<int64_t>(caches.swa->block_table(id).size()));
+  sp.swa_table = upload.tables(*caches.swa, req_ids, sp.R, round ? round_up_pow2(swa_width) : swa_width);
+  if (compressed) sp.compressed = compressed->plan(plan, req_ids, sp.R, upload, round);
+
+  // Prefill requests in groups of at most prefill_group_requests: the gather workspace holds one
+  // group, so its size does not grow with the batch.
+  const int W = cfg.window_size;
+  const int group = std::max(1, opts.prefill_group_requests);
+  for (int g0 = plan.num_decodes; g0 < R; g0 += group) {
+    PrefillGroup g;
+    g.r0 = g0;
+    g.r1 = std::min(R, g0 + group);
+    g.t0 = plan.query_start_loc[g.r0];
+    g.t1 = plan.query_start_loc[g.r1];
+    std::vector<int32_t> qsl, seq, gather, cseq;
+    int64_t max_gather = 0;
+    for (int r = g.r0; r < g.r1; ++r) {
+      const RequestStep& s = plan.requests[r];
+      qsl.push_back(static_cast<int32_t>(plan.query_start_loc[r] - g.t0));
+      seq.push_back(static_cast<int32_t>(plan.seq_len(r)));
+      gather.push_back(static_cast<int32_t>(std::min<int64_t>(plan.seq_len(r), s.num_new + W - 1)));
+      max_gather = std::max<int64_t>(max_gather, gather.back());
+      if (compressed) {
+        cseq.push_back(static_cast<int32_t>(plan.seq_len(r) / compressed->ratio()));
+        g.compressed_rows = std::max<int64_t>(g.compressed_rows, cseq.back());
+      }
+    }
+    qsl.push_back(static_cast<int32_t>(g.t1 - g.t0));
+    g.rows_per_request = g.compressed_rows + max_gather;
+    const int64_t n = g.r1 - g.r0;
+    g.query_start = upload.put<int32_t>({n + 1}, qsl);
+    g.seq_lens = upload.put<int32_t>({n}, seq);
+    g.gather_lens = upload.put<int32_t>({n}, gather);
+    if (compressed) g.compressed_lens = upload.put<int32_t>({n}, cseq);
+    sp.prefill_groups.push_back(std::move(g));
+  }
+  return sp;
+}
+
 void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, const TensorView& y) {
   const int64_t T = plan.num_tokens();
-  const int H = cfg.n_heads, D = cfg.head_dim;
-  const float eps = static_cast<float>(cfg.norm_eps);
-  const int R = plan.num_requests();
   const Stream stream = opts.stream;
-  const LayerWeightViews& wv = weights->views();
-  Scratch& ws = scratch;
-  ws.reset();
+  // Temporaries that outgrew the arena are released (and the arena grown) as the forward ends,
+  // not as the next one starts: that one may be inside a caller's graph capture.
+  scratch.reset();
+  struct ResetAtEnd {
+    Scratch& s;
+    ~ResetAtEnd() {
+      try {
+        s.reset();
+      } catch (...) {
+      }
+    }
+  } reset_at_end{scratch};
 
   int64_t longest = 0;
-  for (int r = 0; r < R; ++r) longest = std::max(longest, plan.seq_len(r));
+  for (int r = 0; r < plan.num_requests(); ++r) longest = std::max(longest, plan.seq_len(r));
   ensure_rope(longest);
-  const TensorView cos_sin_v = rope_table();
 
   // Register new requests (check_inputs verified the others' context).
   for (const RequestStep& s : plan.requests)
@@ -226,7 +469,67 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, con
       if (compressed) compressed->add_request(s.req_id);
       cached[s.req_id] = 0;
     }
+
+  const bool graph = graph_step(plan);
+  const int64_t rows = graph ? DecodeGraphs::bucket(T) : T;
+  const StepPlan sp = plan_step(plan, rows, /*round=*/graph);
+  upload.commit(stream);
+  for (const RequestStep& s : plan.requests) cached[s.req_id] = s.context + s.num_new;
+
   const TensorView x = stage_input(x_in);
+  if (!graph) {
+    if (y.device == device) {
+      launch(sp, x, y, stream);
+    } else {
+      TensorView y_dev = scratch.tensor(DType::fp32, {T, cfg.dim});
+      launch(sp, x, y_dev, stream);
+      scratch.download(y_dev, y);
+    }
+    return;
+  }
+
+  // A decode step as a graph: x into the graphs' fixed rows, replay (or run/capture), y out.
+  graphs.ensure_io(kMaxGraphTokens, cfg.dim);
+  const size_t x_bytes = static_cast<size_t>(T * cfg.dim) * dtype_size(DType::bf16);
+  rt::copy_device_to_device_async(graphs.x(rows).data, x.data, x_bytes, stream);
+  const std::vector<int64_t> key = sp.shape_key();
+  switch (graphs.next(key, memory_generation())) {
+    case DecodeGraphs::Action::eager:
+      launch(sp, graphs.x(rows), graphs.y(rows), stream);
+      break;
+    case DecodeGraphs::Action::capture: {
+      const Stream cs = graphs.capture_stream();
+      scratch.set_capturing(true);
+      try {
+        graphs.store(key, rt::Graph::capture(cs, [&] { launch(sp, graphs.x(rows), graphs.y(rows), cs); }));
+      } catch (...) {
+        scratch.set_capturing(false);
+        throw;
+      }
+      scratch.set_capturing(false);
+      graphs.graph(key).launch(stream);
+      break;
+    }
+    case DecodeGraphs::Action::replay:
+      graphs.graph(key).launch(stream);
+      break;
+  }
+  const TensorView y_rows = graphs.y(rows).slice0(0, T);
+  if (y.device == Device::cuda)
+    rt::copy_device_to_device_async(y.data, y_rows.data,
+                                    static_cast<size_t>(T * cfg.dim) * sizeof(float), stream);
+  else
+    scratch.download(y_rows, y);
+}
+
+void Attention::Impl::launch(const StepPlan& sp, const TensorView& x, const TensorView& y,
+                             Stream stream) {
+  const int64_t T = sp.T;
+  const int H = cfg.n_heads, D = cfg.head_dim;
+  const float eps = static_cast<float>(cfg.norm_eps);
+  const LayerWeightViews& wv = weights->views();
+  Scratch& ws = scratch;
+  const TensorView cos_sin_v = rope_table();
 
   // 1–3. Projections and norms.
   TensorView qr = ws.tensor(DType::fp32, {T, cfg.q_lora_rank});
@@ -243,70 +546,51 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, con
   op("wq_b");
   linear(qr_n, {}, wv.wq_b.value, wv.wq_b.scale, reshape(q, {T, int64_t{H} * D}), stream);
 
-  // 4–5. SWA slots, q head-norm + RoPE, kv RoPE + quant + insert.
-  HostTensor positions_h(DType::int64, {T});
-  std::copy(plan.positions.begin(), plan.positions.end(), positions_h.data<int64_t>());
-  HostTensor slot_mapping_h(DType::int64, {T});
-  for (int r = 0; r < R; ++r) {
-    const RequestStep& s = plan.requests[r];
-    const std::vector<int64_t> slots = caches.swa->append(s.req_id, s.num_new);
-    std::copy(slots.begin(), slots.end(), slot_mapping_h.data<int64_t>() + plan.query_start_loc[r]);
-  }
-  const TensorView positions = ws.upload(positions_h);
+  // 4–5. q head-norm + RoPE, kv RoPE + quant + insert into the SWA slots.
+  const TensorView positions = upload.view(sp.positions);
+  const TensorView token_to_req = upload.view(sp.token_to_req);
   op("qnorm_rope_kv_insert");
   qnorm_rope_kv_insert(q, kv, positions, cos_sin_v, eps, caches.swa->kv_view(),
-                       ws.upload(slot_mapping_h), stream);
+                       upload.view(sp.slot_mapping), stream);
 
   // 6. Compressor (and indexer) for compressed layers: request-local entry lists per token.
-  HostTensor token_to_req_h = HostTensor::from_int32(plan.token_to_req);
-  const TensorView token_to_req = ws.upload(token_to_req_h);
   CompressedIndices cidx;
   if (compressed)
-    cidx = compressed->step(plan, x, qr_n, positions, token_to_req, cos_sin_v, ws,
-                            [this](const char* name) { op(name); });
+    cidx = compressed->launch(sp.compressed, upload, x, qr_n, positions, token_to_req, cos_sin_v,
+                              ws, stream, [this](const char* name) { op(name); });
 
-  Step st{plan, q, ws.tensor(DType::bf16, {T, H, D}), positions, std::move(positions_h),
-          std::move(token_to_req_h), token_to_req, {}, std::move(cidx), cos_sin_v,
-          1.0f / std::sqrt(static_cast<float>(D))};
-  for (const RequestStep& s : plan.requests) st.req_ids.push_back(s.req_id);
-  if (plan.num_decodes > 0) attend_decodes(st);
-  if (plan.num_decodes < R) attend_prefills(st);
+  Step st{sp, stream, q, ws.tensor(DType::bf16, {T, H, D}), positions, token_to_req,
+          std::move(cidx), cos_sin_v, 1.0f / std::sqrt(static_cast<float>(D))};
+  if (sp.nd > 0) attend_decodes(st);
+  if (!sp.prefill_groups.empty()) attend_prefills(st);
   project_output(st, y);
   if (opts.op_timer) opts.op_timer->end(stream);
-
-  for (const RequestStep& s : plan.requests) cached[s.req_id] = s.context + s.num_new;
 }
 
 void Attention::Impl::attend_decodes(const Step& st) {
-  const BatchPlan& plan = st.plan;
+  const StepPlan& sp = st.sp;
   const auto [H, D, W] = dims();
   const int K = st.compressed.topk;  // compressed slots per token (0 for SWA layers)
   const LayerWeightViews& wv = weights->views();
   Scratch& ws = scratch;
-  const int nd = plan.num_decodes;
-  const std::vector<int64_t>& req_ids = st.req_ids;
-  const HostTensor &positions_h = st.positions_h, &token_to_req_h = st.token_to_req_h;
-  const TensorView &q = st.q, &o = st.o;
-  const CompressedIndices& cidx = st.compressed;
-  // The SWA window depends only on the plan and the block tables: planned on the host.
+  const int nd = sp.nd;
   op("decode_indices");
-  HostTensor swa_table = pack_block_tables(*caches.swa, req_ids);
-  HostTensor swa_idx(DType::int32, {nd, W}), swa_len(DType::int32, {nd});
-  swa_window_indices(positions_h.view().slice0(0, nd), token_to_req_h.view().slice0(0, nd),
-                     swa_table, caches.swa->spec().block_size, W, swa_idx, swa_len);
+  TensorView swa_idx = ws.tensor(DType::int32, {nd, W});
+  TensorView swa_len = ws.tensor(DType::int32, {nd});
+  swa_window_indices(st.positions.slice0(0, nd), st.token_to_req.slice0(0, nd),
+                     upload.view(sp.swa_table), caches.swa->spec().block_size, W, swa_idx,
+                     swa_len, st.stream);
   SparseDecodeArgs a;
-  a.q = reshape(q.slice0(0, nd), {nd, 1, H, D});
+  a.q = reshape(st.q.slice0(0, nd), {nd, 1, H, D});
   a.k_cache = caches.swa->kv_view();
-  a.indices = reshape(ws.upload(swa_idx), {nd, 1, W});
-  a.topk_length = ws.upload(swa_len);
+  a.indices = reshape(swa_idx, {nd, 1, W});
+  a.topk_length = swa_len;
   if (K > 0) {
-    // The compressed entries come from the indexer / plan on the layer's device.
     TensorView ext_idx = ws.tensor(DType::int32, {nd, K});
     TensorView ext_len = ws.tensor(DType::int32, {nd});
-    const TensorView table = ws.upload(pack_block_tables(*caches.compressed, req_ids));
-    local_to_global_slots(cidx.local.slice0(0, nd), st.token_to_req.slice0(0, nd),
-                          table, caches.compressed->spec().block_size, ext_idx, ext_len,
-                          opts.stream);
+    local_to_global_slots(st.compressed.local.slice0(0, nd), st.token_to_req.slice0(0, nd),
+                          upload.view(sp.compressed.out_table),
+                          caches.compressed->spec().block_size, ext_idx, ext_len, st.stream);
     a.extra_k_cache = caches.compressed->kv_view();
     a.extra_indices = reshape(ext_idx, {nd, 1, K});
     a.extra_topk_length = ext_len;
@@ -314,86 +598,70 @@ void Attention::Impl::attend_decodes(const Step& st) {
   a.attn_sink = wv.attn_sink;
   a.softmax_scale = st.softmax_scale;
   a.d_v = D;
-  a.out = reshape(o.slice0(0, nd), {nd, 1, H, D});
+  a.out = reshape(st.o.slice0(0, nd), {nd, 1, H, D});
   a.lse = ws.tensor(DType::fp32, {nd, 1, H});
   const DecodeSchedule sched = make_decode_schedule(nd, 1, H, W + K, opts.num_sms);
   const TensorView workspace =
       ws.tensor(DType::uint8, {std::max<int64_t>(sched.workspace_bytes, 1)});
   op("sparse_decode");
-  sparse_decode(a, sched, workspace, opts.stream);
+  sparse_decode(a, sched, workspace, st.stream);
 }
 
 void Attention::Impl::attend_prefills(const Step& st) {
-  const BatchPlan& plan = st.plan;
+  const StepPlan& sp = st.sp;
   const auto [H, D, W] = dims();
   const int K = st.compressed.topk;  // compressed slots per token (0 for SWA layers)
   const LayerWeightViews& wv = weights->views();
   Scratch& ws = scratch;
-  const int nd = plan.num_decodes, R = plan.num_requests();
-  const int64_t T = plan.num_tokens();
-  const std::vector<int64_t>& req_ids = st.req_ids;
-  const TensorView &q = st.q, &o = st.o;
-  const CompressedIndices& cidx = st.compressed;
-  const int Rp = R - nd;
-  const int64_t Tp = T - plan.query_start_loc[nd];
-  const int32_t t0 = plan.query_start_loc[nd];
-  std::vector<int32_t> qsl(Rp + 1), seq(Rp), gather(Rp), cseq(Rp);
-  int64_t max_gather = 0;
-  for (int i = 0; i < Rp; ++i) {
-    const RequestStep& s = plan.requests[nd + i];
-    qsl[i] = plan.query_start_loc[nd + i] - t0;
-    seq[i] = static_cast<int32_t>(s.context + s.num_new);
-    gather[i] = static_cast<int32_t>(std::min<int64_t>(seq[i], s.num_new + W - 1));
-    max_gather = std::max<int64_t>(max_gather, gather[i]);
-    if (compressed) cseq[i] = static_cast<int32_t>(seq[i] / compressed->ratio());
+  // One workspace for the largest group (groups run in order on one stream).
+  int64_t workspace_rows = 0;
+  for (const PrefillGroup& g : sp.prefill_groups)
+    workspace_rows = std::max<int64_t>(workspace_rows, (g.r1 - g.r0) * g.rows_per_request);
+  const TensorView kv_rows_all = ws.tensor(DType::bf16, {workspace_rows, D});
+  const TensorView swa_table = upload.view(sp.swa_table);
+  for (const PrefillGroup& g : sp.prefill_groups) {
+    const int n = g.r1 - g.r0;
+    const int64_t M = g.rows_per_request, N = g.compressed_rows, Tg = g.t1 - g.t0;
+    const TensorView kv_rows(kv_rows_all.data, DType::bf16, {n, M, D}, device);
+    const TensorView seq_lens = upload.view(g.seq_lens);
+    const TensorView gather_lens = upload.view(g.gather_lens);
+    op("prefill_gather");
+    if (compressed && N > 0)
+      dequantize_and_gather(caches.compressed->kv_view(),
+                            upload.view(sp.compressed.out_table).slice0(g.r0, g.r1),
+                            upload.view(g.compressed_lens), {}, 0, kv_rows, st.stream);
+    dequantize_and_gather(caches.swa->kv_view(), swa_table.slice0(g.r0, g.r1), seq_lens,
+                          gather_lens, N, kv_rows, st.stream);
+
+    const TensorView topk_view = K > 0 ? st.compressed.local.slice0(g.t0, g.t1)
+                                       : ws.tensor(DType::int32, {Tg, 0});
+    TensorView idx = ws.tensor(DType::int32, {Tg, K + W});
+    TensorView len = ws.tensor(DType::int32, {Tg});
+    op("prefill_indices");
+    combine_topk_swa_indices(topk_view, upload.view(g.query_start), seq_lens, gather_lens, W,
+                             static_cast<int>(N), M, compressed ? compressed->ratio() : 0, idx,
+                             len, st.stream);
+
+    SparsePrefillArgs a;
+    a.q = st.q.slice0(g.t0, g.t1);
+    a.kv = reshape(kv_rows, {n * M, 1, D});
+    a.indices = reshape(idx, {Tg, 1, K + W});
+    a.topk_length = len;
+    a.attn_sink = wv.attn_sink;
+    a.softmax_scale = st.softmax_scale;
+    a.d_v = D;
+    a.out = st.o.slice0(g.t0, g.t1);
+    a.max_logits = ws.tensor(DType::fp32, {Tg, H});
+    a.lse = ws.tensor(DType::fp32, {Tg, H});
+    op("sparse_prefill");
+    sparse_prefill(a, st.stream);
   }
-  qsl[Rp] = static_cast<int32_t>(Tp);
-  int64_t N = 0;
-  if (compressed)
-    for (int i = 0; i < Rp; ++i) N = std::max<int64_t>(N, cseq[i]);
-  const int64_t M = N + max_gather;
-  std::vector<int64_t> prefill_ids(req_ids.begin() + nd, req_ids.end());
-
-  TensorView kv_rows = ws.tensor(DType::bf16, {Rp, M, D});
-  op("prefill_gather");
-  const TensorView seq_t = ws.upload(HostTensor::from_int32(seq));
-  const TensorView gather_t = ws.upload(HostTensor::from_int32(gather));
-  const TensorView qsl_t = ws.upload(HostTensor::from_int32(qsl));
-  if (compressed && N > 0) {
-    const TensorView ctable = ws.upload(pack_block_tables(*caches.compressed, prefill_ids));
-    dequantize_and_gather(caches.compressed->kv_view(), ctable,
-                          ws.upload(HostTensor::from_int32(cseq)), {}, 0, kv_rows, opts.stream);
-  }
-  const TensorView stable = ws.upload(pack_block_tables(*caches.swa, prefill_ids));
-  dequantize_and_gather(caches.swa->kv_view(), stable, seq_t, gather_t, N, kv_rows, opts.stream);
-
-  const TensorView topk_view =
-      K > 0 ? cidx.local.slice0(t0, T) : ws.tensor(DType::int32, {Tp, 0});
-  TensorView idx = ws.tensor(DType::int32, {Tp, K + W});
-  TensorView len = ws.tensor(DType::int32, {Tp});
-  op("prefill_indices");
-  combine_topk_swa_indices(topk_view, qsl_t, seq_t, gather_t, W, static_cast<int>(N), M,
-                           compressed ? compressed->ratio() : 0, idx, len, opts.stream);
-
-  SparsePrefillArgs a;
-  a.q = q.slice0(t0, T);
-  a.kv = reshape(kv_rows, {Rp * M, 1, D});
-  a.indices = reshape(idx, {Tp, 1, K + W});
-  a.topk_length = len;
-  a.attn_sink = wv.attn_sink;
-  a.softmax_scale = st.softmax_scale;
-  a.d_v = D;
-  a.out = o.slice0(t0, T);
-  a.max_logits = ws.tensor(DType::fp32, {Tp, H});
-  a.lse = ws.tensor(DType::fp32, {Tp, H});
-  op("sparse_prefill");
-  sparse_prefill(a, opts.stream);
 }
 
 void Attention::Impl::project_output(const Step& st, const TensorView& y) {
-  const int64_t T = st.plan.num_tokens();
+  const int64_t T = st.sp.T;
   const int H = cfg.n_heads, D = cfg.head_dim;
-  const Stream stream = opts.stream;
+  const Stream stream = st.stream;
   const LayerWeightViews& wv = weights->views();
   Scratch& ws = scratch;
   const TensorView& o = st.o;
@@ -426,13 +694,7 @@ void Attention::Impl::project_output(const Step& st, const TensorView& y) {
     grouped_wo_a(o2, {}, wv.wo_a.value, wv.wo_a.scale, z, stream);
   }
   op("wo_b");
-  if (y.device == device) {
-    linear(z, {}, wv.wo_b.value, wv.wo_b.scale, y, stream);
-  } else {
-    TensorView y_dev = ws.tensor(DType::fp32, {T, cfg.dim});
-    linear(z, {}, wv.wo_b.value, wv.wo_b.scale, y_dev, stream);
-    ws.download(y_dev, y);
-  }
+  linear(z, {}, wv.wo_b.value, wv.wo_b.scale, y, stream);
 }
 
 }  // namespace dsv4

@@ -7,11 +7,19 @@
 
 namespace dsv4 {
 
+int64_t round_up_pow2(int64_t v) {
+  if (v <= 0) return v;
+  int64_t p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
 namespace {
-std::vector<int64_t> request_ids(const BatchPlan& plan) {
-  std::vector<int64_t> ids;
-  for (const RequestStep& s : plan.requests) ids.push_back(s.req_id);
-  return ids;
+// Block-table columns that cover every request's table in `cache` (at least 1).
+int64_t table_width(const PagedCache& cache, const std::vector<int64_t>& reqs, bool round) {
+  int64_t w = 1;
+  for (int64_t req : reqs) w = std::max<int64_t>(w, static_cast<int64_t>(cache.block_table(req).size()));
+  return round ? round_up_pow2(w) : w;
 }
 }  // namespace
 
@@ -51,25 +59,52 @@ void CompressedScope::check_capacity(const BatchPlan& plan) const {
   if (ratio_ == 4) need_state(caches_.indexer_state.get(), indexer_.ring_rows());
 }
 
+CompressedPlan CompressedScope::plan(const BatchPlan& plan, const std::vector<int64_t>& req_ids,
+                                     int64_t rows, StepUpload& upload, bool round) {
+  const int R = plan.num_requests();
+  CompressedPlan out;
+  std::vector<int64_t> context(static_cast<size_t>(rows), 0);
+  int64_t max_visible = 0;
+  for (int r = 0; r < R; ++r) {
+    const RequestStep& s = plan.requests[r];
+    context[r] = s.context;
+    max_visible = std::max<int64_t>(max_visible, plan.seq_len(r) / ratio_);
+    const int64_t n = compressor_entries_after(ratio_, s.context + s.num_new) -
+                      compressor_entries_after(ratio_, s.context);
+    if (n > 0) {
+      caches_.compressed->append(s.req_id, n);
+      if (ratio_ == 4) caches_.indexer_keys->append(s.req_id, n);
+    }
+  }
+  out.context = upload.put<int64_t>({rows}, context);
+  auto tables = [&](const PagedCache& c) {
+    return upload.tables(c, req_ids, rows, table_width(c, req_ids, round));
+  };
+  out.state_table = tables(*caches_.compressor_state);
+  out.out_table = tables(*caches_.compressed);
+  if (ratio_ == 128) {
+    out.topk = static_cast<int>(round ? round_up_pow2(max_visible) : max_visible);
+  } else {
+    out.index_state_table = tables(*caches_.indexer_state);
+    out.index_key_table = tables(*caches_.indexer_keys);
+    out.topk = cfg_.index_topk;
+    const int64_t cols = std::max<int64_t>(max_visible, 1);
+    out.score_cols = round ? round_up_pow2(cols) : cols;
+  }
+  return out;
+}
+
 void CompressedScope::compress(const CompressorConfig& ccfg, const CompressorWeightViews& w,
-                               PagedCache& state, PagedCache& out_cache, const BatchPlan& plan,
+                               PagedCache& state, PagedCache& out_cache,
+                               const TensorView& state_table, const TensorView& out_table,
                                const TensorView& x, const TensorView& positions,
                                const TensorView& token_to_req, const TensorView& context_lens,
-                               const TensorView& cos_sin, Scratch& scratch) {
-  const int64_t T = plan.num_tokens();
-  const Stream stream = scratch.stream();
+                               const TensorView& cos_sin, Scratch& scratch, Stream stream) {
+  const int64_t T = x.size(0);
   TensorView kv_rows = scratch.tensor(DType::fp32, {T, ccfg.proj_width()});
   TensorView score_rows = scratch.tensor(DType::fp32, {T, ccfg.proj_width()});
   compressor_project(ccfg, x, w.wkv.value, w.wgate.value, w.ape, positions, kv_rows, score_rows,
                      stream);
-  for (const RequestStep& s : plan.requests) {
-    const int64_t n = compressor_entries_after(ccfg.ratio, s.context + s.num_new) -
-                      compressor_entries_after(ccfg.ratio, s.context);
-    if (n > 0) out_cache.append(s.req_id, n);
-  }
-  const std::vector<int64_t> ids = request_ids(plan);
-  const TensorView state_table = scratch.upload(pack_block_tables(state, ids));
-  const TensorView out_table = scratch.upload(pack_block_tables(out_cache, ids));
   CompressorStateView sv{compressor_state_rows(state, ccfg), state_table, state.spec().block_size};
   CompressorOutputView ov;
   if (ccfg.target == CompressorTarget::kv_cache)
@@ -81,31 +116,27 @@ void CompressedScope::compress(const CompressorConfig& ccfg, const CompressorWei
   compressor_update_and_emit(ccfg, kv_rows, score_rows, batch, w.norm, cos_sin, sv, ov, {}, stream);
 }
 
-CompressedIndices CompressedScope::step(const BatchPlan& plan, const TensorView& x,
-                                        const TensorView& qr_n, const TensorView& positions,
-                                        const TensorView& token_to_req, const TensorView& cos_sin,
-                                        Scratch& scratch,
-                                        const std::function<void(const char*)>& mark_op) {
+CompressedIndices CompressedScope::launch(const CompressedPlan& p, const StepUpload& upload,
+                                          const TensorView& x, const TensorView& qr_n,
+                                          const TensorView& positions,
+                                          const TensorView& token_to_req,
+                                          const TensorView& cos_sin, Scratch& scratch,
+                                          Stream stream,
+                                          const std::function<void(const char*)>& mark_op) {
   auto op = [&](const char* name) {
     if (mark_op) mark_op(name);
   };
-  const int64_t T = plan.num_tokens();
-  const int R = plan.num_requests();
-  const Stream stream = scratch.stream();
-  HostTensor context_h(DType::int64, {R});
-  for (int r = 0; r < R; ++r) context_h.data<int64_t>()[r] = plan.requests[r].context;
-  const TensorView context = scratch.upload(context_h);
+  const int64_t T = x.size(0);
+  const TensorView context = upload.view(p.context);
 
   op("compressor");
-  compress(main_, *w_.compressor, *caches_.compressor_state, *caches_.compressed, plan, x,
-           positions, token_to_req, context, cos_sin, scratch);
-
-  int64_t max_visible = 0;
-  for (int r = 0; r < R; ++r) max_visible = std::max<int64_t>(max_visible, plan.seq_len(r) / ratio_);
+  compress(main_, *w_.compressor, *caches_.compressor_state, *caches_.compressed,
+           upload.view(p.state_table), upload.view(p.out_table), x, positions, token_to_req,
+           context, cos_sin, scratch, stream);
 
   CompressedIndices out;
+  out.topk = p.topk;
   if (ratio_ == 128) {
-    out.topk = static_cast<int>(max_visible);
     if (out.topk == 0) return out;
     out.local = scratch.tensor(DType::int32, {T, out.topk});
     out.lens = scratch.tensor(DType::int32, {T});
@@ -117,9 +148,9 @@ CompressedIndices CompressedScope::step(const BatchPlan& plan, const TensorView&
   // C4A: the indexer's own compressor, then query, scores over the request's keys, top-k.
   const IndexerWeightViews& iw = *w_.indexer;
   op("indexer_compressor");
-  compress(indexer_, iw.compressor, *caches_.indexer_state, *caches_.indexer_keys, plan, x,
-           positions, token_to_req, context, cos_sin, scratch);
-  out.topk = cfg_.index_topk;
+  compress(indexer_, iw.compressor, *caches_.indexer_state, *caches_.indexer_keys,
+           upload.view(p.index_state_table), upload.view(p.index_key_table), x, positions,
+           token_to_req, context, cos_sin, scratch, stream);
   out.local = scratch.tensor(DType::int32, {T, out.topk});
   out.lens = scratch.tensor(DType::int32, {T});
   const int HI = cfg_.index_n_heads;
@@ -131,14 +162,12 @@ CompressedIndices CompressedScope::step(const BatchPlan& plan, const TensorView&
   op("indexer_query");
   indexer_query(qr_n, iw.wq_b.value, iw.wq_b.scale, x, iw.weights_proj.value, positions, cos_sin,
                 q_fp8, q_scale, weights, query_ws, stream);
-  const int64_t N = std::max<int64_t>(max_visible, 1);
-  TensorView scores = scratch.tensor(DType::fp32, {T, N});
-  const TensorView key_table = scratch.upload(pack_block_tables(*caches_.indexer_keys, request_ids(plan)));
+  TensorView scores = scratch.tensor(DType::fp32, {T, p.score_cols});
   op("indexer_scores");
   indexer_scores(q_fp8, q_scale, weights, positions, token_to_req,
                  IndexerKeyCacheView{caches_.indexer_keys->storage_view(),
                                      caches_.indexer_keys->spec().block_size},
-                 key_table, ratio_, scores, stream);
+                 upload.view(p.index_key_table), ratio_, scores, stream);
   op("indexer_topk");
   indexer_topk(scores, positions, ratio_, out.local, out.lens, stream);
   return out;

@@ -45,4 +45,31 @@ WeightView LayerWeightStore::gemm_weight(const Weight& w) {
   return WeightView{owned_.back().view(), {}};
 }
 
+int64_t LayerWeightStore::bytes() const {
+  int64_t total = 0;
+  auto add = [&](const TensorView& t) {
+    if (t.defined()) total += t.numel() * static_cast<int64_t>(dtype_size(t.dtype));
+  };
+  auto add_weight = [&](const WeightView& w) {
+    add(w.value);
+    add(w.scale);
+  };
+  auto add_compressor = [&](const CompressorWeightViews& c) {
+    add_weight(c.wkv);
+    add_weight(c.wgate);
+    add(c.ape);
+    add(c.norm);
+  };
+  const LayerWeightViews& v = views_;
+  for (const WeightView* w : {&v.wq_a, &v.wq_b, &v.wkv, &v.wo_a, &v.wo_b}) add_weight(*w);
+  for (const TensorView* t : {&v.q_norm, &v.kv_norm, &v.attn_sink}) add(*t);
+  if (v.compressor) add_compressor(*v.compressor);
+  if (v.indexer) {
+    add_weight(v.indexer->wq_b);
+    add_weight(v.indexer->weights_proj);
+    add_compressor(v.indexer->compressor);
+  }
+  return total;
+}
+
 }  // namespace dsv4

@@ -43,6 +43,8 @@ class LayerWeightStore {
   // `w` must outlive the store on the CPU (the views point into it).
   LayerWeightStore(const AttentionWeights& w, Device device);
   const LayerWeightViews& views() const { return views_; }
+  // Bytes of every weight the ops read (values, scales, norms, ape, sink) on the store's device.
+  int64_t bytes() const;
 
  private:
   WeightView gemm_weight(const Weight& w);

@@ -6,6 +6,7 @@
 #include "dsv4/safetensors.h"
 #include "dsv4/status.h"
 #include "dsv4/weights.h"
+#include "runtime/device_runtime.h"
 
 namespace dsv4 {
 
@@ -53,38 +54,92 @@ AttentionStack::AttentionStack(const ModelConfig& cfg, const StackOptions& opts)
                               : random_attention_weights(cfg, l, opts.seed, opts.fp8_weights);
     layers_.emplace_back(cfg, l, std::move(w), opts.attention);
   }
+  stream_ = opts.attention.stream;
 }
 
 void AttentionStack::forward(const BatchPlan& plan, const TensorView& x, const TensorView& y,
                              std::vector<LayerIO>* layer_io) {
   const int64_t T = plan.num_tokens();
+  const int64_t dim = cfg_.dim;
   constexpr const char* kWhere = "AttentionStack::forward";
+  const Device device = layers_.empty() || layers_[0].backend() == Backend::cpu ? Device::cpu
+                                                                                : Device::cuda;
   for (const auto& [name, t] : {std::pair{"x", x}, std::pair{"y", y}}) {
-    check_device(kWhere, name, t, Device::cpu);  // the residual stream lives on the host
-    check_shape(kWhere, name, t, {T, cfg_.dim});
+    if (t.device != Device::cpu && t.device != device)
+      fail_expected(kWhere, std::string(name) + ".device", "cpu or the layers' device", "cuda");
+    check_shape(kWhere, name, t, {T, dim});
     check_dtype(kWhere, name, t, DType::fp32);
     check_contiguous(kWhere, name, t);
   }
   // Every layer accepts the step before the first one changes its caches.
   for (const Attention& a : layers_) a.check_plan(plan);
-  HostTensor h(DType::fp32, {T, cfg_.dim}), normed(DType::fp32, {T, cfg_.dim}),
-      out(DType::fp32, {T, cfg_.dim});
-  std::copy(x.ptr<float>(), x.ptr<float>() + T * cfg_.dim, h.data<float>());
+  if (T == 0) return;
+
+  // The residual h, the normed layer input and the layer output live on the layers' device; the
+  // buffers only grow, so steady steps allocate nothing. On the GPU the normed input is bf16 (what
+  // the GEMMs take); on the CPU fp32.
+  const Stream stream = layers_.empty() ? nullptr : stream_;
+  const DType normed_dtype = device == Device::cuda ? DType::bf16 : DType::fp32;
+  if (capacity_rows_ < T) {
+    if (device == Device::cuda) {
+      residual_dev_ = DeviceTensor(DType::fp32, {T, dim});
+      normed_dev_ = DeviceTensor(normed_dtype, {T, dim});
+      out_dev_ = DeviceTensor(DType::fp32, {T, dim});
+    } else {
+      residual_ = HostTensor(DType::fp32, {T, dim});
+      normed_ = HostTensor(normed_dtype, {T, dim});
+      out_ = HostTensor(DType::fp32, {T, dim});
+    }
+    capacity_rows_ = T;
+  }
+  auto rows = [&](const OwnedTensor& host, const DeviceTensor& dev) {
+    const OwnedTensor& t = device == Device::cuda ? static_cast<const OwnedTensor&>(dev) : host;
+    return TensorView(t.view().data, t.dtype(), {T, dim}, device);
+  };
+  const TensorView h = rows(residual_, residual_dev_);
+  const TensorView normed = rows(normed_, normed_dev_);
+  const TensorView out = rows(out_, out_dev_);
+  const size_t bytes = static_cast<size_t>(T * dim) * sizeof(float);
+  if (device == Device::cpu)
+    std::copy(x.ptr<float>(), x.ptr<float>() + T * dim, h.ptr<float>());
+  else if (x.device == Device::cuda)
+    rt::copy_device_to_device_async(h.data, x.data, bytes, stream);
+  else
+    copy_to_device(x, h);
+
   if (layer_io) layer_io->assign(layers_.size(), {});
+  const float eps = static_cast<float>(cfg_.norm_eps);
   for (size_t l = 0; l < layers_.size(); ++l) {
-    rms_norm(h, {}, static_cast<float>(cfg_.norm_eps), normed);
+    // h ← h + out of the previous layer (none before the first), normed = RMSNorm(h).
+    residual_add_rms_norm(h, l == 0 ? TensorView() : out, {}, eps, normed, stream);
     layers_[l].forward(plan, normed, out);
     if (layer_io) {
-      (*layer_io)[l].in = HostTensor(DType::fp32, {T, cfg_.dim});
-      (*layer_io)[l].out = HostTensor(DType::fp32, {T, cfg_.dim});
-      std::copy(normed.data<float>(), normed.data<float>() + T * cfg_.dim, (*layer_io)[l].in.data<float>());
-      std::copy(out.data<float>(), out.data<float>() + T * cfg_.dim, (*layer_io)[l].out.data<float>());
+      LayerIO& io = (*layer_io)[l];
+      io.in = HostTensor(DType::fp32, {T, dim});
+      io.out = HostTensor(DType::fp32, {T, dim});
+      if (device == Device::cuda) {
+        HostTensor in_bf16(normed.dtype, {T, dim});
+        copy_to_host(normed, in_bf16);
+        io.in = HostTensor::copy_of(in_bf16, DType::fp32);
+        copy_to_host(out, io.out);
+      } else {
+        std::copy(normed.ptr<float>(), normed.ptr<float>() + T * dim, io.in.data<float>());
+        std::copy(out.ptr<float>(), out.ptr<float>() + T * dim, io.out.data<float>());
+      }
     }
-    float* hp = h.data<float>();
-    const float* op = out.data<float>();
-    for (int64_t i = 0; i < T * cfg_.dim; ++i) hp[i] += op[i];
   }
-  std::copy(h.data<float>(), h.data<float>() + T * cfg_.dim, y.ptr<float>());
+  residual_add_rms_norm(h, out, {}, eps, {}, stream);  // the last layer's residual add
+  if (device == Device::cpu)
+    std::copy(h.ptr<float>(), h.ptr<float>() + T * dim, y.ptr<float>());
+  else if (y.device == Device::cuda)
+    rt::copy_device_to_device_async(y.data, h.data, bytes, stream);
+  else
+    copy_to_host(h, y);
+}
+
+void AttentionStack::set_stream(Stream stream) {
+  stream_ = stream;
+  for (Attention& a : layers_) a.set_stream(stream);
 }
 
 void AttentionStack::release(int64_t req_id) {

@@ -6,9 +6,13 @@
 // the next reset() replaces everything with one arena of the total size. Reuse is safe because
 // every kernel of a layer runs on the layer's one stream, in order.
 //
-// Host-built metadata (positions, block tables, index lists) reaches the device through upload():
-// an asynchronous copy on the layer's stream from pageable memory, which returns once the bytes
-// are staged, so the host tensor may die right after.
+// The arena's address matters to captured CUDA graphs (they replay its addresses): generation()
+// changes whenever the arena moves, and while `capturing` is set a tensor that does not fit throws
+// instead of allocating (allocation is not allowed inside a capture). reserve() grows the arena
+// ahead of time (the layer's warm-up).
+//
+// upload() is the slow path for host inputs (a host x given to a CUDA layer): a copy from pageable
+// memory. The step's metadata goes through StepUpload instead.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +43,14 @@ class Scratch {
   void download(const TensorView& device, const TensorView& host);
   // Forgets every tensor (the memory is reused by the next forward).
   void reset();
+  // CUDA: an arena of at least `bytes` from now on (moves it if it grows).
+  void reserve(int64_t bytes);
+  // Bytes the last forward needed (what reserve() should cover), and the arena's size.
+  int64_t high_water() const { return high_water_; }
+  int64_t capacity() const { return device_ == Device::cpu ? cpu_reserved_ : arena_.numel(); }
+  uint64_t generation() const { return generation_; }
+  // While set, a tensor that does not fit the arena is an error (see above).
+  void set_capturing(bool capturing) { capturing_ = capturing; }
 
  private:
   Device device_;
@@ -48,6 +60,10 @@ class Scratch {
   int64_t used_ = 0;                     // bytes of the arena handed out
   std::vector<DeviceTensor> overflow_;   // CUDA: tensors that did not fit this forward
   int64_t overflow_bytes_ = 0;
+  int64_t high_water_ = 0;
+  uint64_t generation_ = 0;
+  bool capturing_ = false;
+  int64_t cpu_reserved_ = 0;  // CPU: what reserve() asked for (reported as the capacity)
 };
 
 }  // namespace dsv4

@@ -15,4 +15,9 @@ void fused_qkv_rms_norm(const TensorView& q_in, const TensorView& wq, const Tens
                         const TensorView& wkv, float eps, const TensorView& q_out,
                         const TensorView& kv_out, Stream stream);
 
+// delta / weight / y may be undefined (see ops.h).
+void residual_add_rms_norm(const TensorView& residual, const TensorView& delta,
+                           const TensorView& weight, float eps, const TensorView& y,
+                           Stream stream);
+
 }  // namespace dsv4::cuda

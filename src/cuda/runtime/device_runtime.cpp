@@ -1,0 +1,131 @@
+// CUDA implementation of src/runtime/device_runtime.h.
+#include "runtime/device_runtime.h"
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "cuda/common/check.h"
+
+namespace dsv4::rt {
+
+using cuda::check_cuda;
+
+PinnedBuffer::PinnedBuffer(size_t bytes) : size_(bytes) {
+  void* p = nullptr;
+  check_cuda(cudaHostAlloc(&p, bytes > 0 ? bytes : 1, cudaHostAllocDefault), "PinnedBuffer",
+             "cudaHostAlloc");
+  data_ = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { cudaFreeHost(q); });
+}
+
+Event::Event() = default;
+Event::~Event() {
+  if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+}
+Event::Event(Event&& other) noexcept
+    : event_(std::exchange(other.event_, nullptr)), recorded_(std::exchange(other.recorded_, false)) {}
+Event& Event::operator=(Event&& other) noexcept {
+  if (this != &other) {
+    if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+    event_ = std::exchange(other.event_, nullptr);
+    recorded_ = std::exchange(other.recorded_, false);
+  }
+  return *this;
+}
+
+void Event::record(Stream stream) {
+  if (!event_) {
+    cudaEvent_t e = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "Event", "cudaEventCreate");
+    event_ = e;
+  }
+  check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(event_), stream), "Event", "cudaEventRecord");
+  recorded_ = true;
+}
+
+void Event::wait_host() const {
+  if (recorded_)
+    check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)), "Event", "cudaEventSynchronize");
+}
+
+void Event::make_wait(Stream stream) const {
+  if (recorded_)
+    check_cuda(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(event_), 0), "Event",
+               "cudaStreamWaitEvent");
+}
+
+OwnedStream::OwnedStream() {
+  cudaStream_t s = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "OwnedStream",
+             "cudaStreamCreate");
+  stream_ = s;
+}
+OwnedStream::~OwnedStream() {
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+Graph::~Graph() {
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+}
+Graph::Graph(Graph&& other) noexcept : exec_(std::exchange(other.exec_, nullptr)) {}
+Graph& Graph::operator=(Graph&& other) noexcept {
+  if (this != &other) {
+    if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+    exec_ = std::exchange(other.exec_, nullptr);
+  }
+  return *this;
+}
+
+void Graph::launch(Stream stream) const {
+  check_cuda(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), stream), "Graph::launch",
+             "cudaGraphLaunch");
+}
+
+void Graph::begin_capture(Stream stream) {
+  check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "Graph::capture",
+             "cudaStreamBeginCapture");
+}
+
+void Graph::abort_capture(Stream stream) noexcept {
+  cudaGraph_t g = nullptr;
+  if (cudaStreamEndCapture(stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+  cudaGetLastError();  // the failed capture's sticky-free error, if any
+}
+
+Graph Graph::end_capture(Stream stream) {
+  cudaGraph_t g = nullptr;
+  check_cuda(cudaStreamEndCapture(stream, &g), "Graph::capture", "cudaStreamEndCapture");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  check_cuda(err, "Graph::capture", "cudaGraphInstantiate");
+  Graph out;
+  out.exec_ = exec;
+  return out;
+}
+
+bool is_capturing(Stream stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &status), "is_capturing", "cudaStreamIsCapturing");
+  return status != cudaStreamCaptureStatusNone;
+}
+
+void copy_host_to_device_async(void* device_dst, const void* pinned_src, size_t bytes,
+                               Stream stream) {
+  if (bytes == 0) return;
+  check_cuda(cudaMemcpyAsync(device_dst, pinned_src, bytes, cudaMemcpyHostToDevice, stream),
+             "copy_host_to_device_async", "cudaMemcpyAsync");
+}
+
+void copy_device_to_device_async(void* dst, const void* src, size_t bytes, Stream stream) {
+  if (bytes == 0) return;
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream),
+             "copy_device_to_device_async", "cudaMemcpyAsync");
+}
+
+void memset_device_async(void* dst, int byte, size_t bytes, Stream stream) {
+  if (bytes == 0) return;
+  check_cuda(cudaMemsetAsync(dst, byte, bytes, stream), "memset_device_async", "cudaMemsetAsync");
+}
+
+}  // namespace dsv4::rt

@@ -1,0 +1,99 @@
+#include "layer/step_upload.h"
+
+#include <algorithm>
+
+#include "dsv4/status.h"
+
+namespace dsv4 {
+
+namespace {
+int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+}  // namespace
+
+void StepUpload::begin() { host_.clear(); }
+
+StepUpload::Array StepUpload::put(DType dtype, std::vector<int64_t> shape, const void* data) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  const int64_t bytes = n * static_cast<int64_t>(dtype_size(dtype));
+  Array a{round_up(static_cast<int64_t>(host_.size()), kAlign), dtype, std::move(shape)};
+  host_.resize(static_cast<size_t>(a.offset + bytes));
+  if (bytes > 0) std::memcpy(host_.data() + a.offset, data, static_cast<size_t>(bytes));
+  return a;
+}
+
+StepUpload::Array StepUpload::tables(const PagedCache& cache, const std::vector<int64_t>& reqs,
+                                     int64_t rows, int64_t width) {
+  DSV4_CHECK(rows >= static_cast<int64_t>(reqs.size()), "StepUpload::tables: ", rows, " rows for ",
+             reqs.size(), " requests");
+  std::vector<int32_t> packed(static_cast<size_t>(rows * width), -1);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const std::vector<int32_t>& t = cache.block_table(reqs[i]);
+    DSV4_CHECK(static_cast<int64_t>(t.size()) <= width, "StepUpload::tables: ", cache.spec().name,
+               " table of ", t.size(), " blocks exceeds the width ", width);
+    std::copy(t.begin(), t.end(), packed.begin() + static_cast<int64_t>(i) * width);
+  }
+  return put<int32_t>({rows, width}, packed);
+}
+
+void StepUpload::grow_device(int64_t bytes) {
+  if (device_buffer_.numel() >= bytes) return;
+  device_buffer_ = DeviceTensor();  // free first: the old buffer is dead once the stream drained
+  device_buffer_ = DeviceTensor(DType::uint8, {round_up(std::max<int64_t>(bytes, 4096), 4096)});
+  ++generation_;
+}
+
+void StepUpload::reserve(int64_t bytes) {
+  if (device_ == Device::cpu) {
+    host_.reserve(static_cast<size_t>(bytes));
+    return;
+  }
+  grow_device(bytes);
+  for (Staging& s : ring_)
+    if (static_cast<int64_t>(s.buffer.size()) < bytes) {
+      s.copied.wait_host();
+      s.buffer = rt::PinnedBuffer(static_cast<size_t>(round_up(bytes, 4096)));
+    }
+  if (static_cast<int64_t>(capture_spare_.size()) < bytes)
+    capture_spare_ = rt::PinnedBuffer(static_cast<size_t>(round_up(bytes, 4096)));
+}
+
+void StepUpload::commit(Stream stream) {
+  if (device_ == Device::cpu) {
+    committed_ = host_.data();
+    return;
+  }
+  const int64_t bytes = static_cast<int64_t>(host_.size());
+  if (rt::is_capturing(stream)) {
+    // A caller's capture: the copy node keeps reading this staging at every replay.
+    if (device_buffer_.numel() < bytes || static_cast<int64_t>(capture_spare_.size()) < bytes)
+      fail("Attention::forward: the step's plan (", bytes, " bytes) does not fit the buffers "
+           "reserved before capture; run one step of this shape eagerly (or reserve()) first");
+    std::memcpy(capture_spare_.data(), host_.data(), static_cast<size_t>(bytes));
+    rt::copy_host_to_device_async(device_buffer_.data<uint8_t>(), capture_spare_.data(),
+                                  static_cast<size_t>(bytes), stream);
+    captured_.push_back(std::move(capture_spare_));
+    capture_spare_ = rt::PinnedBuffer();
+  } else {
+    if (device_buffer_.numel() < bytes) reserve(bytes);
+    if (capture_spare_.size() == 0)
+      capture_spare_ = rt::PinnedBuffer(static_cast<size_t>(round_up(std::max<int64_t>(bytes, 4096), 4096)));
+    Staging& s = ring_[next_];
+    next_ = (next_ + 1) % kRing;
+    s.copied.wait_host();  // only waits if the host ran kRing steps ahead of the GPU
+    if (static_cast<int64_t>(s.buffer.size()) < bytes)
+      s.buffer = rt::PinnedBuffer(static_cast<size_t>(round_up(bytes, 4096)));
+    std::memcpy(s.buffer.data(), host_.data(), static_cast<size_t>(bytes));
+    rt::copy_host_to_device_async(device_buffer_.data<uint8_t>(), s.buffer.data(),
+                                  static_cast<size_t>(bytes), stream);
+    s.copied.record(stream);
+  }
+  committed_ = device_buffer_.data<uint8_t>();
+}
+
+TensorView StepUpload::view(const Array& a) const {
+  DSV4_CHECK(a.offset >= 0 && committed_ != nullptr, "StepUpload::view: array not committed");
+  return TensorView(const_cast<uint8_t*>(committed_) + a.offset, a.dtype, a.shape, device_);
+}
+
+}  // namespace dsv4

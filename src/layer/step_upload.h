@@ -1,0 +1,97 @@
+// StepUpload: the host-built metadata of one forward step (positions, slot mappings, block
+// tables, per-request lengths), packed into one buffer and sent to the layer's device with ONE
+// asynchronous copy from page-locked memory.
+//
+// A step plans first and launches after: the planner put()s every array (an Array handle comes
+// back), commit() sends them all, and view() then gives each array as a TensorView on the device.
+// On the CPU backend nothing moves: views point into the packed host bytes.
+//
+// Why this shape (CUDA):
+//   - one copy per step instead of one per array, and from pinned memory, so the stream never
+//     waits for the host (a pageable copy makes CUDA stage it synchronously);
+//   - the device buffer only grows, and keeps its address otherwise, so captured CUDA graphs that
+//     read it stay valid (generation() changes whenever the address changes);
+//   - page-locked staging is a ring of kRing buffers, each reused only after the copy that last
+//     read it completed (flow control: the host waits only if it runs kRing steps ahead);
+//   - inside a caller's stream capture (torch.cuda.graph) the copy is captured reading staging
+//     memory that is never reused (one spare buffer is kept ready, since allocating page-locked
+//     memory while capturing is not allowed), so every replay re-sends the captured plan.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "dsv4/device_tensor.h"
+#include "dsv4/ops.h"
+#include "dsv4/paged_cache.h"
+#include "dsv4/tensor.h"
+#include "runtime/device_runtime.h"
+
+namespace dsv4 {
+
+class StepUpload {
+ public:
+  struct Array {
+    int64_t offset = -1;  // bytes into the packed buffer; -1: not put
+    DType dtype = DType::int32;
+    std::vector<int64_t> shape;
+  };
+
+  explicit StepUpload(Device device) : device_(device) {}
+
+  // Forgets the previous step's arrays (their device views stay valid until the next commit).
+  void begin();
+  // Appends a copy of `bytes` bytes laid out as dtype [shape] (the caller's element count).
+  Array put(DType dtype, std::vector<int64_t> shape, const void* data);
+  template <class T>
+  Array put(std::vector<int64_t> shape, const std::vector<T>& values) {
+    return put(dtype_of<T>(), std::move(shape), values.data());
+  }
+  // The block tables of `reqs` (in order) as int32 [rows, width], -1 padded: rows beyond
+  // reqs.size() (padding requests of a graph bucket) are all -1. width must cover every table.
+  Array tables(const PagedCache& cache, const std::vector<int64_t>& reqs, int64_t rows,
+               int64_t width);
+
+  // Sends everything put since begin() on `stream` (CPU: nothing to do).
+  void commit(Stream stream);
+  // The device (CPU: host) view of an array, valid after commit() until the next commit().
+  TensorView view(const Array& a) const;
+
+  // Grows the device buffer and the staging to hold `bytes` (outside any capture).
+  void reserve(int64_t bytes);
+  // Changes whenever the device buffer moves (graphs that read it must be captured again).
+  uint64_t generation() const { return generation_; }
+  int64_t size() const { return static_cast<int64_t>(host_.size()); }
+  // Bytes of the device buffer (CPU: of the host staging).
+  int64_t capacity() const {
+    return device_ == Device::cpu ? static_cast<int64_t>(host_.capacity()) : device_buffer_.numel();
+  }
+
+ private:
+  template <class T>
+  static constexpr DType dtype_of() {
+    if constexpr (std::is_same_v<T, int32_t>) return DType::int32;
+    else return DType::int64;
+  }
+  void grow_device(int64_t bytes);
+
+  static constexpr int kRing = 3;
+  static constexpr int64_t kAlign = 64;
+  struct Staging {
+    rt::PinnedBuffer buffer;
+    rt::Event copied;  // the copy that last read `buffer`
+  };
+
+  Device device_;
+  std::vector<uint8_t> host_;        // the packed arrays of this step
+  const uint8_t* committed_ = nullptr;  // base of the views: the device buffer (CPU: host_)
+  DeviceTensor device_buffer_;
+  Staging ring_[kRing];
+  int next_ = 0;
+  rt::PinnedBuffer capture_spare_;   // for a copy captured by a caller's graph
+  std::vector<rt::PinnedBuffer> captured_;  // staging owned by captured copies: never reused
+  uint64_t generation_ = 0;
+};
+
+}  // namespace dsv4

@@ -1,0 +1,168 @@
+// The device-resident layer on the GPU: decode steps replayed as CUDA graphs against eager steps,
+// the residual stream of AttentionStack kept on the GPU, and reserve() sizing every workspace.
+//
+// Graphs vs eager: a graph step pads the batch to its bucket (1, 2, 4, ... tokens), so its GEMMs
+// run at another M and cuBLASLt may pick another algorithm: the fp32 summation order differs,
+// which flips bf16 / FP8 roundings downstream exactly as between the CUDA and CPU backends. The
+// bounds are therefore those of CudaLayerTest (every token < 5e-2 relative to its row's max, the
+// median < 1.5e-2, with FP8 activations). A graph that replays a stale plan, reads the wrong rows
+// or misses a write is off by O(1) in whole rows.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "dsv4/device_tensor.h"
+#include "dsv4/layer.h"
+#include "dsv4/model.h"
+#include "dsv4/weights.h"
+#include "gpu_test_util.h"
+#include "layer_test_support.h"
+
+namespace dsv4 {
+namespace {
+
+constexpr uint64_t kSeed = 7;
+using Outputs = dsv4_test::LayerOutputs;
+
+Attention make_layer(const ModelConfig& cfg, int layer, bool graphs) {
+  AttentionOptions opts;
+  opts.backend = Backend::cuda;
+  opts.cuda_graphs = graphs;
+  opts.caches.swa_blocks = 96;
+  opts.caches.compressed_blocks = 96;
+  opts.caches.state_blocks = 96;
+  return Attention(cfg, layer, random_attention_weights(cfg, layer, kSeed, true), opts);
+}
+
+// x and y on the GPU (the serving path).
+void step(Attention& a, const std::vector<RequestStep>& steps, Outputs& out) {
+  const BatchPlan plan = BatchPlan::make(steps);
+  const int dim = a.config().dim;
+  dsv4_test::StepIo xy = dsv4_test::step_io(plan, dim, kSeed, /*bf16_representable=*/true);
+  DeviceTensor xd = DeviceTensor::from_host(HostTensor::copy_of(xy.x, DType::bf16));
+  DeviceTensor yd(DType::fp32, {plan.num_tokens(), dim});
+  yd.fill_bytes(0xFF);
+  a.forward(plan, xd, yd);
+  dsv4_test::record_outputs(plan, yd.to_host(), dim, out);
+}
+
+// Prefills of five requests, then decode steps whose batches fall in buckets 1, 4 and 8 (each
+// bucket seen 3+ times: eager, capture, replays), with contexts crossing block-table widths.
+Outputs run_decodes(Attention& a) {
+  Outputs out;
+  std::vector<int64_t> ctx{40, 70, 33, 120, 65};
+  step(a, {{0, 0, 40}, {1, 0, 70}, {2, 0, 33}}, out);
+  step(a, {{3, 0, 120}, {4, 0, 65}}, out);
+  auto decode = [&](const std::vector<int>& reqs) {
+    std::vector<RequestStep> s;
+    for (int r : reqs) s.push_back({r, ctx[r]++, 1});
+    step(a, s, out);
+  };
+  for (int i = 0; i < 4; ++i) decode({2});
+  for (int i = 0; i < 40; ++i) decode({0, 1, 2, 3});
+  for (int i = 0; i < 5; ++i) decode({0, 1, 2, 3, 4});
+  return out;
+}
+
+void expect_close(const Outputs& want, const Outputs& got, const char* what) {
+  ASSERT_EQ(want.size(), got.size());
+  std::vector<double> errs;
+  for (const auto& [key, row] : want) {
+    const double e = dsv4_test::row_rel_err(got.at(key), row);
+    ASSERT_FALSE(std::isnan(e)) << what << ": request " << key.first << " position " << key.second;
+    errs.push_back(e);
+  }
+  std::sort(errs.begin(), errs.end());
+  std::printf("  %s: median %.3e, max %.3e over %zu tokens\n", what, errs[errs.size() / 2],
+              errs.back(), errs.size());
+  EXPECT_LT(errs.back(), 5e-2) << what;
+  EXPECT_LT(errs[errs.size() / 2], 1.5e-2) << what;
+}
+
+class GraphLayerTest : public ::testing::TestWithParam<int> {
+ protected:
+  ModelConfig cfg = ModelConfig::builtin("tiny");
+};
+
+TEST_P(GraphLayerTest, ReplayedDecodesMatchEagerSteps) {
+  DSV4_SKIP_WITHOUT_GPU();
+  Attention eager = make_layer(cfg, GetParam(), false);
+  Attention graphs = make_layer(cfg, GetParam(), true);
+  const Outputs want = run_decodes(eager);
+  const Outputs got = run_decodes(graphs);
+  EXPECT_EQ(eager.graph_captures(), 0);
+  EXPECT_GE(graphs.graph_captures(), 3);  // buckets 1, 4, 8 at least
+  EXPECT_GE(graphs.graph_replays(), 30);
+  expect_close(want, got, "graphs vs eager");
+}
+
+// reserve() sizes the workspace for the schedule: no forward within the bounds grows it.
+TEST_P(GraphLayerTest, ReserveCoversEveryStep) {
+  DSV4_SKIP_WITHOUT_GPU();
+  Attention a = make_layer(cfg, GetParam(), true);
+  const LayerMemory reserved = a.reserve(/*max_tokens=*/120, /*max_requests=*/5, /*max_context=*/256);
+  EXPECT_GT(reserved.weights, 0);
+  EXPECT_GT(reserved.caches, 0);
+  EXPECT_GT(reserved.workspace, 0);
+  run_decodes(a);
+  const LayerMemory after = a.memory();
+  EXPECT_EQ(after.workspace, reserved.workspace) << "the workspace grew after reserve()";
+  EXPECT_EQ(after.step_upload, reserved.step_upload) << "the upload buffer grew after reserve()";
+  EXPECT_LE(after.workspace_used, after.workspace);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, GraphLayerTest, ::testing::Values(0, 1, 2),
+                         [](const auto& info) {
+                           return std::string(info.param == 0 ? "SWA" : info.param == 1 ? "C4A" : "C128A");
+                         });
+
+// The stack keeps its residual on the GPU: x and y on the device give the bits of x and y on the
+// host, and the result stays close to the CPU stack.
+TEST(GraphStackTest, DeviceResidualMatchesHostIoAndCpu) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = ModelConfig::builtin("tiny");
+  StackOptions so;
+  so.layers = {0, 1, 2};
+  so.seed = kSeed;
+  so.attention.caches.swa_blocks = 64;
+  so.attention.caches.compressed_blocks = 64;
+  so.attention.caches.state_blocks = 64;
+  StackOptions gpu_opts = so;
+  gpu_opts.attention.backend = Backend::cuda;
+  AttentionStack cpu(cfg, so), dev_io(cfg, gpu_opts), host_io(cfg, gpu_opts);
+  std::vector<int64_t> ctx{0, 0};
+  std::vector<double> errs;
+  for (int s = 0; s < 8; ++s) {
+    const std::vector<RequestStep> steps =
+        s == 0 ? std::vector<RequestStep>{{0, 0, 37}, {1, 0, 21}}
+               : std::vector<RequestStep>{{0, ctx[0], 1}, {1, ctx[1], 1}};
+    const BatchPlan plan = BatchPlan::make(steps);
+    for (const RequestStep& r : steps) ctx[r.req_id] += r.num_new;
+    const int64_t T = plan.num_tokens();
+    HostTensor x = dsv4_test::step_io(plan, cfg.dim, kSeed + s, true).x;
+    HostTensor y_cpu(DType::fp32, {T, cfg.dim}), y_host(DType::fp32, {T, cfg.dim});
+    cpu.forward(plan, x, y_cpu);
+    host_io.forward(plan, x, y_host);
+    DeviceTensor xd = DeviceTensor::from_host(x), yd(DType::fp32, {T, cfg.dim});
+    yd.fill_bytes(0xFF);
+    dev_io.forward(plan, xd, yd);
+    const HostTensor y_dev = yd.to_host();
+    ASSERT_EQ(0, std::memcmp(y_dev.data<float>(), y_host.data<float>(), y_dev.nbytes())) << "step " << s;
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<float> a(y_dev.data<float>() + t * cfg.dim, y_dev.data<float>() + (t + 1) * cfg.dim);
+      std::vector<float> b(y_cpu.data<float>() + t * cfg.dim, y_cpu.data<float>() + (t + 1) * cfg.dim);
+      errs.push_back(dsv4_test::row_rel_err(a, b));
+    }
+  }
+  std::sort(errs.begin(), errs.end());
+  // The stack's output is x plus three layers' outputs: the layers' differences (bounds above)
+  // enter diluted by the residual, so the same bounds hold.
+  EXPECT_LT(errs.back(), 5e-2);
+  EXPECT_LT(errs[errs.size() / 2], 1.5e-2);
+}
+
+}  // namespace
+}  // namespace dsv4

@@ -41,8 +41,8 @@ def main():
     for layer in [int(i) for i in args.layers.split(",")]:
         for graphs in (False, True):
             a = Attention(cfg, layer, seed=1, device="cuda", cuda_graphs=graphs,
-                          swa_blocks=R * 4 + 64, compressed_blocks=R * (ctx // 64 + 4) + 64,
-                          state_blocks=R * 4 + 64)
+                          swa_blocks=R * 8 + 64, compressed_blocks=R * (ctx // 64 + 4) + 64,
+                          state_blocks=R * 8 + 64)
             # Prefill 128 tokens per request (timed), then grow the context to ctx (untimed).
             chunk = 128
             ids = list(range(R))

@@ -1,0 +1,55 @@
+"""Per-kernel GPU time of one V4 layer step (torch profiler): a decode step of R x 1 at context C
+and a prefill step, for the given layer, printed as a table sorted by time. Development aid."""
+import argparse
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import dsv4attn
+from dsv4attn import Attention, BatchDescription
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="v4-flash")
+    ap.add_argument("--layer", type=int, default=2)
+    ap.add_argument("--requests", type=int, default=128)
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--graphs", type=int, default=0)
+    args = ap.parse_args()
+    cfg = dsv4attn.ModelConfig.builtin(args.model)
+    R, ctx = args.requests, args.context
+    a = Attention(cfg, args.layer, seed=1, device="cuda", cuda_graphs=bool(args.graphs),
+                  swa_blocks=R * 8 + 64, compressed_blocks=R * (ctx // 64 + 4) + 64,
+                  state_blocks=R * 8 + 64)
+    ids = list(range(R))
+    chunk = 128
+    xb = torch.randn(R * chunk, cfg.dim, device="cuda").to(torch.bfloat16)
+    done = 0
+    prefill_prof = None
+    while done < ctx - 8:
+        n = min(chunk, ctx - 8 - done)
+        step = BatchDescription(ids, [done] * R, [n] * R)
+        if done == chunk:  # the second 128-token step (warm)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prefill_prof:
+                a.forward(step, xb[: R * n])
+                torch.cuda.synchronize()
+        else:
+            a.forward(step, xb[: R * n])
+        done += n
+    x1 = torch.randn(R, cfg.dim, device="cuda").to(torch.bfloat16)
+    for _ in range(3):
+        a.forward(BatchDescription(ids, [done] * R, [1] * R), x1)
+        done += 1
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as decode_prof:
+        a.forward(BatchDescription(ids, [done] * R, [1] * R), x1)
+        torch.cuda.synchronize()
+    for name, prof in (("prefill R x 128 at context 128", prefill_prof), (f"decode R x 1 at {done}", decode_prof)):
+        print(f"== {cfg.name} layer {args.layer} ({a.kind}) R={R}: {name}")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
+
+
+if __name__ == "__main__":
+    main()

@@ -48,7 +48,11 @@ def main():
         torch.cuda.synchronize()
     for name, prof in (("prefill R x 128 at context 128", prefill_prof), (f"decode R x 1 at {done}", decode_prof)):
         print(f"== {cfg.name} layer {args.layer} ({a.kind}) R={R}: {name}")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
+        rows = [(e.device_time_total, e.count, e.key) for e in prof.key_averages() if e.device_time_total > 0]
+        total = sum(r[0] for r in rows)
+        for t, n, key in sorted(rows, reverse=True)[:25]:
+            print(f"{t:10.1f} us {n:4d}x  {key[:90]}")
+        print(f"{total:10.1f} us total")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,8 @@ struct Attention::Impl {
   std::map<int64_t, int64_t> cached;  // tokens cached per request
   std::unique_ptr<CompressedScope> compressed;  // ratio > 0 layers
   DecodeGraphs graphs;                // CUDA: captured decode steps per shape bucket
+  std::unique_ptr<rt::OwnedStream> side_stream;  // CUDA: the compressed half of a step
+  rt::Event side_fork, side_join;                // its fork from / join into the layer's stream
 
   void check_inputs(const BatchPlan& plan, const TensorView& x, const TensorView& y) const;
   void check_plan(const BatchPlan& plan) const;  // contexts, lengths, cache capacity
@@ -542,22 +544,35 @@ void Attention::Impl::launch(const StepPlan& sp, const TensorView& x, const Tens
   TensorView kv = ws.tensor(DType::bf16, {T, D});
   op("qkv_norm");
   fused_qkv_rms_norm(qr, wv.q_norm, kv_raw, wv.kv_norm, eps, qr_n, kv, stream);
+  // 6. The compressed half (compressor, and the indexer for C4A) reads only x, qr_n and the plan:
+  // it runs on a side stream beside wq_b and the insert (as the V4 wrapper overlaps them), and
+  // attention waits for both. Serial when an op timer attributes time per op.
+  const TensorView positions = upload.view(sp.positions);
+  const TensorView token_to_req = upload.view(sp.token_to_req);
+  CompressedIndices cidx;
+  const bool overlap = compressed && device == Device::cuda && opts.op_timer == nullptr;
+  if (compressed) {
+    Stream cs = stream;
+    if (overlap) {
+      if (!side_stream) side_stream = std::make_unique<rt::OwnedStream>();
+      cs = side_stream->get();
+      side_fork.record(stream);
+      side_fork.make_wait(cs);
+    }
+    cidx = compressed->launch(sp.compressed, upload, x, qr_n, positions, token_to_req, cos_sin_v,
+                              ws, cs, [this](const char* name) { op(name); });
+    if (overlap) side_join.record(cs);
+  }
+
   TensorView q = ws.tensor(DType::bf16, {T, H, D});
   op("wq_b");
   linear(qr_n, {}, wv.wq_b.value, wv.wq_b.scale, reshape(q, {T, int64_t{H} * D}), stream);
 
   // 4–5. q head-norm + RoPE, kv RoPE + quant + insert into the SWA slots.
-  const TensorView positions = upload.view(sp.positions);
-  const TensorView token_to_req = upload.view(sp.token_to_req);
   op("qnorm_rope_kv_insert");
   qnorm_rope_kv_insert(q, kv, positions, cos_sin_v, eps, caches.swa->kv_view(),
                        upload.view(sp.slot_mapping), stream);
-
-  // 6. Compressor (and indexer) for compressed layers: request-local entry lists per token.
-  CompressedIndices cidx;
-  if (compressed)
-    cidx = compressed->launch(sp.compressed, upload, x, qr_n, positions, token_to_req, cos_sin_v,
-                              ws, stream, [this](const char* name) { op(name); });
+  if (overlap) side_join.make_wait(stream);
 
   Step st{sp, stream, q, ws.tensor(DType::bf16, {T, H, D}), positions, token_to_req,
           std::move(cidx), cos_sin_v, 1.0f / std::sqrt(static_cast<float>(D))};

@@ -16,6 +16,13 @@ Weights come from a state dict under the official checkpoint names (`layers.{i}.
 `...wq_a.scale`, ...; `AttentionWeights.tensor_names(config)` lists them), a checkpoint
 directory, or are seeded random. `device="cuda"` runs the layer through the ops' CUDA twins, its
 caches and weights on the GPU. `AttentionStack` chains several layers of a config residually.
+
+Backends: `backend="native"` (the default) is the C++ layer: the CPU reference ops, or the Hopper
+CUDA kernels with device="cuda". `backend="triton"` runs the same layer step, orchestrated in
+Python (dsv4attn/triton/layer.py), on the portable Triton kernels and torch GEMMs: any GPU torch
+and Triton support (CUDA or ROCm), with the same cache layouts; on device="cpu" it needs Triton's
+interpreter (TRITON_INTERPRET=1). The environment variable DSV4_BACKEND (native / triton) picks
+the backend when the argument is left out.
 """
 from __future__ import annotations
 
@@ -100,6 +107,45 @@ def _layer_device(device: Union[torch.device, str]) -> torch.device:
     return d
 
 
+BACKENDS = ("native", "triton")
+
+
+def selected_backend(backend: Union[str, None], where: str = "Attention") -> str:
+    """The backend a layer runs on: the argument, else $DSV4_BACKEND, else "native"."""
+    name = backend if backend is not None else os.environ.get("DSV4_BACKEND", "") or "native"
+    name = str(name).strip().lower()
+    if name not in BACKENDS:
+        source = "backend" if backend is not None else "DSV4_BACKEND"
+        raise Error(f"{where}: {source}: expected one of {', '.join(BACKENDS)}, got {name!r}")
+    return name
+
+
+def _triton_device(device: Union[torch.device, str], where: str) -> torch.device:
+    """The device of a Triton-backed layer: a GPU torch sees (CUDA or ROCm; the extension need not
+    be built with CUDA), or the CPU under Triton's interpreter."""
+    d = torch.device(device)
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise Error(f"{where}: device cuda: no GPU is visible to torch")
+        return torch.device("cuda", d.index if d.index is not None else torch.cuda.current_device())
+    if d.type != "cpu":
+        raise Error(f"{where}: device: expected cpu or cuda, got {device}")
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        raise Error(f"{where}: backend triton on device cpu: needs Triton's interpreter "
+                    f"(TRITON_INTERPRET=1 before dsv4attn.triton is imported); use device='cuda' "
+                    f"or backend='native'")
+    return d
+
+
+def _triton_layer_cls():
+    try:
+        from .triton.layer import TritonAttention
+    except ImportError as e:  # triton missing or too old
+        raise Error(f"Attention: backend triton: cannot import the Triton backend ({e}); "
+                    f"pip install triton") from e
+    return TritonAttention
+
+
 def _device_guard(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
@@ -170,16 +216,31 @@ class Attention:
         A forward may also be captured by the caller with torch.cuda.graph (run one step of the
         same shape eagerly first, so the workspaces are sized); a replay re-runs the captured
         step, its plan included, on the inputs then in the captured tensors.
+    backend: "native" (the C++ ops; default) or "triton" (the portable Triton kernels, see the
+        module docstring); None: $DSV4_BACKEND, else native. The Triton layer keeps the same
+        cache layouts and block policies; it has no CUDA graphs (cuda_graphs is ignored) and
+        reserve() only reports memory.
     """
 
     def __init__(self, config, layer: int, weights: WeightsArg = None, *, seed: int = 1,
                  fp8_weights: bool = True, swa_blocks: int = 256, compressed_blocks: int = 256,
                  state_blocks: int = 64, swa_block_size: int = 64, fp8_activations: bool = True,
-                 device: Union[torch.device, str] = "cpu", cuda_graphs: bool = True):
-        self.device = _layer_device(device)
+                 device: Union[torch.device, str] = "cpu", cuda_graphs: bool = True,
+                 backend: Union[str, None] = None):
+        self.backend = selected_backend(backend)
         if isinstance(config, str):
             config = _C.ModelConfig.builtin(config)
         self.config = config
+        if self.backend == "triton":
+            self.device = _triton_device(device, "Attention")
+            w = _load_weights(config, layer, weights, seed, fp8_weights)
+            with self._device_guard():
+                self._layer = _triton_layer_cls()(
+                    config, layer, w, self.device, swa_blocks=swa_blocks,
+                    compressed_blocks=compressed_blocks, state_blocks=state_blocks,
+                    swa_block_size=swa_block_size, fp8_activations=fp8_activations)
+            return
+        self.device = _layer_device(device)
         w = _load_weights(config, layer, weights, seed, fp8_weights)
         with self._device_guard():
             self._layer = _C.Attention(config, layer, w, swa_blocks, compressed_blocks,
@@ -214,18 +275,23 @@ class Attention:
     def reserve(self, max_tokens: int, max_requests: int, max_context: int) -> "_C.LayerMemory":
         """Sizes every workspace for steps of up to max_tokens tokens over max_requests requests
         with sequences up to max_context (so they allocate nothing); returns the layer's memory
-        in bytes (weights, caches, workspace, step upload)."""
+        in bytes (weights, caches, workspace, step upload). Triton backend: temporaries come
+        from torch's caching allocator; returns memory() only."""
+        if self.backend == "triton":
+            return self.memory()
         with self._device_guard():
             return self._layer.reserve(max_tokens, max_requests, max_context)
 
     def memory(self) -> "_C.LayerMemory":
         """Bytes the layer holds on its device: weights, caches, workspace (and its high water
-        mark), step upload."""
+        mark), step upload. Triton backend: a dict {"weights", "caches"}."""
         return self._layer.memory()
 
     @property
     def graph_stats(self) -> Tuple[int, int]:
         """(CUDA graphs captured, decode steps replayed from them)."""
+        if self.backend == "triton":
+            return 0, 0
         return self._layer.graph_captures, self._layer.graph_replays
 
     def forward(self, batch: BatchDescription, x: torch.Tensor) -> torch.Tensor:
@@ -239,6 +305,8 @@ class Attention:
         nothing.
         """
         x = x.detach()
+        if self.backend == "triton":
+            return self._forward_triton(batch, x)
         if self.device.type == "cpu":
             if x.device.type != "cpu":
                 raise Error(f"Attention.forward: x.device: expected cpu (the layer's device), "
@@ -264,13 +332,28 @@ class Attention:
 
     __call__ = forward
 
+    def _forward_triton(self, batch: BatchDescription, x: torch.Tensor) -> torch.Tensor:
+        where = "Attention.forward"
+        if x.device.type not in ("cpu", self.device.type) or (
+                x.device.type == "cuda" and x.device != self.device):
+            raise Error(f"{where}: x.device: expected cpu or {self.device}, got {x.device}")
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            raise Error(f"{where}: x.dtype: expected float32 or bfloat16, got {x.dtype}")
+        if x.dim() != 2 or x.shape[0] != batch.num_tokens or x.shape[1] != self.config.dim:
+            raise Error(f"{where}: x.shape: expected [{batch.num_tokens}, {self.config.dim}], "
+                        f"got {list(x.shape)}")
+        x = x.to(self.device).contiguous()
+        ids, ctx, new, x, scatter = _plan_order_rows(batch, x)
+        with self._device_guard():
+            return scatter(self._layer.forward(ids, ctx, new, x))
+
     def release(self, request_id: int) -> None:
         """Forgets a finished request and frees its cache blocks."""
         self._layer.release(request_id)
 
     def __repr__(self) -> str:
         return (f"<dsv4attn.Attention {self.config.name} layer {self.layer} ({self.kind}) "
-                f"on {self.device}>")
+                f"on {self.device}, backend {self.backend}>")
 
 
 class AttentionStack:
@@ -290,11 +373,28 @@ class AttentionStack:
                  weights: Union[str, os.PathLike, None] = None, *, seed: int = 1,
                  fp8_weights: bool = True, swa_blocks: int = 256, compressed_blocks: int = 256,
                  state_blocks: int = 64, fp8_activations: bool = True,
-                 device: Union[torch.device, str] = "cpu", cuda_graphs: bool = True):
-        self.device = _layer_device(device)
+                 device: Union[torch.device, str] = "cpu", cuda_graphs: bool = True,
+                 backend: Union[str, None] = None):
+        self.backend = selected_backend(backend, "AttentionStack")
         if isinstance(config, str):
             config = _C.ModelConfig.builtin(config)
         self.config = config
+        if self.backend == "triton":
+            self.device = _triton_device(device, "AttentionStack")
+            ids = [int(i) for i in (layers or range(config.n_layers))]
+            for i in ids:
+                if not 0 <= i < config.n_layers:
+                    raise Error(f"AttentionStack: layers: expected 0..{config.n_layers - 1}, "
+                                f"got {i}")
+            cls = _triton_layer_cls()
+            with _device_guard(self.device):
+                self._layers = [cls(config, i, _load_weights(config, i, weights, seed,
+                                                             fp8_weights), self.device,
+                                    swa_blocks=swa_blocks, compressed_blocks=compressed_blocks,
+                                    state_blocks=state_blocks, fp8_activations=fp8_activations)
+                                for i in ids]
+            return
+        self.device = _layer_device(device)
         with _device_guard(self.device):
             self._stack = _C.AttentionStack(
                 config, [int(i) for i in (layers or [])],
@@ -303,11 +403,15 @@ class AttentionStack:
                 cuda_graphs)
 
     def __len__(self) -> int:
+        if self.backend == "triton":
+            return len(self._layers)
         return self._stack.num_layers
 
     @property
     def layers(self) -> List[Tuple[int, str]]:
         """(layer index, kind) of every layer, in order."""
+        if self.backend == "triton":
+            return [(a.layer, a.kind) for a in self._layers]
         return [(self._stack.layer_index(i), self._stack.layer_kind(i)) for i in range(len(self))]
 
     def forward(self, batch: BatchDescription, x: torch.Tensor) -> torch.Tensor:
@@ -316,6 +420,8 @@ class AttentionStack:
             raise Error(f"AttentionStack.forward: x.shape: expected [{batch.num_tokens}, "
                         f"{self.config.dim}], got {list(x.shape)}")
         x = x.detach().to(self.device, torch.float32).contiguous()
+        if self.backend == "triton":
+            return self._forward_triton(batch, x)
         if self.device.type == "cpu":
             y = torch.empty((x.shape[0], self.config.dim), dtype=torch.float32)
             self._stack.forward(batch.request_ids, batch.contexts, batch.num_new, x, y)
@@ -329,12 +435,34 @@ class AttentionStack:
 
     __call__ = forward
 
+    def _forward_triton(self, batch: BatchDescription, x: torch.Tensor) -> torch.Tensor:
+        """The residual chain of include/dsv4/model.h on Triton layers: h <- h + layer(RMSNorm(h))
+        (unweighted RMSNorm; bf16 layer input on a GPU, fp32 on the CPU)."""
+        from .triton import get as op
+
+        ids, ctx, new, h, scatter = _plan_order_rows(batch, x)
+        for a in self._layers:  # every layer accepts the step before the first one runs
+            a.check_plan(ids, ctx, new)
+        h = h.clone()
+        normed = torch.empty_like(h, dtype=torch.bfloat16 if self.device.type == "cuda"
+                                  else torch.float32)
+        with _device_guard(self.device):
+            for a in self._layers:
+                op("rms_norm")(h, None, float(self.config.norm_eps), normed)
+                h += a.forward(ids, ctx, new, normed)
+        return scatter(h)
+
     def release(self, request_id: int) -> None:
         """Forgets a finished request in every layer and frees its cache blocks."""
+        if self.backend == "triton":
+            for a in self._layers:
+                a.release(request_id)
+            return
         self._stack.release(request_id)
 
     def __repr__(self) -> str:
-        return f"<dsv4attn.AttentionStack {self.config.name} {self.layers} on {self.device}>"
+        return (f"<dsv4attn.AttentionStack {self.config.name} {self.layers} on {self.device}, "
+                f"backend {self.backend}>")
 
 
 def reference_attention_layer(config, layer: int, weights: AttentionWeights, x: torch.Tensor,

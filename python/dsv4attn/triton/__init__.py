@@ -30,7 +30,7 @@ from .registry import get, rows
 
 # Importing the op modules registers their ops.
 from . import (  # noqa: E402,F401
-    kv_cache, kv_insert,
+    act_quant, compressor, gemm, indexer, indexing, kv_cache, kv_insert, norm_rope,
     sparse_decode, sparse_prefill)
 
 __all__ = ["get", "registry", "rows"]

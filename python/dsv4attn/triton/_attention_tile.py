@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from ._checks import interpreting
+from ._formats import round_bf16
 
 # Triton's interpreter multiplies bf16 dot operands as their raw bit patterns: there the products
 # run in fp32 (the operands are still bf16 values, so only the rounding of the sums differs).
@@ -43,6 +44,8 @@ def softmax_update(m_i, l_i, acc, s, valid, v):
     alpha = tl.exp2((m_i - m_use) * 1.4426950408889634)
     p = tl.exp2((s - m_use[:, None]) * 1.4426950408889634)
     l_i = l_i * alpha + tl.sum(p, axis=1)
+    if not _NATIVE_BF16_DOT:
+        p = round_bf16(p)  # the GPU's round-to-nearest-even (the interpreter's cast truncates)
     acc = acc * alpha[:, None] + mma(p.to(v.dtype), v)
     return m_new, l_i, acc
 

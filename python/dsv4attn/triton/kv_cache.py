@@ -22,7 +22,9 @@ import triton.language as tl
 
 from .._runtime import device_guard
 from . import _checks as C
-from ._formats import bf16_bits_to_f32, f32_to_bf16_bits, fp8_e4m3_to_f32, ue8m0_to_f32
+from ._formats import bf16_bits_to_f32, exp2_int, f32_to_bf16_bits, f32_to_fp8_e4m3, \
+    fp8_e4m3_to_f32, fp8_quantize, round_bf16, ue8m0_exponent, ue8m0_to_f32
+from ._pairs import block_amax, pair_blocks_max, pair_dims
 from .registry import op
 
 # Layout codes (constexpr in the kernels) and their geometry.
@@ -123,6 +125,77 @@ def load_kv_values(u8, bf, f32, slot, valid, dims, block_stride, block_size, ten
         code = tl.load(u8 + row + d, mask=v, other=0)
         val = fp8_e4m3_to_f32(code) * tensor_scale
     return tl.where(v, val, 0.0)
+
+
+@triton.jit
+def store_kv_token(even, odd, slot, u8, bf, f32, block_stride, block_size, num_blocks,
+                   tensor_scale, inv_tensor_scale, D: tl.constexpr, NBP: tl.constexpr,
+                   LAYOUT: tl.constexpr):
+    """Encodes one token (fp32 pair tiles of _pairs.py, dims < D) at global slot `slot` in the
+    cache's layout, as kv_layout.h kv_encode_token does, and returns the values the cache now
+    holds (dequantized). A slot that is negative or outside the cache is not stored (the values
+    are still returned)."""
+    dims, _, _ = pair_dims(NBP)
+    b = dims // 64  # the 64-wide block of each pair (full tile shape, for masks)
+    inrow = dims < D
+    store = (slot >= 0) & (slot // block_size < num_blocks)
+    st = tl.where(store, inrow, False)  # (a scalar & a tensor mask trips the interpreter)
+    s = tl.where(store, slot, 0)
+    base = (s // block_size) * block_stride
+    off = s % block_size
+    if LAYOUT == 0:  # MODEL1_FP8: 7 fp8 blocks of 64 + 64 bf16 rope dims
+        nope = b < 7
+        kb = ue8m0_exponent(block_amax(even, odd))
+        k = kb[:, None]
+        ce, qe = fp8_quantize(even, k)
+        co, qo = fp8_quantize(odd, k)
+        tok = base + off * 576
+        tl.store(u8 + tok + dims, ce.to(tl.uint8), mask=st & nope)
+        tl.store(u8 + tok + dims + 1, co.to(tl.uint8), mask=st & nope)
+        bb = tl.arange(0, NBP)
+        scale_bytes = tl.where(bb < 7, kb + 127, 0)
+        tl.store(u8 + base + block_size * 576 + off * 8 + bb, scale_bytes.to(tl.uint8),
+                 mask=tl.where(store, bb < 8, False))
+        re, ro = round_bf16(even), round_bf16(odd)
+        tl.store(bf + (tok + 448) // 2 + dims - 448, f32_to_bf16_bits(re),
+                 mask=st & (b == 7))
+        tl.store(bf + (tok + 448) // 2 + dims - 447, f32_to_bf16_bits(ro),
+                 mask=st & (b == 7))
+        even = tl.where(nope, qe, re)
+        odd = tl.where(nope, qo, ro)
+    elif LAYOUT == 1:  # V32_FP8: 4 fp8 blocks of 128 (+ fp32 scales) + 64 bf16 rope
+        nope = b < 8
+        kb = ue8m0_exponent(pair_blocks_max(block_amax(even, odd), NBP))
+        k = kb[:, None]
+        ce, qe = fp8_quantize(even, k)
+        co, qo = fp8_quantize(odd, k)
+        tok = base + off * 656
+        tl.store(u8 + tok + dims, ce.to(tl.uint8), mask=st & nope)
+        tl.store(u8 + tok + dims + 1, co.to(tl.uint8), mask=st & nope)
+        bb = tl.arange(0, NBP)
+        tl.store(f32 + (tok + 512) // 4 + bb // 2, exp2_int(kb),
+                 mask=tl.where(store, (bb < 8) & (bb % 2 == 0), False))
+        re, ro = round_bf16(even), round_bf16(odd)
+        tl.store(bf + (tok + 528) // 2 + dims - 512, f32_to_bf16_bits(re),
+                 mask=st & (b == 8))
+        tl.store(bf + (tok + 528) // 2 + dims - 511, f32_to_bf16_bits(ro),
+                 mask=st & (b == 8))
+        even = tl.where(nope, qe, re)
+        odd = tl.where(nope, qo, ro)
+    elif LAYOUT == 2:  # BF16
+        even, odd = round_bf16(even), round_bf16(odd)
+        tok = (base + off * 1024) // 2
+        tl.store(bf + tok + dims, f32_to_bf16_bits(even), mask=st)
+        tl.store(bf + tok + dims + 1, f32_to_bf16_bits(odd), mask=st)
+    else:  # FP8_PER_TENSOR
+        ce = f32_to_fp8_e4m3(even * inv_tensor_scale)
+        co = f32_to_fp8_e4m3(odd * inv_tensor_scale)
+        tok = base + off * 512
+        tl.store(u8 + tok + dims, ce.to(tl.uint8), mask=st)
+        tl.store(u8 + tok + dims + 1, co.to(tl.uint8), mask=st)
+        even = fp8_e4m3_to_f32(ce) * tensor_scale
+        odd = fp8_e4m3_to_f32(co) * tensor_scale
+    return even, odd
 
 
 @triton.jit

@@ -1,10 +1,11 @@
 """The fused q-norm + RoPE + KV quant/insert (ops.h qnorm_rope_kv_insert, vLLM
 fused_qnorm_rope_kv_insert) in one Triton kernel.
 
-Grid (T, H + 1): program (t, h < H) normalizes head h of token t (RMSNorm without weight) and
-rotates its last R dims in place; program (t, H) rotates kv[t]'s last R dims, encodes the token in
-the cache's layout at slot_mapping[t] and overwrites kv[t] with exactly what the cache holds
-(dequantized), so the caller attends to the cached values. Encoding (kv_layout.h):
+Grid (T, ceil(H / HB) + 1): program (t, j) normalizes heads [j*HB, j*HB + HB) of token t
+(RMSNorm without weight) and rotates their last R dims in place; the last program of a token
+rotates kv[t]'s last R dims, encodes the token in the cache's layout at slot_mapping[t] and
+overwrites kv[t] with exactly what the cache holds (dequantized), so the caller attends to the
+cached values. Encoding (kv_layout.h):
 
   MODEL1_FP8 : 7 blocks of 64 nope dims -> fp8 with one UE8M0 byte each (+ a zero pad byte),
                64 rope dims -> bf16.
@@ -24,10 +25,9 @@ import triton.language as tl
 
 from .._runtime import device_guard
 from . import _checks as C
-from ._formats import exp2_int, f32_to_bf16_bits, f32_to_fp8_e4m3, fp8_e4m3_to_f32, fp8_quantize, round_bf16, \
-    ue8m0_exponent
-from ._pairs import block_amax, pair_blocks_max, pair_dims, rms_inverse, rope_rotate
-from .kv_cache import MODEL1_FP8, V32_FP8, BF16, CacheArg
+from ._formats import round_bf16
+from ._pairs import heads_per_program, pair_dims, rms_inverse, rope_rotate
+from .kv_cache import MODEL1_FP8, V32_FP8, CacheArg, store_kv_token
 from .registry import op
 
 
@@ -35,88 +35,35 @@ from .registry import op
 def _qnorm_rope_kv_insert_kernel(
         q_ptr, q_s0, q_s1, kv_ptr, kv_s0, pos_ptr, cs_ptr, cs_s0, max_pos, slot_ptr, eps, H,
         u8, bf, f32, block_stride, block_size, num_blocks, tensor_scale, inv_tensor_scale,
-        D: tl.constexpr, R: tl.constexpr, NBP: tl.constexpr, LAYOUT: tl.constexpr):
+        D: tl.constexpr, R: tl.constexpr, NBP: tl.constexpr, LAYOUT: tl.constexpr,
+        HB: tl.constexpr):
     t = tl.program_id(0)
-    h = tl.program_id(1)
+    hb = tl.program_id(1)
     p = tl.load(pos_ptr + t).to(tl.int64)
     if (p >= 0) & (p < max_pos):
         dims, _, pair = pair_dims(NBP)
-        b = dims // 64  # the 64-wide block of each pair (full tile shape, for masks)
         inrow = dims < D
         cs_row = cs_ptr + p * cs_s0
         first = (D - R) // 2
-        if h < H:
+        if hb * HB < H:
+            # Heads [hb*HB, hb*HB + HB): [HB, NBP, 32] tiles.
+            h = hb * HB + tl.arange(0, HB)[:, None, None]
+            m = (h < H) & inrow
             row = q_ptr + t.to(tl.int64) * q_s0 + h * q_s1
-            even = tl.load(row + dims, mask=inrow, other=0.0).to(tl.float32)
-            odd = tl.load(row + dims + 1, mask=inrow, other=0.0).to(tl.float32)
-            inv = rms_inverse(even, odd, D, eps)
+            even = tl.load(row + dims, mask=m, other=0.0).to(tl.float32)
+            odd = tl.load(row + dims + 1, mask=m, other=0.0).to(tl.float32)
+            inv = rms_inverse(even, odd, D, eps)[:, None, None]
             even, odd = rope_rotate(even * inv, odd * inv, pair, cs_row, first, R // 2, False)
-            tl.store(row + dims, round_bf16(even).to(tl.bfloat16), mask=inrow)
-            tl.store(row + dims + 1, round_bf16(odd).to(tl.bfloat16), mask=inrow)
+            tl.store(row + dims, round_bf16(even).to(tl.bfloat16), mask=m)
+            tl.store(row + dims + 1, round_bf16(odd).to(tl.bfloat16), mask=m)
         else:
             row = kv_ptr + t.to(tl.int64) * kv_s0
             even = tl.load(row + dims, mask=inrow, other=0.0).to(tl.float32)
             odd = tl.load(row + dims + 1, mask=inrow, other=0.0).to(tl.float32)
             even, odd = rope_rotate(even, odd, pair, cs_row, first, R // 2, False)
-
             slot = tl.load(slot_ptr + t).to(tl.int64)
-            store = (slot >= 0) & (slot // block_size < num_blocks)
-            st = tl.where(store, inrow, False)  # (a scalar & a tensor mask trips the interpreter)
-            s = tl.where(store, slot, 0)
-            base = (s // block_size) * block_stride
-            off = s % block_size
-            if LAYOUT == 0:  # MODEL1_FP8: 7 fp8 blocks of 64 + 64 bf16 rope dims
-                nope = b < 7
-                kb = ue8m0_exponent(block_amax(even, odd))
-                k = kb[:, None]
-                ce, qe = fp8_quantize(even, k)
-                co, qo = fp8_quantize(odd, k)
-                tok = base + off * 576
-                tl.store(u8 + tok + dims, ce.to(tl.uint8), mask=st & nope)
-                tl.store(u8 + tok + dims + 1, co.to(tl.uint8), mask=st & nope)
-                bb = tl.arange(0, NBP)
-                scale_bytes = tl.where(bb < 7, kb + 127, 0)
-                tl.store(u8 + base + block_size * 576 + off * 8 + bb, scale_bytes.to(tl.uint8),
-                         mask=tl.where(store, bb < 8, False))
-                re, ro = round_bf16(even), round_bf16(odd)
-                tl.store(bf + (tok + 448) // 2 + dims - 448, f32_to_bf16_bits(re),
-                         mask=st & (b == 7))
-                tl.store(bf + (tok + 448) // 2 + dims - 447, f32_to_bf16_bits(ro),
-                         mask=st & (b == 7))
-                even = tl.where(nope, qe, re)
-                odd = tl.where(nope, qo, ro)
-            elif LAYOUT == 1:  # V32_FP8: 4 fp8 blocks of 128 (+ fp32 scales) + 64 bf16 rope
-                nope = b < 8
-                kb = ue8m0_exponent(pair_blocks_max(block_amax(even, odd), NBP))
-                k = kb[:, None]
-                ce, qe = fp8_quantize(even, k)
-                co, qo = fp8_quantize(odd, k)
-                tok = base + off * 656
-                tl.store(u8 + tok + dims, ce.to(tl.uint8), mask=st & nope)
-                tl.store(u8 + tok + dims + 1, co.to(tl.uint8), mask=st & nope)
-                bb = tl.arange(0, NBP)
-                tl.store(f32 + (tok + 512) // 4 + bb // 2, exp2_int(kb),
-                         mask=tl.where(store, (bb < 8) & (bb % 2 == 0), False))
-                re, ro = round_bf16(even), round_bf16(odd)
-                tl.store(bf + (tok + 528) // 2 + dims - 512, f32_to_bf16_bits(re),
-                         mask=st & (b == 8))
-                tl.store(bf + (tok + 528) // 2 + dims - 511, f32_to_bf16_bits(ro),
-                         mask=st & (b == 8))
-                even = tl.where(nope, qe, re)
-                odd = tl.where(nope, qo, ro)
-            elif LAYOUT == 2:  # BF16
-                even, odd = round_bf16(even), round_bf16(odd)
-                tok = (base + off * 1024) // 2
-                tl.store(bf + tok + dims, f32_to_bf16_bits(even), mask=st)
-                tl.store(bf + tok + dims + 1, f32_to_bf16_bits(odd), mask=st)
-            else:  # FP8_PER_TENSOR
-                ce = f32_to_fp8_e4m3(even * inv_tensor_scale)
-                co = f32_to_fp8_e4m3(odd * inv_tensor_scale)
-                tok = base + off * 512
-                tl.store(u8 + tok + dims, ce.to(tl.uint8), mask=st)
-                tl.store(u8 + tok + dims + 1, co.to(tl.uint8), mask=st)
-                even = fp8_e4m3_to_f32(ce) * tensor_scale
-                odd = fp8_e4m3_to_f32(co) * tensor_scale
+            even, odd = store_kv_token(even, odd, slot, u8, bf, f32, block_stride, block_size,
+                                       num_blocks, tensor_scale, inv_tensor_scale, D, NBP, LAYOUT)
             tl.store(row + dims, round_bf16(even).to(tl.bfloat16), mask=inrow)
             tl.store(row + dims + 1, round_bf16(odd).to(tl.bfloat16), mask=inrow)
 
@@ -153,8 +100,9 @@ def qnorm_rope_kv_insert(q: torch.Tensor, kv: torch.Tensor, positions: torch.Ten
     inv = float(torch.tensor(1.0, dtype=torch.float32) / torch.tensor(c.tensor_scale,
                                                                       dtype=torch.float32))
     nbp = triton.next_power_of_2(D // 64)
+    hb = heads_per_program(H, 4)
     with device_guard(q):
-        _qnorm_rope_kv_insert_kernel[(T, H + 1)](
+        _qnorm_rope_kv_insert_kernel[(T, triton.cdiv(H, hb) + 1)](
             q, q.stride(0), q.stride(1), kv, kv.stride(0), positions, cos_sin, cos_sin.stride(0),
             cos_sin.shape[0], slot_mapping, float(eps), H, *c.kernel_args(), inv,
-            D=D, R=R, NBP=nbp, LAYOUT=c.code, num_warps=2)
+            D=D, R=R, NBP=nbp, LAYOUT=c.code, HB=hb, num_warps=4)

@@ -151,10 +151,11 @@ def _combine_kernel(po_ptr, po_sh, po_ss, plse_ptr, plse_sh, sink_ptr,
     tl.store(lse_ptr + bi * lse_s0 + si * lse_s1 + h, lse, mask=hm)
 
 
-def decode_config(H: int):
-    """(BLOCK_H, BLOCK_N, num_warps) of the split kernel."""
+def decode_config(H: int, d_qk: int):
+    """(BLOCK_H, BLOCK_N, num_warps, num_stages) of the split kernel. Two stages keep the
+    d_qk 576 tiles (K tile + tail, double-buffered) inside 228 KB of shared memory."""
     block_h = 16 if H <= 16 else 32
-    return block_h, 32, 4 if block_h == 16 else 8
+    return block_h, 32, 4 if block_h == 16 else 8, 2
 
 
 def _launch_combine(partial_o, partial_lse, attn_sink, out, lse):
@@ -273,7 +274,7 @@ def sparse_decode(q: torch.Tensor, k_cache: torch.Tensor, k_layout: str, k_block
     partial_o = ws[:po_numel].view(b, s_q, H, num_splits, d_v)
     partial_lse = ws[po_numel:].view(b, s_q, H, num_splits)
     x = extra if extra is not None else main
-    block_h, block_n, warps = decode_config(H)
+    block_h, block_n, warps, stages = decode_config(H, d_qk)
     with device_guard(q):
         _sparse_decode_kernel[(b * s_q, triton.cdiv(H, block_h), num_splits)](
             q, q.stride(0), q.stride(1), q.stride(2),
@@ -287,6 +288,6 @@ def sparse_decode(q: torch.Tensor, k_cache: torch.Tensor, k_layout: str, k_block
             LAYOUT=main.code, HAS_TAIL=d_qk == 576, HAS_LEN=topk_length is not None,
             HAS_EXTRA=extra is not None, HAS_XLEN=extra_topk_length is not None,
             HAS_SINK=attn_sink is not None, SINGLE=single, BLOCK_H=block_h, BLOCK_N=block_n,
-            num_warps=warps)
+            num_warps=warps, num_stages=stages)
         if not single:
             _launch_combine(partial_o, partial_lse, attn_sink, out, lse)

@@ -29,13 +29,15 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 import dsv4attn  # noqa: E402
-from dsv4attn.triton import _checks  # noqa: E402
+from dsv4attn.triton import _checks, _launch, sparse_decode, sparse_prefill  # noqa: E402
 
 _TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
           torch.int32: "i32", torch.int64: "i64", torch.int16: "i16", torch.uint8: "u8",
           torch.int8: "i8", torch.bool: "i1"}
 _seen: dict = {}
 _failures: list = []
+# Shared memory a block may use (bytes): H100 / A100 opt-in maxima, MI300 LDS.
+_SMEM_LIMIT = {("cuda", 90): 232448, ("cuda", 80): 166912, ("hip", "gfx942"): 65536}
 
 
 def _signature(fn: JITFunction, args, kwargs):
@@ -68,7 +70,7 @@ def _signature(fn: JITFunction, args, kwargs):
 
 
 def _cuda_usage(compiled) -> str:
-    """Registers, local memory (spills) and shared memory of a compiled CUDA kernel."""
+    """Registers and local memory (spills) of a compiled CUDA kernel."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")
@@ -77,8 +79,7 @@ def _cuda_usage(compiled) -> str:
         r = subprocess.run([tool, "--dump-resource-usage", path], capture_output=True, text=True)
     regs = re.search(r"REG:(\d+)", r.stdout)
     local = re.search(r"LOCAL:(\d+)", r.stdout)
-    return (f"regs {regs.group(1) if regs else '?'}, local (spill) {local.group(1) if local else '?'}"
-            f" B, smem {compiled.metadata.shared} B, warps {compiled.metadata.num_warps}")
+    return f"regs {regs.group(1) if regs else '?'}, local (spill) {local.group(1) if local else '?'} B"
 
 
 def _targets(spec):
@@ -91,6 +92,9 @@ def _targets(spec):
 
 
 def _intercept(targets, only):
+    """Kernel launches compile for every target instead of running; run() returns, per target,
+    whether the kernel fits its shared memory (None when skipped by --only)."""
+
     def run(self, *args, grid, warmup, **kwargs):
         if only and not re.search(only, self.__name__):
             return None
@@ -99,26 +103,47 @@ def _intercept(targets, only):
         key = (self.__name__, tuple(sorted(sig.items())), tuple(sorted(
             (k, str(v)) for k, v in consts.items())), tuple(sorted(opts.items())))
         if key in _seen:
-            return None
-        label = f"{self.__name__}[{', '.join(f'{k}={v}' for k, v in consts.items() if v is not None and k.isupper())}]"
-        results = []
+            return _seen[key]
+        label = (f"{self.__name__}[{', '.join(f'{k}={v}' for k, v in consts.items() if v is not None and k.isupper())}"
+                 f"{', ' if consts else ''}warps={opts.get('num_warps', 4)}]")
+        lines, fits = [], {}
         for target in targets:
+            tkey = (target.backend, target.arch)
             try:
                 src = triton.compiler.ASTSource(fn=self, signature=sig, constexprs=consts)
                 c = triton.compile(src, target=target, options=opts)
-                info = _cuda_usage(c) if target.backend == "cuda" \
-                    else f"{len(c.asm['hsaco'])} B hsaco"
-                results.append(f"{target.backend}:{target.arch} ok ({info})")
+                smem = c.metadata.shared
+                info = _cuda_usage(c) + ", " if target.backend == "cuda" else ""
+                fits[tkey] = smem <= _SMEM_LIMIT.get(tkey, 1 << 30)
+                lines.append(f"{target.backend}:{target.arch} {'ok' if fits[tkey] else 'TOO BIG'} "
+                             f"({info}smem {smem} B)")
             except Exception as e:  # noqa: BLE001 - report every failure, keep going
                 msg = str(e).strip().splitlines()
-                results.append(f"{target.backend}:{target.arch} FAILED: "
-                               f"{msg[-1] if msg else type(e).__name__}")
+                lines.append(f"{target.backend}:{target.arch} FAILED: "
+                             f"{msg[-1] if msg else type(e).__name__}")
                 _failures.append((label, target, str(e)))
-        _seen[key] = results
-        print(f"{label}\n    " + "\n    ".join(results), flush=True)
-        return None
+                fits[tkey] = True  # counted as a failure already
+        _seen[key] = fits
+        print(f"{label}\n    " + "\n    ".join(lines), flush=True)
+        return fits
+
+    def launch_all(kernel, key, configs, grid, args, constexprs):
+        """_launch.launch: compile every configuration; at least one must fit each target."""
+        fit_any = {}
+        for c in configs:
+            fits = kernel[grid(c)](*args, **constexprs, BLOCK_H=c.block_h, BLOCK_N=c.block_n,
+                                   num_warps=c.num_warps, num_stages=c.num_stages)
+            for t, ok in (fits or {}).items():
+                fit_any[t] = fit_any.get(t, False) or ok
+        for t, ok in fit_any.items():
+            if not ok:
+                _failures.append((f"{kernel.__name__} {key}", GPUTarget(t[0], t[1], 0),
+                                  "no configuration fits the shared memory"))
 
     JITFunction.run = run
+    _launch.launch = launch_all
+    for mod in (sparse_decode, sparse_prefill):
+        mod.launch = launch_all
     _checks.interpreting = lambda: True  # CPU tensors stand in for device ones here
 
 

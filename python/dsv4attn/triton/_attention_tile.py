@@ -36,17 +36,19 @@ def logits(q, k, q_tail, k_tail, scale, HAS_TAIL: tl.constexpr):
 
 
 @triton.jit
-def softmax_update(m_i, l_i, acc, s, valid, v):
-    """One tile: s [BH, BN] logits, valid [BN], v [BN, DV] bf16 values."""
+def softmax_update(m_i, l_i, acc, s, valid, v, v_scale):
+    """One tile: s [BH, BN] logits, valid [BN], v [BN, DV] bf16 values times v_scale (an
+    FP8_PER_TENSOR cache's scale: the codes stay exact in bf16, the scale rides on P)."""
     s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2((m_i - m_use) * 1.4426950408889634)
     p = tl.exp2((s - m_use[:, None]) * 1.4426950408889634)
     l_i = l_i * alpha + tl.sum(p, axis=1)
+    pv = p * v_scale
     if not _NATIVE_BF16_DOT:
-        p = round_bf16(p)  # the GPU's round-to-nearest-even (the interpreter's cast truncates)
-    acc = acc * alpha[:, None] + mma(p.to(v.dtype), v)
+        pv = round_bf16(pv)  # the GPU's round-to-nearest-even (the interpreter's cast truncates)
+    acc = acc * alpha[:, None] + mma(pv.to(v.dtype), v)
     return m_new, l_i, acc
 
 

@@ -32,7 +32,8 @@ def fp8_e4m3_to_f32(code):
     sub = m.to(tl.float32) * (1.0 / 512.0)
     sub = tl.where(sign != 0, -sub, sub)
     v = tl.where(e == 0, sub, normal)
-    return tl.where((e == 15) & (m == 7), float("nan"), v)
+    nan = (sign | 0x7FC00000).to(tl.float32, bitcast=True)  # NaN keeps its sign
+    return tl.where((e == 15) & (m == 7), nan, v)
 
 
 @triton.jit

@@ -246,16 +246,17 @@ def _emit_kernel(kv_ptr, kv_s0, sc_ptr, sc_s0, pos_ptr, req_ptr, ctx_ptr, T, R,
                                  had_scale, 1, NBP, 7)
             even = tl.reshape(even, [NBP, 32])
             odd = tl.reshape(odd, [NBP, 32])
-        if HAS_ENTRIES:
-            tl.store(ent_ptr + t.to(tl.int64) * ent_s0 + dims, even)
-            tl.store(ent_ptr + t.to(tl.int64) * ent_s0 + dims + 1, odd)
-        # The entry's output slot.
+        # The entry's output slot; an entry that cannot be stored is not emitted at all.
         oblk = tl.load(otab_ptr + q.to(tl.int64) * otab_s0 + j // block_size,
                        mask=j // block_size < otab_w, other=-1).to(tl.int64)
-        slot = tl.where(ok & (oblk >= 0), oblk * block_size + j % block_size, -1)
+        keep = ok & (oblk >= 0) & (oblk < num_blocks)
+        slot = tl.where(keep, oblk * block_size + j % block_size, -1)
+        if HAS_ENTRIES:
+            em = tl.where(keep, dims >= 0, False)
+            tl.store(ent_ptr + t.to(tl.int64) * ent_s0 + dims, even, mask=em)
+            tl.store(ent_ptr + t.to(tl.int64) * ent_s0 + dims + 1, odd, mask=em)
         if INDEXER:
             # 128 fp8 codes + one fp32 power-of-two scale per entry ([B x 128][B x 4 B] blocks).
-            keep = (slot >= 0) & (slot // block_size < num_blocks)
             s = tl.where(keep, slot, 0)
             base = (s // block_size) * block_stride
             off = s % block_size

@@ -24,6 +24,7 @@ from .._runtime import decode_schedule, device_guard, planner_sms
 from . import _checks as C
 from ._attention_tile import finish, logits, partial, softmax_update
 from ._formats import round_bf16
+from ._launch import Config, launch
 from .kv_cache import CacheArg, load_kv_values
 from .registry import op
 
@@ -32,7 +33,9 @@ from .registry import op
 def _attend_scope(m_i, l_i, acc, q, q_tail, lo, hi, idx_row,
                   u8, bf, f32, block_stride, block_size, num_blocks, tensor_scale, scale,
                   LAYOUT: tl.constexpr, HAS_TAIL: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Adds the scope slots [lo, hi) of one query row (idx_row: its index list) to the state."""
+    """Adds the scope slots [lo, hi) of one query row (idx_row: its index list) to the state.
+    Every layout's rows are exact in bf16 once an FP8_PER_TENSOR cache's scale is left out: it
+    is applied to the logits and to the softmax weights instead."""
     dm = tl.arange(0, 512)
     dt = 512 + tl.arange(0, 64)
     for start in range(lo, hi, BLOCK_N):
@@ -41,13 +44,13 @@ def _attend_scope(m_i, l_i, acc, q, q_tail, lo, hi, idx_row,
         slot = tl.load(idx_row + k, mask=inb, other=-1)
         valid = inb & (slot >= 0) & (slot // block_size < num_blocks)
         kt = load_kv_values(u8, bf, f32, slot, valid, dm, block_stride, block_size,
-                            tensor_scale, LAYOUT).to(tl.bfloat16)
+                            1.0, LAYOUT).to(tl.bfloat16)
         k_tail = kt
         if HAS_TAIL:
             k_tail = load_kv_values(u8, bf, f32, slot, valid, dt, block_stride, block_size,
-                                    tensor_scale, LAYOUT).to(tl.bfloat16)
-        s = logits(q, kt, q_tail, k_tail, scale, HAS_TAIL)
-        m_i, l_i, acc = softmax_update(m_i, l_i, acc, s, valid, kt)
+                                    1.0, LAYOUT).to(tl.bfloat16)
+        s = logits(q, kt, q_tail, k_tail, scale * tensor_scale, HAS_TAIL)
+        m_i, l_i, acc = softmax_update(m_i, l_i, acc, s, valid, kt, tensor_scale)
     return m_i, l_i, acc
 
 
@@ -151,11 +154,10 @@ def _combine_kernel(po_ptr, po_sh, po_ss, plse_ptr, plse_sh, sink_ptr,
     tl.store(lse_ptr + bi * lse_s0 + si * lse_s1 + h, lse, mask=hm)
 
 
-def decode_config(H: int, d_qk: int):
-    """(BLOCK_H, BLOCK_N, num_warps, num_stages) of the split kernel. Two stages keep the
-    d_qk 576 tiles (K tile + tail, double-buffered) inside 228 KB of shared memory."""
-    block_h = 16 if H <= 16 else 32
-    return block_h, 32, 4 if block_h == 16 else 8, 2
+def decode_configs(H: int):
+    """Tile configurations of the split kernel, fastest first (see _launch.launch)."""
+    big = [Config(32, 32, 8)] if H > 16 else []
+    return big + [Config(16, 32, 4), Config(16, 16, 4)]
 
 
 def _launch_combine(partial_o, partial_lse, attn_sink, out, lse):
@@ -274,20 +276,19 @@ def sparse_decode(q: torch.Tensor, k_cache: torch.Tensor, k_layout: str, k_block
     partial_o = ws[:po_numel].view(b, s_q, H, num_splits, d_v)
     partial_lse = ws[po_numel:].view(b, s_q, H, num_splits)
     x = extra if extra is not None else main
-    block_h, block_n, warps, stages = decode_config(H, d_qk)
+    xstrides = (extra_indices.stride(0), extra_indices.stride(1)) if extra is not None else (0, 0)
+    flags = dict(LAYOUT=main.code, HAS_TAIL=d_qk == 576, HAS_LEN=topk_length is not None,
+                 HAS_EXTRA=extra is not None, HAS_XLEN=extra_topk_length is not None,
+                 HAS_SINK=attn_sink is not None, SINGLE=single)
     with device_guard(q):
-        _sparse_decode_kernel[(b * s_q, triton.cdiv(H, block_h), num_splits)](
-            q, q.stride(0), q.stride(1), q.stride(2),
-            *main.kernel_args(), indices, indices.stride(0), indices.stride(1), topk_length, topk,
-            *x.kernel_args(), extra_indices if extra is not None else indices,
-            *(extra_indices.stride(0), extra_indices.stride(1)) if extra is not None else (0, 0),
-            extra_topk_length, xtopk,
-            attn_sink, partial_o, partial_lse, out, out.stride(0), out.stride(1), out.stride(2),
-            lse, lse.stride(0), lse.stride(1),
-            s_q, H, split_len, num_splits, d_v, float(scale),
-            LAYOUT=main.code, HAS_TAIL=d_qk == 576, HAS_LEN=topk_length is not None,
-            HAS_EXTRA=extra is not None, HAS_XLEN=extra_topk_length is not None,
-            HAS_SINK=attn_sink is not None, SINGLE=single, BLOCK_H=block_h, BLOCK_N=block_n,
-            num_warps=warps, num_stages=stages)
+        launch(_sparse_decode_kernel, ("sparse_decode", q.device, H > 16, *flags.values()),
+               decode_configs(H), lambda c: (b * s_q, triton.cdiv(H, c.block_h), num_splits),
+               (q, q.stride(0), q.stride(1), q.stride(2),
+                *main.kernel_args(), indices, indices.stride(0), indices.stride(1), topk_length,
+                topk, *x.kernel_args(), extra_indices if extra is not None else indices,
+                *xstrides, extra_topk_length, xtopk,
+                attn_sink, partial_o, partial_lse, out, out.stride(0), out.stride(1),
+                out.stride(2), lse, lse.stride(0), lse.stride(1),
+                s_q, H, split_len, num_splits, d_v, float(scale)), flags)
         if not single:
             _launch_combine(partial_o, partial_lse, attn_sink, out, lse)

@@ -19,6 +19,7 @@ from .._runtime import device_guard
 from . import _checks as C
 from ._attention_tile import finish, logits, softmax_update
 from ._formats import round_bf16
+from ._launch import Config, launch
 from .registry import op
 
 
@@ -57,7 +58,7 @@ def _sparse_prefill_kernel(
         if HAS_TAIL:
             k_tail = tl.load(rows + dt[None, :], mask=valid[:, None], other=0.0)
         s = logits(q, kt, q_tail, k_tail, scale, HAS_TAIL)
-        m_i, l_i, acc = softmax_update(m_i, l_i, acc, s, valid, kt)
+        m_i, l_i, acc = softmax_update(m_i, l_i, acc, s, valid, kt, 1.0)
 
     sink = m_i
     if HAS_SINK:
@@ -69,10 +70,12 @@ def _sparse_prefill_kernel(
     tl.store(lse_ptr + t * lse_s0 + h, lse, mask=hm)
 
 
-def prefill_config(H: int):
-    """(BLOCK_H, BLOCK_N, num_warps): 16 or 32 heads per program, 32 KV rows per tile."""
-    block_h = 16 if H <= 16 else 32
-    return block_h, 32, 4 if block_h == 16 else 8
+def prefill_configs(H: int):
+    """Tile configurations, fastest first (_launch.launch takes the first the device holds):
+    32 heads x 32 KV rows per tile for H > 16, then smaller tiles for GPUs with less shared
+    memory (MI300: 64 KB, consumer parts: ~100 KB)."""
+    big = [Config(32, 32, 8)] if H > 16 else []
+    return big + [Config(16, 32, 4), Config(16, 16, 4)]
 
 
 @op("sparse_prefill", "sparse attention over a gathered bf16 KV (d 512/576, sink, topk_length)")
@@ -108,12 +111,12 @@ def sparse_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
     scale = softmax_scale if softmax_scale != 0.0 else d_qk ** -0.5
     if s_q == 0:
         return
-    block_h, block_n, warps = prefill_config(H)
+    flags = dict(HAS_TAIL=d_qk == 576, HAS_LEN=topk_length is not None,
+                 HAS_SINK=attn_sink is not None)
     with device_guard(q):
-        _sparse_prefill_kernel[(s_q, triton.cdiv(H, block_h))](
-            q, q.stride(0), q.stride(1), kv, kv.stride(0), indices, indices.stride(0),
-            topk_length, attn_sink, out, out.stride(0), out.stride(1),
-            max_logits, max_logits.stride(0), lse, lse.stride(0),
-            H, kv.shape[0], topk, d_v, float(scale),
-            HAS_TAIL=d_qk == 576, HAS_LEN=topk_length is not None,
-            HAS_SINK=attn_sink is not None, BLOCK_H=block_h, BLOCK_N=block_n, num_warps=warps)
+        launch(_sparse_prefill_kernel, ("sparse_prefill", q.device, H > 16, *flags.values()),
+               prefill_configs(H), lambda c: (s_q, triton.cdiv(H, c.block_h)),
+               (q, q.stride(0), q.stride(1), kv, kv.stride(0), indices, indices.stride(0),
+                topk_length, attn_sink, out, out.stride(0), out.stride(1),
+                max_logits, max_logits.stride(0), lse, lse.stride(0),
+                H, kv.shape[0], topk, d_v, float(scale)), flags)

@@ -79,7 +79,8 @@ def _cuda_usage(compiled) -> str:
         r = subprocess.run([tool, "--dump-resource-usage", path], capture_output=True, text=True)
     regs = re.search(r"REG:(\d+)", r.stdout)
     local = re.search(r"LOCAL:(\d+)", r.stdout)
-    return f"regs {regs.group(1) if regs else '?'}, local (spill) {local.group(1) if local else '?'} B"
+    return (f"regs {regs.group(1) if regs else '?'}, "
+            f"local (spill) {local.group(1) if local else '?'} B")
 
 
 def _targets(spec):
@@ -104,8 +105,8 @@ def _intercept(targets, only):
             (k, str(v)) for k, v in consts.items())), tuple(sorted(opts.items())))
         if key in _seen:
             return _seen[key]
-        label = (f"{self.__name__}[{', '.join(f'{k}={v}' for k, v in consts.items() if v is not None and k.isupper())}"
-                 f"{', ' if consts else ''}warps={opts.get('num_warps', 4)}]")
+        flags = ", ".join(f"{k}={v}" for k, v in consts.items() if v is not None and k.isupper())
+        label = f"{self.__name__}[{flags}{', ' if flags else ''}warps={opts.get('num_warps', 4)}]"
         lines, fits = [], {}
         for target in targets:
             tkey = (target.backend, target.arch)

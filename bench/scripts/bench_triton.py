@@ -320,7 +320,8 @@ def bench_indexing(args):
     a3 = (topk, qsl, seq, gl, W, 1024, 1024 + n, 4, out, olen)
     case(args, "combine_topk_swa_indices", f"{Rg} x {n} tokens K{K} W{W}",
          lambda: dt.get("combine_topk_swa_indices")(*a3),
-         lambda: torch.ops.dsv4.combine_topk_swa_indices(*a3), 0, topk.numel() * 4 + out.numel() * 4)
+         lambda: torch.ops.dsv4.combine_topk_swa_indices(*a3), 0,
+         topk.numel() * 4 + out.numel() * 4)
 
 
 # ---------------------------------------------------------------- the layer

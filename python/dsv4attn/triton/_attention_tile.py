@@ -57,7 +57,8 @@ def finish(m_i, l_i, acc, sink, HAS_SINK: tl.constexpr):
     """(out [BH, DV] fp32, lse [BH]) of the final state: lse = m + ln l (natural log, without
     the sink); out = acc / l * 1 / (1 + exp(sink - lse)). No valid row: out 0, lse +inf."""
     empty = l_i == 0.0
-    lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)) * 0.6931471805599453)
+    lse = tl.where(empty, float("inf"),
+                   m_i + tl.log2(tl.where(empty, 1.0, l_i)) * 0.6931471805599453)
     f = 1.0 / tl.where(empty, 1.0, l_i)
     if HAS_SINK:
         f = f / (1.0 + tl.exp2((sink - lse) * 1.4426950408889634))

@@ -379,7 +379,8 @@ def compressor_update_and_emit(cfg: CompressorConfig, kv_rows: torch.Tensor,
             context_lens, T, R, norm_weight, cos_sin, cos_sin.stride(0), cos_sin.shape[0],
             *ring, *args, inv_ts, out_block_table, out_block_table.stride(0),
             out_block_table.shape[1], entries, entries.stride(0) if entries is not None else 0,
-            float(cfg.eps), _HADAMARD_SCALE[D], D=D, RATIO=cfg.ratio, COFF=cfg.coff, R_DIMS=cfg.rope_dims, NBP=nbp,
+            float(cfg.eps), _HADAMARD_SCALE[D], D=D, RATIO=cfg.ratio, COFF=cfg.coff,
+            R_DIMS=cfg.rope_dims, NBP=nbp,
             INDEXER=cfg.target == INDEXER_KEYS, LAYOUT=layout, HAS_ENTRIES=entries is not None,
             num_warps=4)
         _save_kernel[(T,)](

@@ -381,8 +381,9 @@ class TritonAttention:
             op("combine_topk_swa_indices")(topk, self._upload(g["qsl"]), seq, gather, W, N, M,
                                            self.ratio, idx, lens)
             ml = torch.empty((t1 - t0, H), dtype=torch.float32, device=dev)
-            op("sparse_prefill")(q[t0:t1], kv_rows.view(n * M, 1, D), idx.view(t1 - t0, 1, K + W),
-                                 lens, self.w.attn_sink, scale, D, o[t0:t1], ml, torch.empty_like(ml))
+            op("sparse_prefill")(q[t0:t1], kv_rows.view(n * M, 1, D),
+                                 idx.view(t1 - t0, 1, K + W), lens, self.w.attn_sink, scale, D,
+                                 o[t0:t1], ml, torch.empty_like(ml))
 
     def _output(self, o, positions, cos_sin, y) -> None:
         """8-9. Inverse RoPE (+ FP8 act quant, 1x128 UE8M0), grouped wo_a, wo_b -> y."""

@@ -48,7 +48,8 @@ def get(name: str) -> Callable:
     try:
         return _TABLE[name].fn
     except KeyError:
-        raise Error(f"dsv4attn.triton: op: expected one of {sorted(_TABLE)}, got {name!r}") from None
+        raise Error(f"dsv4attn.triton: op: expected one of {sorted(_TABLE)}, "
+                    f"got {name!r}") from None
 
 
 def rows() -> List[OpRow]:

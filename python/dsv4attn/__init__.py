@@ -5,6 +5,8 @@
     from dsv4attn import vllm_ops         # vLLM DeepSeek-V4 op semantics
     layer = dsv4attn.Attention.from_checkpoint(path, layer=0)   # the C++ layer (device="cuda")
     stack = dsv4attn.AttentionStack("v4-flash", layers=[0, 2, 3])  # several, residually chained
+    layer = dsv4attn.Attention(cfg, 1, device="cuda", backend="triton")  # the portable backend
+    from dsv4attn import triton as dt; dt.get("sparse_prefill")  # its ops (needs triton)
 
 Tensors may live on the CPU (the reference backend) or on CUDA (when the extension was built
 with CUDA). Invalid arguments raise dsv4attn.Error.

@@ -202,8 +202,10 @@ def sweep():
     xq = torch.zeros(T, H * D, dtype=torch.float8_e4m3fn)
     for sdt in (torch.float32, torch.float8_e8m0fnu):
         sc = torch.zeros(T, H * D // 128, dtype=sdt)
-        dt.get("inverse_rope_quantize_fp8")(o, pos, cs, xq, sc,
-                                            torch.zeros(T, H * D, dtype=torch.bfloat16))
+        for block in (128, 64):
+            sc2 = torch.zeros(T, H * D // block, dtype=sdt)
+            dt.get("inv_rope_fp8_quant")(o, pos, cs, block, xq, sc2,
+                                         o_dequant=torch.zeros(T, H * D, dtype=torch.bfloat16))
         dt.get("quantize_act_fp8")(o.view(T, -1), 128, xq, sc)
         dt.get("dequantize_fp8_blocks")(xq, sc, 1, 128, torch.zeros(T, H * D,
                                                                     dtype=torch.bfloat16))

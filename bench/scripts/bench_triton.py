@@ -186,8 +186,10 @@ def bench_rows(args):
         xq = torch.empty(T, H * D, dtype=torch.float8_e4m3fn, device=DEV)
         osc = torch.empty(T, H * D // 128, device=DEV)
         dq = torch.empty(T, H * D, dtype=torch.bfloat16, device=DEV)
-        case(args, "inverse_rope_quantize_fp8", f"T{T} H64 (+ bf16 dequant)",
-             lambda: dt.get("inverse_rope_quantize_fp8")(o, pos, cs, xq, osc, dq), None, 0,
+        native = getattr(torch.ops.dsv4, "inv_rope_fp8_quant", None)
+        case(args, "inv_rope_fp8_quant", f"T{T} H64 block128 (+ bf16 dequant)",
+             lambda: dt.get("inv_rope_fp8_quant")(o, pos, cs, 128, xq, osc, o_dequant=dq),
+             (lambda: native(o, pos, cs, 128, xq, osc)) if native is not None else None, 0,
              o.numel() * 2 + xq.numel() * 3 + osc.numel() * 4)
         case(args, "quantize_act_fp8", f"T{T} K32768 block128",
              lambda: dt.get("quantize_act_fp8")(o.view(T, -1), 128, xq, osc),

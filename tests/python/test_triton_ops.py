@@ -145,11 +145,14 @@ def test_apply_rope(inverse):
         assert bf16_ulps(got, want).max() <= 1
 
 
-def test_inverse_rope_quantize_fp8_matches_rope_then_quant():
-    """The fused output-path op equals apply_rope(inverse) then quantize_act_fp8 (1x128) of the
-    CPU ops: bit-exact codes and scales when the rotation rounds alike (always in the
+@pytest.mark.parametrize("block", [128, 64])
+def test_inv_rope_fp8_quant_matches_rope_then_quant(block):
+    """The fused output-path op equals apply_rope(inverse) then quantize_act_fp8 (1 x block) of
+    the CPU ops: bit-exact codes and scales when the rotation rounds alike (always in the
     interpreter); on a GPU an FMA may move a rotated value by one bf16 ulp and so a code by one
-    step: at most 0.5% of the codes may differ, each by one code, with equal scales."""
+    step: at most 0.5% of the codes may differ, each by one code, with equal scales. The scale
+    may be strided (the CUDA GEMMs' transposed layout); a token whose position is outside the
+    table is left unwritten."""
     import dsv4attn
     cs = dsv4attn.rope_cos_sin(1024, 64)
     T, H = gpu_or(4, 32), gpu_or(4, 64)
@@ -157,22 +160,26 @@ def test_inverse_rope_quantize_fp8_matches_rope_then_quant():
     pos = torch.randint(0, 1024, (T,))
     rot = torch.empty_like(o)
     torch.ops.dsv4.apply_rope(o, pos, cs, True, rot)
+    nb = H * 512 // block
     q_ref = torch.empty(T, H * 512, dtype=torch.float8_e4m3fn)
-    s_ref = torch.empty(T, H * 4)
-    torch.ops.dsv4.quantize_act_fp8(rot.view(T, -1), 128, q_ref, s_ref)
+    s_ref = torch.empty(T, nb)
+    torch.ops.dsv4.quantize_act_fp8(rot.view(T, -1), block, q_ref, s_ref)
+    pos[-1] = 1024  # outside the table
     q = poisoned((T, H * 512), torch.uint8).view(torch.float8_e4m3fn)
-    s = poisoned((T, H * 4), torch.float32)
+    s = poisoned((nb, T), torch.float32).t()  # [T, nb] with strides (1, T)
     dq = poisoned((T, H * 512), torch.bfloat16)
-    op("inverse_rope_quantize_fp8")(*to_dev(o, pos, cs), q, s, dq)
+    op("inv_rope_fp8_quant")(*to_dev(o, pos, cs), block, q, s, o_dequant=dq)
     codes, codes_ref = q.cpu().view(torch.uint8).int(), q_ref.view(torch.uint8).int()
+    assert (codes[-1] == 0x7F).all() and s[-1].isnan().all() and dq[-1].isnan().all()
+    codes, codes_ref = codes[:-1], codes_ref[:-1]
     diff = (codes != codes_ref)
     if ON_GPU:
         assert diff.float().mean() <= 5e-3 and (codes - codes_ref).abs().max() <= 1
     else:
         assert not diff.any()
-    assert torch.equal(s.cpu(), s_ref)
-    want_dq = q.cpu().float() * s.cpu().repeat_interleave(128, 1)
-    assert torch.equal(dq.cpu().float(), want_dq)
+    assert torch.equal(s.cpu()[:-1], s_ref[:-1])
+    want_dq = q.cpu().float() * s.cpu().repeat_interleave(block, 1)
+    assert torch.equal(dq.cpu().float()[:-1], want_dq[:-1])
 
 
 # ---------------------------------------------------------------- fused KV insert + gather
@@ -304,7 +311,7 @@ def test_registry_lists_every_op():
     from dsv4attn.triton import registry
     names = [r.name for r in registry.rows()]
     for name in ("sparse_prefill", "sparse_decode", "sparse_attention_combine",
-                 "qnorm_rope_kv_insert", "dequantize_and_gather", "inverse_rope_quantize_fp8",
+                 "qnorm_rope_kv_insert", "dequantize_and_gather", "inv_rope_fp8_quant",
                  "quantize_act_fp8", "compressor_project", "compressor_update_and_emit",
                  "indexer_query", "indexer_scores", "indexer_topk", "compressed_prefix_indices",
                  "local_to_global_slots", "swa_window_indices", "combine_topk_swa_indices",

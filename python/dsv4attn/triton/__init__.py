@@ -10,7 +10,7 @@ one exists, the signature) of its `torch.ops.dsv4` twin, so a caller can dispatc
     sparse_prefill  sparse_prefill
     sparse_decode   sparse_decode, sparse_attention_combine
     norm_rope       rms_norm, fused_qkv_rms_norm, apply_rope
-    act_quant       quantize_act_fp8, inverse_rope_quantize_fp8, dequantize_fp8_blocks
+    act_quant       quantize_act_fp8, inv_rope_fp8_quant, dequantize_fp8_blocks
     compressor      compressor_project (GEMMs via torch), compressor_update_and_emit
     indexer         indexer_query (GEMMs via torch), indexer_scores, indexer_topk,
                     compressed_prefix_indices

@@ -1,6 +1,6 @@
 """FP8 activation quantization in Triton (ops.h quantize_act_fp8, dequantize_fp8_blocks) and the
-output path's fused inverse RoPE + FP8 quant (SPEC §2 steps 5–6; the V4 wrapper's
-"inv rope + act quant" before wo_a).
+output path's fused inverse RoPE + FP8 quant (ops.h inv_rope_fp8_quant; SPEC §2 steps 5–6, vLLM's
+fused_inv_rope_fp8_quant before wo_a).
 
 Scales are UE8M0 powers of two per 1 x block values (block 64 or 128): 2^ceil(log2(max(amax /
 448, 1e-4))), stored as ue8m0 bytes or fp32; codes fp8(x / scale). Codes and scales equal the
@@ -78,75 +78,83 @@ def quantize_act_fp8(x: torch.Tensor, block: int, xq: torch.Tensor, scale: torch
 
 
 @triton.jit
-def _inverse_rope_quant_kernel(o_ptr, o_s0, o_s1, pos_ptr, cs_ptr, cs_s0, max_pos,
-                               q_ptr, q_s0, s_ptr, s_s0, dq_ptr, dq_s0, H,
-                               D: tl.constexpr, R: tl.constexpr, NBP: tl.constexpr,
-                               UE8M0: tl.constexpr, HAS_DQ: tl.constexpr, HB: tl.constexpr):
+def _inv_rope_quant_kernel(o_ptr, o_s0, o_s1, pos_ptr, cs_ptr, cs_s0, max_pos,
+                           q_ptr, q_s0, s_ptr, s_s0, s_s1, dq_ptr, dq_s0, H,
+                           D: tl.constexpr, R: tl.constexpr, NBP: tl.constexpr,
+                           QBLOCK: tl.constexpr, UE8M0: tl.constexpr, HAS_DQ: tl.constexpr,
+                           HB: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1) * HB + tl.arange(0, HB)[:, None, None]  # [HB, NBP, 32] tiles
-    dims, _, pair = pair_dims(NBP)
-    m = (h < H) & (dims < D)
-    src = o_ptr + t * o_s0 + h * o_s1
-    even = tl.load(src + dims, mask=m, other=0.0).to(tl.float32)
-    odd = tl.load(src + dims + 1, mask=m, other=0.0).to(tl.float32)
     p = tl.load(pos_ptr + t).to(tl.int64)
-    ok = (p >= 0) & (p < max_pos)
-    # A position outside the table leaves o unrotated (the CPU op rejects it).
-    even, odd = rope_rotate(even, odd, tl.where(ok, pair, -1 - R),
-                            cs_ptr + tl.where(ok, p, 0) * cs_s0, (D - R) // 2, R // 2, True)
-    # The rotated o is what the reference quantizes: rounded to bf16 first.
-    even, odd = round_bf16(even), round_bf16(odd)
-    kb = ue8m0_exponent(pair_blocks_max_heads(block_amax(even, odd), HB, NBP))  # [HB, NBP]
-    ce, qe = fp8_quantize(even, kb[:, :, None])
-    co, qo = fp8_quantize(odd, kb[:, :, None])
-    col = h * D + dims
-    tl.store(q_ptr + t * q_s0 + col, ce.to(tl.uint8), mask=m)
-    tl.store(q_ptr + t * q_s0 + col + 1, co.to(tl.uint8), mask=m)
-    bb = tl.arange(0, NBP)[None, :]
-    h2 = tl.program_id(1) * HB + tl.arange(0, HB)[:, None]
-    _store_scales(s_ptr + t * s_s0 + (h2 * D) // 128 + bb // 2, kb,
-                  (h2 < H) & (bb % 2 == 0) & (bb * 64 < D), UE8M0)
-    if HAS_DQ:
-        tl.store(dq_ptr + t * dq_s0 + col, qe.to(tl.bfloat16), mask=m)
-        tl.store(dq_ptr + t * dq_s0 + col + 1, qo.to(tl.bfloat16), mask=m)
+    # A token whose position is outside the table is left unwritten (the CPU op rejects it).
+    if (p >= 0) & (p < max_pos):
+        h = tl.program_id(1) * HB + tl.arange(0, HB)[:, None, None]  # [HB, NBP, 32] tiles
+        dims, _, pair = pair_dims(NBP)
+        m = (h < H) & (dims < D)
+        src = o_ptr + t * o_s0 + h * o_s1
+        even = tl.load(src + dims, mask=m, other=0.0).to(tl.float32)
+        odd = tl.load(src + dims + 1, mask=m, other=0.0).to(tl.float32)
+        even, odd = rope_rotate(even, odd, pair, cs_ptr + p * cs_s0, (D - R) // 2, R // 2, True)
+        # The rotated o is what the layer quantizes: rounded to bf16 first (apply_rope's output).
+        even, odd = round_bf16(even), round_bf16(odd)
+        amax = block_amax(even, odd)  # [HB, NBP]: one value per 64 dims
+        if QBLOCK == 128:
+            amax = pair_blocks_max_heads(amax, HB, NBP)
+        kb = ue8m0_exponent(amax)
+        ce, qe = fp8_quantize(even, kb[:, :, None])
+        co, qo = fp8_quantize(odd, kb[:, :, None])
+        col = h * D + dims
+        tl.store(q_ptr + t * q_s0 + col, ce.to(tl.uint8), mask=m)
+        tl.store(q_ptr + t * q_s0 + col + 1, co.to(tl.uint8), mask=m)
+        bb = tl.arange(0, NBP)[None, :]
+        h2 = tl.program_id(1) * HB + tl.arange(0, HB)[:, None]
+        first = (bb % (QBLOCK // 64) == 0) & (bb * 64 < D)  # one row per scale block
+        _store_scales(s_ptr + t * s_s0 + ((h2 * D + bb * 64) // QBLOCK) * s_s1, kb,
+                      (h2 < H) & first, UE8M0)
+        if HAS_DQ:
+            tl.store(dq_ptr + t * dq_s0 + col, qe.to(tl.bfloat16), mask=m)
+            tl.store(dq_ptr + t * dq_s0 + col + 1, qo.to(tl.bfloat16), mask=m)
 
 
-@op("inverse_rope_quantize_fp8", "output path: inverse RoPE on o, then FP8 quant (1x128 UE8M0)")
-def inverse_rope_quantize_fp8(o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
-                              xq: torch.Tensor, scale: torch.Tensor,
-                              x_dequant: Optional[torch.Tensor] = None) -> None:
-    """o [T, H, D] bf16 (D a multiple of 128; read only) -> xq [T, H*D] fp8_e4m3 and scale
-    [T, H*D/128] ue8m0/fp32 of the inverse-rotated o (rounded to bf16 first, as the layer's
-    apply_rope + quantize_act_fp8 do); optional x_dequant [T, H*D] bf16 = fp8(xq) * scale
-    (exact), the operand of a bf16 wo_a GEMM."""
-    name = "inverse_rope_quantize_fp8"
+@op("inv_rope_fp8_quant", "output path: inverse RoPE on o, then FP8 quant (1 x block, UE8M0)")
+def inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+                       block: int, o_fp8: torch.Tensor, o_scale: torch.Tensor, *,
+                       o_dequant: Optional[torch.Tensor] = None) -> None:
+    """ops.h inv_rope_fp8_quant: o [T, H, D] bf16 (read only) -> o_fp8 [T, H*D] fp8_e4m3 and
+    o_scale [T, H*D/block] ue8m0/fp32 (any strides) of the inverse-rotated o, each value rounded
+    to bf16 first (what apply_rope writes), block 64 or 128 dividing D; a token whose position is
+    outside the table is left unwritten. Optional o_dequant [T, H*D] bf16 = fp8(o_fp8) * scale
+    (exact), the operand of a bf16 wo_a GEMM (this backend's GEMMs are bf16)."""
+    name = "inv_rope_fp8_quant"
+    if block not in (64, 128):
+        C.fail(name, "block", "64 or 128", block)
     C.tensor(name, "o", o, torch.bfloat16, ndim=3)
     T, H, D = o.shape
-    if D % 128:
-        C.fail(name, "o.shape[2]", "a multiple of 128", D)
+    if D % block:
+        C.fail(name, "o.shape[2]", f"a multiple of block {block}", D)
     C.tensor(name, "positions", positions, (torch.int32, torch.int64), (T,))
     C.tensor(name, "cos_sin", cos_sin, torch.float32, ndim=2)
     R = cos_sin.shape[1]
     if R < 2 or R % 2 or R > D:
         C.fail(name, "cos_sin.shape[1] (rope dims R)", f"even, in [2, {D}]", R)
-    C.tensor(name, "xq", xq, _FP8, (T, H * D))
-    C.tensor(name, "scale", scale, _SCALES, (T, H * D // 128))
-    C.optional(name, "x_dequant", x_dequant, torch.bfloat16, (T, H * D))
-    C.same_device(name, [("o", o), ("positions", positions), ("cos_sin", cos_sin), ("xq", xq),
-                         ("scale", scale), ("x_dequant", x_dequant)])
-    C.disjoint(name, [("xq", xq), ("scale", scale), ("x_dequant", x_dequant)],
+    C.tensor(name, "o_fp8", o_fp8, _FP8, (T, H * D))
+    C.tensor(name, "o_scale", o_scale, _SCALES, (T, H * D // block), last_dim_contiguous=False)
+    C.optional(name, "o_dequant", o_dequant, torch.bfloat16, (T, H * D))
+    C.same_device(name, [("o", o), ("positions", positions), ("cos_sin", cos_sin),
+                         ("o_fp8", o_fp8), ("o_scale", o_scale), ("o_dequant", o_dequant)])
+    C.disjoint(name, [("o_fp8", o_fp8), ("o_scale", o_scale), ("o_dequant", o_dequant)],
                [("o", o), ("positions", positions), ("cos_sin", cos_sin)])
     if T * H == 0:
         return
-    ue = scale.dtype == _UE8M0
+    ue = o_scale.dtype == _UE8M0
     hb = heads_per_program(H, 4)
     with device_guard(o):
-        _inverse_rope_quant_kernel[(T, triton.cdiv(H, hb))](
+        _inv_rope_quant_kernel[(T, triton.cdiv(H, hb))](
             o, o.stride(0), o.stride(1), positions, cos_sin, cos_sin.stride(0), cos_sin.shape[0],
-            _bytes(xq), xq.stride(0), _bytes(scale) if ue else scale, scale.stride(0),
-            x_dequant, x_dequant.stride(0) if x_dequant is not None else 0, H,
-            D=D, R=R, NBP=triton.next_power_of_2(D // 64), UE8M0=ue,
-            HAS_DQ=x_dequant is not None, HB=hb, num_warps=4)
+            _bytes(o_fp8), o_fp8.stride(0), _bytes(o_scale) if ue else o_scale,
+            o_scale.stride(0), o_scale.stride(1), o_dequant,
+            o_dequant.stride(0) if o_dequant is not None else 0, H,
+            D=D, R=R, NBP=triton.next_power_of_2(D // 64), QBLOCK=block, UE8M0=ue,
+            HAS_DQ=o_dequant is not None, HB=hb, num_warps=4)
 
 
 @triton.jit

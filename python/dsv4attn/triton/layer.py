@@ -393,7 +393,7 @@ class TritonAttention:
             oq = torch.empty((T, HD), dtype=torch.float8_e4m3fn, device=dev)
             osc = torch.empty((T, HD // 128), dtype=torch.float32, device=dev)
             o2 = torch.empty((T, HD), dtype=torch.bfloat16, device=dev)
-            op("inverse_rope_quantize_fp8")(o, positions, cos_sin, oq, osc, o2)
+            op("inv_rope_fp8_quant")(o, positions, cos_sin, 128, oq, osc, o_dequant=o2)
         else:
             op("apply_rope")(o, positions, cos_sin, True, o)
             o2 = o.view(T, HD)

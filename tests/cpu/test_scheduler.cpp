@@ -43,6 +43,7 @@ class FakeKv final : public KvCapacity {
     const int64_t per = p == 0 ? 1 : 4, bs = caches_[p]->spec().block_size;
     return ceil_div((context + n) / per, bs) - ceil_div(context / per, bs);
   }
+  bool grows(int p) const override { return p != 2; }
   int64_t held_blocks(int p, int64_t req) const override {
     if (!caches_[p]->has_request(req)) return 0;
     int64_t n = 0;
@@ -248,6 +249,24 @@ TEST(Scheduler, RingPoolAloneLimitsAdmission) {
   EXPECT_EQ(log.stats.peak_running, 3);
   EXPECT_GT(log.stats.waited_requests, 0);
   EXPECT_EQ(log.stats.preemptions, 0);  // rings never grow: no running request is ever short
+}
+
+// The watermark keeps admissions off the last blocks of pools running requests grow into...
+TEST(Scheduler, WatermarkHoldsBackAdmissionsInGrowingPools) {
+  const std::vector<Req> reqs(10, Req{8, 0});  // 2 window blocks each, none recycled
+  FakeKv roomy(20, 1000, 100, 0), kept(20, 1000, 100, 0);
+  EXPECT_EQ(drive({1000, 0, 0.0}, roomy, reqs).stats.peak_running, 10);
+  const RunLog log = drive({1000, 0, 0.25}, kept, reqs);  // 5 blocks kept free after the first
+  EXPECT_EQ(log.stats.peak_running, 7);
+  EXPECT_EQ(log.stats.waited_requests, 1);  // the queue head; the rest fit once the first 7 finish
+}
+
+// ...but not off fixed reservations: a ring pool sized for every request admits every request.
+TEST(Scheduler, WatermarkSparesFixedRings) {
+  FakeKv kv(10000, 10000, 100, 8);  // rings for exactly 50 requests
+  const RunLog log = drive({1000, 0, 0.05}, kv, std::vector<Req>(50, Req{4, 1}));
+  EXPECT_EQ(log.stats.peak_running, 50);
+  EXPECT_EQ(log.stats.waited_requests, 0);
 }
 
 TEST(Scheduler, MaxRunningCapsAdmission) {

@@ -65,6 +65,7 @@ class StackKvCapacity final : public KvCapacity {
   int64_t free_blocks(int pool) const override;
   int64_t step_blocks(int pool, int64_t context, int64_t num_new) const override;
   int64_t held_blocks(int pool, int64_t req) const override;
+  bool grows(int pool) const override { return pools_[pool].ring_blocks == 0; }
 
  private:
   struct Pool {

@@ -96,7 +96,8 @@ StepSchedule Scheduler::schedule(const KvCapacity& kv) {
   StepState st{kv, {}, {}, opts_.token_budget, {}, {}};
   for (int p = 0; p < kv.num_pools(); ++p) {
     st.free.push_back(kv.free_blocks(p));
-    st.watermark.push_back(static_cast<int64_t>(std::floor(opts_.watermark * static_cast<double>(kv.total_blocks(p)))));
+    st.watermark.push_back(
+        kv.grows(p) ? static_cast<int64_t>(std::floor(opts_.watermark * static_cast<double>(kv.total_blocks(p)))) : 0);
   }
 
   // 1. Decodes of running requests, by priority. One that does not fit preempts a lower-priority

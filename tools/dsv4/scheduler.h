@@ -41,12 +41,15 @@ class KvCapacity {
   virtual int64_t step_blocks(int pool, int64_t context, int64_t num_new) const = 0;
   // Blocks request `req` holds in `pool` now (what releasing it returns; 0 if it holds none).
   virtual int64_t held_blocks(int pool, int64_t req) const = 0;
+  // Whether a running request takes more blocks of `pool` as it advances (false: a fixed
+  // reservation made on its first step, like a compressor's state ring).
+  virtual bool grows(int pool) const = 0;
 };
 
 struct SchedulerOptions {
   int64_t token_budget = 256;  // tokens per step (decodes count one each): `--chunk`
   int max_running = 0;         // requests running at once; 0: as many as the caches hold
-  // Admissions leave this fraction of every pool free (vLLM's watermark), so the running
+  // Admissions leave this fraction of every growing pool free (vLLM's watermark), so the running
   // requests' next decode blocks are not taken by a new prompt right away. Ignored when nothing
   // runs: a request that fits an empty cache is always admitted.
   double watermark = 0.01;

@@ -91,6 +91,7 @@ TEST(CliRunScheduler, BadKvArgumentsAreErrors) {
       {"--kv-memory 0", "--kv-memory"},
       {"--kv-memory 150%", "--kv-memory"},
       {"--max-running -1", "--max-running"},
+      {"--max-running 4294967297", "--max-running"},
   };
   for (const auto& [args, what] : cases) {
     const Result r = run_cli(std::string("--model tiny --layers 0 --requests 2 --prompt-len 64 --quiet ") + args);

@@ -1,4 +1,5 @@
 // `dsv4 run`: the main job — a serving simulation through a model's attention stack.
+#include <climits>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -143,7 +144,10 @@ int cmd_run(const Args& raw) {
   // whole-FP8-step flips of a few % of o's elements: measured up to 3.6e-2 per token on v4-flash
   // layers 0/2/3 (H100, 2026-11-23). Semantic errors are O(1), so 5e-2 still separates them.
   sc.check_tolerance = a.get_double("tolerance", use_cuda ? 5e-2 : 3e-2);
-  sc.max_running = static_cast<int>(a.get_int("max-running", 0));
+  const int64_t max_running = a.get_int("max-running", 0);
+  if (max_running < 0 || max_running > INT32_MAX)
+    fail_expected("run", "--max-running", "0..2147483647 (0: no limit)", max_running);
+  sc.max_running = static_cast<int>(max_running);
   validate_sim_config(sc, cfg);  // before the (slow) stack is built
 
   // Pools sized from the workload within the budget; the scheduler queues or preempts whatever

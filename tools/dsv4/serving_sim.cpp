@@ -11,20 +11,11 @@
 #include "dsv4/reference.h"
 #include "dsv4/status.h"
 #include "kv_pools.h"
+#include "runtime/device_runtime.h"
+#include "step_tensors.h"
 
 namespace dsv4::cli {
 
-namespace {
-
-// Deterministic hidden state of (request, position): N(0, 1).
-void fill_hidden(float* out, int dim, uint64_t seed, int64_t req, int64_t pos) {
-  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(req) << 32) ^
-                      static_cast<uint64_t>(pos));
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  for (int i = 0; i < dim; ++i) out[i] = n(rng);
-}
-
-}  // namespace
 
 double layer_token_flops(const ModelConfig& c, LayerKind kind, int64_t p) {
   const double H = c.n_heads, D = c.head_dim, dim = c.dim;
@@ -97,6 +88,13 @@ SimReport run_serving_sim(AttentionStack& stack, const SimConfig& sc,
 
   SimReport rep;
   rep.phases = {{"prefill"}, {"decode"}, {"mixed"}};
+  const bool on_gpu = stack.num_layers() > 0 && stack.layer(0).backend() == Backend::cuda;
+  StepTensors tensors(on_gpu ? Device::cuda : Device::cpu, nullptr, sc.seed, cfg.dim);
+  struct StepEvents {
+    int phase;
+    rt::Event start, end;
+  };
+  std::vector<StepEvents> step_events;
   int64_t steps_run = 0;
   auto last_report = std::chrono::steady_clock::now();
 
@@ -110,22 +108,30 @@ SimReport run_serving_sim(AttentionStack& stack, const SimConfig& sc,
 
     const BatchPlan plan = BatchPlan::make(s.steps);
     const int64_t T = plan.num_tokens();
-    HostTensor x(DType::fp32, {T, cfg.dim}), y(DType::fp32, {T, cfg.dim});
-    for (int64_t t = 0; t < T; ++t)
-      fill_hidden(x.data<float>() + t * cfg.dim, cfg.dim, sc.seed,
-                  plan.requests[plan.token_to_req[t]].req_id, plan.positions[t]);
+    tensors.prepare(plan);
     std::vector<AttentionStack::LayerIO> io;
-    const auto t0 = std::chrono::steady_clock::now();
-    stack.forward(plan, x, y, sc.check_requests > 0 ? &io : nullptr);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ++steps_run;
-
     const bool all_decodes = plan.num_decodes == plan.num_requests();
-    PhaseStats& ph = rep.phases[all_decodes ? 1 : plan.num_decodes == 0 ? 0 : 2];
+    const int phase = all_decodes ? 1 : plan.num_decodes == 0 ? 0 : 2;
+    // CPU: the host clock around the (synchronous) step. GPU: events around the step on the
+    // stream, read after the run, so the host keeps planning ahead while the GPU works.
+    if (on_gpu) {
+      step_events.push_back({phase, rt::Event(true), rt::Event(true)});
+      step_events.back().start.record(nullptr);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    stack.forward(plan, tensors.x(), tensors.y(), sc.check_requests > 0 ? &io : nullptr);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (on_gpu) step_events.back().end.record(nullptr);
+    ++steps_run;
+    const HostTensor y = on_output ? tensors.y_on_host() : HostTensor();
+
+    PhaseStats& ph = rep.phases[phase];
     ph.steps += 1;
     ph.tokens += T;
-    ph.seconds += secs;
-    ph.step_seconds.push_back(secs);
+    if (!on_gpu) {
+      ph.seconds += secs;
+      ph.step_seconds.push_back(secs);
+    }
     for (int64_t t = 0; t < T; ++t)
       for (int l = 0; l < L; ++l) ph.flops += layer_token_flops(cfg, stack.layer(l).kind(), plan.positions[t]);
 
@@ -154,6 +160,11 @@ SimReport run_serving_sim(AttentionStack& stack, const SimConfig& sc,
     }
   }
   rep.scheduler = sched.stats();
+  for (const StepEvents& e : step_events) {
+    const double secs = 1e-3 * rt::Event::elapsed_ms(e.start, e.end);
+    rep.phases[e.phase].seconds += secs;
+    rep.phases[e.phase].step_seconds.push_back(secs);
+  }
 
   // Check: each sampled request, each layer, against the float64 reference.
   rep.check_tolerance = sc.check_tolerance;

@@ -12,11 +12,12 @@ backends pass (the seeds), on CPU and CUDA (CUDA cases skip without a GPU):
   num_splits) tensors that vLLM's V3.2 backend copies into persistent buffers for CUDA graphs.
 
 Every output buffer is poisoned (NaN) beforehand. Real heads are compared with the float64
-reference of reference.py (SPEC §6): bf16 out within 2e-2 · max|ref| + 2e-3 (one bf16 rounding
-of the output and of the probabilities before P·V on CUDA, fp32 accumulation over <= 200 keys),
-lse / max_logits within 1e-3 absolute (fp32 logits from exactly decoded keys; 1e-4 fails only by
-exp2/log2 approximations on CUDA). Strided runs must also equal the same call on dense copies
-bit for bit: strides change addressing, never arithmetic.
+reference of reference.py (SPEC §6) on O(1) data: bf16 out within 1.5e-2 · max|ref| (the CUDA
+tests' bound: one bf16 rounding of the output, 2^-9, plus on CUDA the bf16 rounding of the
+probabilities before P·V, fp32 accumulation over <= 200 keys), lse / max_logits within 1e-3
+absolute (fp32 logits from exactly decoded keys, exp2/log2 approximations on CUDA). Strided runs
+must also equal the same call on dense copies bit for bit: strides change addressing, never
+arithmetic.
 """
 import math
 
@@ -30,7 +31,7 @@ from dsv4attn.flash_mla import (SCHEDULE_TAG, FlashMLASchedMeta, flash_mla_spars
                                 flash_mla_with_kvcache, get_mla_metadata, kv_cache_block_bytes)
 import reference as ref
 
-OUT_REL, OUT_ABS, LSE_ABS = 2e-2, 2e-3, 1e-3
+OUT_REL, LSE_ABS = 1.5e-2, 1e-3
 TOKEN_BYTES = {"model1_fp8": 584, "v32_fp8": 656}
 
 
@@ -91,7 +92,7 @@ def padded_heads(q, h_pad):
 
 def expect_close(got_out, got_lse, want_out, want_lse):
     got_out = got_out.cpu().to(torch.float64)
-    tol = OUT_REL * want_out.abs().max() + OUT_ABS
+    tol = OUT_REL * want_out.abs().max()
     assert torch.all((got_out - want_out).abs() <= tol), (got_out - want_out).abs().max()
     got_lse = got_lse.cpu().to(torch.float64)
     finite = torch.isfinite(want_lse)
@@ -318,9 +319,9 @@ INVALID = [-2147483648, -123456, -1, 114514, 1919810, 2147480000, 2147483647]  #
                                                 (True, True)])
 def test_sparse_fwd_flashmla_style_inputs(device, d_qk, with_sink, with_len):
     s_q, s_kv, topk, h_real, h_pad = 6, 300, 128, 40, 64
-    q_real = (torch.randn(s_q, h_real, d_qk) / 10).to(torch.bfloat16)
+    q_real = torch.randn(s_q, h_real, d_qk).to(torch.bfloat16)
     q = padded_heads(q_real, h_pad)
-    kv = (torch.randn(s_kv, 1, d_qk) / 10).to(torch.bfloat16)
+    kv = torch.randn(s_kv, 1, d_qk).to(torch.bfloat16)
     indices = torch.randint(0, s_kv, (s_q, 1, topk), dtype=torch.int32)
     bad = torch.rand(indices.shape) < 0.25
     choices = torch.tensor(INVALID + [s_kv], dtype=torch.int32)
@@ -339,11 +340,12 @@ def test_sparse_fwd_flashmla_style_inputs(device, d_qk, with_sink, with_len):
     out_buf = flashmla_layout(poisoned((s_q, h_pad, 512), torch.bfloat16, device), (1, 2, 8))
     args = (flashmla_layout(q.to(device), (1, 2, 8)), flashmla_layout(kv.to(device), (3, 1, 16)),
             flashmla_layout(indices.to(device), (1, 2, 5), swap01=True, fill=0x7F))
-    out, max_logits, lse = flash_mla_sparse_fwd(*args, 0.5, 512, out=out_buf, **kwargs)
+    scale = d_qk ** -0.5
+    out, max_logits, lse = flash_mla_sparse_fwd(*args, scale, 512, out=out_buf, **kwargs)
     assert out.data_ptr() == out_buf.data_ptr()
 
     rows = kv[indices[:, 0].clamp(0, s_kv - 1).long(), 0]
-    want, want_lse, want_max = ref.sparse_attention(q_real, rows, valid, 0.5, 512,
+    want, want_lse, want_max = ref.sparse_attention(q_real, rows, valid, scale, 512,
                                                     sink[:h_real] if with_sink else None)
     expect_close(out[:, :h_real], lse[:, :h_real], want, want_lse)
     finite = torch.isfinite(want_lse)
@@ -352,7 +354,7 @@ def test_sparse_fwd_flashmla_style_inputs(device, d_qk, with_sink, with_len):
     assert torch.allclose(got_max[finite], want_max[finite], atol=LSE_ABS, rtol=0)
     assert torch.all(out[2, :h_real].cpu() == 0)
 
-    dense = flash_mla_sparse_fwd(q.to(device), kv.to(device), indices.to(device), 0.5, 512,
+    dense = flash_mla_sparse_fwd(q.to(device), kv.to(device), indices.to(device), scale, 512,
                                  **kwargs)
     for got, want_t in zip((out, max_logits, lse), dense):
         assert torch.equal(got[:, :h_real], want_t[:, :h_real])

@@ -124,6 +124,15 @@ void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const Tenso
 //   P_i = scale · q·k_i,  lse = ln Σ exp(P_i),  out = Σ exp(P_i − lse) · k_i[:d_v];
 //   with a sink σ_h: out ← out · exp(lse) / (exp(lse) + exp(σ_h)). lse excludes the sink.
 //   No valid row: out = 0, lse = +inf.
+//
+// Strides (FlashMLA's rules): q, kv, indices, out, lse and max_logits may have any strides whose
+// last dim is contiguous (e.g. q [b, s_q, H, d] whose [b, s_q] do not merge, a transposed or
+// sliced indices view, out a slice of a wider buffer). topk_length and attn_sink are contiguous
+// vectors. Caches: any block stride >= the layout's block bytes, bytes dense within a block
+// (check_kv_cache). CUDA moves rows in 16-byte pieces (cp.async, vector stores, TMA, whose
+// descriptors take strides in multiples of 16 bytes), so there the strides of q's and out's
+// leading dims (those of size > 1) and kv's row stride must be multiples of 8 elements, with
+// 16-byte aligned base pointers; the error names the offending stride. No op copies an input.
 struct SparseDecodeArgs {
   TensorView q;                 // [b, s_q, H, d_qk] bf16; d_qk = 512 (MODEL1) or 576 (V32)
   KvCacheView k_cache;          // main scope
@@ -166,8 +175,9 @@ void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
                    const TensorView& workspace, Stream stream = nullptr);
 
 // The combine step alone: partial_o [b, s_q, H, splits, d_v] fp32, partial_lse [b, s_q, H,
-// splits] fp32 (−inf for an empty split) → out [b, s_q, H, d_v] bf16, lse [b, s_q, H]; applies
-// the sink (optional [H] fp32) and the no-valid-key convention.
+// splits] fp32 (contiguous; −inf for an empty split) → out [b, s_q, H, d_v] bf16, lse [b, s_q, H]
+// (strided, the rules above); applies the sink (optional [H] fp32) and the no-valid-key
+// convention.
 void sparse_attention_combine(const TensorView& partial_o, const TensorView& partial_lse,
                               const TensorView& attn_sink, const TensorView& out,
                               const TensorView& lse, Stream stream = nullptr);

@@ -6,8 +6,11 @@ torch.compile functionalizes them), and nothing is returned. Every op has a fake
 `torch.compile` traces through it. CUDA tensors run on torch's current stream of their device;
 no op synchronizes the host.
 
-Paged caches are passed as their byte tensor (uint8 [num_blocks, block_bytes]) plus `layout`
-("model1_fp8", "v32_fp8", "bf16", "fp8_per_tensor") and `block_size`.
+Paged caches are passed as their byte tensor (uint8 [num_blocks, block_bytes], bytes dense within
+a block, any block stride >= block_bytes that is a multiple of 16) plus `layout`
+("model1_fp8", "v32_fp8", "bf16", "fp8_per_tensor") and `block_size`. The sparse attention ops'
+q, kv, indices, out, lse and max_logits may have any strides whose last dim is contiguous, with
+the 16-byte row rules of include/dsv4/ops.h on CUDA.
 
 Bad arguments raise dsv4attn.Error (a ValueError) naming the op, the argument, what was expected
 and what was found, before any output is written.

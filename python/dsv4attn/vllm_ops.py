@@ -47,10 +47,17 @@ def _model1_blocks(where: str, k_cache: torch.Tensor, block_size: int) -> torch.
     if k_cache.dim() not in (2, 3, 4) or (k_cache.dim() > 2 and k_cache.shape[1] != block_size):
         raise Error(f"{where}: k_cache.shape: expected [num_blocks, {block_bytes}] or "
                     f"[num_blocks, {block_size}, (1,) 584], got {list(k_cache.shape)}")
-    if k_cache.shape[0] > 1 and k_cache.stride(0) != block_bytes:
-        raise Error(f"{where}: k_cache.stride(0): expected {block_bytes} (the MODEL1_FP8 block "
-                    f"at block_size {block_size}), got {k_cache.stride(0)}")
-    return block_bytes_view(where, k_cache.view(torch.uint8), k_cache.shape[0], block_bytes)
+    block_stride = k_cache.stride(0) if k_cache.shape[0] > 1 else block_bytes
+    if block_stride < block_bytes or block_stride % 16 != 0:
+        raise Error(f"{where}: k_cache.stride(0): expected a block stride >= {block_bytes} (the "
+                    f"MODEL1_FP8 block at block_size {block_size}) and a multiple of 16, "
+                    f"got {k_cache.stride(0)}")
+    if k_cache.stride(-1) != 1 or (k_cache.dim() > 2 and block_size > 1
+                                   and k_cache.stride(1) != k_cache.shape[-1]):
+        raise Error(f"{where}: k_cache: expected bytes dense within a block, got strides "
+                    f"{tuple(k_cache.stride())}")
+    return block_bytes_view(where, k_cache.view(torch.uint8), k_cache.shape[0], block_bytes,
+                            block_stride)
 
 
 def fused_q_kv_rmsnorm(qr: torch.Tensor, kv: torch.Tensor, q_weight: torch.Tensor,

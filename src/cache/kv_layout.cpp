@@ -78,8 +78,23 @@ void check_kv_cache(const char* where, const char* name, const KvCacheView& cach
                       std::string(kv_layout_name(cache.layout)) + " at block_size " +
                       std::to_string(cache.block_size) + ")",
                   cache.data.shape[1]);
-  check_contiguous(where, (n + ".data").c_str(), cache.data);
-  // Scales (fp32) and rope (bf16) are read in place: the base must be aligned for them.
+  // Bytes dense within a block; blocks any number of bytes apart (a padded block stride, as
+  // FlashMLA's and vLLM's caches have) as long as blocks do not overlap.
+  check_inner_contiguous(where, (n + ".data").c_str(), cache.data);
+  const int64_t block_stride = cache.data.strides[0];
+  if (cache.data.shape[0] > 1) {
+    if (block_stride < g.block_bytes)
+      fail_expected(where, n + ".data.stride(0) (block stride, bytes)",
+                    ">= " + std::to_string(g.block_bytes) + " (the block bytes of " +
+                        std::string(kv_layout_name(cache.layout)) + " at block_size " +
+                        std::to_string(cache.block_size) + ")",
+                    block_stride);
+    // Every block starts 16-byte aligned like the first: kernels read a token's 16-byte chunks,
+    // fp32 scales and bf16 rope in place.
+    if (block_stride % 16 != 0)
+      fail_expected(where, n + ".data.stride(0) (block stride, bytes)", "a multiple of 16",
+                    block_stride);
+  }
   if (reinterpret_cast<uintptr_t>(cache.data.data) % 16 != 0)
     fail_expected(where, n + ".data pointer", "16-byte aligned", cache.data.data);
   if (cache.layout == KvLayout::fp8_per_tensor &&
@@ -171,8 +186,8 @@ void kv_quantize(const KvCacheView& cache, const TensorView& values, const Tenso
     if (s < 0) continue;
     float row[kMaxDim];
     load_row(values, i, g.dim, row);
-    kv_encode_token(g, base + (s / g.block_size) * g.block_bytes, static_cast<int>(s % g.block_size),
-                    row, cache.tensor_scale);
+    kv_encode_token(g, base + (s / g.block_size) * cache.data.strides[0],
+                    static_cast<int>(s % g.block_size), row, cache.tensor_scale);
   }
 }
 
@@ -191,7 +206,7 @@ void kv_dequantize(const KvCacheView& cache, const TensorView& slots, const Tens
     const int64_t s = slot_at(slots, i);
     float row[kMaxDim] = {};
     if (s >= 0)
-      kv_decode_token(g, base + (s / g.block_size) * g.block_bytes,
+      kv_decode_token(g, base + (s / g.block_size) * cache.data.strides[0],
                       static_cast<int>(s % g.block_size), row, cache.tensor_scale);
     store_row(out, i, g.dim, row);
   }

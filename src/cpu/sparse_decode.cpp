@@ -49,17 +49,19 @@ void check_scope_indices(const char* indices_name, const char* length_name,
   const int64_t b = indices.shape[0], s_q = indices.shape[1], topk = indices.shape[2];
   if (topk_length.defined())
     cpu::check_values_in_range(kOp, length_name, topk_length.ptr<const int32_t>(), b, 0, topk);
-  const int32_t* idx = indices.ptr<const int32_t>();
   for (int64_t bi = 0; bi < b; ++bi) {
     const int64_t counted = topk_length.defined() ? topk_length.ptr<const int32_t>()[bi] : topk;
-    for (int64_t si = 0; si < s_q; ++si)
+    for (int64_t si = 0; si < s_q; ++si) {
+      const int32_t* idx =
+          indices.ptr<const int32_t>() + bi * indices.strides[0] + si * indices.strides[1];
       for (int64_t k = 0; k < counted; ++k) {
-        const int32_t slot = idx[(bi * s_q + si) * topk + k];
+        const int32_t slot = idx[k];
         if (slot != -1 && (slot < 0 || slot >= num_slots))
           fail_expected(kOp,
                         detail::concat(indices_name, "[", bi, "][", si, "][", k, "]"),
                         detail::concat("-1 or a slot in [0, ", num_slots, ")"), slot);
       }
+    }
   }
 }
 
@@ -88,7 +90,8 @@ DecodeDims validate_decode(const SparseDecodeArgs& a, const DecodeSchedule& sche
   if (a.d_v < 1 || a.d_v > d_qk)
     fail_expected(kOp, "d_v", detail::concat("a value in [1, ", d_qk, "]"), a.d_v);
 
-  cpu::check_tensor(kOp, "indices", a.indices, DType::int32, {b, s_q, -1}, dims.device);
+  cpu::check_tensor(kOp, "indices", a.indices, DType::int32, {b, s_q, -1}, dims.device,
+                    cpu::Dense::last_dim);
   dims.topk = a.indices.shape[2];
   if (dims.topk < 1) fail_expected(kOp, "indices.shape[2] (topk)", ">= 1", dims.topk);
   cpu::check_optional_tensor(kOp, "topk_length", a.topk_length, DType::int32, {b}, dims.device);
@@ -100,7 +103,7 @@ DecodeDims validate_decode(const SparseDecodeArgs& a, const DecodeSchedule& sche
       fail_expected(kOp, "extra_k_cache.layout", kv_layout_name(a.k_cache.layout),
                     kv_layout_name(a.extra_k_cache.layout));
     cpu::check_tensor(kOp, "extra_indices", a.extra_indices, DType::int32, {b, s_q, -1},
-                      dims.device);
+                      dims.device, cpu::Dense::last_dim);
     dims.extra_topk = a.extra_indices.shape[2];
     if (dims.extra_topk < 1)
       fail_expected(kOp, "extra_indices.shape[2] (extra_topk)", ">= 1", dims.extra_topk);
@@ -117,7 +120,8 @@ DecodeDims validate_decode(const SparseDecodeArgs& a, const DecodeSchedule& sche
   dims.scale = cpu::resolve_softmax_scale(kOp, a.softmax_scale, d_qk);
   cpu::check_output_tensor(kOp, "out", a.out, DType::bf16, {b, s_q, h, a.d_v}, dims.device,
                            cpu::Dense::last_dim);
-  cpu::check_output_tensor(kOp, "lse", a.lse, DType::fp32, {b, s_q, h}, dims.device);
+  cpu::check_output_tensor(kOp, "lse", a.lse, DType::fp32, {b, s_q, h}, dims.device,
+                           cpu::Dense::last_dim);
 
   const int64_t topk_total = dims.topk + dims.extra_topk;
   if (schedule.num_splits < 1)
@@ -159,20 +163,22 @@ struct Scope {
   const uint8_t* blocks;
   int64_t block_stride;  // bytes between blocks
   float tensor_scale;
-  const int32_t* indices;  // [b, s_q, topk]
+  const int32_t* indices;  // [b, s_q, topk], strides below (last dim dense)
+  int64_t indices_b_stride, indices_s_stride;
   const int32_t* lengths;  // [b] or nullptr
   int64_t topk;
 
   static Scope of(const KvCacheView& cache, const TensorView& indices, const TensorView& lengths) {
     return Scope{kv_geometry(cache.layout, cache.block_size), cache.data.ptr<const uint8_t>(),
                  cache.data.strides[0], cache.tensor_scale, indices.ptr<const int32_t>(),
-                 lengths.ptr<const int32_t>(), indices.shape[2]};
+                 indices.strides[0], indices.strides[1], lengths.ptr<const int32_t>(),
+                 indices.shape[2]};
   }
   int64_t counted(int64_t bi) const { return lengths ? lengths[bi] : topk; }
-  // Dequantizes slot k of query row `row` (= bi * s_q + si) into `dst`; false when invalid.
-  bool fetch(int64_t row, int64_t bi, int64_t k, float* dst) const {
+  // Dequantizes slot k of query row (bi, si) into `dst`; false when invalid.
+  bool fetch(int64_t bi, int64_t si, int64_t k, float* dst) const {
     if (k >= counted(bi)) return false;
-    const int32_t slot = indices[row * topk + k];
+    const int32_t slot = indices[bi * indices_b_stride + si * indices_s_stride + k];
     if (slot < 0) return false;
     const int bs = geometry.block_size;
     kv_decode_token(geometry, blocks + (slot / bs) * block_stride, slot % bs, dst, tensor_scale);
@@ -206,8 +212,8 @@ void sparse_decode_cpu(const SparseDecodeArgs& a, const DecodeDims& dims,
       const int64_t end = std::min(begin + schedule.split_len, topk_total);
       // Slot k of the concatenated list: main scope for k < topk, then the extra scope.
       attention.attend(begin, end, [&](int64_t k, float* dst) {
-        return k < dims.topk ? main.fetch(row, bi, k, dst)
-                             : extra.fetch(row, bi, k - dims.topk, dst);
+        return k < dims.topk ? main.fetch(bi, si, k, dst)
+                             : extra.fetch(bi, si, k - dims.topk, dst);
       });
       for (int hi = 0; hi < h; ++hi) {
         const int64_t head_row = row * h + hi;

@@ -34,6 +34,7 @@ nlohmann::json to_json(const LayerBenchReport& r) {
                 {"bf16_how", r.ceilings.bf16_how},
                 {"copy_how", r.ceilings.copy_how}}},
               {"settings", r.settings},
+              {"errors", r.errors},
               {"cases", json::array()}};
   for (const CaseReport& c : r.cases) {
     json ops = json::array();

@@ -1,6 +1,6 @@
 // What `dsv4 bench layer` reports: per case the wall and GPU time of a layer step, its ops' times
 // beside their floors (layer_cost_model.h), and the whole run as a table and as JSON:
-//   {"device", "commit", "date", "backend", "ceilings": {...}, "settings": {...},
+//   {"device", "commit", "date", "backend", "ceilings": {...}, "settings": {...}, "errors": [...],
 //    "cases": [{"model", "layer", "kind", "case", "phase", "requests", "tokens", "context",
 //               "context_range", "wall_us", "wall_mode", "gpu_us", "host_us", "floor_us",
 //               "floor_complete", "unmodeled_ops", "reps",
@@ -51,6 +51,7 @@ struct LayerBenchReport {
   MeasuredCeilings ceilings;
   nlohmann::json settings = nlohmann::json::object();
   std::vector<CaseReport> cases;
+  std::vector<std::string> errors;  // layers that failed (the run goes on with the others)
 };
 
 nlohmann::json to_json(const LayerBenchReport& report);

@@ -20,6 +20,7 @@
 #if defined(DSV4_WITH_CUDA)
 #include <cuda_runtime.h>
 
+#include "cuda/common/check.h"
 #include "cuda/common/random_fill.h"
 #endif
 
@@ -127,8 +128,8 @@ class LayerRunner {
     return out;
   }
 
-  // Runs `requests` (ids) from their current context to `target` in untimed steps of at most
-  // `budget` tokens (whole requests first, in order, as a chunked-prefill scheduler does).
+  // Runs the requests `ids` from their current context to `target` in untimed steps of at most
+  // `budget` tokens (earlier requests first, as a chunked-prefill scheduler does).
   void build_context(std::map<int64_t, int64_t>& context, const std::vector<int64_t>& ids, int64_t target,
                      int64_t budget) {
     size_t next = 0;
@@ -165,8 +166,7 @@ class LayerRunner {
 #if defined(DSV4_WITH_CUDA)
     if (cuda) {
       cudaStream_t s = nullptr;
-      if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess)
-        fail("bench layer: cudaStreamCreate failed");
+      cuda::check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "bench layer", "cudaStreamCreate");
       return StreamPtr(s);
     }
 #endif
@@ -188,7 +188,7 @@ class LayerRunner {
   }
   void sync() {
 #if defined(DSV4_WITH_CUDA)
-    if (cuda_ && cudaStreamSynchronize(stream_.get()) != cudaSuccess) fail("bench layer: cudaStreamSynchronize failed");
+    if (cuda_) cuda::check_cuda(cudaStreamSynchronize(stream_.get()), "bench layer", "cudaStreamSynchronize");
 #endif
   }
 

@@ -44,6 +44,7 @@ void usage() {
   std::puts(
       "usage: dsv4 bench [--filter SUBSTR] [--list] [--json FILE] [--warmup N] [--reps N]\n"
       "                  [--cooldown-ms MS]\n"
+      "       dsv4 bench layer [options]   whole layer steps against their floors (--help)\n"
       "  Runs the kernel benchmarks of PERF.md on the first CUDA device: median of --reps (>= 20)\n"
       "  CUDA-event timed runs after --warmup runs; prints µs, TFLOP/s, GB/s, % of the bound\n"
       "  ceiling and the FlashMLA anchor. --filter keeps cases whose name contains SUBSTR.\n"

@@ -66,5 +66,7 @@ int rotations_beyond_l2(double bytes_per_set);
 
 // Runs the cases selected by the CLI arguments; returns the exit code.
 int run_bench_cli(const std::vector<std::string>& args);
+// `dsv4 bench layer` (bench_layer.cpp): whole-layer steps against their floors.
+int run_layer_bench_cli(const std::vector<std::string>& args);
 
 }  // namespace dsv4::bench

@@ -25,12 +25,15 @@ enum class Backend : uint8_t { cpu, cuda };
 // Per-op timing of a forward (`dsv4 bench layer`): the layer calls begin(op) on its stream before
 // the launches of each named op of a forward, and end() after the last; an implementation records
 // CUDA events (or host clocks on the CPU backend). Op names are stable identifiers
-// (layer_op_names() lists them), so a cost model can be keyed by them.
+// (see the op() marks in src/layer/attention.cpp and compressed_scope.cpp), so a cost model can be
+// keyed by them. While a timer is active the layer runs serially and without CUDA graphs (each
+// op's time is its own); an inactive timer costs nothing.
 class OpTimer {
  public:
   virtual ~OpTimer() = default;
   virtual void begin(const char* op, Stream stream) = 0;
   virtual void end(Stream stream) = 0;
+  virtual bool active() const { return true; }
 };
 
 struct AttentionOptions {

@@ -82,8 +82,9 @@ struct Attention::Impl {
   void forward(const BatchPlan& plan, const TensorView& x, const TensorView& y);
   // Marks the start of the named op's launches for the optional per-op timer.
   void op(const char* name) const {
-    if (opts.op_timer) opts.op_timer->begin(name, opts.stream);
+    if (timing()) opts.op_timer->begin(name, opts.stream);
   }
+  bool timing() const { return opts.op_timer != nullptr && opts.op_timer->active(); }
   // Whether this step runs as a replayed CUDA graph: a decode-only step on CUDA, with graphs on,
   // nobody capturing the stream already (a caller's torch.cuda.graph captures the eager path)
   // and no per-op timer.
@@ -355,7 +356,7 @@ Attention::Impl::WorkspaceBound Attention::Impl::workspace_bound(int64_t max_tok
 }
 
 bool Attention::Impl::graph_step(const BatchPlan& plan) const {
-  return device == Device::cuda && opts.cuda_graphs && opts.op_timer == nullptr &&
+  return device == Device::cuda && opts.cuda_graphs && !timing() &&
          plan.num_decodes == plan.num_requests() && plan.num_tokens() <= kMaxGraphTokens &&
          !rt::is_capturing(opts.stream);
 }
@@ -550,7 +551,7 @@ void Attention::Impl::launch(const StepPlan& sp, const TensorView& x, const Tens
   const TensorView positions = upload.view(sp.positions);
   const TensorView token_to_req = upload.view(sp.token_to_req);
   CompressedIndices cidx;
-  const bool overlap = compressed && device == Device::cuda && opts.op_timer == nullptr;
+  const bool overlap = compressed && device == Device::cuda && !timing();
   if (compressed) {
     Stream cs = stream;
     if (overlap) {
@@ -579,7 +580,7 @@ void Attention::Impl::launch(const StepPlan& sp, const TensorView& x, const Tens
   if (sp.nd > 0) attend_decodes(st);
   if (!sp.prefill_groups.empty()) attend_prefills(st);
   project_output(st, y);
-  if (opts.op_timer) opts.op_timer->end(stream);
+  if (timing()) opts.op_timer->end(stream);
 }
 
 void Attention::Impl::attend_decodes(const Step& st) {

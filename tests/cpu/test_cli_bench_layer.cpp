@@ -103,10 +103,9 @@ TEST(CliBenchLayer, BadArgumentsAreErrors) {
   const Result prefill = bench_layer("--model tiny --prefill-tokens 12 --list");
   EXPECT_EQ(prefill.status, 1);
   EXPECT_NE(prefill.output.find("--prefill-tokens"), std::string::npos) << prefill.output;
-  // Graph replay needs the layer's CUDA-graph decode: refused with the reason, not faked.
-  const Result graph = bench_layer(std::string(kSmall) + " --wall graph");
-  EXPECT_EQ(graph.status, 1);
-  EXPECT_NE(graph.output.find("--wall graph"), std::string::npos) << graph.output;
+  const Result wall = bench_layer(std::string(kSmall) + " --wall replayed");
+  EXPECT_EQ(wall.status, 1);
+  EXPECT_NE(wall.output.find("--wall"), std::string::npos) << wall.output;
   const Result v32 = bench_layer("--model v3.2 --list");
   EXPECT_EQ(v32.status, 1);
   EXPECT_NE(v32.output.find("DeepSeek-V4"), std::string::npos) << v32.output;

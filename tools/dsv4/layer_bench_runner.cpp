@@ -52,7 +52,7 @@ LayerCacheOptions cache_options(const ModelConfig& cfg, LayerKind kind, const st
     if (c.shares_pool()) {
       pool = std::max(pool, c.requests);
       pool_step = std::max(pool_step, c.new_tokens);
-      pool_growth += (s.warmup + 2 * s.reps) * c.new_tokens;  // warm-up, op-timed and wall-clock steps
+      pool_growth += (s.warmup + 2 * s.reps + 2) * c.new_tokens;  // warm-up, op-timed and wall-clock steps
       continue;
     }
     // Continuing cases build every set first (in chunks of at most --build-chunk), then time them.
@@ -184,6 +184,7 @@ class LayerRunner {
     o.stream = stream;
     o.caches = caches;
     o.op_timer = timer;
+    o.cuda_graphs = s.wall == WallMode::graph;
     return o;
   }
   void sync() {
@@ -273,6 +274,13 @@ void run_pool_cases(LayerRunner& runner, const ModelConfig& cfg, int layer, Laye
     int64_t ctx_min = INT64_MAX, ctx_max = 0;
     BatchPlan first_plan;
     for (int pass = 0; pass < 2; ++pass) {  // 0: op timing, 1: wall clock without the timer
+      // Without the timer a decode step of a new shape runs eagerly once and is captured the
+      // second time: two untimed steps first, so the timed ones replay.
+      for (int i = 0; pass == 1 && i < 2; ++i) {
+        const auto steps = next_steps();
+        runner.step(steps, false);
+        advance(steps);
+      }
       for (int i = 0; i < s.reps; ++i) {
         const auto steps = next_steps();
         if (pass == 0 && i == 0) first_plan = BatchPlan::make(steps);

@@ -18,11 +18,10 @@
 
 namespace dsv4::bench {
 
-// How a case's wall time is taken. eager: forward() + stream sync, host planning and uploads
-// included. graph: replay of a CUDA graph captured from the decode step (issue 14 item 2). The
-// layer has no capturable decode yet, so the CLI refuses graph until it does. Hook: when the layer
-// gains it, LayerRunner::step (layer_bench_runner.cpp) captures once per case (fixed-address x / y
-// and the layer's step metadata) and times cudaGraphLaunch + sync instead of forward().
+// How a case's wall time is taken: forward() + stream sync, host planning and the step upload
+// included. graph (CUDA default): the layer replays its CUDA graph for decode-only steps
+// (AttentionOptions::cuda_graphs; MTP and prefill steps run eagerly either way). eager: graphs off.
+// Per-op GPU times always come from an eager, serial pass with the op timer active.
 enum class WallMode { eager, graph };
 
 struct CaseSpec {
@@ -38,7 +37,7 @@ struct LayerBenchSettings {
   std::vector<int64_t> decode_requests{1, 32, 128, 256};
   int warmup = 2, reps = 20, prefill_reps = 5, cooldown_ms = 1000;
   bool fp8_weights = true;
-  WallMode wall = WallMode::eager;
+  WallMode wall = WallMode::graph;  // the CLI defaults to eager on the CPU (no graphs there)
   uint64_t seed = 1;
 };
 

@@ -39,6 +39,7 @@ class TimingOpTimer : public OpTimer {
   // While disabled, begin/end record nothing (a forward timed for its wall clock only).
   void set_enabled(bool on) { enabled_ = on; }
   bool enabled() const { return enabled_; }
+  bool active() const override { return enabled_; }
   // The last completed forward's times (waits for its events on CUDA). Throws dsv4::Error if
   // no forward was marked since the last collect(), or it did not reach end().
   virtual ForwardTimes collect() = 0;

@@ -190,7 +190,7 @@ int run_bench_cli(const std::vector<std::string>& args) {
     results.push_back({{"group", group}, {"name", c.name}, {"config", c.config}, {"median_us", t.median_us},
                        {"min_us", t.min_us}, {"max_us", t.max_us}, {"reps", t.reps}, {"flops", c.flops},
                        {"bytes", c.bytes}, {"tflops", tflops}, {"gbps", gbps},
-                       {"bound", c.memory_bound ? "memory" : c.fp8 ? "compute (fp8)" : "compute"},
+                       {"bound", c.memory_bound ? "memory" : "compute"}, {"tflops_ceiling", tflops_ceiling},
                        {"percent_of_ceiling", pct},
                        {"flashmla_us", c.anchor_us}, {"flashmla_tflops", c.anchor_tflops},
                        {"ratio_vs_flashmla", ratio}, {"run_from_unix_ms", run_from_ms},

@@ -37,6 +37,7 @@ constexpr int kMaxK = 4096;
 constexpr int64_t kWideRowColumns = 8192;
 constexpr int64_t kFewRows = 512;
 constexpr int kColumnsPerThread = 4;  // compaction: consecutive columns per thread per round
+constexpr int kLoadsInFlight = 4;     // threshold passes: loads per thread before their increments
 constexpr uint32_t kPadKey = 0xffffffffu;
 
 // The radix select's digits, from the top: 11 + 11 + 10 bits.
@@ -98,14 +99,23 @@ struct Topk {
       for (int b = tid; b < bins; b += kThreads) sh.phase.hist[b] = 0;
       __syncthreads();
       // Uniform trip count (whole warps): lanes past the row take part in the match as outsiders.
-      for (int64_t base = 0; base < visible; base += kThreads) {
-        const int64_t j = base + tid;
-        const uint32_t key = j < visible ? im::topk_key(row[j]) : kPadKey;
-        const bool in = j < visible && (key & mask) == prefix;
-        const uint32_t digit = (key >> shift) & static_cast<uint32_t>(bins - 1);
-        // Lanes with the same digit add together: one shared atomic per distinct digit.
-        const uint32_t peers = __match_any_sync(0xffffffffu, in ? digit : kPadKey);
-        if (in && lane == __ffs(peers) - 1) atomicAdd(&sh.phase.hist[digit], static_cast<uint32_t>(__popc(peers)));
+      // kLoadsInFlight coalesced loads first, then their increments (the shared atomics would
+      // otherwise hold each next load back).
+      for (int64_t base = 0; base < visible; base += int64_t{kThreads} * kLoadsInFlight) {
+        uint32_t key[kLoadsInFlight];
+#pragma unroll
+        for (int u = 0; u < kLoadsInFlight; ++u) {
+          const int64_t j = base + u * kThreads + tid;
+          key[u] = j < visible ? im::topk_key(row[j]) : kPadKey;
+        }
+#pragma unroll
+        for (int u = 0; u < kLoadsInFlight; ++u) {
+          const bool in = base + u * kThreads + tid < visible && (key[u] & mask) == prefix;
+          const uint32_t digit = (key[u] >> shift) & static_cast<uint32_t>(bins - 1);
+          // Lanes with the same digit add together: one shared atomic per distinct digit.
+          const uint32_t peers = __match_any_sync(0xffffffffu, in ? digit : kPadKey);
+          if (in && lane == __ffs(peers) - 1) atomicAdd(&sh.phase.hist[digit], static_cast<uint32_t>(__popc(peers)));
+        }
       }
       __syncthreads();
       // The bucket holding the remaining-th key: thread t owns bins [t·per, (t+1)·per).

@@ -1,7 +1,8 @@
-// Per-element math of the C4A indexer (SPEC §5) shared by the CPU reference (src/cpu/indexer.cpp)
-// and the CUDA kernels (src/cuda/indexer/), so both round identically: the fixed summation order
-// of a query·key dot product, the head term of a score, the visible-entry count and the total
-// order of top-k as an unsigned key.
+// Per-element math of the C4A indexer (SPEC §5): the visible-entry count and the total order of
+// top-k as an unsigned key, shared by the CPU reference (src/cpu/indexer.cpp) and the CUDA kernels
+// (src/cuda/indexer/) so both select identically from the same scores; and the CPU's fixed
+// summation order of a query·key dot product and head term of a score (the CUDA scores run on FP8
+// tensor cores instead, within the tolerance include/dsv4/indexer.h states).
 //
 // Every multiply and add here is rounded on its own (dtype.h ieee_*): nvcc contracts a·b + c into
 // one FMA by default (and the project builds kernels with --use_fast_math), which ieee_* never
@@ -24,7 +25,7 @@ inline constexpr int kDotLanes = 8;
 
 // q·k over the 128 dims of two fp8-decoded vectors (every product of two fp8 values is exact in
 // fp32, so only the additions round): 8 lane sums, then the tree (l, l+4), (l, l+2), (0, 1).
-// Fixed so that the CPU (which vectorizes the lanes) and a CUDA thread get the same bits.
+// Fixed so that the CPU (which vectorizes the lanes) is deterministic whatever the compiler does.
 DSV4_HD float dot128(const float* q, const float* k) {
   float lane[kDotLanes] = {};
 #if defined(__CUDA_ARCH__)

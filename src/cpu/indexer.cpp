@@ -326,7 +326,7 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
       const float* k = key_codes[q].data() + j * kKeyDim;
       float score = 0.0f;
       for (int64_t h = 0; h < H; ++h) {
-        // The summation order the CUDA kernel shares (indexer_math.h): the same bits on both.
+        // The fixed CPU order of indexer_math.h (CUDA sums on tensor cores: indexer.h tolerance).
         const float dot = indexer_math::dot128(qf.data() + h * kKeyDim, k);
         score += indexer_math::head_term(w[h], dot, qs[h], key_scales[q][j]);
       }

@@ -15,6 +15,12 @@
 // So: without FP8 activations every token < 2e-2 and the median < 4e-3; with them every token
 // < 5e-2 and the median < 1.5e-2. A semantic error (scope, sink, position, a missing write) moves
 // every token by O(1); the float64 reference check bounds the drift from the math itself.
+// C4A adds (e) the indexer scores, which the GPU sums on FP8 tensor cores (include/dsv4/indexer.h
+// states their tolerance): where two entries' scores are that close at the top-k boundary, the
+// two backends may select different entries, and such a token's output moves by what the swapped
+// entries contribute, more than (a)–(d). So for C4A up to 2% of the tokens (at least one) may
+// exceed the per-token bound, each still < 0.3; the median bound is unchanged, and a semantic
+// error, moving every token, still fails it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -96,22 +102,33 @@ struct LayerCase {
   bool fp8_act = true;  // FP8 activations before wo_a (production)
 };
 std::ostream& operator<<(std::ostream& os, const LayerCase& c) { return os << c.name; }
+bool selects(const LayerCase& c) { return c.layer == 1; }  // the C4A layer of the tiny config
 
 class CudaLayerTest : public ::testing::TestWithParam<LayerCase> {
  protected:
   ModelConfig cfg = ModelConfig::builtin("tiny");
 };
 
-void expect_close(const std::vector<double>& errs_in, bool fp8_act, const char* what) {
+// `top_k_selects`: the layer's indexer picks a top-k subset (C4A), see (e) above.
+void expect_close(const std::vector<double>& errs_in, bool fp8_act, bool top_k_selects, const char* what) {
   std::vector<double> errs = errs_in;
   ASSERT_FALSE(errs.empty());
   for (double e : errs) ASSERT_FALSE(std::isnan(e)) << what;
   std::sort(errs.begin(), errs.end());
   const double median = errs[errs.size() / 2], worst = errs.back();
-  std::printf("  %s: median %.3e, max %.3e over %zu tokens\n", what, median, worst, errs.size());
+  const double bound = fp8_act ? 5e-2 : 2e-2;
+  const size_t above = static_cast<size_t>(errs.end() - std::upper_bound(errs.begin(), errs.end(), bound));
+  std::printf("  %s: median %.3e, max %.3e over %zu tokens (%zu above %.0e)\n", what, median, worst,
+              errs.size(), above, bound);
   ::testing::Test::RecordProperty("median_rel_err", std::to_string(median));
   ::testing::Test::RecordProperty("max_rel_err", std::to_string(worst));
-  EXPECT_LT(worst, fp8_act ? 5e-2 : 2e-2) << what;
+  ::testing::Test::RecordProperty("tokens_above_bound", std::to_string(above));
+  if (top_k_selects) {
+    EXPECT_LE(above, std::max<size_t>(1, errs.size() / 50)) << what << ": tokens above " << bound;
+    EXPECT_LT(worst, 0.3) << what;
+  } else {
+    EXPECT_LT(worst, bound) << what;
+  }
   EXPECT_LT(median, fp8_act ? 1.5e-2 : 4e-3) << what;
 }
 
@@ -125,7 +142,7 @@ TEST_P(CudaLayerTest, MatchesCpuBackendOverMixedBatches) {
   std::vector<double> errs;
   for (const auto& [key, row] : want)
     errs.push_back(row_rel_err(got.at(key), std::vector<double>(row.begin(), row.end())));
-  expect_close(errs, GetParam().fp8_act, "cuda vs cpu");
+  expect_close(errs, GetParam().fp8_act, selects(GetParam()), "cuda vs cpu");
 }
 
 TEST_P(CudaLayerTest, DeviceAndHostTensorsGiveTheSameBits) {
@@ -157,7 +174,7 @@ TEST_P(CudaLayerTest, MatchesFloat64Reference) {
   for (int p = 0; p < L; ++p)
     errs.push_back(row_rel_err(got.at({1, p}), std::vector<double>(ref.begin() + int64_t{p} * cfg.dim,
                                                                ref.begin() + int64_t{p + 1} * cfg.dim)));
-  expect_close(errs, GetParam().fp8_act, "cuda vs float64 reference");
+  expect_close(errs, GetParam().fp8_act, selects(GetParam()), "cuda vs float64 reference");
 }
 
 // Rejected input changes nothing: afterwards the layer gives the bits of one that never saw it.

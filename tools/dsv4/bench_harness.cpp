@@ -178,7 +178,8 @@ int run_bench_cli(const std::vector<std::string>& args) {
     const int64_t run_to_ms = unix_ms();
     const double tflops = c.flops / (t.median_us * 1e-6) / 1e12;
     const double gbps = c.bytes / (t.median_us * 1e-6) / 1e9;
-    const double pct = c.memory_bound ? 100.0 * gbps / kHbmGbpsCeiling : 100.0 * tflops / kBf16TflopsCeiling;
+    const double tflops_ceiling = c.fp8 ? kFp8TflopsCeiling : kBf16TflopsCeiling;
+    const double pct = c.memory_bound ? 100.0 * gbps / kHbmGbpsCeiling : 100.0 * tflops / tflops_ceiling;
     const double ratio = c.anchor_tflops > 0 ? tflops / c.anchor_tflops : 0.0;
     char anchor[32] = "-", ratio_s[32] = "-";
     if (c.anchor_tflops > 0) {
@@ -190,7 +191,8 @@ int run_bench_cli(const std::vector<std::string>& args) {
     results.push_back({{"group", group}, {"name", c.name}, {"config", c.config}, {"median_us", t.median_us},
                        {"min_us", t.min_us}, {"max_us", t.max_us}, {"reps", t.reps}, {"flops", c.flops},
                        {"bytes", c.bytes}, {"tflops", tflops}, {"gbps", gbps},
-                       {"bound", c.memory_bound ? "memory" : "compute"}, {"percent_of_ceiling", pct},
+                       {"bound", c.memory_bound ? "memory" : "compute"}, {"tflops_ceiling", tflops_ceiling},
+                       {"percent_of_ceiling", pct},
                        {"flashmla_us", c.anchor_us}, {"flashmla_tflops", c.anchor_tflops},
                        {"ratio_vs_flashmla", ratio}, {"run_from_unix_ms", run_from_ms},
                        {"run_to_unix_ms", run_to_ms}});
@@ -199,7 +201,8 @@ int run_bench_cli(const std::vector<std::string>& args) {
   if (!json_path.empty()) {
     nlohmann::json doc = {{"device", device}, {"date", utc_now()}, {"warmup", warmup}, {"reps", reps},
                           {"cooldown_ms", cooldown_ms},
-                          {"ceilings", {{"bf16_tflops", kBf16TflopsCeiling}, {"hbm_gbps", kHbmGbpsCeiling}}},
+                          {"ceilings", {{"bf16_tflops", kBf16TflopsCeiling}, {"fp8_tflops", kFp8TflopsCeiling},
+                                        {"hbm_gbps", kHbmGbpsCeiling}}},
                           {"results", results}};
     std::ofstream f(json_path);
     if (!f) fail("dsv4 bench: --json: cannot write '", json_path, "'");

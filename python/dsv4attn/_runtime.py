@@ -15,15 +15,17 @@ from . import _C
 
 
 def stream_handle(t: torch.Tensor) -> int:
-    """The cudaStream_t (as an int) of torch's current stream on t's device; 0 on CPU."""
-    if t.device.type == "cuda":
+    """The cudaStream_t (as an int) of torch's current stream on t's device; 0 on CPU (and for a
+    non-tensor, which the op then rejects by name)."""
+    if isinstance(t, torch.Tensor) and t.device.type == "cuda":
         return torch.cuda.current_stream(t.device).cuda_stream
     return 0
 
 
 def device_guard(t: torch.Tensor):
-    """Makes t's CUDA device current for the duration of an op (a no-op on CPU)."""
-    if t.device.type == "cuda":
+    """Makes t's CUDA device current for the duration of an op (a no-op on CPU, or for a
+    non-tensor, which the op then rejects by name)."""
+    if isinstance(t, torch.Tensor) and t.device.type == "cuda":
         return torch.cuda.device(t.device)
     return contextlib.nullcontext()
 

@@ -1,4 +1,6 @@
 // `dsv4 run`: the main job — a serving simulation through a model's attention stack.
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -7,6 +9,7 @@
 
 #include "args.h"
 #include "commands.h"
+#include "dsv4/checked_math.h"
 #include "dsv4/device_tensor.h"
 #include "dsv4/model.h"
 #include "dsv4/status.h"
@@ -97,7 +100,7 @@ int cmd_run(const Args& raw) {
   StackOptions so;
   if (a.has("layers")) so.layers = parse_layer_list(a.get_string("layers"), cfg.n_layers());
   so.weights_dir = a.get_string("weights");
-  so.seed = static_cast<uint64_t>(a.get_int("seed", 1));
+  so.seed = static_cast<uint64_t>(a.get_int("seed", 1, 0, INT64_MAX));
   const std::string backend = a.get_string("backend", "auto");
   if (backend != "cpu" && backend != "cuda" && backend != "auto")
     fail_expected("run", "--backend", "cpu, cuda or auto", backend);
@@ -108,25 +111,36 @@ int cmd_run(const Args& raw) {
          "; use --backend cpu (or auto)");
   so.attention.backend = use_cuda ? Backend::cuda : Backend::cpu;
 
+  // Every count is read exactly and bounded here, before it sizes anything: a sequence never
+  // exceeds max_position (so prompt + steps below cannot overflow), a step's tokens fit int32.
   SimConfig sc;
-  sc.requests = static_cast<int>(a.get_int("requests", 4));
-  sc.prompt_lens = a.get_int_list("prompt-len", {256});
-  sc.decode_steps = a.get_int("decode-steps", 16);
-  sc.chunk = a.get_int("chunk", 256);
+  sc.requests = static_cast<int>(a.get_int("requests", 4, 1, INT_MAX));
+  sc.prompt_lens = a.get_int_list("prompt-len", {256}, 1, cfg.max_position);
+  sc.decode_steps = a.get_int("decode-steps", 16, 0, cfg.max_position - 1);
+  sc.chunk = a.get_int("chunk", 256, 1, INT32_MAX);
   sc.seed = so.seed;
-  sc.check_requests = a.has("check") ? static_cast<int>(a.get_int("check-requests", 1)) : 0;
+  sc.check_requests = a.has("check") ? static_cast<int>(a.get_int("check-requests", 1, 0, sc.requests)) : 0;
   // The CUDA kernels feed the softmax weights to the P·V MMA as bf16 (as FlashMLA does) and keep
   // the low-rank z in bf16; the FP8 quantization of o before wo_a amplifies those 2^-9 moves into
   // whole-FP8-step flips of a few % of o's elements: measured up to 3.6e-2 per token on v4-flash
   // layers 0/2/3 (H100, 2026-11-23). Semantic errors are O(1), so 5e-2 still separates them.
-  sc.check_tolerance = a.get_double("tolerance", use_cuda ? 5e-2 : 3e-2);
+  sc.check_tolerance = a.get_positive_double("tolerance", use_cuda ? 5e-2 : 3e-2);
   // Pools sized for the run: every request's whole sequence may be resident at once.
   int64_t longest = 0;
   for (int64_t p : sc.prompt_lens) longest = std::max(longest, p + sc.decode_steps);
   const int64_t per_req_blocks = (longest + 63) / 64 + 2;
-  so.attention.caches.swa_blocks = static_cast<int32_t>(sc.requests * std::min<int64_t>(per_req_blocks, cfg.window_size / 64 + 4));
-  so.attention.caches.compressed_blocks = static_cast<int32_t>(sc.requests * ((longest / 4 + 63) / 64 + 2));
-  so.attention.caches.state_blocks = static_cast<int32_t>(2 * sc.requests + 2);
+  // Block counts are int32: a run whose pools would not fit is refused, not wrapped.
+  const auto pool = [&](const char* name, int64_t per_request, int64_t extra) {
+    const auto blocks = add_i64(mul_i64(sc.requests, per_request).value_or(INT64_MAX), extra);
+    if (!blocks || *blocks > INT32_MAX)
+      fail("run: --requests ", sc.requests, ": the ", name, " cache pool (", per_request,
+           " blocks per request) would exceed ", INT32_MAX, " blocks");
+    return static_cast<int32_t>(*blocks);
+  };
+  so.attention.caches.swa_blocks =
+      pool("SWA", std::min<int64_t>(per_req_blocks, cfg.window_size / 64 + 4), 0);
+  so.attention.caches.compressed_blocks = pool("compressed", (longest / 4 + 63) / 64 + 2, 0);
+  so.attention.caches.state_blocks = pool("compressor state", 2, 2);
 
   const bool quiet = a.has("quiet");
   std::fprintf(stderr, "dsv4 run: model %s, %d layers, %d requests, backend %s\n", cfg.name.c_str(),

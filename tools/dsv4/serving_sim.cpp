@@ -68,9 +68,9 @@ SimReport run_serving_sim(AttentionStack& stack, const SimConfig& sc,
     reqs[i].id = i;
     reqs[i].prompt = sc.prompt_lens.size() == 1 ? sc.prompt_lens[0] : sc.prompt_lens[i];
     if (reqs[i].prompt < 1) fail_expected("run", "--prompt-len", ">= 1", reqs[i].prompt);
-    if (reqs[i].prompt + sc.decode_steps > cfg.max_position)
+    if (reqs[i].prompt > cfg.max_position - sc.decode_steps)  // (prompt + steps could overflow)
       fail_expected("run", "prompt + decode length", "<= max_position " + std::to_string(cfg.max_position),
-                    reqs[i].prompt + sc.decode_steps);
+                    detail::concat(reqs[i].prompt, " + ", sc.decode_steps));
   }
 
   // Per checked request and layer: every position's layer input and output rows.

@@ -12,6 +12,7 @@ import functools
 import torch
 
 from . import _C
+from ._args import INT32_MAX, int_arg
 
 
 def stream_handle(t: torch.Tensor) -> int:
@@ -75,8 +76,11 @@ def rope_cos_sin(
     The layout is vLLM's `rotary_emb.cos_sin_cache` (cos half, then sin half) for GPT-J
     interleaved pairs; YaRN frequencies when `yarn` is True.
     """
+    # Sizes are checked before they size the table (the extension checks the rest).
+    max_pos = int_arg("rope_cos_sin", "max_pos", max_pos, 1, INT32_MAX)
+    rope_dims = int_arg("rope_cos_sin", "rope_dims", rope_dims, 2, INT32_MAX)
     table = torch.empty((max_pos, rope_dims), dtype=torch.float32)
-    _C.rope_cache(float(theta), int(rope_dims), bool(yarn), float(factor), int(original_seq_len),
+    _C.rope_cache(float(theta), rope_dims, bool(yarn), float(factor), original_seq_len,
                   float(beta_fast), float(beta_slow), table)
     return table.to(device)
 

@@ -315,6 +315,12 @@ def deepseek_v4_fp8_einsum(o_fp8: torch.Tensor, o_scale: torch.Tensor, wo_a: tor
                     f"{list(o_fp8.shape)} / {list(z.shape)}")
     T, G, Dg = o_fp8.shape
     L = z.shape[2]
+    if list(wo_a.shape) not in ([G * L, Dg], [G, L, Dg]):
+        raise Error(f"{where}: wo_a.shape: expected [{G * L}, {Dg}] or [{G}, {L}, {Dg}] (from "
+                    f"o_fp8 and z), got {list(wo_a.shape)}")
+    if wo_a_scale.dim() not in (2, 3) or (wo_a_scale.dim() == 2 and wo_a_scale.shape[0] % G):
+        raise Error(f"{where}: wo_a_scale.shape: expected [G * L / 128, Dg / 128] or "
+                    f"[G, L / 128, Dg / 128] with G = {G}, got {list(wo_a_scale.shape)}")
     w = wo_a.view(G, L, Dg) if wo_a.dim() == 2 else wo_a
     ws = wo_a_scale.view(G, -1, wo_a_scale.shape[-1]) if wo_a_scale.dim() == 2 else wo_a_scale
     z_flat = z if z.is_contiguous() else torch.empty(z.shape, dtype=z.dtype, device=z.device)

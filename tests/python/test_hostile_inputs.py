@@ -284,6 +284,8 @@ def test_item14_out_of_range_integers():
         _C.decode_schedule(2**70, 1, 1, 1, 1, 1)
     with pytest.raises(dsv4attn.Error, match=re.escape("BatchDescription: num_new[0]")):
         dsv4attn.BatchDescription([1], [0], [1.5])
+    with pytest.raises(dsv4attn.Error, match="rope_cos_sin: max_pos"):
+        dsv4attn.rope_cos_sin(-1)  # (was torch's RuntimeError from allocating the table)
     # (torch.ops turn a bool into an int before the op sees it; the extension refuses it.)
     xq = torch.zeros(1, 128, dtype=torch.float8_e4m3fn)
     scale = torch.zeros(1, 1)

@@ -74,13 +74,17 @@ TensorView view_of(const AnyArray& a, const char* name) {
 }
 
 TensorView tensor_arg(const char* where, const char* name, const TensorArg& a) {
+  if (!a.array && a.dlpack_refused)
+    fail(where, ": ", name, ": expected a dense tensor DLPack can export, got a ", a.type_name,
+         " whose __dlpack__ failed (sparse or another layout DLPack has no form for)");
   if (!a.array) fail(where, ": ", name, ": expected a tensor, got ", a.none ? "None" : a.type_name);
   return view_of(*a.array, detail::concat(where, ": ", name).c_str());
 }
 
 TensorView optional_tensor_arg(const char* where, const char* name, const TensorArg& a) {
   if (a.none) return {};
-  if (!a.array) fail(where, ": ", name, ": expected a tensor or None, got ", a.type_name);
+  if (!a.array && !a.dlpack_refused)
+    fail(where, ": ", name, ": expected a tensor or None, got ", a.type_name);
   return tensor_arg(where, name, a);
 }
 

@@ -33,6 +33,7 @@ using AnyArray = nb::ndarray<>;
 struct TensorArg {
   std::optional<AnyArray> array;
   bool none = false;                // Python passed None
+  bool dlpack_refused = false;      // a tensor type whose __dlpack__ failed (e.g. sparse)
   const char* type_name = nullptr;  // the Python type of a non-tensor ("NoneType", "list", ...)
 };
 
@@ -92,6 +93,7 @@ struct type_caster<dsv4::python::TensorArg> {
       }
     }
     value.type_name = Py_TYPE(src.ptr())->tp_name;  // the type outlives the call's argument
+    value.dlpack_refused = PyObject_HasAttrString(src.ptr(), "__dlpack__") == 1;
     return true;
   }
   static handle from_cpp(const dsv4::python::TensorArg&, rv_policy, cleanup_list*) noexcept {

@@ -306,6 +306,8 @@ def test_item14_none_for_a_required_tensor():
                        False, out)
     with pytest.raises(dsv4attn.Error, match="expected a tensor, got list"):
         _C.linear([1, 2], None, torch.zeros(1, 1), None, torch.zeros(1, 1))
+    with pytest.raises(dsv4attn.Error, match="linear: x: expected a dense tensor DLPack can"):
+        _C.linear(torch.zeros(1, 1).to_sparse(), None, torch.zeros(1, 1), None, torch.zeros(1, 1))
     with pytest.raises(dsv4attn.Error, match="fused_q_kv_rmsnorm: qr: expected a tensor, got None"):
         vllm_ops.fused_q_kv_rmsnorm(None, torch.zeros(1, 4), torch.ones(4), torch.ones(4), 1e-6)
     with pytest.raises(dsv4attn.Error, match="k_cache: expected a tensor, got None"):

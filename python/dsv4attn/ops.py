@@ -10,7 +10,9 @@ Paged caches are passed as their byte tensor (uint8 [num_blocks, block_bytes]) p
 ("model1_fp8", "v32_fp8", "bf16", "fp8_per_tensor") and `block_size`.
 
 Bad arguments raise dsv4attn.Error (a ValueError) naming the op, the argument, what was expected
-and what was found, before any output is written.
+and what was found, before any output is written — None or a non-tensor where a tensor is
+required and an integer outside the C++ parameter's range included. (torch itself turns a bool
+into an int and refuses an int beyond int64 before the op runs.)
 """
 from __future__ import annotations
 

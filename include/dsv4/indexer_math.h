@@ -18,7 +18,11 @@
 namespace dsv4::indexer_math {
 
 // Entries a query at position p may see: the fully emitted windows, (p+1) div r (0 for p < 0).
-DSV4_HD int64_t visible_entries(int64_t p, int ratio) { return p < 0 ? 0 : (p + 1) / ratio; }
+// Computed without forming p + 1, which overflows for p = INT64_MAX (positions are caller data
+// the CPU checks against this count).
+DSV4_HD int64_t visible_entries(int64_t p, int ratio) {
+  return p < 0 ? 0 : p / ratio + (p % ratio == ratio - 1 ? 1 : 0);
+}
 
 // Lanes of the dot product: lane l sums the products of dims l, l+8, l+16, ... in order.
 inline constexpr int kDotLanes = 8;

@@ -203,9 +203,12 @@ DSV4_HD void kv_decode_token(const KvGeometry& g, const uint8_t* block, int offs
 // ---- CPU bulk helpers (validated) ---------------------------------------------------------
 // Quantizes values [n, dim] (fp32 or bf16) into `cache` at global slots [n] (int64 or int32;
 // -1 = skip). Any slot outside the cache, or a slot given twice, is an error and nothing is
-// written. Host tensors only; tokens are quantized in parallel (OpenMP).
+// written. Host tensors only; tokens are quantized in parallel (OpenMP). Neither values nor slots
+// may lie in the cache's memory (ops.h's output rule).
 void kv_quantize(const KvCacheView& cache, const TensorView& values, const TensorView& slots);
 // Dequantizes the tokens at slots [n] into out [n, dim] (fp32 or bf16). -1 → row of zeros.
+// out: rows may be strided, no two elements at one address, no byte shared with the cache or
+// slots.
 void kv_dequantize(const KvCacheView& cache, const TensorView& slots, const TensorView& out);
 
 }  // namespace dsv4

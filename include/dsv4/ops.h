@@ -8,7 +8,11 @@
 // Outputs: strides >= 0, no two elements at one address (no broadcast / overlapping rows; a view
 // with no elements always passes), and no memory shared with another argument — except where an
 // op documents an in-place form (the very same view as its input: rms_norm, apply_rope,
-// local_to_global_slots).
+// local_to_global_slots). The rule covers every input: index tensors (positions, slots), tables
+// and scales are read while outputs are written, so one lying inside an output is refused. The
+// same holds for kv_quantize / kv_dequantize (kv_layout.h) and the index utilities (indexing.h).
+// Size and position checks are computed without overflow (checked_math.h): a value so large that
+// the check's own arithmetic would wrap is an error, not a pass.
 //
 // Conventions: T tokens, H heads, D = 512 head dim, R = 64 rope dims (the LAST R of D),
 // N = D - R nope dims. Accumulation is fp32. lse values are natural-log unless stated.

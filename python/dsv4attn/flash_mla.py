@@ -73,6 +73,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from . import Error
+from ._args import float_arg, int_arg, optional_tensor_arg, tensor_arg
 from ._runtime import decode_schedule, kv_geometry, planner_sms
 from . import ops  # noqa: F401  (registers the torch.ops.dsv4.* used below)
 
@@ -279,12 +280,13 @@ def _check_legacy_metadata(metadata: torch.Tensor, num_splits: Optional[torch.Te
 
 
 def _check_sched(meta: FlashMLASchedMeta, cfg: FlashMLASchedMeta.Config) -> None:
+    """Checks a call's config against the metadata's (set by its first successful call); writes
+    nothing, so a rejected call leaves the metadata as it was (see _fill_sched)."""
     if not isinstance(meta, FlashMLASchedMeta):
         raise Error("flash_mla_with_kvcache: tile_scheduler_metadata: expected the "
                     "FlashMLASchedMeta of get_mla_metadata() or the int32 tensor of "
                     f"get_mla_metadata(cache_seqlens, ...), got {type(meta).__name__}")
     if not meta.have_initialized:
-        meta.have_initialized, meta.config = True, cfg
         return
     for field in dataclasses.fields(cfg):
         want, got = getattr(meta.config, field.name), getattr(cfg, field.name)
@@ -292,6 +294,15 @@ def _check_sched(meta: FlashMLASchedMeta, cfg: FlashMLASchedMeta.Config) -> None
             raise Error(f"flash_mla_with_kvcache: sched_meta.config.{field.name}: expected "
                         f"{want} (the value of the first call with this metadata), got {got}. "
                         "Your input arguments are inconsistent with sched_meta.")
+
+
+def _fill_sched(meta: FlashMLASchedMeta, cfg: FlashMLASchedMeta.Config,
+                schedule: Optional[tuple]) -> None:
+    """Records the first accepted call's config (and split plan) in the metadata."""
+    if not meta.have_initialized:
+        meta.have_initialized, meta.config = True, cfg
+    if schedule is not None and meta.num_splits is None:
+        meta.num_splits, meta.split_len, meta.workspace_bytes = schedule
 
 
 def flash_mla_with_kvcache(
@@ -327,8 +338,16 @@ def flash_mla_with_kvcache(
     Metadata: the FlashMLASchedMeta of `get_mla_metadata()` with num_splits None (the current
     interface), or the (tile_scheduler_metadata, num_splits) int32 tensors of the older
     `get_mla_metadata(cache_seqlens, ...)`, or persistent copies of them; their contents are never
-    read (the plan is re-derived from the shapes, see the module docstring).
+    read (the plan is re-derived from the shapes, see the module docstring). A FlashMLASchedMeta
+    is filled only by a call that is accepted: a rejected call (dsv4attn.Error) leaves it, like
+    every output, unchanged.
     """
+    where = "flash_mla_with_kvcache"
+    q, k_cache = tensor_arg(where, "q", q), tensor_arg(where, "k_cache", k_cache)
+    indices = optional_tensor_arg(where, "indices", indices)
+    extra_k_cache = optional_tensor_arg(where, "extra_k_cache", extra_k_cache)
+    extra_indices_in_kvcache = optional_tensor_arg(where, "extra_indices_in_kvcache",
+                                                   extra_indices_in_kvcache)
     legacy = isinstance(tile_scheduler_metadata, torch.Tensor)
     if not legacy and num_splits is not None:
         raise Error("flash_mla_with_kvcache: num_splits: expected None with a FlashMLASchedMeta "
@@ -351,6 +370,8 @@ def flash_mla_with_kvcache(
         raise Error(f"flash_mla_with_kvcache: q.ndim: expected 4 ([b, s_q, h_q, d_qk]), "
                     f"got {q.dim()}")
     b, s_q, h_q, d_qk = q.shape
+    head_dim_v = int_arg(where, "head_dim_v", head_dim_v, 1, d_qk)
+    cfg = None
     if legacy:
         _check_legacy_metadata(tile_scheduler_metadata, num_splits, b, q.device)
     else:
@@ -367,25 +388,24 @@ def flash_mla_with_kvcache(
     if extra_k_cache is not None:
         extra_blocks, extra_layout, extra_block_size = _cache_bytes(
             "extra_k_cache", extra_k_cache, is_fp8_kvcache, d_qk)
-    if softmax_scale is None:
-        softmax_scale = d_qk ** (-0.5)
+    softmax_scale = (d_qk ** (-0.5) if softmax_scale is None
+                     else float_arg(where, "softmax_scale", softmax_scale))
 
+    meta = None if legacy else tile_scheduler_metadata
     if q.device.type == "cuda" and layout == "bf16":
-        return _bf16_cache_decode_cuda(q, blocks, block_size, indices, topk_length, attn_sink,
-                                       extra_k_cache, float(softmax_scale), int(head_dim_v),
-                                       out, lse)
+        result = _bf16_cache_decode_cuda(q, blocks, block_size, indices, topk_length, attn_sink,
+                                         extra_k_cache, softmax_scale, head_dim_v, out, lse)
+        if meta is not None:
+            _fill_sched(meta, cfg, None)
+        return result
 
-    topk_total = indices.shape[-1] + (extra_indices_in_kvcache.shape[-1]
-                                      if extra_indices_in_kvcache is not None else 0)
-    if legacy:  # the same shape-only plan get_mla_metadata encoded, derived on the host
-        splits, split_len, workspace_bytes = decode_schedule(
-            b, s_q, h_q, topk_total, planner_sms(q.device), head_dim_v)
-    else:
-        meta = tile_scheduler_metadata
-        if meta.num_splits is None:
-            meta.num_splits, meta.split_len, meta.workspace_bytes = decode_schedule(
-                b, s_q, h_q, topk_total, planner_sms(q.device), head_dim_v)
-        splits, split_len, workspace_bytes = meta.num_splits, meta.split_len, meta.workspace_bytes
+    if meta is not None and meta.num_splits is not None:
+        schedule = (meta.num_splits, meta.split_len, meta.workspace_bytes)
+    else:  # the older interface's tensors encode this same shape-only plan
+        topk_total = indices.shape[-1] + (extra_indices_in_kvcache.shape[-1]
+                                          if extra_indices_in_kvcache is not None else 0)
+        schedule = decode_schedule(b, s_q, h_q, topk_total, planner_sms(q.device), head_dim_v)
+    splits, split_len, workspace_bytes = schedule
     workspace = torch.empty(max(workspace_bytes, 16), dtype=torch.uint8, device=q.device)
     if out is None:
         out = torch.empty((b, s_q, h_q, head_dim_v), dtype=torch.bfloat16, device=q.device)
@@ -394,8 +414,9 @@ def flash_mla_with_kvcache(
     torch.ops.dsv4.sparse_decode(
         q, blocks, layout, block_size, indices, topk_length, extra_blocks, extra_layout,
         extra_block_size, extra_indices_in_kvcache, extra_topk_length, attn_sink,
-        float(softmax_scale), int(head_dim_v), splits, split_len, workspace_bytes, workspace,
-        out, lse)
+        softmax_scale, head_dim_v, splits, split_len, workspace_bytes, workspace, out, lse)
+    if meta is not None:
+        _fill_sched(meta, cfg, schedule)  # validated (the op raised nothing): now it is the plan
     return out, lse.transpose(1, 2)
 
 
@@ -473,18 +494,23 @@ def flash_mla_sparse_fwd(
     lse [s_q, h_q] fp32), natural units; with indexer_topk > 0 also lse_indexer [s_q, h_q], the
     lse over the first indexer_topk slots of indices only.
     """
+    where = "flash_mla_sparse_fwd"
+    q, kv = tensor_arg(where, "q", q), tensor_arg(where, "kv", kv)
+    indices = tensor_arg(where, "indices", indices)
     if q.dim() != 3:
         raise Error(f"flash_mla_sparse_fwd: q.ndim: expected 3 ([s_q, h_q, d_qk]), got {q.dim()}")
-    if indexer_topk < 0 or (indexer_topk and indexer_topk > indices.shape[-1]):
-        raise Error(f"flash_mla_sparse_fwd: indexer_topk: expected 0 or 1..topk "
-                    f"({indices.shape[-1]}), got {indexer_topk}")
-    s_q, h_q, _ = q.shape
+    if indices.dim() < 1:
+        raise Error(f"{where}: indices.ndim: expected 3 ([s_q, 1, topk]), got {indices.dim()}")
+    indexer_topk = int_arg(where, "indexer_topk", indexer_topk, 0, indices.shape[-1])
+    s_q, h_q, d_qk = q.shape
+    d_v = int_arg(where, "d_v", d_v, 1, d_qk)  # (before it sizes out)
+    sm_scale = float_arg(where, "sm_scale", sm_scale)
     if out is None:
         out = torch.empty((s_q, h_q, d_v), dtype=torch.bfloat16, device=q.device)
     max_logits = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
     lse = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
-    torch.ops.dsv4.sparse_prefill(q, kv, indices, topk_length, attn_sink, float(sm_scale),
-                                  int(d_v), out, max_logits, lse)
+    torch.ops.dsv4.sparse_prefill(q, kv, indices, topk_length, attn_sink, sm_scale, d_v, out,
+                                  max_logits, lse)
     if not indexer_topk:
         return out, max_logits, lse
     # lse over the indexer's slots only: the same attention restricted to the first

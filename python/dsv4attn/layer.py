@@ -27,6 +27,7 @@ from typing import List, Mapping, Sequence, Tuple, Union
 import torch
 
 from . import Error, _C
+from ._args import int_arg, tensor_arg
 
 __all__ = ["Attention", "AttentionWeights", "BatchDescription", "reference_attention_layer"]
 
@@ -50,16 +51,28 @@ class BatchDescription:
     num_new: List[int]
 
     def __post_init__(self):
+        where = "BatchDescription"
+        lists = {"request_ids": self.request_ids, "contexts": self.contexts,
+                 "num_new": self.num_new}
+        for name, values in lists.items():
+            if not isinstance(values, (list, tuple)):
+                raise Error(f"{where}: {name}: expected a list of integers, got "
+                            f"{type(values).__name__}")
         if not len(self.request_ids) == len(self.contexts) == len(self.num_new):
             raise Error(f"BatchDescription: expected one context and one num_new per request, "
                         f"got {len(self.request_ids)} requests, {len(self.contexts)} contexts, "
                         f"{len(self.num_new)} num_new")
+        # Exact int64 values (the layer's request ids and positions): no bool, float or int that
+        # would not fit; the layer checks ranges against its config and caches.
+        for name, values in lists.items():
+            object.__setattr__(self, name, [int_arg(where, f"{name}[{i}]", v)
+                                            for i, v in enumerate(values)])
 
     @staticmethod
     def from_lengths(requests: Sequence[Tuple[int, int, int]]) -> "BatchDescription":
         """requests: (request_id, num_new_tokens, num_cached_tokens) per request."""
-        return BatchDescription([int(r[0]) for r in requests], [int(r[2]) for r in requests],
-                                [int(r[1]) for r in requests])
+        return BatchDescription([r[0] for r in requests], [r[2] for r in requests],
+                                [r[1] for r in requests])
 
     @property
     def num_tokens(self) -> int:
@@ -238,7 +251,14 @@ class Attention:
         cached for it (0 for a new request). A rejected batch raises dsv4attn.Error and changes
         nothing.
         """
-        x = x.detach()
+        where = "Attention.forward"
+        if not isinstance(batch, BatchDescription):
+            raise Error(f"{where}: batch: expected a BatchDescription, got {type(batch).__name__}")
+        x = tensor_arg(where, "x", x).detach()
+        # x must match the batch before anything is planned or allocated from either.
+        if x.dim() != 2 or x.shape[0] != batch.num_tokens or x.shape[1] != self.config.dim:
+            raise Error(f"{where}: x.shape: expected [{batch.num_tokens}, "
+                        f"{self.config.dim}], got {list(x.shape)}")
         if self.device.type == "cpu":
             if x.device.type != "cpu":
                 raise Error(f"Attention.forward: x.device: expected cpu (the layer's device), "
@@ -251,9 +271,6 @@ class Attention:
             raise Error(f"Attention.forward: x.device: expected cpu or {self.device}, got {x.device}")
         if x.dtype not in (torch.float32, torch.bfloat16):
             raise Error(f"Attention.forward: x.dtype: expected float32 or bfloat16, got {x.dtype}")
-        if x.dim() != 2 or x.shape[0] != batch.num_tokens or x.shape[1] != self.config.dim:
-            raise Error(f"Attention.forward: x.shape: expected [{batch.num_tokens}, "
-                        f"{self.config.dim}], got {list(x.shape)}")
         x = x.to(self.device, torch.bfloat16).contiguous()
         ids, ctx, new, x, scatter = _plan_order_rows(batch, x)
         y = torch.empty((x.shape[0], self.config.dim), dtype=torch.float32, device=self.device)
@@ -266,7 +283,7 @@ class Attention:
 
     def release(self, request_id: int) -> None:
         """Forgets a finished request and frees its cache blocks."""
-        self._layer.release(request_id)
+        self._layer.release(int_arg("Attention.release", "request_id", request_id))
 
     def __repr__(self) -> str:
         return (f"<dsv4attn.Attention {self.config.name} layer {self.layer} ({self.kind}) "
@@ -312,10 +329,14 @@ class AttentionStack:
 
     def forward(self, batch: BatchDescription, x: torch.Tensor) -> torch.Tensor:
         """x [T, dim] → y [T, dim] float32 on the stack's device, rows in batch order."""
+        where = "AttentionStack.forward"
+        if not isinstance(batch, BatchDescription):
+            raise Error(f"{where}: batch: expected a BatchDescription, got {type(batch).__name__}")
+        x = tensor_arg(where, "x", x).detach()
         if x.dim() != 2 or x.shape[0] != batch.num_tokens or x.shape[1] != self.config.dim:
-            raise Error(f"AttentionStack.forward: x.shape: expected [{batch.num_tokens}, "
-                        f"{self.config.dim}], got {list(x.shape)}")
-        x = x.detach().to(self.device, torch.float32).contiguous()
+            raise Error(f"{where}: x.shape: expected [{batch.num_tokens}, {self.config.dim}], "
+                        f"got {list(x.shape)}")
+        x = x.to(self.device, torch.float32).contiguous()
         if self.device.type == "cpu":
             y = torch.empty((x.shape[0], self.config.dim), dtype=torch.float32)
             self._stack.forward(batch.request_ids, batch.contexts, batch.num_new, x, y)
@@ -331,7 +352,7 @@ class AttentionStack:
 
     def release(self, request_id: int) -> None:
         """Forgets a finished request in every layer and frees its cache blocks."""
-        self._stack.release(request_id)
+        self._stack.release(int_arg("AttentionStack.release", "request_id", request_id))
 
     def __repr__(self) -> str:
         return f"<dsv4attn.AttentionStack {self.config.name} {self.layers} on {self.device}>"

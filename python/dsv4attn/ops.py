@@ -13,7 +13,9 @@ q, kv, indices, out, lse and max_logits may have any strides whose last dim is c
 the 16-byte row rules of include/dsv4/ops.h on CUDA.
 
 Bad arguments raise dsv4attn.Error (a ValueError) naming the op, the argument, what was expected
-and what was found, before any output is written.
+and what was found, before any output is written — None or a non-tensor where a tensor is
+required and an integer outside the C++ parameter's range included. (torch itself turns a bool
+into an int and refuses an int beyond int64 before the op runs.)
 """
 from __future__ import annotations
 

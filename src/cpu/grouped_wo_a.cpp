@@ -46,8 +46,9 @@ int64_t validate_grouped_wo_a(const TensorView& o, const TensorView& o_scale,
                   o_scale.shape[1]);
   cpu::check_weight_scale(kOp, "wo_a", wo_a, "wo_a_scale", wo_a_scale,
                           {G, (L + kWeightBlock - 1) / kWeightBlock, (Dg + kWeightBlock - 1) / kWeightBlock});
-  cpu::check_disjoint(kOp, "z", z, "o", o);
-  cpu::check_disjoint(kOp, "z", z, "wo_a", wo_a);
+  cpu::check_outputs_disjoint(
+      kOp, {{"z", z}},
+      {{"o", o}, {"wo_a", wo_a}, {"o_scale", o_scale}, {"wo_a_scale", wo_a_scale}});
   return block;
 }
 }  // namespace

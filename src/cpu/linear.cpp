@@ -33,8 +33,8 @@ int64_t validate_linear(const TensorView& x, const TensorView& x_scale, const Te
   const int64_t x_block = cpu::check_activation_scale(kOp, "x", x, "x_scale", x_scale);
   cpu::check_weight_scale(kOp, "w", w, "w_scale", w_scale,
                           {(N + kWeightBlock - 1) / kWeightBlock, (K + kWeightBlock - 1) / kWeightBlock});
-  cpu::check_disjoint(kOp, "y", y, "x", x);
-  cpu::check_disjoint(kOp, "y", y, "w", w);
+  cpu::check_outputs_disjoint(kOp, {{"y", y}},
+                              {{"x", x}, {"w", w}, {"x_scale", x_scale}, {"w_scale", w_scale}});
   return x_block;
 }
 }  // namespace

@@ -90,10 +90,12 @@ void fused_qkv_rms_norm(const TensorView& q_in, const TensorView& wq, const Tens
   check_ndim(kOp, "kv_in", kv_in, 2);
   check_dim(kOp, "kv_in", kv_in, 0, q_in.shape[0]);
   check_eps(kOp, eps);
-  // The two outputs must not clobber the other branch's input or output.
+  // The two outputs must not clobber each other or the other branch's inputs.
+  cpu::check_outputs_disjoint(kOp, {{"q_out", q_out}, {"kv_out", kv_out}}, {});
   cpu::check_disjoint(kOp, "q_out", q_out, "kv_in", kv_in);
+  cpu::check_disjoint(kOp, "q_out", q_out, "wkv", wkv);
   cpu::check_disjoint(kOp, "kv_out", kv_out, "q_in", q_in);
-  cpu::check_disjoint(kOp, "q_out", q_out, "kv_out", kv_out);
+  cpu::check_disjoint(kOp, "kv_out", kv_out, "wq", wq);
   if (cpu::common_device(kOp, {{"q_in", q_in}, {"wq", wq}, {"kv_in", kv_in}, {"wkv", wkv},
                                {"q_out", q_out}, {"kv_out", kv_out}}) == Device::cuda) {
     DSV4_CUDA_DISPATCH(kOp,

@@ -3,6 +3,8 @@
 // CPU reference: each (b, s_q, split) item attends its slice of the concatenated index list
 // into the workspace partials, then the shared combine merges the splits and applies the sink.
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -11,6 +13,7 @@
 #include "cpu/backend.h"
 #include "cpu/sparse_combine.h"
 #include "cpu/validate.h"
+#include "dsv4/checked_math.h"
 #include "dsv4/ops.h"
 #include "dsv4/status.h"
 #ifdef DSV4_WITH_CUDA
@@ -26,13 +29,18 @@ constexpr const char* kOp = "sparse_decode";
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Bytes of the partials for these shapes: partial_o [b, s_q, H, splits, d_v] then partial_lse
-// [b, s_q, H, splits], both fp32.
+// [b, s_q, H, splits], both fp32. The checked version throws (naming `where`) when the size does
+// not fit int64; the plain one is for shapes it has already accepted.
 int64_t partial_o_bytes(int64_t rows, int64_t h, int64_t splits, int64_t d_v) {
   return rows * h * splits * d_v * static_cast<int64_t>(sizeof(float));
 }
-int64_t workspace_bytes_for(int64_t rows, int64_t h, int64_t splits, int64_t d_v) {
-  return partial_o_bytes(rows, h, splits, d_v) +
-         rows * h * splits * static_cast<int64_t>(sizeof(float));
+int64_t checked_workspace_bytes(const char* where, int64_t rows, int64_t h, int64_t splits,
+                                int64_t d_v) {
+  const char* what = "workspace bytes (b * s_q * h * num_splits * (d_v + 1) * 4)";
+  int64_t n = checked_mul(where, what, rows, h);
+  n = checked_mul(where, what, n, splits);
+  n = checked_mul(where, what, n, checked_add(where, what, d_v, 1));
+  return checked_mul(where, what, n, static_cast<int64_t>(sizeof(float)));
 }
 
 struct DecodeDims {
@@ -133,7 +141,8 @@ DecodeDims validate_decode(const SparseDecodeArgs& a, const DecodeSchedule& sche
     fail_expected(kOp, "schedule (num_splits * split_len)",
                   detail::concat(">= ", topk_total, " (topk + extra_topk)"),
                   int64_t{schedule.num_splits} * schedule.split_len);
-  const int64_t need = workspace_bytes_for(b * s_q, h, schedule.num_splits, a.d_v);
+  const int64_t need = checked_workspace_bytes(kOp, checked_mul(kOp, "b * s_q", b, s_q), h,
+                                              schedule.num_splits, a.d_v);
   cpu::check_tensor(kOp, "workspace", workspace, DType::uint8, {-1}, dims.device);
   if (workspace.numel() < need)
     fail_expected(kOp, "workspace bytes", detail::concat(">= ", need), workspace.numel());
@@ -242,13 +251,18 @@ DecodeSchedule make_decode_schedule(int b, int s_q, int h, int topk_total, int n
   // adds a combine pass. Pick the split count with the lowest cost (ties: fewer splits), never
   // more splits than tiles.
   const int64_t tiles = std::max<int64_t>(1, ceil_div(topk_total, kDecodeTile));
-  const int64_t ctas_per_split = std::max<int64_t>(1, int64_t{b} * s_q * ceil_div(h, 64));
-  int64_t wanted = 1;
+  // (In double: b * s_q * heads groups may exceed int64; the cost only ranks split counts.)
+  const double ctas_per_split =
+      std::max(1.0, static_cast<double>(b) * s_q * static_cast<double>(ceil_div(h, 64)));
+  // split_len is an int: with topk_total near INT_MAX, one split's whole tiles would not fit it.
+  const int64_t min_splits = ceil_div(tiles, INT_MAX / kDecodeTile);
+  int64_t wanted = min_splits;
   double best_cost = 1e300;
-  for (int64_t splits = 1; splits <= std::min<int64_t>(tiles, 64); ++splits) {
+  for (int64_t splits = min_splits; splits <= std::max<int64_t>(min_splits, std::min<int64_t>(tiles, 64));
+       ++splits) {
     const int64_t per_split = ceil_div(tiles, splits);
-    const int64_t waves = ceil_div(ctas_per_split * splits, num_sms);
-    const double cost = static_cast<double>(waves) * (per_split + 1.0) + (splits > 1 ? 0.5 : 0.0);
+    const double waves = std::ceil(ctas_per_split * static_cast<double>(splits) / num_sms);
+    const double cost = waves * (per_split + 1.0) + (splits > 1 ? 0.5 : 0.0);
     if (cost < best_cost - 1e-9) {
       best_cost = cost;
       wanted = splits;
@@ -257,9 +271,9 @@ DecodeSchedule make_decode_schedule(int b, int s_q, int h, int topk_total, int n
   const int64_t tiles_per_split = ceil_div(tiles, wanted);
 
   DecodeSchedule s;
-  s.split_len = static_cast<int>(tiles_per_split * kDecodeTile);
+  s.split_len = static_cast<int>(tiles_per_split * kDecodeTile);  // <= INT_MAX: see min_splits
   s.num_splits = static_cast<int>(ceil_div(tiles, tiles_per_split));  // no empty split
-  s.workspace_bytes = workspace_bytes_for(int64_t{b} * s_q, h, s.num_splits, d_v);
+  s.workspace_bytes = checked_workspace_bytes(kWhere, int64_t{b} * s_q, h, s.num_splits, d_v);
   return s;
 }
 

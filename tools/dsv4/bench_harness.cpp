@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -13,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "args.h"
 #include "dsv4/status.h"
 
 #if defined(DSV4_WITH_CUDA)
@@ -133,9 +135,10 @@ int run_bench_cli(const std::vector<std::string>& args) {
     else if (a == "--filter") filter = value();
     else if (a == "--json") json_path = value();
     else if (a == "--list") list = true;
-    else if (a == "--warmup") warmup = std::stoi(value());
-    else if (a == "--reps") reps = std::stoi(value());
-    else if (a == "--cooldown-ms") cooldown_ms = std::stoi(value());
+    // Exact ints (std::stoi took "12x" as 12); the ranges are checked below.
+    else if (a == "--warmup") warmup = static_cast<int>(cli::parse_int_flag("warmup", value(), INT_MIN, INT_MAX));
+    else if (a == "--reps") reps = static_cast<int>(cli::parse_int_flag("reps", value(), INT_MIN, INT_MAX));
+    else if (a == "--cooldown-ms") cooldown_ms = static_cast<int>(cli::parse_int_flag("cooldown-ms", value(), INT_MIN, INT_MAX));
     else { std::fprintf(stderr, "dsv4 bench: unknown option '%s'\n", a.c_str()); usage(); return 2; }
   }
   if (reps < 20) fail("dsv4 bench: --reps: expected >= 20 (median of at least 20 runs), got ", reps);

@@ -1,5 +1,6 @@
 // `dsv4 run`: the main job — a serving simulation through a model's attention stack.
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -8,6 +9,7 @@
 
 #include "args.h"
 #include "commands.h"
+#include "dsv4/checked_math.h"
 #include "dsv4/device_tensor.h"
 #include "dsv4/model.h"
 #include "dsv4/status.h"
@@ -121,7 +123,7 @@ int cmd_run(const Args& raw) {
   StackOptions so;
   if (a.has("layers")) so.layers = parse_layer_list(a.get_string("layers"), cfg.n_layers());
   so.weights_dir = a.get_string("weights");
-  so.seed = static_cast<uint64_t>(a.get_int("seed", 1));
+  so.seed = static_cast<uint64_t>(a.get_int("seed", 1, 0, INT64_MAX));
   const std::string backend = a.get_string("backend", "auto");
   if (backend != "cpu" && backend != "cuda" && backend != "auto")
     fail_expected("run", "--backend", "cpu, cuda or auto", backend);
@@ -132,18 +134,20 @@ int cmd_run(const Args& raw) {
          "; use --backend cpu (or auto)");
   so.attention.backend = use_cuda ? Backend::cuda : Backend::cpu;
 
+  // Every count is read exactly and bounded here, before it sizes anything: a sequence never
+  // exceeds max_position (so prompt + steps below cannot overflow), a step's tokens fit int32.
   SimConfig sc;
-  sc.requests = static_cast<int>(a.get_int("requests", 4));
-  sc.prompt_lens = a.get_int_list("prompt-len", {256});
-  sc.decode_steps = a.get_int("decode-steps", 16);
-  sc.chunk = a.get_int("chunk", 256);
+  sc.requests = static_cast<int>(a.get_int("requests", 4, 1, INT_MAX));
+  sc.prompt_lens = a.get_int_list("prompt-len", {256}, 1, cfg.max_position);
+  sc.decode_steps = a.get_int("decode-steps", 16, 0, cfg.max_position - 1);
+  sc.chunk = a.get_int("chunk", 256, 1, INT32_MAX);
   sc.seed = so.seed;
-  sc.check_requests = a.has("check") ? static_cast<int>(a.get_int("check-requests", 1)) : 0;
+  sc.check_requests = a.has("check") ? static_cast<int>(a.get_int("check-requests", 1, 0, sc.requests)) : 0;
   // The CUDA kernels feed the softmax weights to the P·V MMA as bf16 (as FlashMLA does) and keep
   // the low-rank z in bf16; the FP8 quantization of o before wo_a amplifies those 2^-9 moves into
   // whole-FP8-step flips of a few % of o's elements: measured up to 3.6e-2 per token on v4-flash
   // layers 0/2/3 (H100, 2026-11-23). Semantic errors are O(1), so 5e-2 still separates them.
-  sc.check_tolerance = a.get_double("tolerance", use_cuda ? 5e-2 : 3e-2);
+  sc.check_tolerance = a.get_positive_double("tolerance", use_cuda ? 5e-2 : 3e-2);
   const int64_t max_running = a.get_int("max-running", 0);
   if (max_running < 0 || max_running > INT32_MAX)
     fail_expected("run", "--max-running", "0..2147483647 (0: no limit)", max_running);

@@ -55,6 +55,13 @@ void apply_rope_op(const AnyArray& x, const AnyArray& positions, const AnyArray&
              inverse, view_of(y, "y"), stream_of(stream));
 }
 
+void inv_rope_fp8_quant_op(const AnyArray& o, const AnyArray& positions, const AnyArray& cos_sin,
+                           int block, const AnyArray& o_fp8, const AnyArray& o_scale,
+                           uintptr_t stream) {
+  inv_rope_fp8_quant(view_of(o, "o"), view_of(positions, "positions"), view_of(cos_sin, "cos_sin"),
+                     block, view_of(o_fp8, "o_fp8"), view_of(o_scale, "o_scale"), stream_of(stream));
+}
+
 // Fills `out` (fp32 host [max_pos, R], contiguous) with build_rope_cache's table.
 void rope_cache_op(double theta, int rope_dims, bool yarn, double factor,
                    long long original_seq_len, double beta_fast, double beta_slow,
@@ -172,6 +179,8 @@ void bind_ops(nb::module_& m) {
         arg("wkv"), arg("eps"), arg("q_out"), arg("kv_out"), arg("stream") = 0, Release());
   m.def("apply_rope", &apply_rope_op, arg("x"), arg("positions"), arg("cos_sin"),
         arg("inverse"), arg("y"), arg("stream") = 0, Release());
+  m.def("inv_rope_fp8_quant", &inv_rope_fp8_quant_op, arg("o"), arg("positions"), arg("cos_sin"),
+        arg("block"), arg("o_fp8"), arg("o_scale"), arg("stream") = 0, Release());
   m.def("rope_cache", &rope_cache_op, arg("theta"), arg("rope_dims"), arg("yarn"),
         arg("factor"), arg("original_seq_len"), arg("beta_fast"), arg("beta_slow"), arg("out"),
         Release());

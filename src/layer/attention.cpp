@@ -4,7 +4,9 @@
 //     ─► [compressor ─► compressed cache; C4A: indexer top-k; C128A: all entries]
 //     ─► decodes: sparse_decode over (SWA window | compressed entries) read from the FP8 caches
 //     ─► prefills: gather (compressed | SWA) into a bf16 workspace, sparse_prefill
-//     ─► inverse RoPE ─► FP8 act quant ─► grouped wo_a ─► wo_b ─► y
+//     ─► inverse RoPE + FP8 act quant (one pass) ─► grouped wo_a ─► wo_b ─► y
+// Projections with FP8 weights take FP8 inputs (per token and 128 columns, UE8M0), as DeepSeek's
+// Linear does: x is quantized once for wq_a and wkv, the q norm writes the FP8 q for wq_b.
 #include "dsv4/layer.h"
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include "dsv4/ops.h"
 #include "dsv4/status.h"
 #include "layer/compressed_scope.h"
+#include "layer/gemm_input.h"
 #include "layer/layer_weights.h"
 #include "layer/scratch.h"
 
@@ -93,6 +96,11 @@ struct Attention::Impl {
   void attend_prefills(const Step& st);
   // 8–9. Inverse RoPE, FP8 activation quant, grouped wo_a, wo_b → y.
   void project_output(const Step& st, const TensorView& y);
+
+  // Whether a projection's input is quantized to FP8 (its weight is FP8 and the options say so).
+  bool fp8_input(const WeightView& w) const { return w.fp8() && opts.fp8_gemm_activations; }
+  // The cuBLASLt workspace of this forward's projections (CUDA; none on the CPU).
+  TensorView gemm_workspace;
 };
 
 Attention::Attention(const ModelConfig& cfg, int layer, AttentionWeights weights,
@@ -117,6 +125,20 @@ Attention::Attention(const ModelConfig& cfg, int layer, AttentionWeights weights
   cache_opts.device = m.device;
   m.caches = make_layer_caches(cfg, m.kind, cache_opts);
   m.weights = std::make_unique<LayerWeightStore>(m.w, m.device);
+  if (m.device == Device::cuda) {
+    // The CUDA GEMMs multiply FP8 weights on FP8 tensor cores: their inputs must be FP8 too.
+    const LayerWeightViews& wv = m.weights->views();
+    for (const WeightView* gw : {&wv.wq_a, &wv.wkv, &wv.wq_b, &wv.wo_b})
+      if (gw->fp8() && !opts.fp8_gemm_activations)
+        fail("Attention: fp8_gemm_activations: expected true on the CUDA backend for a checkpoint with "
+             "FP8 projection weights (FP8 tensor cores take FP8 inputs), got false; use Backend::cpu");
+    if (wv.indexer && wv.indexer->wq_b.fp8() && !opts.fp8_gemm_activations)
+      fail("Attention: fp8_gemm_activations: expected true on the CUDA backend for a checkpoint with an "
+           "FP8 indexer wq_b, got false; use Backend::cpu");
+    if (wv.wo_a.fp8() && !opts.fp8_activations)
+      fail("Attention: fp8_activations: expected true on the CUDA backend for a checkpoint with an FP8 "
+           "wo_a (FP8 tensor cores take FP8 inputs), got false; use Backend::cpu");
+  }
   m.scratch = Scratch(m.device, opts.stream);
   m.rope = cfg.rope_for_layer(layer);
   m.ensure_rope(4096);
@@ -223,17 +245,31 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, con
       cached[s.req_id] = 0;
     }
   const TensorView x = stage_input(x_in);
+  gemm_workspace = device == Device::cuda ? ws.tensor(DType::uint8, {kGemmWorkspaceBytes}) : TensorView{};
 
-  // 1–3. Projections and norms.
+  // 1–3. Projections and norms. x is quantized once for both projections that read it; the q
+  // norm writes the FP8 q (for FP8 wq_b / indexer wq_b) and the bf16 one only if a reader needs it.
+  const GemmInput xin = make_gemm_input(x, fp8_input(wv.wq_a) || fp8_input(wv.wkv), ws);
   TensorView qr = ws.tensor(DType::fp32, {T, cfg.q_lora_rank});
   TensorView kv_raw = ws.tensor(DType::fp32, {T, D});
-  linear(x, {}, wv.wq_a.value, wv.wq_a.scale, qr, stream);
-  linear(x, {}, wv.wkv.value, wv.wkv.scale, kv_raw, stream);
-  TensorView qr_n = ws.tensor(DType::bf16, {T, cfg.q_lora_rank});
+  const auto [xa, xa_scale] = xin.for_weight(wv.wq_a);
+  linear(xa, xa_scale, wv.wq_a.value, wv.wq_a.scale, qr, gemm_workspace, stream);
+  const auto [xkv, xkv_scale] = xin.for_weight(wv.wkv);
+  linear(xkv, xkv_scale, wv.wkv.value, wv.wkv.scale, kv_raw, gemm_workspace, stream);
+  const WeightView* iwq_b = wv.indexer ? &wv.indexer->wq_b : nullptr;
+  const bool qr_fp8 = fp8_input(wv.wq_b) || (iwq_b && fp8_input(*iwq_b));
+  const bool qr_dense = !fp8_input(wv.wq_b) || (iwq_b && !fp8_input(*iwq_b));
+  GemmInput qr_n;
+  if (qr_dense) qr_n.dense = ws.tensor(DType::bf16, {T, cfg.q_lora_rank});
+  if (qr_fp8) {
+    qr_n.fp8 = ws.tensor(DType::fp8_e4m3, {T, cfg.q_lora_rank});
+    qr_n.scale = act_scale_tensor(ws, T, cfg.q_lora_rank / 128);
+  }
   TensorView kv = ws.tensor(DType::bf16, {T, D});
-  fused_qkv_rms_norm(qr, wv.q_norm, kv_raw, wv.kv_norm, eps, qr_n, kv, stream);
+  fused_qkv_rms_norm(qr, wv.q_norm, kv_raw, wv.kv_norm, eps, qr_n.dense, kv, qr_n.fp8, qr_n.scale, stream);
   TensorView q = ws.tensor(DType::bf16, {T, H, D});
-  linear(qr_n, {}, wv.wq_b.value, wv.wq_b.scale, reshape(q, {T, int64_t{H} * D}), stream);
+  const auto [qa, qa_scale] = qr_n.for_weight(wv.wq_b);
+  linear(qa, qa_scale, wv.wq_b.value, wv.wq_b.scale, reshape(q, {T, int64_t{H} * D}), gemm_workspace, stream);
 
   // 4–5. SWA slots, q head-norm + RoPE, kv RoPE + quant + insert.
   HostTensor positions_h(DType::int64, {T});
@@ -380,33 +416,39 @@ void Attention::Impl::project_output(const Step& st, const TensorView& y) {
   const LayerWeightViews& wv = weights->views();
   Scratch& ws = scratch;
   const TensorView& o = st.o;
-  apply_rope(o, st.positions, st.cos_sin, /*inverse=*/true, o, stream);
   const int64_t HD = int64_t{H} * D;
-  // The CPU keeps the low-rank z in fp32; the CUDA GEMMs take bf16 operands, so there z is bf16
-  // (as DeepSeek's inference code stores it).
-  const DType z_dtype = device == Device::cuda ? DType::bf16 : DType::fp32;
+  // z is bf16 where the GEMMs need it (CUDA's bf16 GEMMs; an FP8 wo_b's input is quantized from
+  // the bf16 z, as DeepSeek's inference code stores it); the CPU keeps it in fp32 otherwise.
+  const bool z_fp8 = fp8_input(wv.wo_b);
+  const DType z_dtype = device == Device::cuda || z_fp8 ? DType::bf16 : DType::fp32;
   TensorView z = ws.tensor(z_dtype, {T, int64_t{cfg.o_groups} * cfg.o_lora_rank});
-  TensorView o2 = reshape(o, {T, HD});
   if (opts.fp8_activations) {
+    // Inverse RoPE and the FP8 quantization of o in one pass. The scales take the FP8 GEMMs'
+    // layout when wo_a is FP8; a bf16 wo_a on CUDA gets o dequantized back to bf16 (exact), which
+    // reads row-major scales.
+    const bool wo_a_fp8 = wv.wo_a.fp8();
     TensorView oq = ws.tensor(DType::fp8_e4m3, {T, HD});
-    TensorView oscale = ws.tensor(DType::fp32, {T, HD / 128});
-    quantize_act_fp8(o2, 128, oq, oscale, stream);
-    if (device == Device::cuda) {
-      // fp8 · 2^k is exact in bf16: the bf16 GEMM sees exactly the quantized activations.
+    TensorView oscale = wo_a_fp8 || device == Device::cpu ? act_scale_tensor(ws, T, HD / 128)
+                                                          : ws.tensor(DType::fp32, {T, HD / 128});
+    inv_rope_fp8_quant(o, st.positions, st.cos_sin, 128, oq, oscale, stream);
+    if (device == Device::cuda && !wo_a_fp8) {
       TensorView o_deq = ws.tensor(DType::bf16, {T, HD});
       dequantize_fp8_blocks(oq, oscale, 1, 128, o_deq, stream);
-      grouped_wo_a(o_deq, {}, wv.wo_a.value, wv.wo_a.scale, z, stream);
+      grouped_wo_a(o_deq, {}, wv.wo_a.value, wv.wo_a.scale, z, gemm_workspace, stream);
     } else {
-      grouped_wo_a(oq, oscale, wv.wo_a.value, wv.wo_a.scale, z, stream);
+      grouped_wo_a(oq, oscale, wv.wo_a.value, wv.wo_a.scale, z, gemm_workspace, stream);
     }
   } else {
-    grouped_wo_a(o2, {}, wv.wo_a.value, wv.wo_a.scale, z, stream);
+    apply_rope(o, st.positions, st.cos_sin, /*inverse=*/true, o, stream);
+    grouped_wo_a(reshape(o, {T, HD}), {}, wv.wo_a.value, wv.wo_a.scale, z, gemm_workspace, stream);
   }
+  const GemmInput zin = make_gemm_input(z, z_fp8, ws);
+  const auto [zb, zb_scale] = zin.for_weight(wv.wo_b);
   if (y.device == device) {
-    linear(z, {}, wv.wo_b.value, wv.wo_b.scale, y, stream);
+    linear(zb, zb_scale, wv.wo_b.value, wv.wo_b.scale, y, gemm_workspace, stream);
   } else {
     TensorView y_dev = ws.tensor(DType::fp32, {T, cfg.dim});
-    linear(z, {}, wv.wo_b.value, wv.wo_b.scale, y_dev, stream);
+    linear(zb, zb_scale, wv.wo_b.value, wv.wo_b.scale, y_dev, gemm_workspace, stream);
     ws.download(y_dev, y);
   }
 }

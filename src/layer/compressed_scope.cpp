@@ -82,7 +82,7 @@ void CompressedScope::compress(const CompressorConfig& ccfg, const CompressorWei
 }
 
 CompressedIndices CompressedScope::step(const BatchPlan& plan, const TensorView& x,
-                                        const TensorView& qr_n, const TensorView& positions,
+                                        const GemmInput& qr_n, const TensorView& positions,
                                         const TensorView& token_to_req, const TensorView& cos_sin,
                                         Scratch& scratch) {
   const int64_t T = plan.num_tokens();
@@ -121,8 +121,9 @@ CompressedIndices CompressedScope::step(const BatchPlan& plan, const TensorView&
   TensorView weights = scratch.tensor(DType::fp32, {T, HI});
   TensorView query_ws = scratch.tensor(
       DType::uint8, {std::max<int64_t>(indexer_query_workspace_bytes(T, HI, cfg_.index_head_dim), 1)});
-  indexer_query(qr_n, iw.wq_b.value, iw.wq_b.scale, x, iw.weights_proj.value, positions, cos_sin,
-                q_fp8, q_scale, weights, query_ws, stream);
+  const auto [qr, qr_scale] = qr_n.for_weight(iw.wq_b);
+  indexer_query(qr, qr_scale, iw.wq_b.value, iw.wq_b.scale, x, iw.weights_proj.value, positions,
+                cos_sin, q_fp8, q_scale, weights, query_ws, stream);
   const int64_t N = std::max<int64_t>(max_visible, 1);
   TensorView scores = scratch.tensor(DType::fp32, {T, N});
   const TensorView key_table = scratch.upload(pack_block_tables(*caches_.indexer_keys, request_ids(plan)));

@@ -10,6 +10,7 @@
 #include "dsv4/config.h"
 #include "dsv4/paged_cache.h"
 #include "dsv4/tensor.h"
+#include "layer/gemm_input.h"
 #include "layer/layer_weights.h"
 #include "layer/scratch.h"
 
@@ -36,11 +37,11 @@ class CompressedScope {
   // this step's emitted entries need.
   void check_capacity(const BatchPlan& plan) const;
 
-  // Compresses the batch's tokens (x [T, dim], qr_n [T, q_lora] the normed low-rank query,
-  // positions [T] int64, token_to_req [T] int32, cos_sin the layer's RoPE table, all on the
-  // scratch's device) into the caches and plans each token's compressed entries (temporaries and
-  // results in `scratch`).
-  CompressedIndices step(const BatchPlan& plan, const TensorView& x, const TensorView& qr_n,
+  // Compresses the batch's tokens (x [T, dim], qr_n [T, q_lora] the normed low-rank query in the
+  // form(s) the indexer's wq_b takes, positions [T] int64, token_to_req [T] int32, cos_sin the
+  // layer's RoPE table, all on the scratch's device) into the caches and plans each token's
+  // compressed entries (temporaries and results in `scratch`).
+  CompressedIndices step(const BatchPlan& plan, const TensorView& x, const GemmInput& qr_n,
                          const TensorView& positions, const TensorView& token_to_req,
                          const TensorView& cos_sin, Scratch& scratch);
 

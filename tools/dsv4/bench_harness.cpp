@@ -46,7 +46,8 @@ void usage() {
       "                  [--cooldown-ms MS]\n"
       "  Runs the kernel benchmarks of PERF.md on the first CUDA device: median of --reps (>= 20)\n"
       "  CUDA-event timed runs after --warmup runs; prints µs, TFLOP/s, GB/s, % of the bound\n"
-      "  ceiling and the FlashMLA anchor. --filter keeps cases whose name contains SUBSTR.\n"
+      "  ceiling (bf16 or, for the FP8 GEMMs, FP8 tensor cores; or HBM copy) and the FlashMLA\n"
+      "  anchor. Groups: prefill, decode (sparse attention), gemm (FP8 projections, V4-Flash). --filter keeps cases whose name contains SUBSTR.\n"
       "  --cooldown-ms: the GPU idles this long before each case's runs (default 1000), so no case\n"
       "  inherits the power cap the previous ones drove the clocks into; 0 runs them back to back.");
 }
@@ -177,7 +178,7 @@ int run_bench_cli(const std::vector<std::string>& args) {
     const int64_t run_to_ms = unix_ms();
     const double tflops = c.flops / (t.median_us * 1e-6) / 1e12;
     const double gbps = c.bytes / (t.median_us * 1e-6) / 1e9;
-    const double pct = c.memory_bound ? 100.0 * gbps / kHbmGbpsCeiling : 100.0 * tflops / kBf16TflopsCeiling;
+    const double pct = c.memory_bound ? 100.0 * gbps / kHbmGbpsCeiling : 100.0 * tflops / c.tflops_ceiling;
     const double ratio = c.anchor_tflops > 0 ? tflops / c.anchor_tflops : 0.0;
     char anchor[32] = "-", ratio_s[32] = "-";
     if (c.anchor_tflops > 0) {
@@ -198,7 +199,8 @@ int run_bench_cli(const std::vector<std::string>& args) {
   if (!json_path.empty()) {
     nlohmann::json doc = {{"device", device}, {"date", utc_now()}, {"warmup", warmup}, {"reps", reps},
                           {"cooldown_ms", cooldown_ms},
-                          {"ceilings", {{"bf16_tflops", kBf16TflopsCeiling}, {"hbm_gbps", kHbmGbpsCeiling}}},
+                          {"ceilings", {{"bf16_tflops", kBf16TflopsCeiling}, {"fp8_tflops", kFp8TflopsCeiling},
+                                        {"hbm_gbps", kHbmGbpsCeiling}}},
                           {"results", results}};
     std::ofstream f(json_path);
     if (!f) fail("dsv4 bench: --json: cannot write '", json_path, "'");

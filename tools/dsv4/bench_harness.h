@@ -17,6 +17,7 @@ namespace dsv4::bench {
 
 // PERF.md ceilings of the lent H100 (re-measured values go to bench/RESULTS.md).
 inline constexpr double kBf16TflopsCeiling = 780.0;
+inline constexpr double kFp8TflopsCeiling = 1396.0;
 inline constexpr double kHbmGbpsCeiling = 2960.0;
 
 // Launches one run on `stream`; `rotation` picks the input set (inputs rotate beyond L2 for
@@ -29,6 +30,7 @@ struct Case {
   double flops = 0;       // as FlashMLA counts them (PERF.md)
   double bytes = 0;       // fewest bytes the op must move through HBM
   bool memory_bound = false;
+  double tflops_ceiling = kBf16TflopsCeiling;  // of a compute-bound case (FP8 GEMMs: kFp8TflopsCeiling)
   double anchor_us = 0;       // FlashMLA on the same GPU (PERF.md), 0 = none
   double anchor_tflops = 0;
   int rotations = 1;          // input sets the launch cycles through

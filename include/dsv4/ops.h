@@ -248,7 +248,9 @@ void dequantize_and_gather(const KvCacheView& cache, const TensorView& block_tab
 // CUDA, with linear's CUDA dtype and scale-layout rules (wo_a_scale per group: rows
 //   fp8_weight_scale_row_stride(H*D/G) apart): bf16 / fp32 operands as one strided-batched
 //   cuBLASLt matmul over the G groups; FP8 operands as one block-scaled FP8 matmul per group
-//   (cuBLASLt's block-scaled modes take no batch), enqueued in group order.
+//   (cuBLASLt's block-scaled modes take no batch), enqueued in group order — each group's block
+//   of o_scale must start 16-byte aligned: (H*D/G/128) · T a multiple of 4, which every H*D/G
+//   that is a multiple of 512 gives.
 void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorView& wo_a,
                   const TensorView& wo_a_scale, const TensorView& z, Stream stream = nullptr);
 // The same with a cuBLASLt workspace (see linear's).

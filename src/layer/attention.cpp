@@ -34,6 +34,18 @@ TensorView reshape(const TensorView& t, std::initializer_list<int64_t> dims) {
   return v;
 }
 
+// The CUDA GEMMs multiply FP8 weights on FP8 tensor cores, which take FP8 inputs only.
+void check_cuda_fp8_inputs(const LayerWeightViews& wv, const AttentionOptions& opts) {
+  const bool fp8_projection = wv.wq_a.fp8() || wv.wkv.fp8() || wv.wq_b.fp8() || wv.wo_b.fp8() ||
+                              (wv.indexer && wv.indexer->wq_b.fp8());
+  if (fp8_projection && !opts.fp8_gemm_activations)
+    fail("Attention: fp8_gemm_activations: expected true on the CUDA backend for a checkpoint with FP8 "
+         "projection weights (FP8 tensor cores take FP8 inputs), got false; use Backend::cpu");
+  if (wv.wo_a.fp8() && !opts.fp8_activations)
+    fail("Attention: fp8_activations: expected true on the CUDA backend for a checkpoint with an FP8 "
+         "wo_a (FP8 tensor cores take FP8 inputs), got false; use Backend::cpu");
+}
+
 }  // namespace
 
 struct Attention::Impl {
@@ -125,20 +137,7 @@ Attention::Attention(const ModelConfig& cfg, int layer, AttentionWeights weights
   cache_opts.device = m.device;
   m.caches = make_layer_caches(cfg, m.kind, cache_opts);
   m.weights = std::make_unique<LayerWeightStore>(m.w, m.device);
-  if (m.device == Device::cuda) {
-    // The CUDA GEMMs multiply FP8 weights on FP8 tensor cores: their inputs must be FP8 too.
-    const LayerWeightViews& wv = m.weights->views();
-    for (const WeightView* gw : {&wv.wq_a, &wv.wkv, &wv.wq_b, &wv.wo_b})
-      if (gw->fp8() && !opts.fp8_gemm_activations)
-        fail("Attention: fp8_gemm_activations: expected true on the CUDA backend for a checkpoint with "
-             "FP8 projection weights (FP8 tensor cores take FP8 inputs), got false; use Backend::cpu");
-    if (wv.indexer && wv.indexer->wq_b.fp8() && !opts.fp8_gemm_activations)
-      fail("Attention: fp8_gemm_activations: expected true on the CUDA backend for a checkpoint with an "
-           "FP8 indexer wq_b, got false; use Backend::cpu");
-    if (wv.wo_a.fp8() && !opts.fp8_activations)
-      fail("Attention: fp8_activations: expected true on the CUDA backend for a checkpoint with an FP8 "
-           "wo_a (FP8 tensor cores take FP8 inputs), got false; use Backend::cpu");
-  }
+  if (m.device == Device::cuda) check_cuda_fp8_inputs(m.weights->views(), opts);
   m.scratch = Scratch(m.device, opts.stream);
   m.rope = cfg.rope_for_layer(layer);
   m.ensure_rope(4096);

@@ -183,6 +183,47 @@ TEST(Fp8LinearCuda, CachedPlanTakesEachCallsScales) {
   }
 }
 
+// Capturable in a CUDA graph (no synchronization, allocation or host copy inside a call once the
+// shape's plan exists): capture one FP8 linear with a workspace on a stream, then replay the graph
+// on new activations written into the captured buffers — each replay gives the new data's result.
+TEST(Fp8LinearCuda, CapturedInACudaGraphAndReplayedOnNewData) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const int64_t T = 128, N = 1024, K = 4096;  // a decode-sized wq_a
+  const Fp8Weight w = make_weight(0, N, K, 7);
+  const DeviceTensor wd = DeviceTensor::from_host(w.op.values), wsd = DeviceTensor::from_host(w.cuda_scale);
+  const TensorView ws = scale_window(wsd, K / 128);
+  const Fp8Activation first = make_activation(T, K, 8);
+  DeviceTensor xd = DeviceTensor::from_host(first.codes), xsd = DeviceTensor::from_host(first.scale_t);
+  const DeviceTensor work(DType::uint8, {dsv4::kGemmWorkspaceBytes});
+  DeviceTensor yd = poisoned_device(DType::bf16, {T, N});
+  cudaStream_t stream = nullptr;
+  DSV4_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  dsv4::linear(xd, transposed(xsd.view()), wd, ws, yd, work, stream);  // warm-up: builds the plan
+  DSV4_ASSERT_CUDA(cudaStreamSynchronize(stream));
+  cudaGraph_t graph = nullptr;
+  DSV4_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  dsv4::linear(xd, transposed(xsd.view()), wd, ws, yd, work, stream);
+  DSV4_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  DSV4_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (uint64_t seed : {9, 10}) {
+    const Fp8Activation x = make_activation(T, K, seed);
+    dsv4::copy_to_device(x.codes, xd);
+    dsv4::copy_to_device(x.scale_t, xsd);
+    yd.fill_bytes(0xFF);
+    DSV4_ASSERT_CUDA(cudaDeviceSynchronize());  // the copies and the poison land before the replay
+    DSV4_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+    DSV4_ASSERT_CUDA(cudaStreamSynchronize(stream));
+    HostTensor y_cpu = poisoned(DType::bf16, {T, N});
+    dsv4::linear(x.codes, x.host_scale(), w.op.values, w.op.scale, y_cpu);
+    expect_fp8_gemm_match("replay, seed " + std::to_string(seed), y_cpu, yd.to_host(),
+                          abs_sums(x.real, w.real, T, N), DType::bf16);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 // CUDA-only FP8 rules: dsv4::Error naming the argument, nothing written.
 TEST(Fp8LinearCuda, RejectedAndNothingWritten) {
   DSV4_SKIP_WITHOUT_GPU();

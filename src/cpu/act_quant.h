@@ -2,7 +2,7 @@
 // 64 / 128 values, the UE8M0 scale 2^k, k = ue8m0_exponent_for_amax(amax), codes fp8(v / 2^k)),
 // shared by quantize_act_fp8, inv_rope_fp8_quant and the FP8 output of fused_qkv_rms_norm: the
 // validation of the (codes, scales) outputs and the per-block quantization. The CUDA kernels
-// follow src/cuda/oproj/act_quant.cuh, bit for bit.
+// follow src/cuda/common/act_quant.cuh, bit for bit.
 #pragma once
 
 #include <cstdint>

@@ -10,7 +10,7 @@
 #include "cuda/common/float_rows.cuh"
 #include "cuda/common/index_vector.cuh"
 #include "cuda/common/rope_table.cuh"
-#include "cuda/oproj/act_quant.cuh"
+#include "cuda/common/act_quant.cuh"
 
 namespace dsv4::cuda {
 namespace {

@@ -30,18 +30,22 @@ namespace dsv4 {
 // and mark what an out-of-range value makes unusable, as each op below states.
 
 // Queries of the indexer.
-//   qr [T, q_lora] bf16/fp32 (the normed low-rank query); wq_b [H_I·128, q_lora] bf16/fp32, or
-//   fp8_e4m3 with wq_b_scale (per 128×128 block, see dsv4::linear); x [T, dim] bf16/fp32;
-//   weights_proj [H_I, dim] bf16/fp32; positions [T] int32/int64; cos_sin fp32 [max_pos, R].
+//   qr [T, q_lora] (the normed low-rank query): bf16/fp32, or fp8_e4m3 with qr_scale [T, q_lora/128]
+//   (its FP8 quantization for an FP8 wq_b, as production feeds it; see dsv4::linear); wq_b
+//   [H_I·128, q_lora] bf16/fp32, or fp8_e4m3 with wq_b_scale (per 128×128 block, see
+//   dsv4::linear); x [T, dim] bf16/fp32; weights_proj [H_I, dim] bf16/fp32; positions [T]
+//   int32/int64; cos_sin fp32 [max_pos, R].
 //   Outputs: q_fp8 [T, H_I, 128] fp8_e4m3, q_scale [T, H_I] fp32 (powers of two),
 //   weights [T, H_I] fp32 (already scaled by 128^-0.5 · H_I^-0.5).
 //   workspace: 1-d uint8 [>= indexer_query_workspace_bytes(T, H_I)], 16-byte aligned, on the device
 //   of qr: the fp32 projection qr·wq_bᵀ lives there on CUDA. Ignored (may be undefined) on CPU.
-// CUDA: wq_b must be bf16 or fp32 with the dtype of qr, weights_proj the dtype of x (the CUDA
-// dsv4::linear takes no FP8 weights); a position outside [0, max_pos) gives that token's rows
-// codes 0 and q_scale NaN (its scores become NaN).
-void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorView& wq_b_scale,
-                   const TensorView& x, const TensorView& weights_proj, const TensorView& positions,
+// CUDA: qr·wq_bᵀ follows dsv4::linear's CUDA rules (qr and wq_b both bf16, both fp32, or both
+// fp8_e4m3 with fp32 scales in cuBLASLt's layouts); weights_proj must have the dtype of x; a
+// position outside [0, max_pos) gives that token's rows codes 0 and q_scale NaN (its scores
+// become NaN).
+void indexer_query(const TensorView& qr, const TensorView& qr_scale, const TensorView& wq_b,
+                   const TensorView& wq_b_scale, const TensorView& x,
+                   const TensorView& weights_proj, const TensorView& positions,
                    const TensorView& cos_sin, const TensorView& q_fp8, const TensorView& q_scale,
                    const TensorView& weights, const TensorView& workspace,
                    Stream stream = nullptr);

@@ -162,7 +162,8 @@ Attention make_attention(const ModelConfig& cfg, const IntArg& layer_arg, const 
   opts.caches.compressed_blocks = int_arg(k, "compressed_blocks", compressed_blocks);
   opts.caches.state_blocks = int_arg(k, "state_blocks", state_blocks);
   opts.caches.swa_block_size = int_arg(k, "swa_block_size", swa_block_size);
-  opts.fp8_activations = fp8_activations;
+  opts.fp8_activations = fp8_activations;  // Python's flag covers every FP8 activation quantization
+  opts.fp8_gemm_activations = fp8_activations;
   opts.cuda_graphs = cuda_graphs;
   return Attention(cfg, layer, w, opts);
 }
@@ -313,6 +314,7 @@ void bind_stack(nb::module_& m) {
             so.attention.caches.state_blocks = int_arg(k, "state_blocks", state_blocks);
             so.attention.fp8_activations = fp8_activations;
             so.attention.cuda_graphs = cuda_graphs;
+            so.attention.fp8_gemm_activations = fp8_activations;
             if (backend != "cpu" && backend != "cuda")
               fail_expected("AttentionStack", "backend", "cpu or cuda", backend);
             so.attention.backend = backend == "cuda" ? Backend::cuda : Backend::cpu;
@@ -364,7 +366,7 @@ nb::ndarray<nb::pytorch, double> reference_op(const ModelConfig& cfg, const IntA
   auto y = std::make_unique<std::vector<double>>();
   {
     nb::gil_scoped_release release;
-    *y = reference_attention_layer(cfg, layer, w, xs, ReferenceOptions{fp8_activations});
+    *y = reference_attention_layer(cfg, layer, w, xs, ReferenceOptions{fp8_activations, fp8_activations});
   }
   double* data = y->data();
   nb::capsule owner(y.release(),

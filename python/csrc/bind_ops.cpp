@@ -66,6 +66,16 @@ void apply_rope_op(const TensorArg& x, const TensorArg& positions, const TensorA
              tensor_arg(k, "cos_sin", cos_sin), inverse, tensor_arg(k, "y", y), stream_of(stream));
 }
 
+void inv_rope_fp8_quant_op(const TensorArg& o, const TensorArg& positions,
+                           const TensorArg& cos_sin, const IntArg& block, const TensorArg& o_fp8,
+                           const TensorArg& o_scale, uintptr_t stream) {
+  constexpr const char* k = "inv_rope_fp8_quant";
+  inv_rope_fp8_quant(tensor_arg(k, "o", o), tensor_arg(k, "positions", positions),
+                     tensor_arg(k, "cos_sin", cos_sin), int_arg(k, "block", block),
+                     tensor_arg(k, "o_fp8", o_fp8), tensor_arg(k, "o_scale", o_scale),
+                     stream_of(stream));
+}
+
 // Fills `out` (fp32 host [max_pos, R], contiguous) with build_rope_cache's table.
 void rope_cache_op(double theta, const IntArg& rope_dims_arg, bool yarn, double factor,
                    const IntArg& original_seq_len, double beta_fast, double beta_slow,
@@ -207,6 +217,8 @@ void bind_ops(nb::module_& m) {
         any("wkv"), arg("eps"), any("q_out"), any("kv_out"), arg("stream") = 0, Release());
   m.def("apply_rope", &apply_rope_op, any("x"), any("positions"), any("cos_sin"),
         arg("inverse"), any("y"), arg("stream") = 0, Release());
+  m.def("inv_rope_fp8_quant", &inv_rope_fp8_quant_op, any("o"), any("positions"), any("cos_sin"),
+        any("block"), any("o_fp8"), any("o_scale"), arg("stream") = 0, Release());
   m.def("rope_cache", &rope_cache_op, arg("theta"), any("rope_dims"), arg("yarn"),
         arg("factor"), any("original_seq_len"), arg("beta_fast"), arg("beta_slow"), any("out"),
         Release());

@@ -175,9 +175,12 @@ class Attention:
         swa_block_size tokens; the compressed caches use 64 / 2 entries per block for ratio 4 /
         128, the compressor state one window per block). SWA blocks beyond the window are
         recycled; running out raises dsv4attn.Error before anything changes.
-    fp8_activations: quantize the attention output to FP8 before wo_a, as production does.
-    device: "cpu" (the reference ops) or "cuda[:i]" (the CUDA ops; caches and weights live on
-        that GPU, and forwards run on torch's current stream without synchronizing).
+    fp8_activations: quantize activations to FP8 as production does (per token and 128 columns,
+        UE8M0): the attention output before wo_a, and the input of every projection whose weight
+        is FP8. Required on "cuda" for FP8 weights (FP8 tensor cores take FP8 inputs).
+    device: "cpu" (the reference ops) or "cuda[:i]" (the CUDA ops; caches and weights — FP8 GEMM
+        weights kept FP8 for the FP8 tensor cores, others bf16 — live on that GPU, and forwards
+        run on torch's current stream without synchronizing).
     cuda_graphs: CUDA decode-only steps replay CUDA graphs, one per batch-size bucket (1, 2, 4,
         ..., 512 tokens): the first step of a bucket runs eagerly, the second is captured.
         A forward may also be captured by the caller with torch.cuda.graph (run one step of the
@@ -361,7 +364,8 @@ class AttentionStack:
 def reference_attention_layer(config, layer: int, weights: AttentionWeights, x: torch.Tensor,
                               fp8_activations: bool = True) -> torch.Tensor:
     """The float64 reference (include/dsv4/reference.h): y [L, dim] float64 for ONE request's
-    tokens x [L, dim] at positions 0..L-1, with no caches or batching."""
+    tokens x [L, dim] at positions 0..L-1, with no caches or batching. fp8_activations: model the
+    layer's FP8 activation quantizations (Attention's flag of the same name)."""
     if isinstance(config, str):
         config = _C.ModelConfig.builtin(config)
     x = x.detach().to("cpu", torch.float64).contiguous()

@@ -50,7 +50,8 @@ def _op(name: str, mutates: tuple[str, ...]):
 @_op("linear", ("y",))
 def linear(x: Tensor, x_scale: Optional[Tensor], w: Tensor, w_scale: Optional[Tensor],
            y: Tensor) -> None:
-    """y [T, N] = x [T, K] · wᵀ with optional FP8 block scales (ops.h `linear`)."""
+    """y [T, N] = x [T, K] · wᵀ with optional FP8 block scales (ops.h `linear`; on CUDA FP8 x and
+    w run on FP8 tensor cores with fp32 scales in cuBLASLt's layouts)."""
     with device_guard(x):
         _C.linear(x, x_scale, w, w_scale, y, stream_handle(x))
 
@@ -91,6 +92,16 @@ def apply_rope(x: Tensor, positions: Tensor, cos_sin: Tensor, inverse: bool, y: 
     """GPT-J interleaved RoPE (inverse: conjugate) on the last R dims of each head."""
     with device_guard(x):
         _C.apply_rope(x, positions, cos_sin, inverse, y, stream_handle(x))
+
+
+@_op("inv_rope_fp8_quant", ("o_fp8", "o_scale"))
+def inv_rope_fp8_quant(o: Tensor, positions: Tensor, cos_sin: Tensor, block: int, o_fp8: Tensor,
+                       o_scale: Tensor) -> None:
+    """Inverse RoPE on o [T, H, D] bf16, rounded to bf16, then FP8 per 1 × block into o_fp8
+    [T, H·D] and o_scale [T, H·D/block] (any strides; the CUDA FP8 GEMMs take the transpose of a
+    contiguous [H·D/block, T] buffer) in one pass (ops.h `inv_rope_fp8_quant`)."""
+    with device_guard(o):
+        _C.inv_rope_fp8_quant(o, positions, cos_sin, block, o_fp8, o_scale, stream_handle(o))
 
 
 @_op("grouped_wo_a", ("z",))

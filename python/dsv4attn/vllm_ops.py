@@ -11,11 +11,13 @@
 Differences from vLLM, by design: tensors may be CPU tensors (the reference backend); the
 UE8M0 scale floor is SPEC §7's max(amax / 448, 1e-4) (vLLM's Triton kernel floors amax at 1e-10;
 the two agree whenever a block's amax >= 0.0448); outputs are contiguous where vLLM returns
-transposed views of TMA-friendly buffers (same shapes, same values). The index utilities
+transposed views of TMA-friendly buffers (same shapes, same values), except
+fused_inv_rope_fp8_quant's scales, which are such a transposed view (the CUDA FP8 GEMMs' layout).
+The index utilities
 (combine_topk_swa_indices, compute_global_topk_indices_and_lens) run the validating C++ code on
 CPU tensors; on CUDA tensors they run as a few vectorized torch ops with the same results, which
 trust their inputs (no data-dependent checks: those would synchronize the host). The FP8 einsum
-on CUDA dequantizes its FP8 operands to bf16 (exact) for the bf16 cuBLASLt grouped GEMM.
+runs on CUDA as block-scaled FP8 cuBLASLt GEMMs (one per group).
 Paged caches are MODEL1_FP8 byte caches: [num_blocks, block_bytes] or FlashMLA's
 [num_blocks, block_size, 584] view whose block stride is the padded MODEL1 block size.
 """
@@ -246,11 +248,14 @@ def fused_inv_rope_fp8_quant(
     heads_per_group: int, nope_dim: int = 448, rope_dim: int = 64, quant_group_size: int = 128,
     tma_aligned_scales: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Inverse RoPE on the last rope_dim dims of each head of o [T, H, D], then FP8 e4m3
-    quantization in blocks of quant_group_size with UE8M0 (power-of-two) scales, grouped for the
-    wo_a einsum. Returns o_fp8 [T, n_groups, heads_per_group * D] float8_e4m3fn and o_scale
-    [T, n_groups, heads_per_group * D / quant_group_size] fp32 (tma_aligned_scales: int32 with
-    4 UE8M0 bytes packed per element, little-endian, SM100's format)."""
+    """Inverse RoPE on the last rope_dim dims of each head of o [T, H, D] (bf16, rounded back to
+    bf16), then FP8 e4m3 quantization in blocks of quant_group_size with UE8M0 (power-of-two)
+    scales, grouped for the wo_a einsum — one pass over o (torch.ops.dsv4.inv_rope_fp8_quant).
+    Returns o_fp8 [T, n_groups, heads_per_group * D] float8_e4m3fn and o_scale
+    [T, n_groups, heads_per_group * D / quant_group_size] fp32, a transposed view of a
+    contiguous [H * D / quant_group_size, T] buffer as vLLM returns it (the layout the CUDA FP8
+    GEMMs take); tma_aligned_scales: int32 with 4 UE8M0 bytes packed per element, little-endian,
+    SM100's format."""
     where = "fused_inv_rope_fp8_quant"
     o = tensor_arg(where, "o", o)
     cos_sin_cache = tensor_arg(where, "cos_sin_cache", cos_sin_cache)
@@ -274,16 +279,16 @@ def fused_inv_rope_fp8_quant(
                     f"got {quant_group_size}")
     if cos_sin_cache.dtype != torch.float32:
         cos_sin_cache = cos_sin_cache.float()
-    rotated = torch.empty((T, H, D), dtype=torch.float32, device=o.device)
-    torch.ops.dsv4.apply_rope(o, positions, cos_sin_cache, True, rotated)
+    blocks = H * D // quant_group_size
     o_fp8 = torch.empty((T, H * D), dtype=torch.float8_e4m3fn, device=o.device)
-    scale = torch.empty((T, H * D // quant_group_size), dtype=torch.float32, device=o.device)
-    torch.ops.dsv4.quantize_act_fp8(rotated.view(T, H * D), quant_group_size, o_fp8, scale)
+    scale = torch.empty((blocks, T), dtype=torch.float32, device=o.device).t()
+    torch.ops.dsv4.inv_rope_fp8_quant(o, positions, cos_sin_cache, int(quant_group_size), o_fp8,
+                                      scale)
     d = heads_per_group * D
     o_fp8 = o_fp8.view(T, n_groups, d)
     scale = scale.view(T, n_groups, d // quant_group_size)
     if tma_aligned_scales:
-        scale = _pack_ue8m0(scale)
+        scale = _pack_ue8m0(scale.contiguous())
     return o_fp8, scale
 
 
@@ -331,13 +336,16 @@ def deepseek_v4_fp8_einsum(o_fp8: torch.Tensor, o_scale: torch.Tensor, wo_a: tor
     z_flat = z if z.is_contiguous() else torch.empty(z.shape, dtype=z.dtype, device=z.device)
     o2, o2_scale = o_fp8.reshape(T, G * Dg), o_scale.reshape(T, -1)
     if o_fp8.device.type == "cuda":
-        # The CUDA grouped GEMM is bf16 (cuBLASLt): FP8 values times power-of-two scales are exact
-        # in bf16, so dequantizing first gives the FP8 product's operands exactly.
-        o_bf16 = torch.empty((T, G * Dg), dtype=torch.bfloat16, device=o_fp8.device)
-        torch.ops.dsv4.dequantize_fp8_blocks(o2, o2_scale, 1, Dg * G // o2_scale.shape[1], o_bf16)
-        w_bf16 = torch.empty(w.shape, dtype=torch.bfloat16, device=w.device)
-        torch.ops.dsv4.dequantize_fp8_blocks(w, ws, 128, 128, w_bf16)
-        torch.ops.dsv4.grouped_wo_a(o_bf16, None, w_bf16, None, z_flat.view(T, G * L))
+        # The CUDA FP8 GEMMs take fp32 scales in cuBLASLt's layouts: activation scales as the
+        # transpose of a contiguous [blocks, T] buffer (what fused_inv_rope_fp8_quant returns),
+        # weight scales with rows padded to a multiple of 4 (converted here; a serving engine
+        # does it once at load).
+        if o2_scale.stride() != (1, T) and T > 1:
+            o2_scale = o2_scale.t().contiguous().t()
+        ws32 = ws.float()
+        pad = (-ws32.shape[-1]) % 4
+        ws_padded = torch.nn.functional.pad(ws32, (0, pad), value=1.0)[..., :ws32.shape[-1]]
+        torch.ops.dsv4.grouped_wo_a(o2, o2_scale.float(), w, ws_padded, z_flat.view(T, G * L))
     else:
         torch.ops.dsv4.grouped_wo_a(o2, o2_scale, w, ws, z_flat.view(T, G * L))
     if z_flat is not z:

@@ -20,14 +20,12 @@ void check_dtype_in(const char* where, const char* name, const TensorView& t,
   fail_expected(where, std::string(name) + ".dtype", expected, dtype_name(t.dtype));
 }
 
-namespace {
 void check_nonnegative_strides(const char* where, const char* name, const TensorView& t) {
   for (int d = 0; d < t.ndim; ++d)
     if (t.strides[d] < 0)
       fail_expected(where, std::string(name) + ".stride(" + std::to_string(d) + ")",
                     "a non-negative stride", t.strides[d]);
 }
-}  // namespace
 
 void check_row_strided(const char* where, const char* name, const TensorView& t) {
   check_inner_contiguous(where, name, t);
@@ -172,7 +170,7 @@ int64_t check_activation_scale(const char* where, const char* x_name, const Tens
   check_dtype_in(where, scale_name, scale, {DType::ue8m0, DType::fp32});
   check_ndim(where, scale_name, scale, 2);
   check_dim(where, scale_name, scale, 0, x.shape[0]);
-  check_row_strided(where, scale_name, scale);
+  check_nonnegative_strides(where, scale_name, scale);  // any layout: the CUDA GEMMs take [blocks, rows] transposed
   const int64_t cols = x.shape[1], blocks = scale.shape[1];
   for (int64_t block : {int64_t{128}, int64_t{64}})
     if (cols % block == 0 && blocks * block == cols) return block;

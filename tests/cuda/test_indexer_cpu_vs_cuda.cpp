@@ -200,7 +200,7 @@ TEST(IndexerQueryCpuVsCuda, QueryThroughLinear) {
 
   HostTensor codes_cpu = poisoned_host(DType::fp8_e4m3, {T, H, kDim}),
              scale_cpu = poisoned_host(DType::fp32, {T, H}), w_cpu = poisoned_host(DType::fp32, {T, H});
-  indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, codes_cpu, scale_cpu, w_cpu, {});
+  indexer_query(qr, {}, wq_b, {}, x, wp, pos, cos_sin, codes_cpu, scale_cpu, w_cpu, {});
 
   DeviceTensor qr_d = DeviceTensor::from_host(qr), wq_d = DeviceTensor::from_host(wq_b),
                x_d = DeviceTensor::from_host(x), wp_d = DeviceTensor::from_host(wp),
@@ -209,7 +209,7 @@ TEST(IndexerQueryCpuVsCuda, QueryThroughLinear) {
                scale_d = poisoned(DType::fp32, {T, H}), w_d = poisoned(DType::fp32, {T, H});
   DeviceTensor ws(DType::uint8, {indexer_query_workspace_bytes(T, H)});
   try {
-    indexer_query(qr_d, wq_d, {}, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, ws);
+    indexer_query(qr_d, {}, wq_d, {}, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, ws);
   } catch (const Error& e) {
     // The CUDA dsv4::linear is written in parallel with these kernels.
     if (std::string(e.what()).find("linear: CUDA backend not implemented") != std::string::npos)
@@ -259,16 +259,16 @@ TEST(IndexerQueryCuda, RejectionsWriteNothing) {
   DeviceTensor ws(DType::uint8, {indexer_query_workspace_bytes(T, H)}),
       ws_small(DType::uint8, {indexer_query_workspace_bytes(T, H) - 1});
   expect_error([&] {
-    indexer_query(qr_d, wq8_d, wqs_d, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, ws);
+    indexer_query(qr_d, {}, wq8_d, wqs_d, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, ws);
   }, {"indexer_query", "wq_b.dtype", "CUDA"});
   expect_error([&] {
-    indexer_query(qr_d, wq_d, {}, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, ws_small);
+    indexer_query(qr_d, {}, wq_d, {}, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, ws_small);
   }, {"indexer_query", "workspace"});
   expect_error([&] {
-    indexer_query(qr_d, wq_d, {}, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, {});
+    indexer_query(qr_d, {}, wq_d, {}, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, {});
   }, {"indexer_query", "workspace"});
   expect_error([&] {  // positions on the host
-    indexer_query(qr_d, wq_d, {}, x_d, wp_d, pos, cs_d, codes_d, scale_d, w_d, ws);
+    indexer_query(qr_d, {}, wq_d, {}, x_d, wp_d, pos, cs_d, codes_d, scale_d, w_d, ws);
   }, {"indexer_query", "positions.device"});
   const HostTensor codes = download(codes_d), scale = download(scale_d), w = download(w_d);
   for (const HostTensor* t : {&codes, &scale, &w})

@@ -136,6 +136,29 @@ TEST_P(QnormRopeKvInsertCpuVsCuda, BitIdentical) {
   expect_batch_equal(cpu, gpu);
 }
 
+// q rows that are not 16-byte aligned (q a window of rows 3 elements wider): the kernel's
+// element-wise path for q, the same bytes as the CPU, the padding untouched.
+TEST(QnormRopeKvInsertCuda, UnalignedQRows) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const InsertCase c{KvLayout::model1_fp8, 7, 16, 64, DType::int64, true};
+  InsertBatch cpu(c, 300);
+  const int64_t D = cpu.q.shape()[2];
+  HostTensor wide = dense_test::poisoned(DType::bf16, {c.T, c.H, D + 3});
+  for (int64_t r = 0; r < c.T * c.H; ++r)
+    std::memcpy(wide.data<uint16_t>() + r * (D + 3), cpu.q.data<uint16_t>() + r * D, D * sizeof(uint16_t));
+  DeviceBatch gpu(cpu);
+  Twin q = Twin::of(wide);
+  TensorView q_host = q.host.view();
+  q_host.shape[2] = D;
+  Twin table = Twin::of(rope_table(c.yarn));
+  dsv4::qnorm_rope_kv_insert(q_host, cpu.kv, cpu.positions, table.host, kEps, cpu.view, cpu.slots);
+  dsv4::qnorm_rope_kv_insert(dsv4::test::same_view_on_device(q, q_host), gpu.kv.dev, gpu.positions.dev, table.dev, kEps,
+                             gpu.view, gpu.slots.dev);
+  expect_bytes_equal("q (and its padding)", q.host, q.dev_bytes());
+  expect_bytes_equal("kv", cpu.kv, gpu.kv.dev_bytes());
+  expect_bytes_equal("cache", cpu.cache, gpu.cache.dev_bytes());
+}
+
 std::vector<InsertCase> insert_grid() {
   std::vector<InsertCase> grid;
   for (const KvLayout l : {KvLayout::model1_fp8, KvLayout::v32_fp8, KvLayout::bf16, KvLayout::fp8_per_tensor})

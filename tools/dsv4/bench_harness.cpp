@@ -49,7 +49,9 @@ void usage() {
       "       dsv4 bench layer [options]   whole layer steps against their floors (--help)\n"
       "  Runs the kernel benchmarks of PERF.md on the first CUDA device: median of --reps (>= 20)\n"
       "  CUDA-event timed runs after --warmup runs; prints µs, TFLOP/s, GB/s, % of the bound\n"
-      "  ceiling and the FlashMLA anchor. --filter keeps cases whose name contains SUBSTR.\n"
+      "  ceiling (bf16 or, for the FP8 GEMMs, FP8 tensor cores; or HBM copy) and the FlashMLA\n"
+      "  anchor. Groups: prefill, decode (sparse attention), gemm (FP8 projections, V4-Flash).\n"
+      "  --filter keeps cases whose name contains SUBSTR (e.g. --filter gemm_fp8).\n"
       "  --cooldown-ms: the GPU idles this long before each case's runs (default 1000), so no case\n"
       "  inherits the power cap the previous ones drove the clocks into; 0 runs them back to back.");
 }

@@ -179,6 +179,13 @@ const std::array kTable = {
             const double n = static_cast<double>(s.tokens) * s.heads * s.head_dim;
             return OpCost{0, 0, n * (A::q + A::fp8) + n / 128 * A::scale};
           }},
+    // One pass: o read, its FP8 codes and 1x128 scales written, the rope dims' cos/sin and the
+    // position read per token.
+    Entry{"inv_rope_fp8_quant",
+          [](const StepShape& s) {
+            const double T = static_cast<double>(s.tokens), n = T * s.heads * s.head_dim;
+            return OpCost{0, 0, n * (A::q + A::fp8) + n / 128 * A::scale + T * (s.rope_dims * 4.0 + A::position)};
+          }},
     Entry{"act_dequant",
           [](const StepShape& s) {
             const double n = static_cast<double>(s.tokens) * s.heads * s.head_dim;

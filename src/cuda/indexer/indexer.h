@@ -9,9 +9,10 @@
 
 namespace dsv4::cuda {
 
-// The whole query: dsv4::linear for qr·wq_bᵀ (fp32, into the workspace) and x·weights_projᵀ
-// (into `weights`), then indexer_query_rows. T > 0.
-void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorView& x,
+// The whole query: dsv4::linear for qr·wq_bᵀ (fp32, into the workspace; FP8 qr and wq_b on FP8
+// tensor cores) and x·weights_projᵀ (into `weights`), then indexer_query_rows. T > 0.
+void indexer_query(const TensorView& qr, const TensorView& qr_scale, const TensorView& wq_b,
+                   const TensorView& wq_b_scale, const TensorView& x,
                    const TensorView& weights_proj, const TensorView& positions,
                    const TensorView& cos_sin, const TensorView& q_fp8, const TensorView& q_scale,
                    const TensorView& weights, const TensorView& workspace, Stream stream);

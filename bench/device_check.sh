@@ -9,6 +9,10 @@
 #                                filtered out (racecheck-full: ~6 min on the H100; all its hazards
 #                                listed by kernel function and by test)
 #   bench/device_check.sh bench  build (reused when warm); ceilings; `dsv4 bench` (all PERF.md cases)
+#   bench/device_check.sh layer  build (reused when warm); `dsv4 bench layer` (issue 14 item 7: one
+#                                layer of each kind, V4-Flash and V4-Pro, against its floor; ~2-4
+#                                min); LAYER_ARGS="--model v4-flash ..." narrows it; the picture is
+#                                drawn here only where matplotlib exists (else: bench/plot_layer.py)
 #   bench/device_check.sh python the extension against the device's python3/torch: library and
 #                                import-order probes (issue 5's crash at import), then the Python
 #                                tests (CUDA variants included)
@@ -56,6 +60,12 @@ PY
   timeout 420 ./build/dsv4 bench --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -45
   kill $smi; gzip -f "$OUT/clocks.csv"
   python3 bench/trace/clocks_per_case.py "$OUT/bench.json" "$OUT/clocks.csv.gz" > "$OUT/clocks_per_case.txt"
+fi
+if has layer; then
+  log bench layer
+  # The report is rewritten after every case, so a run cut short keeps what it measured.
+  timeout 540 ./build/dsv4 bench layer ${LAYER_ARGS:-} --json "$OUT/layer.json" --plot "$OUT/layer.png" 2>&1 |
+    tee "$OUT/bench_layer.log" | grep -E "^(v4|tiny|  wall|ceil|  +(FP8|bf16|copy)|[0-9]+ cases|wrote)|error|WARNING" | head -120
 fi
 if has python; then
   log python extension

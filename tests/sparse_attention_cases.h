@@ -8,11 +8,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <initializer_list>
 #include <memory>
 #include <random>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "cpu/sparse_attention_reference.h"
@@ -45,17 +47,18 @@ struct IndexMix {
 };
 
 // One decode scope: a cache with ~1/8 of its slots left as NaN bytes, and indices [b, s_q, topk]
-// into it (lengths [b] when with_length).
+// into it (lengths [b] when with_length). block_stride: the cache's (0: its block bytes).
 struct DecodeScope {
   std::unique_ptr<TestCache> cache;
   std::vector<int64_t> clean_slots, poisoned_slots;
   HostTensor indices, lengths;  // lengths undefined when not used
 
   DecodeScope(KvLayout layout, int block_size, int b, int s_q, int topk, bool with_length,
-              std::mt19937& rng, IndexMix mix = {}) {
+              std::mt19937& rng, IndexMix mix = {}, int64_t block_stride = 0) {
     const int64_t blocks = (4 * int64_t{topk} + block_size - 1) / block_size + 1;
     cache = std::make_unique<TestCache>(layout, block_size, blocks,
-                                        layout == KvLayout::fp8_per_tensor ? 0.37f : 1.0f);
+                                        layout == KvLayout::fp8_per_tensor ? 0.37f : 1.0f,
+                                        block_stride);
     for (int64_t s = 0; s < cache->num_slots(); ++s) {
       if (rng() % 8 == 0) {
         poisoned_slots.push_back(s);
@@ -114,6 +117,78 @@ inline SparseDecodeArgs decode_args(const TensorView& q, const DecodeScope& main
   a.lse = lse;
   return a;
 }
+
+// ---- FlashMLA-style layouts ----------------------------------------------------------------------
+// Calls fn(flat, offset) for every element of `v` in row-major order: flat is the element's index
+// in a dense tensor of v's shape, offset its element offset from v.data.
+template <typename Fn>
+void for_each_element(const TensorView& v, Fn&& fn) {
+  const int64_t n = v.numel();
+  for (int64_t flat = 0; flat < n; ++flat) {
+    int64_t rest = flat, offset = 0;
+    for (int d = v.ndim - 1; d >= 0; --d) {
+      offset += rest % v.shape[d] * v.strides[d];
+      rest /= v.shape[d];
+    }
+    fn(flat, offset);
+  }
+}
+
+// A tensor held the way FlashMLA's test generators (non_contiguousify) and serving engines hand
+// them over: inside a larger buffer whose every dim is padded by pad[d] elements, the first two
+// dims optionally laid out in swapped order (swap01: [b, s_q] that do not merge, a transposed
+// view), the last dim contiguous. The buffer's padding holds 0xFF bytes (NaN for floats).
+struct StridedTensor {
+  HostTensor storage;  // the whole buffer
+  TensorView view;     // the tensor, strided, into `storage`
+
+  StridedTensor(DType dtype, const std::vector<int64_t>& shape, const std::vector<int64_t>& pad,
+                bool swap01) {
+    const int n = static_cast<int>(shape.size());
+    std::vector<int64_t> padded(n), order(n);
+    for (int d = 0; d < n; ++d) {
+      padded[d] = shape[d] + pad[d];
+      order[d] = d;
+    }
+    if (swap01 && n >= 3) std::swap(order[0], order[1]);  // storage dim i holds tensor dim order[i]
+    std::vector<int64_t> storage_shape(n);
+    for (int i = 0; i < n; ++i) storage_shape[i] = padded[order[i]];
+    storage = HostTensor(dtype, storage_shape);
+    storage.fill_bytes(0xFF);
+    view = TensorView(storage.data<void>(), dtype, shape);
+    int64_t stride = 1;
+    for (int i = n - 1; i >= 0; --i) {
+      view.strides[order[i]] = stride;
+      stride *= storage_shape[i];
+    }
+  }
+  // A strided copy of `dense` (row-major).
+  static StridedTensor copy_of(const HostTensor& dense, const std::vector<int64_t>& pad,
+                               bool swap01) {
+    StridedTensor t(dense.dtype(), dense.shape(), pad, swap01);
+    const size_t esize = dtype_size(dense.dtype());
+    for_each_element(t.view, [&](int64_t flat, int64_t offset) {
+      std::memcpy(t.storage.data<uint8_t>() + offset * esize,
+                  dense.data<uint8_t>() + flat * esize, esize);
+    });
+    return t;
+  }
+  // The elements of the view as a dense tensor.
+  HostTensor dense() const { return HostTensor::copy_of(view); }
+  // A copy of the whole buffer (to compare after an op wrote the view).
+  HostTensor snapshot() const { return HostTensor::copy_of(storage.view()); }
+  // Every byte of the buffer outside the view is as in `before` (a snapshot).
+  void expect_only_view_written(const HostTensor& before) const {
+    HostTensor expect = HostTensor::copy_of(before.view());
+    const size_t esize = dtype_size(view.dtype);
+    for_each_element(view, [&](int64_t, int64_t offset) {
+      std::memcpy(expect.data<uint8_t>() + offset * esize, storage.data<uint8_t>() + offset * esize,
+                  esize);
+    });
+    EXPECT_EQ(0, std::memcmp(expect.data<uint8_t>(), storage.data<uint8_t>(), expect.nbytes()))
+        << "bytes outside the view changed";
+  }
+};
 
 // Runs `call` and expects a dsv4::Error whose message contains each of `needles`.
 inline void expect_error(const std::function<void()>& call,

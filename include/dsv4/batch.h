@@ -34,9 +34,15 @@ struct BatchPlan {
   int64_t seq_len(int r) const { return requests[r].context + requests[r].num_new; }
 
   // Orders `steps` (stable: decodes first in given order, then prefills in given order) and
-  // fills the per-token metadata. Throws dsv4::Error for num_new < 1, context < 0, or a request
-  // id that appears twice.
+  // fills the per-token metadata. Throws dsv4::Error for num_new < 1, context < 0,
+  // context + num_new beyond int64, a request id that appears twice, or more than INT32_MAX
+  // tokens in all — before allocating anything.
   static BatchPlan make(std::vector<RequestStep> steps);
+  // make()'s checks alone: the number of tokens the plan of `steps` would hold (callers compare
+  // it with their activations before a plan of that size is built).
+  static int64_t count_tokens(const std::vector<RequestStep>& steps);
+  // The order make() puts `steps` in, as indices into `steps` (no checks, no per-token data).
+  static std::vector<int> kernel_order(const std::vector<RequestStep>& steps);
 };
 
 }  // namespace dsv4

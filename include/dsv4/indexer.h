@@ -30,18 +30,22 @@ namespace dsv4 {
 // and mark what an out-of-range value makes unusable, as each op below states.
 
 // Queries of the indexer.
-//   qr [T, q_lora] bf16/fp32 (the normed low-rank query); wq_b [H_I·128, q_lora] bf16/fp32, or
-//   fp8_e4m3 with wq_b_scale (per 128×128 block, see dsv4::linear); x [T, dim] bf16/fp32;
-//   weights_proj [H_I, dim] bf16/fp32; positions [T] int32/int64; cos_sin fp32 [max_pos, R].
+//   qr [T, q_lora] (the normed low-rank query): bf16/fp32, or fp8_e4m3 with qr_scale [T, q_lora/128]
+//   (its FP8 quantization for an FP8 wq_b, as production feeds it; see dsv4::linear); wq_b
+//   [H_I·128, q_lora] bf16/fp32, or fp8_e4m3 with wq_b_scale (per 128×128 block, see
+//   dsv4::linear); x [T, dim] bf16/fp32; weights_proj [H_I, dim] bf16/fp32; positions [T]
+//   int32/int64; cos_sin fp32 [max_pos, R].
 //   Outputs: q_fp8 [T, H_I, 128] fp8_e4m3, q_scale [T, H_I] fp32 (powers of two),
 //   weights [T, H_I] fp32 (already scaled by 128^-0.5 · H_I^-0.5).
 //   workspace: 1-d uint8 [>= indexer_query_workspace_bytes(T, H_I)], 16-byte aligned, on the device
 //   of qr: the fp32 projection qr·wq_bᵀ lives there on CUDA. Ignored (may be undefined) on CPU.
-// CUDA: wq_b must be bf16 or fp32 with the dtype of qr, weights_proj the dtype of x (the CUDA
-// dsv4::linear takes no FP8 weights); a position outside [0, max_pos) gives that token's rows
-// codes 0 and q_scale NaN (its scores become NaN).
-void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorView& wq_b_scale,
-                   const TensorView& x, const TensorView& weights_proj, const TensorView& positions,
+// CUDA: qr·wq_bᵀ follows dsv4::linear's CUDA rules (qr and wq_b both bf16, both fp32, or both
+// fp8_e4m3 with fp32 scales in cuBLASLt's layouts); weights_proj must have the dtype of x; a
+// position outside [0, max_pos) gives that token's rows codes 0 and q_scale NaN (its scores
+// become NaN).
+void indexer_query(const TensorView& qr, const TensorView& qr_scale, const TensorView& wq_b,
+                   const TensorView& wq_b_scale, const TensorView& x,
+                   const TensorView& weights_proj, const TensorView& positions,
                    const TensorView& cos_sin, const TensorView& q_fp8, const TensorView& q_scale,
                    const TensorView& weights, const TensorView& workspace,
                    Stream stream = nullptr);
@@ -54,12 +58,25 @@ int64_t indexer_query_workspace_bytes(int64_t T, int index_heads, int head_dim =
 //   (entry j of request q at key_block_table[q][j / B]·B + j % B); ratio (4).
 //   scores [T, N] fp32: column j < (p+1) div r gets score_j, the others −inf. N must be >=
 //   (p+1) div r for every token, and every visible entry's slot must be mapped.
-//   Accumulation: fp32 over the 128 products (each exact) in the fixed order of
-//   indexer_math::dot128, scales applied after, fp32 over heads h = 0..H_I−1 (CPU and CUDA give
-//   the same bits).
-// CUDA: H_I <= 256; keys.data 4-byte aligned with a row stride a multiple of 4. A token whose
-// token_to_req is out of range, or a visible entry whose block is unmapped, scores NaN; columns
-// from (p+1) div r (clamped to N) on are −inf.
+//   Accumulation, CPU: fp32 over the 128 products (each exact) in the fixed order of
+//   indexer_math::dot128, scales applied after, fp32 over heads h = 0..H_I−1 (deterministic).
+//   CUDA: FP8 tensor cores (wgmma e4m3·e4m3 → fp32, sm_90a): each head's 128 products are summed
+//   by the MMA, which on Hopper aligns the products of each 32-deep step (and the running sum) to
+//   the largest of them keeping ~13 fraction bits, truncating; then
+//   score = k_scale · Σ_h (w_h · q_scale_h) · ReLU(dot_h) in fp32 (ReLU commutes with the positive
+//   power-of-two scales). Tolerance against the exact formula, per score:
+//     |Δ| <= 2^-5 · M_j,  M_j = Σ_h |w_h| · q_scale_h · k_scale_j · Σ_d |q̂_h,d · k̂_j,d|
+//   (4 steps × 33 aligned terms × 2^-13 < 2^-5.9 per head, rounded up; ReLU is 1-Lipschitz, so
+//   a dot that changes sign near 0 moves the score by no more than the dot's error). Typical
+//   errors are far smaller: a bit-level model of that accumulator on Gaussian fp8 operands gives
+//   an RMS of Δ / M_j near 2^-18, and the GPU tests bound it by 2^-12 (a wrong row, head or
+//   dimension pairing gives ~2^-6). So the two backends' top-k can differ between entries whose
+//   scores lie that close (near-ties); the same scores give the same top-k.
+//   Deterministic on one GPU: no atomics, the launch shape depends only on the shapes.
+// CUDA: H_I <= 256 (padded to 64, 128 or 256 heads inside); q_fp8 and keys.data 4-byte aligned
+// with strides (q_fp8: both leading ones; keys: the row stride) multiples of 4 (16 is faster). A
+// token whose token_to_req is out of range, or a visible entry whose block is unmapped, scores
+// NaN; columns from (p+1) div r (clamped to N) on are −inf.
 void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const TensorView& weights,
                     const TensorView& positions, const TensorView& token_to_req,
                     const IndexerKeyCacheView& keys, const TensorView& key_block_table, int ratio,
@@ -70,7 +87,8 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
 //   scores [T, N] fp32 (N >= (p+1) div r), positions [T] int32/int64, ratio >= 1;
 //   lens (optional) [T] int32 = number of valid slots.
 // CUDA: K <= 4096 and N < 2^31; the visible count is clamped to [0, N]. Needs no workspace (one
-// block per row: a radix select over (score, column) keys, so any N works).
+// block per row: a radix select of the count-th key, an ordered compaction and a stable block
+// radix sort of the selection, so any N works); the same indices as the CPU, bit for bit.
 void indexer_topk(const TensorView& scores, const TensorView& positions, int ratio,
                   const TensorView& indices, const TensorView& lens = {}, Stream stream = nullptr);
 

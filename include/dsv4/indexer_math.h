@@ -1,7 +1,8 @@
-// Per-element math of the C4A indexer (SPEC §5) shared by the CPU reference (src/cpu/indexer.cpp)
-// and the CUDA kernels (src/cuda/indexer/), so both round identically: the fixed summation order
-// of a query·key dot product, the head term of a score, the visible-entry count and the total
-// order of top-k as an unsigned key.
+// Per-element math of the C4A indexer (SPEC §5): the visible-entry count and the total order of
+// top-k as an unsigned key, shared by the CPU reference (src/cpu/indexer.cpp) and the CUDA kernels
+// (src/cuda/indexer/) so both select identically from the same scores; and the CPU's fixed
+// summation order of a query·key dot product and head term of a score (the CUDA scores run on FP8
+// tensor cores instead, within the tolerance include/dsv4/indexer.h states).
 //
 // Every multiply and add here is rounded on its own (dtype.h ieee_*): nvcc contracts a·b + c into
 // one FMA by default (and the project builds kernels with --use_fast_math), which ieee_* never
@@ -17,14 +18,18 @@
 namespace dsv4::indexer_math {
 
 // Entries a query at position p may see: the fully emitted windows, (p+1) div r (0 for p < 0).
-DSV4_HD int64_t visible_entries(int64_t p, int ratio) { return p < 0 ? 0 : (p + 1) / ratio; }
+// Computed without forming p + 1, which overflows for p = INT64_MAX (positions are caller data
+// the CPU checks against this count).
+DSV4_HD int64_t visible_entries(int64_t p, int ratio) {
+  return p < 0 ? 0 : p / ratio + (p % ratio == ratio - 1 ? 1 : 0);
+}
 
 // Lanes of the dot product: lane l sums the products of dims l, l+8, l+16, ... in order.
 inline constexpr int kDotLanes = 8;
 
 // q·k over the 128 dims of two fp8-decoded vectors (every product of two fp8 values is exact in
 // fp32, so only the additions round): 8 lane sums, then the tree (l, l+4), (l, l+2), (0, 1).
-// Fixed so that the CPU (which vectorizes the lanes) and a CUDA thread get the same bits.
+// Fixed so that the CPU (which vectorizes the lanes) is deterministic whatever the compiler does.
 DSV4_HD float dot128(const float* q, const float* k) {
   float lane[kDotLanes] = {};
 #if defined(__CUDA_ARCH__)

@@ -79,17 +79,22 @@ struct KvGeometry {
 // Geometry for a layout and block size (block_size >= 1, else dsv4::Error).
 KvGeometry kv_geometry(KvLayout layout, int block_size);
 
-// A paged cache as the kernels see it: bytes [num_blocks, block_bytes] (uint8, rows contiguous).
+// A paged cache as the kernels see it: bytes [num_blocks, block_bytes] (uint8). The bytes of a
+// block are dense (strides[1] == 1); blocks start data.strides[0] bytes apart, which may exceed
+// block_bytes (a padded block stride, e.g. FlashMLA's V3.2 test caches: 64 tokens x 656 B in
+// blocks 42640 B apart). Block b starts at data + b * strides[0].
 struct KvCacheView {
-  TensorView data;          // uint8 [num_blocks, block_bytes]
+  TensorView data;          // uint8 [num_blocks, block_bytes], block stride strides[0]
   KvLayout layout = KvLayout::model1_fp8;
   int block_size = 64;
   float tensor_scale = 1.0f;  // FP8_PER_TENSOR only
   int64_t num_slots() const { return data.ndim == 2 ? data.shape[0] * block_size : 0; }
 };
 // Validates that `cache.data` matches the layout geometry: dtype uint8, 2-d [num_blocks,
-// block_bytes], contiguous, 16-byte aligned base (scales and rope are read in place); for
-// FP8_PER_TENSOR a finite tensor_scale > 0.
+// block_bytes], bytes dense within a block (strides[1] == 1), a 16-byte aligned base and, with
+// more than one block, a block stride strides[0] >= block_bytes that is a multiple of 16 (every
+// block aligned like the first: scales, rope and 16-byte chunks are read in place); for
+// FP8_PER_TENSOR a finite tensor_scale > 0. Every op taking a KvCacheView follows these rules.
 void check_kv_cache(const char* where, const char* name, const KvCacheView& cache);
 
 // ---- per-token encode/decode (host and device) --------------------------------------------
@@ -198,9 +203,12 @@ DSV4_HD void kv_decode_token(const KvGeometry& g, const uint8_t* block, int offs
 // ---- CPU bulk helpers (validated) ---------------------------------------------------------
 // Quantizes values [n, dim] (fp32 or bf16) into `cache` at global slots [n] (int64 or int32;
 // -1 = skip). Any slot outside the cache, or a slot given twice, is an error and nothing is
-// written. Host tensors only; tokens are quantized in parallel (OpenMP).
+// written. Host tensors only; tokens are quantized in parallel (OpenMP). Neither values nor slots
+// may lie in the cache's memory (ops.h's output rule).
 void kv_quantize(const KvCacheView& cache, const TensorView& values, const TensorView& slots);
 // Dequantizes the tokens at slots [n] into out [n, dim] (fp32 or bf16). -1 → row of zeros.
+// out: rows may be strided, no two elements at one address, no byte shared with the cache or
+// slots.
 void kv_dequantize(const KvCacheView& cache, const TensorView& slots, const TensorView& out);
 
 }  // namespace dsv4

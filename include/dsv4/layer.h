@@ -18,19 +18,23 @@
 namespace dsv4 {
 
 // Where a layer runs. cpu: the reference ops on host tensors. cuda: every op's CUDA twin on the
-// GPU, with the caches, weights (GEMM weights as bf16) and temporaries in device memory — on the
-// device current when the layer is constructed, which must be current for its forwards too.
+// GPU, with the caches, weights (FP8 GEMM weights kept FP8 for the FP8 tensor cores, others as
+// bf16) and temporaries in device memory — on the device current when the layer is constructed,
+// which must be current for its forwards too.
 enum class Backend : uint8_t { cpu, cuda };
 
 // Per-op timing of a forward (`dsv4 bench layer`): the layer calls begin(op) on its stream before
 // the launches of each named op of a forward, and end() after the last; an implementation records
 // CUDA events (or host clocks on the CPU backend). Op names are stable identifiers
-// (layer_op_names() lists them), so a cost model can be keyed by them.
+// (see the op() marks in src/layer/attention.cpp and compressed_scope.cpp), so a cost model can be
+// keyed by them. While a timer is active the layer runs serially and without CUDA graphs (each
+// op's time is its own); an inactive timer costs nothing.
 class OpTimer {
  public:
   virtual ~OpTimer() = default;
   virtual void begin(const char* op, Stream stream) = 0;
   virtual void end(Stream stream) = 0;
+  virtual bool active() const { return true; }
 };
 
 struct AttentionOptions {
@@ -38,6 +42,11 @@ struct AttentionOptions {
   Stream stream = nullptr;      // CUDA: the stream every kernel of the layer runs on
   LayerCacheOptions caches;     // layout and pool sizes
   bool fp8_activations = true;  // quantize o to FP8 (UE8M0 1x128) before wo_a, as production does
+  // Quantize the input of every other projection whose weight is FP8 (wq_a, wkv, wq_b, the
+  // indexer's wq_b, wo_b) the same way, as DeepSeek's Linear and vLLM do. The CUDA backend runs
+  // FP8 weights on FP8 tensor cores, which need FP8 inputs: there both flags must stay on for a
+  // checkpoint with FP8 weights (the constructor throws otherwise).
+  bool fp8_gemm_activations = true;
   int num_sms = 132;            // decode split plan
   OpTimer* op_timer = nullptr;  // optional per-op timing (not owned); nullptr = none
   // CUDA: decode-only steps of up to 512 tokens run as CUDA graphs, one per bucket of 1, 2, 4,

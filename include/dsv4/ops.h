@@ -8,7 +8,11 @@
 // Outputs: strides >= 0, no two elements at one address (no broadcast / overlapping rows; a view
 // with no elements always passes), and no memory shared with another argument — except where an
 // op documents an in-place form (the very same view as its input: rms_norm, apply_rope,
-// local_to_global_slots).
+// local_to_global_slots). The rule covers every input: index tensors (positions, slots), tables
+// and scales are read while outputs are written, so one lying inside an output is refused. The
+// same holds for kv_quantize / kv_dequantize (kv_layout.h) and the index utilities (indexing.h).
+// Size and position checks are computed without overflow (checked_math.h): a value so large that
+// the check's own arithmetic would wrap is an error, not a pass.
 //
 // Conventions: T tokens, H heads, D = 512 head dim, R = 64 rope dims (the LAST R of D),
 // N = D - R nope dims. Accumulation is fp32. lse values are natural-log unless stated.
@@ -28,22 +32,42 @@ using Stream = CUstream_st*;  // == cudaStream_t; nullptr = default stream
 
 // ================================ dense projections ===========================================
 // y [T, N] = x [T, K] · Wᵀ, W [N, K].
-//   x: bf16 or fp32; or fp8_e4m3 with x_scale [T, K/block] (ue8m0 or fp32; block = K/x_scale.shape[1]
-//      ∈ {64, 128}) — the production path that quantizes activations first.
+//   x: bf16 or fp32; or fp8_e4m3 with x_scale [T, K/block] (ue8m0 or fp32, any strides; block =
+//      K/x_scale.shape[1] ∈ {64, 128}) — the production path that quantizes activations first.
 //   w: bf16 / fp32; or fp8_e4m3 with w_scale [ceil(N/128), ceil(K/128)] (ue8m0 or fp32): the
 //      real weight is fp8(w) * scale of its 128×128 block.
 //   y: bf16 or fp32 (rounded once from the fp32 accumulator).
-// CUDA (cuBLASLt, fp32 accumulation, no workspace): x and w both bf16 (y bf16 or fp32) or both
-//   fp32 (y fp32; true fp32, no TF32). FP8 x or w throw dsv4::Error: dequantize block-scaled
-//   weights once with dequantize_fp8_blocks (FP8 tensor-core GEMMs are a later step). Rows of x
-//   and w must not overlap (row stride >= K when there are several rows). Results match the CPU
-//   up to the order of the fp32 additions.
+// CUDA (cuBLASLt, fp32 accumulation, cached plans: no heuristic query after a shape's first call,
+//   no allocation, graph-capturable): x and w both bf16 (y bf16 or fp32), both fp32 (y fp32; true
+//   fp32, no TF32), or both fp8_e4m3 on FP8 tensor cores (sm90; y bf16 or fp32) with fp32 scales
+//   in cuBLASLt's layouts —
+//     x_scale: 1 × 128 blocks, strides {1, T}: the transpose of a contiguous [K/128, T] buffer
+//       (quantize_act_fp8 writes it), 16-byte aligned;
+//     w_scale: rows fp8_weight_scale_row_stride(K) apart (the checkpoint's grid with each row
+//       padded to a multiple of 4 scales, present in memory), 16-byte aligned
+//       (cuda_weight_scale in weights.h converts a checkpoint's scales once).
+//   An fp8 operand with a bf16 one, or ue8m0 scales, throw dsv4::Error. Rows of x and w must not
+//   overlap (row stride >= K when there are several rows). Results match the CPU up to the order
+//   of the fp32 additions (FP8: per 128-deep slice of K, each slice's sum times its two scales).
 void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
             const TensorView& w_scale, const TensorView& y, Stream stream = nullptr);
+// The same with a cuBLASLt workspace (CUDA; ignored on the CPU): uint8 [bytes] on the device,
+// 256-byte aligned, used only by this call on `stream`. With one, cuBLASLt may split K across
+// thread blocks (never with atomics: results stay deterministic), which decode-sized problems
+// need to fill the GPU. kGemmWorkspaceBytes is enough for every V4 projection.
+void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
+            const TensorView& w_scale, const TensorView& y, const TensorView& workspace,
+            Stream stream);
+inline constexpr int64_t kGemmWorkspaceBytes = int64_t{32} << 20;
+
+// Row stride (in scales) of an FP8 weight's 128×128 block scales as the CUDA GEMMs take them:
+// ceil(K/128) rounded up to a multiple of 4 (16 bytes), K the weight's columns.
+inline int64_t fp8_weight_scale_row_stride(int64_t K) { return ((K + 127) / 128 + 3) / 4 * 4; }
 
 // FP8 activation quantization: per row, per block of `block` (64 or 128) values, scale
 // 2^ceil(log2(max(amax/448, 1e-4))) (UE8M0); xq = fp8(x / scale).
-//   x [T, K] bf16/fp32, xq [T, K] fp8_e4m3, scale [T, K/block] ue8m0 or fp32 (the power of two).
+//   x [T, K] bf16/fp32, xq [T, K] fp8_e4m3, scale [T, K/block] ue8m0 or fp32 (the power of two) at
+//   any strides (the CUDA GEMMs take the transpose of a contiguous [K/block, T] buffer).
 //   CPU and CUDA produce the same codes and scales, bit for bit (shared dtype.h rules).
 void quantize_act_fp8(const TensorView& x, int block, const TensorView& xq,
                       const TensorView& scale, Stream stream = nullptr);
@@ -52,9 +76,8 @@ void quantize_act_fp8(const TensorView& x, int block, const TensorView& xq,
 //   x fp8_e4m3 [R, C] or [G, R, C]; scale ue8m0 or fp32 [ceil(R/block_rows), ceil(C/block_cols)]
 //   (with the same leading G for 3-d x); y bf16 or fp32 with x's shape (disjoint from x, scale).
 //   Row strides allowed on every argument (last dim contiguous).
-// Uses: FP8 weights with 128×128 blocks turned into bf16 once (the CUDA GEMMs of linear and
-// grouped_wo_a take bf16; FP8 tensor-core GEMMs are a later step), and FP8 activations with
-// 1×128 blocks (quantize_act_fp8's output) turned back into bf16 before a bf16 GEMM.
+// Uses: FP8 tensors for a backend or test that wants them dense (the CUDA GEMMs take FP8 operands
+// directly), and FP8 activations with 1×128 blocks turned back into bf16 before a bf16 GEMM.
 // Rounding: the product is formed once in fp32 and rounded once to y's dtype, identically on
 // CPU and CUDA. With UE8M0 or power-of-two fp32 scales the result is EXACT in bf16 and fp32 (an
 // e4m3 value has at most 4 significant bits; times 2^k it is still representable) while it stays
@@ -70,11 +93,24 @@ void dequantize_fp8_blocks(const TensorView& x, const TensorView& scale, int blo
 void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& y,
               Stream stream = nullptr);
 
+// Summation order (CPU and CUDA alike, so both give the same bits): chunks of 8 consecutive
+// elements dealt round-robin to 32 partial sums, then a butterfly over the partials
+// (src/cpu/norm_math.h) — the order one warp computes with 16-byte loads.
+
 // The fused q/kv RMSNorm after the low-rank projections: q_out = RMSNorm(q_in; wq),
 // kv_out = RMSNorm(kv_in; wkv). Shapes [T, q_lora] and [T, D].
 void fused_qkv_rms_norm(const TensorView& q_in, const TensorView& wq, const TensorView& kv_in,
                         const TensorView& wkv, float eps, const TensorView& q_out,
                         const TensorView& kv_out, Stream stream = nullptr);
+// The same, also writing the normed q quantized for an FP8 wq_b (quantize_act_fp8 of q_out's
+// values, block 128, in the same pass): q_fp8 [T, q_lora] fp8_e4m3, q_scale [T, q_lora/128]
+// ue8m0 / fp32 at any strides (the CUDA GEMMs' layout: the transpose of a contiguous
+// [q_lora/128, T] buffer). q_out may be undefined when only the FP8 q is needed; the quantized
+// values are then the normed row rounded to bf16. Bit-identical on CPU and CUDA.
+void fused_qkv_rms_norm(const TensorView& q_in, const TensorView& wq, const TensorView& kv_in,
+                        const TensorView& wkv, float eps, const TensorView& q_out,
+                        const TensorView& kv_out, const TensorView& q_fp8,
+                        const TensorView& q_scale, Stream stream);
 
 // The residual stream between layers (vLLM's fused_add_rms_norm): residual ← residual + delta
 // (fp32, in place), then y = RMSNorm(residual; weight, eps) of the updated rows, in one pass.
@@ -101,6 +137,19 @@ void rope_frequencies(const RopeConfig& cfg, double* freqs /* [R/2] */);
 void apply_rope(const TensorView& x, const TensorView& positions, const TensorView& cos_sin,
                 bool inverse, const TensorView& y, Stream stream = nullptr);
 
+// The output projection's input in one pass (vLLM's fused_inv_rope_fp8_quant): inverse RoPE on
+// the last R dims of each head of o [T, H, D] bf16 (row strides allowed) at positions[t], each
+// value rounded to bf16 (what apply_rope writes into a bf16 o), then FP8 e4m3 per 1×block of the
+// flattened row (quantize_act_fp8's rule) into o_fp8 [T, H·D] (row stride allowed) and o_scale
+// [T, H·D/block] ue8m0 / fp32 at any strides (the CUDA GEMMs' layout: the transpose of a
+// contiguous [H·D/block, T] buffer). block 64 or 128 dividing D. positions [T] int32/int64 in
+// [0, cos_sin.shape[0]) (checked on CPU; on CUDA a token whose position is outside the table is
+// left unwritten). Bit-identical on CPU and CUDA. Saves apply_rope's and quantize_act_fp8's
+// passes over o: it reads o once and writes a quarter of its bytes.
+void inv_rope_fp8_quant(const TensorView& o, const TensorView& positions, const TensorView& cos_sin,
+                        int block, const TensorView& o_fp8, const TensorView& o_scale,
+                        Stream stream = nullptr);
+
 // ================================ fused KV insert ============================================
 // The fused "q head-norm + q RoPE + kv RoPE + FP8 quant + paged insert" (vLLM
 // fused_qnorm_rope_kv_insert):
@@ -124,6 +173,15 @@ void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const Tenso
 //   P_i = scale · q·k_i,  lse = ln Σ exp(P_i),  out = Σ exp(P_i − lse) · k_i[:d_v];
 //   with a sink σ_h: out ← out · exp(lse) / (exp(lse) + exp(σ_h)). lse excludes the sink.
 //   No valid row: out = 0, lse = +inf.
+//
+// Strides (FlashMLA's rules): q, kv, indices, out, lse and max_logits may have any strides whose
+// last dim is contiguous (e.g. q [b, s_q, H, d] whose [b, s_q] do not merge, a transposed or
+// sliced indices view, out a slice of a wider buffer). topk_length and attn_sink are contiguous
+// vectors. Caches: any block stride >= the layout's block bytes, bytes dense within a block
+// (check_kv_cache). CUDA moves rows in 16-byte pieces (cp.async, vector stores, TMA, whose
+// descriptors take strides in multiples of 16 bytes), so there the strides of q's and out's
+// leading dims (those of size > 1) and kv's row stride must be multiples of 8 elements, with
+// 16-byte aligned base pointers; the error names the offending stride. No op copies an input.
 struct SparseDecodeArgs {
   TensorView q;                 // [b, s_q, H, d_qk] bf16; d_qk = 512 (MODEL1) or 576 (V32)
   KvCacheView k_cache;          // main scope
@@ -166,8 +224,9 @@ void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
                    const TensorView& workspace, Stream stream = nullptr);
 
 // The combine step alone: partial_o [b, s_q, H, splits, d_v] fp32, partial_lse [b, s_q, H,
-// splits] fp32 (−inf for an empty split) → out [b, s_q, H, d_v] bf16, lse [b, s_q, H]; applies
-// the sink (optional [H] fp32) and the no-valid-key convention.
+// splits] fp32 (contiguous; −inf for an empty split) → out [b, s_q, H, d_v] bf16, lse [b, s_q, H]
+// (strided, the rules above); applies the sink (optional [H] fp32) and the no-valid-key
+// convention.
 void sparse_attention_combine(const TensorView& partial_o, const TensorView& partial_lse,
                               const TensorView& attn_sink, const TensorView& out,
                               const TensorView& lse, Stream stream = nullptr);
@@ -207,13 +266,20 @@ void dequantize_and_gather(const KvCacheView& cache, const TensorView& block_tab
 // Grouped low-rank output projection: view o [T, H*D] as G groups of H*D/G;
 // z[:, g*L:(g+1)*L] = o_g · wo_a_gᵀ with wo_a [G, L, H*D/G] (bf16, or fp8 with wo_a_scale
 // [G, ceil(L/128), ceil(H*D/G/128)] ue8m0/fp32). o: bf16/fp32, or fp8 with o_scale [T, H*D/128]
-// (the production path: quantize_act_fp8 first; 1×64 blocks [T, H*D/64] also accepted; a scale
-// block may not straddle two groups). z [T, G*L] bf16/fp32.
-// CUDA: one strided-batched cuBLASLt matmul over the G groups, with linear's CUDA dtype rules (o
-//   and wo_a both bf16 or both fp32). FP8 o or wo_a throw dsv4::Error; until FP8 GEMMs exist,
-//   quantize_act_fp8 then dequantize_fp8_blocks (1×128) gives the FP8-rounded o exactly in bf16,
-//   and dequantize_fp8_blocks (128×128) gives wo_a in bf16 (exact with UE8M0 scales).
+// (the production path: inv_rope_fp8_quant or quantize_act_fp8 first; 1×64 blocks [T, H*D/64]
+// also accepted on the CPU; any strides; a scale block may not straddle two groups).
+// z [T, G*L] bf16/fp32.
+// CUDA, with linear's CUDA dtype and scale-layout rules (wo_a_scale per group: rows
+//   fp8_weight_scale_row_stride(H*D/G) apart): bf16 / fp32 operands as one strided-batched
+//   cuBLASLt matmul over the G groups; FP8 operands as one block-scaled FP8 matmul per group
+//   (cuBLASLt's block-scaled modes take no batch), enqueued in group order — each group's block
+//   of o_scale must start 16-byte aligned: (H*D/G/128) · T a multiple of 4, which every H*D/G
+//   that is a multiple of 512 gives.
 void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorView& wo_a,
                   const TensorView& wo_a_scale, const TensorView& z, Stream stream = nullptr);
+// The same with a cuBLASLt workspace (see linear's).
+void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorView& wo_a,
+                  const TensorView& wo_a_scale, const TensorView& z, const TensorView& workspace,
+                  Stream stream);
 
 }  // namespace dsv4

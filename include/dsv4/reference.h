@@ -8,9 +8,11 @@
 // FP8 ulp, 6–12%): bf16 activations (normed q_lora and kv, q, the attention output before and
 // after inverse RoPE), the KV cache contents (nope dims FP8 e4m3 in blocks of 64 with UE8M0
 // scales, rope dims bf16 — what MODEL1 stores — for SWA rows and compressed entries alike), the
-// indexer's FP8 q / key rows (one power-of-two scale per 128 values) and, when fp8_activations
-// is set, the FP8 (UE8M0, 1x128) quantization of o before wo_a. What remains between the two is
-// fp32-vs-double accumulation, which flips one of these roundings only rarely.
+// indexer's FP8 q / key rows (one power-of-two scale per 128 values), when fp8_activations is set
+// the FP8 (UE8M0, 1x128) quantization of o before wo_a, and when fp8_gemm_activations is set the
+// same quantization of the input of every other projection whose weight is FP8 (x before wq_a /
+// wkv, the bf16 normed q before wq_b and the indexer's wq_b, the bf16 z before wo_b). What remains
+// between the two is fp32-vs-double accumulation, which flips one of these roundings only rarely.
 #pragma once
 
 #include <vector>
@@ -21,7 +23,8 @@
 namespace dsv4 {
 
 struct ReferenceOptions {
-  bool fp8_activations = true;
+  bool fp8_activations = true;       // AttentionOptions::fp8_activations
+  bool fp8_gemm_activations = true;  // AttentionOptions::fp8_gemm_activations
 };
 
 // x: [L, dim] row-major; returns y [L, dim].

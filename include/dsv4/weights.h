@@ -155,5 +155,10 @@ std::vector<int64_t> weight_scale_shape(const std::vector<int64_t>& value_shape)
 Weight quantize_weight_fp8(const HostTensor& w, DType scale_dtype = DType::ue8m0);
 // An fp32 copy of the weight (value's shape), block scales applied for fp8.
 HostTensor dequantize_weight(const Weight& w);
+// The block scales of an fp8 weight as the CUDA FP8 GEMMs take them (cuBLASLt's 128×128 mode, see
+// ops.h linear): fp32 (a UE8M0 scale converts exactly), [..., ceil(rows/128),
+// fp8_weight_scale_row_stride(cols)] — each row of the grid padded with 1.0 to a multiple of 4
+// scales. Its [..., ceil(rows/128), ceil(cols/128)] column window is the `w_scale` view.
+HostTensor cuda_weight_scale(const Weight& w);
 
 }  // namespace dsv4

@@ -17,8 +17,10 @@ namespace {
 using nb::arg;
 using Release = nb::call_guard<nb::gil_scoped_release>;
 
-nb::dict geometry_op(const std::string& layout, int block_size) {
-  const KvGeometry g = kv_geometry(parse_kv_layout(layout), block_size);
+// Tensor and integer arguments come as TensorArg / IntArg (tensor_args.h): a wrong one is a
+// dsv4::Error naming op and argument.
+nb::dict geometry_op(const std::string& layout, const IntArg& block_size) {
+  const KvGeometry g = kv_geometry(parse_kv_layout(layout), int_arg("kv_geometry", "block_size", block_size));
   nb::dict d;
   d["layout"] = std::string(kv_layout_name(g.layout));
   d["block_size"] = g.block_size;
@@ -28,44 +30,56 @@ nb::dict geometry_op(const std::string& layout, int block_size) {
   return d;
 }
 
-void kv_quantize_op(const AnyArray& cache, const std::string& layout, int block_size,
-                    float tensor_scale, const AnyArray& values, const AnyArray& slots) {
-  kv_quantize(cache_of(cache, layout, block_size, tensor_scale, "cache"),
-              view_of(values, "values"), view_of(slots, "slots"));
+void kv_quantize_op(const TensorArg& cache, const std::string& layout, const IntArg& block_size,
+                    float tensor_scale, const TensorArg& values, const TensorArg& slots) {
+  constexpr const char* k = "kv_quantize";
+  kv_quantize(cache_arg(k, "cache", cache, layout, block_size, tensor_scale),
+              tensor_arg(k, "values", values), tensor_arg(k, "slots", slots));
 }
 
-void kv_dequantize_op(const AnyArray& cache, const std::string& layout, int block_size,
-                      float tensor_scale, const AnyArray& slots, const AnyArray& out) {
-  kv_dequantize(cache_of(cache, layout, block_size, tensor_scale, "cache"),
-                view_of(slots, "slots"), view_of(out, "out"));
+void kv_dequantize_op(const TensorArg& cache, const std::string& layout, const IntArg& block_size,
+                      float tensor_scale, const TensorArg& slots, const TensorArg& out) {
+  constexpr const char* k = "kv_dequantize";
+  kv_dequantize(cache_arg(k, "cache", cache, layout, block_size, tensor_scale),
+                tensor_arg(k, "slots", slots), tensor_arg(k, "out", out));
 }
 
-void local_to_global_op(const AnyArray& local, const AnyArray& token_to_req,
-                        const AnyArray& block_table, int block_size, const AnyArray& global,
-                        const OptArray& lens, bool checked, uintptr_t stream) {
-  const TensorView l = view_of(local, "local"), r = view_of(token_to_req, "token_to_req");
-  const TensorView b = view_of(block_table, "block_table"), g = view_of(global, "global");
-  const TensorView n = view_of(lens, "lens");
-  if (checked) local_to_global_slots_checked(l, r, b, block_size, g, n);
-  else local_to_global_slots(l, r, b, block_size, g, n, stream_of(stream));
+void local_to_global_op(const TensorArg& local, const TensorArg& token_to_req,
+                        const TensorArg& block_table, const IntArg& block_size,
+                        const TensorArg& global, const TensorArg& lens, bool checked,
+                        uintptr_t stream) {
+  const char* k = checked ? "local_to_global_slots_checked" : "local_to_global_slots";
+  const TensorView l = tensor_arg(k, "local", local), r = tensor_arg(k, "token_to_req", token_to_req);
+  const TensorView b = tensor_arg(k, "block_table", block_table), g = tensor_arg(k, "global", global);
+  const TensorView n = optional_tensor_arg(k, "lens", lens);
+  const int bs = int_arg(k, "block_size", block_size);
+  if (checked) local_to_global_slots_checked(l, r, b, bs, g, n);
+  else local_to_global_slots(l, r, b, bs, g, n, stream_of(stream));
 }
 
-void swa_window_op(const AnyArray& positions, const AnyArray& token_to_req,
-                   const AnyArray& block_table, int block_size, int window,
-                   const AnyArray& indices, const AnyArray& lens, uintptr_t stream) {
-  swa_window_indices(view_of(positions, "positions"), view_of(token_to_req, "token_to_req"),
-                     view_of(block_table, "block_table"), block_size, window,
-                     view_of(indices, "indices"), view_of(lens, "lens"), stream_of(stream));
+void swa_window_op(const TensorArg& positions, const TensorArg& token_to_req,
+                   const TensorArg& block_table, const IntArg& block_size, const IntArg& window,
+                   const TensorArg& indices, const TensorArg& lens, uintptr_t stream) {
+  constexpr const char* k = "swa_window_indices";
+  swa_window_indices(tensor_arg(k, "positions", positions),
+                     tensor_arg(k, "token_to_req", token_to_req),
+                     tensor_arg(k, "block_table", block_table), int_arg(k, "block_size", block_size),
+                     int_arg(k, "window", window), tensor_arg(k, "indices", indices),
+                     tensor_arg(k, "lens", lens), stream_of(stream));
 }
 
-void combine_topk_swa_op(const AnyArray& topk, const AnyArray& query_start_loc,
-                         const AnyArray& seq_lens, const AnyArray& gather_lens, int window,
-                         int compressed_region, int64_t rows_per_request, int ratio,
-                         const AnyArray& out, const AnyArray& out_lens, uintptr_t stream) {
-  combine_topk_swa_indices(view_of(topk, "topk"), view_of(query_start_loc, "query_start_loc"),
-                           view_of(seq_lens, "seq_lens"), view_of(gather_lens, "gather_lens"),
-                           window, compressed_region, rows_per_request, ratio,
-                           view_of(out, "out"), view_of(out_lens, "out_lens"), stream_of(stream));
+void combine_topk_swa_op(const TensorArg& topk, const TensorArg& query_start_loc,
+                         const TensorArg& seq_lens, const TensorArg& gather_lens,
+                         const IntArg& window, const IntArg& compressed_region,
+                         const IntArg& rows_per_request, const IntArg& ratio, const TensorArg& out,
+                         const TensorArg& out_lens, uintptr_t stream) {
+  constexpr const char* k = "combine_topk_swa_indices";
+  combine_topk_swa_indices(
+      tensor_arg(k, "topk", topk), tensor_arg(k, "query_start_loc", query_start_loc),
+      tensor_arg(k, "seq_lens", seq_lens), tensor_arg(k, "gather_lens", gather_lens),
+      int_arg(k, "window", window), int_arg(k, "compressed_region", compressed_region),
+      int64_arg(k, "rows_per_request", rows_per_request), int_arg(k, "ratio", ratio),
+      tensor_arg(k, "out", out), tensor_arg(k, "out_lens", out_lens), stream_of(stream));
 }
 
 nb::dict rope_dict(const RopeConfig& r) {
@@ -78,6 +92,11 @@ nb::dict rope_dict(const RopeConfig& r) {
   d["beta_fast"] = r.beta_fast;
   d["beta_slow"] = r.beta_slow;
   return d;
+}
+
+// A layer index argument (the config then checks it against its layers).
+int config_layer(const ModelConfig& c, const IntArg& layer) {
+  return int_arg(("ModelConfig(" + c.name + ")").c_str(), "layer", layer);
 }
 
 void bind_config(nb::module_& m) {
@@ -108,14 +127,20 @@ void bind_config(nb::module_& m) {
       .def_ro("max_position", &ModelConfig::max_position)
       .def_prop_ro("n_layers", &ModelConfig::n_layers)
       .def("layer_kind",
-           [](const ModelConfig& c, int layer) {
-             return std::string(layer_kind_name(c.layer_kind(layer)));
+           [](const ModelConfig& c, const IntArg& layer) {
+             return std::string(layer_kind_name(c.layer_kind(config_layer(c, layer))));
            },
-           arg("layer"), "\"SWA\", \"C4A\" or \"C128A\"")
-      .def("compress_ratio", &ModelConfig::compress_ratio, arg("layer"))
+           arg("layer").none(), "\"SWA\", \"C4A\" or \"C128A\"")
+      .def("compress_ratio",
+           [](const ModelConfig& c, const IntArg& layer) {
+             return c.compress_ratio(config_layer(c, layer));
+           },
+           arg("layer").none())
       .def("rope_for_layer",
-           [](const ModelConfig& c, int layer) { return rope_dict(c.rope_for_layer(layer)); },
-           arg("layer"))
+           [](const ModelConfig& c, const IntArg& layer) {
+             return rope_dict(c.rope_for_layer(config_layer(c, layer)));
+           },
+           arg("layer").none())
       .def("validate", &ModelConfig::validate)
       .def("describe", [](const ModelConfig& c) { return describe(c); })
       .def("__repr__",
@@ -125,22 +150,24 @@ void bind_config(nb::module_& m) {
 }  // namespace
 
 void bind_cache(nb::module_& m) {
-  const auto none = [](const char* name) { return arg(name).none(); };
-  m.def("kv_geometry", &geometry_op, arg("layout"), arg("block_size"),
+  // Tensor and integer arguments take any Python object, None included: the op names a wrong one
+  // (TensorArg, IntArg).
+  const auto any = [](const char* name) { return arg(name).none(); };
+  m.def("kv_geometry", &geometry_op, arg("layout"), any("block_size"),
         "Byte geometry of a cache layout at a block size (dict)");
-  m.def("kv_quantize", &kv_quantize_op, arg("cache"), arg("layout"), arg("block_size"),
-        arg("tensor_scale"), arg("values"), arg("slots"), Release());
-  m.def("kv_dequantize", &kv_dequantize_op, arg("cache"), arg("layout"), arg("block_size"),
-        arg("tensor_scale"), arg("slots"), arg("out"), Release());
-  m.def("local_to_global_slots", &local_to_global_op, arg("local"), arg("token_to_req"),
-        arg("block_table"), arg("block_size"), arg("global_"), none("lens"),
+  m.def("kv_quantize", &kv_quantize_op, any("cache"), arg("layout"), any("block_size"),
+        arg("tensor_scale"), any("values"), any("slots"), Release());
+  m.def("kv_dequantize", &kv_dequantize_op, any("cache"), arg("layout"), any("block_size"),
+        arg("tensor_scale"), any("slots"), any("out"), Release());
+  m.def("local_to_global_slots", &local_to_global_op, any("local"), any("token_to_req"),
+        any("block_table"), any("block_size"), any("global_"), any("lens"),
         arg("checked") = false, arg("stream") = 0, Release());
-  m.def("swa_window_indices", &swa_window_op, arg("positions"), arg("token_to_req"),
-        arg("block_table"), arg("block_size"), arg("window"), arg("indices"), arg("lens"),
+  m.def("swa_window_indices", &swa_window_op, any("positions"), any("token_to_req"),
+        any("block_table"), any("block_size"), any("window"), any("indices"), any("lens"),
         arg("stream") = 0, Release());
-  m.def("combine_topk_swa_indices", &combine_topk_swa_op, arg("topk"), arg("query_start_loc"),
-        arg("seq_lens"), arg("gather_lens"), arg("window"), arg("compressed_region"),
-        arg("rows_per_request"), arg("ratio"), arg("out"), arg("out_lens"), arg("stream") = 0,
+  m.def("combine_topk_swa_indices", &combine_topk_swa_op, any("topk"), any("query_start_loc"),
+        any("seq_lens"), any("gather_lens"), any("window"), any("compressed_region"),
+        any("rows_per_request"), any("ratio"), any("out"), any("out_lens"), arg("stream") = 0,
         Release());
   bind_config(m);
 }

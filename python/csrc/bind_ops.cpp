@@ -18,187 +18,234 @@ namespace {
 using nb::arg;
 using Release = nb::call_guard<nb::gil_scoped_release>;
 
-void linear_op(const AnyArray& x, const OptArray& x_scale, const AnyArray& w,
-               const OptArray& w_scale, const AnyArray& y, uintptr_t stream) {
-  linear(view_of(x, "x"), view_of(x_scale, "x_scale"), view_of(w, "w"),
-         view_of(w_scale, "w_scale"), view_of(y, "y"), stream_of(stream));
+// Arguments are taken as Python gave them (TensorArg, IntArg: see tensor_args.h) and converted
+// here, so a None, a non-tensor or an out-of-range integer is a dsv4::Error naming op and argument.
+void linear_op(const TensorArg& x, const TensorArg& x_scale, const TensorArg& w,
+               const TensorArg& w_scale, const TensorArg& y, uintptr_t stream) {
+  constexpr const char* k = "linear";
+  linear(tensor_arg(k, "x", x), optional_tensor_arg(k, "x_scale", x_scale), tensor_arg(k, "w", w),
+         optional_tensor_arg(k, "w_scale", w_scale), tensor_arg(k, "y", y), stream_of(stream));
 }
 
-void quantize_act_fp8_op(const AnyArray& x, int block, const AnyArray& xq, const AnyArray& scale,
-                         uintptr_t stream) {
-  quantize_act_fp8(view_of(x, "x"), block, view_of(xq, "xq"), view_of(scale, "scale"),
-                   stream_of(stream));
+void quantize_act_fp8_op(const TensorArg& x, const IntArg& block, const TensorArg& xq,
+                         const TensorArg& scale, uintptr_t stream) {
+  constexpr const char* k = "quantize_act_fp8";
+  quantize_act_fp8(tensor_arg(k, "x", x), int_arg(k, "block", block), tensor_arg(k, "xq", xq),
+                   tensor_arg(k, "scale", scale), stream_of(stream));
 }
 
-void dequantize_fp8_blocks_op(const AnyArray& x, const AnyArray& scale, int block_rows,
-                              int block_cols, const AnyArray& y, uintptr_t stream) {
-  dequantize_fp8_blocks(view_of(x, "x"), view_of(scale, "scale"), block_rows, block_cols,
-                        view_of(y, "y"), stream_of(stream));
+void dequantize_fp8_blocks_op(const TensorArg& x, const TensorArg& scale, const IntArg& block_rows,
+                              const IntArg& block_cols, const TensorArg& y, uintptr_t stream) {
+  constexpr const char* k = "dequantize_fp8_blocks";
+  dequantize_fp8_blocks(tensor_arg(k, "x", x), tensor_arg(k, "scale", scale),
+                        int_arg(k, "block_rows", block_rows), int_arg(k, "block_cols", block_cols),
+                        tensor_arg(k, "y", y), stream_of(stream));
 }
 
-void rms_norm_op(const AnyArray& x, const OptArray& weight, float eps, const AnyArray& y,
+void rms_norm_op(const TensorArg& x, const TensorArg& weight, float eps, const TensorArg& y,
                  uintptr_t stream) {
-  rms_norm(view_of(x, "x"), view_of(weight, "weight"), eps, view_of(y, "y"), stream_of(stream));
+  constexpr const char* k = "rms_norm";
+  rms_norm(tensor_arg(k, "x", x), optional_tensor_arg(k, "weight", weight), eps,
+           tensor_arg(k, "y", y), stream_of(stream));
 }
 
-void fused_qkv_rms_norm_op(const AnyArray& q_in, const AnyArray& wq, const AnyArray& kv_in,
-                           const AnyArray& wkv, float eps, const AnyArray& q_out,
-                           const AnyArray& kv_out, uintptr_t stream) {
-  fused_qkv_rms_norm(view_of(q_in, "q_in"), view_of(wq, "wq"), view_of(kv_in, "kv_in"),
-                     view_of(wkv, "wkv"), eps, view_of(q_out, "q_out"),
-                     view_of(kv_out, "kv_out"), stream_of(stream));
+void fused_qkv_rms_norm_op(const TensorArg& q_in, const TensorArg& wq, const TensorArg& kv_in,
+                           const TensorArg& wkv, float eps, const TensorArg& q_out,
+                           const TensorArg& kv_out, uintptr_t stream) {
+  constexpr const char* k = "fused_qkv_rms_norm";
+  fused_qkv_rms_norm(tensor_arg(k, "q_in", q_in), tensor_arg(k, "wq", wq),
+                     tensor_arg(k, "kv_in", kv_in), tensor_arg(k, "wkv", wkv), eps,
+                     tensor_arg(k, "q_out", q_out), tensor_arg(k, "kv_out", kv_out),
+                     stream_of(stream));
 }
 
-void apply_rope_op(const AnyArray& x, const AnyArray& positions, const AnyArray& cos_sin,
-                   bool inverse, const AnyArray& y, uintptr_t stream) {
-  apply_rope(view_of(x, "x"), view_of(positions, "positions"), view_of(cos_sin, "cos_sin"),
-             inverse, view_of(y, "y"), stream_of(stream));
+void apply_rope_op(const TensorArg& x, const TensorArg& positions, const TensorArg& cos_sin,
+                   bool inverse, const TensorArg& y, uintptr_t stream) {
+  constexpr const char* k = "apply_rope";
+  apply_rope(tensor_arg(k, "x", x), tensor_arg(k, "positions", positions),
+             tensor_arg(k, "cos_sin", cos_sin), inverse, tensor_arg(k, "y", y), stream_of(stream));
+}
+
+void inv_rope_fp8_quant_op(const TensorArg& o, const TensorArg& positions,
+                           const TensorArg& cos_sin, const IntArg& block, const TensorArg& o_fp8,
+                           const TensorArg& o_scale, uintptr_t stream) {
+  constexpr const char* k = "inv_rope_fp8_quant";
+  inv_rope_fp8_quant(tensor_arg(k, "o", o), tensor_arg(k, "positions", positions),
+                     tensor_arg(k, "cos_sin", cos_sin), int_arg(k, "block", block),
+                     tensor_arg(k, "o_fp8", o_fp8), tensor_arg(k, "o_scale", o_scale),
+                     stream_of(stream));
 }
 
 // Fills `out` (fp32 host [max_pos, R], contiguous) with build_rope_cache's table.
-void rope_cache_op(double theta, int rope_dims, bool yarn, double factor,
-                   long long original_seq_len, double beta_fast, double beta_slow,
-                   const AnyArray& out) {
-  const TensorView o = view_of(out, "out");
+void rope_cache_op(double theta, const IntArg& rope_dims_arg, bool yarn, double factor,
+                   const IntArg& original_seq_len, double beta_fast, double beta_slow,
+                   const TensorArg& out) {
   const char* where = "rope_cache";
+  const int rope_dims = int_arg(where, "rope_dims", rope_dims_arg);
+  const TensorView o = tensor_arg(where, "out", out);
   check_dtype(where, "out", o, DType::fp32);
   check_device(where, "out", o, Device::cpu);
   check_ndim(where, "out", o, 2);
   check_dim(where, "out", o, 1, rope_dims);
   check_contiguous(where, "out", o);
-  const RopeConfig cfg{theta, rope_dims, yarn, factor, original_seq_len, beta_fast, beta_slow};
+  const RopeConfig cfg{theta, rope_dims, yarn, factor,
+                       int64_arg(where, "original_seq_len", original_seq_len), beta_fast,
+                       beta_slow};
   const HostTensor table = build_rope_cache(cfg, o.shape[0]);
   std::memcpy(o.data, table.view().data, table.nbytes());
 }
 
-void qnorm_rope_kv_insert_op(const AnyArray& q, const AnyArray& kv, const AnyArray& positions,
-                             const AnyArray& cos_sin, float eps, const AnyArray& cache,
-                             const std::string& layout, int block_size, float tensor_scale,
-                             const AnyArray& slot_mapping, uintptr_t stream) {
-  qnorm_rope_kv_insert(view_of(q, "q"), view_of(kv, "kv"), view_of(positions, "positions"),
-                       view_of(cos_sin, "cos_sin"), eps,
-                       cache_of(cache, layout, block_size, tensor_scale, "cache"),
-                       view_of(slot_mapping, "slot_mapping"), stream_of(stream));
+void qnorm_rope_kv_insert_op(const TensorArg& q, const TensorArg& kv, const TensorArg& positions,
+                             const TensorArg& cos_sin, float eps, const TensorArg& cache,
+                             const std::string& layout, const IntArg& block_size,
+                             float tensor_scale, const TensorArg& slot_mapping,
+                             uintptr_t stream) {
+  constexpr const char* k = "qnorm_rope_kv_insert";
+  qnorm_rope_kv_insert(tensor_arg(k, "q", q), tensor_arg(k, "kv", kv),
+                       tensor_arg(k, "positions", positions), tensor_arg(k, "cos_sin", cos_sin),
+                       eps, cache_arg(k, "cache", cache, layout, block_size, tensor_scale),
+                       tensor_arg(k, "slot_mapping", slot_mapping), stream_of(stream));
 }
 
-std::tuple<int, int, int64_t> decode_schedule_op(int b, int s_q, int h, int topk_total,
-                                                 int num_sms, int d_v) {
-  const DecodeSchedule s = make_decode_schedule(b, s_q, h, topk_total, num_sms, d_v);
+std::tuple<int, int, int64_t> decode_schedule_op(const IntArg& b, const IntArg& s_q,
+                                                 const IntArg& h, const IntArg& topk_total,
+                                                 const IntArg& num_sms, const IntArg& d_v) {
+  constexpr const char* k = "make_decode_schedule";
+  const DecodeSchedule s = make_decode_schedule(
+      int_arg(k, "b", b), int_arg(k, "s_q", s_q), int_arg(k, "h", h),
+      int_arg(k, "topk_total", topk_total), int_arg(k, "num_sms", num_sms), int_arg(k, "d_v", d_v));
   return {s.num_splits, s.split_len, s.workspace_bytes};
 }
 
-void sparse_decode_op(const AnyArray& q, const AnyArray& k_cache, const std::string& k_layout,
-                      int k_block_size, const AnyArray& indices, const OptArray& topk_length,
-                      const OptArray& extra_k_cache, const std::string& extra_layout,
-                      int extra_block_size, const OptArray& extra_indices,
-                      const OptArray& extra_topk_length, const OptArray& attn_sink,
-                      float softmax_scale, int d_v, int num_splits, int split_len,
-                      int64_t workspace_bytes, const AnyArray& workspace, const AnyArray& out,
-                      const AnyArray& lse, uintptr_t stream) {
+void sparse_decode_op(const TensorArg& q, const TensorArg& k_cache, const std::string& k_layout,
+                      const IntArg& k_block_size, const TensorArg& indices,
+                      const TensorArg& topk_length, const TensorArg& extra_k_cache,
+                      const std::string& extra_layout, const IntArg& extra_block_size,
+                      const TensorArg& extra_indices, const TensorArg& extra_topk_length,
+                      const TensorArg& attn_sink, float softmax_scale, const IntArg& d_v,
+                      const IntArg& num_splits, const IntArg& split_len,
+                      const IntArg& workspace_bytes, const TensorArg& workspace,
+                      const TensorArg& out, const TensorArg& lse, uintptr_t stream) {
+  constexpr const char* k = "sparse_decode";
   SparseDecodeArgs a;
-  a.q = view_of(q, "q");
-  a.k_cache = cache_of(k_cache, k_layout, k_block_size, 1.0f, "k_cache");
-  a.indices = view_of(indices, "indices");
-  a.topk_length = view_of(topk_length, "topk_length");
-  if (extra_k_cache.has_value())
-    a.extra_k_cache = cache_of(*extra_k_cache, extra_layout, extra_block_size, 1.0f,
-                               "extra_k_cache");
-  a.extra_indices = view_of(extra_indices, "extra_indices");
-  a.extra_topk_length = view_of(extra_topk_length, "extra_topk_length");
-  a.attn_sink = view_of(attn_sink, "attn_sink");
+  a.q = tensor_arg(k, "q", q);
+  a.k_cache = cache_arg(k, "k_cache", k_cache, k_layout, k_block_size, 1.0f);
+  a.indices = tensor_arg(k, "indices", indices);
+  a.topk_length = optional_tensor_arg(k, "topk_length", topk_length);
+  if (!extra_k_cache.none)
+    a.extra_k_cache = cache_arg(k, "extra_k_cache", extra_k_cache, extra_layout, extra_block_size,
+                                1.0f);
+  a.extra_indices = optional_tensor_arg(k, "extra_indices", extra_indices);
+  a.extra_topk_length = optional_tensor_arg(k, "extra_topk_length", extra_topk_length);
+  a.attn_sink = optional_tensor_arg(k, "attn_sink", attn_sink);
   a.softmax_scale = softmax_scale;
-  a.d_v = d_v;
-  a.out = view_of(out, "out");
-  a.lse = view_of(lse, "lse");
-  const DecodeSchedule schedule{num_splits, split_len, workspace_bytes};
-  sparse_decode(a, schedule, view_of(workspace, "workspace"), stream_of(stream));
+  a.d_v = int_arg(k, "d_v", d_v);
+  a.out = tensor_arg(k, "out", out);
+  a.lse = tensor_arg(k, "lse", lse);
+  const DecodeSchedule schedule{int_arg(k, "num_splits", num_splits),
+                                int_arg(k, "split_len", split_len),
+                                int64_arg(k, "workspace_bytes", workspace_bytes)};
+  sparse_decode(a, schedule, tensor_arg(k, "workspace", workspace), stream_of(stream));
 }
 
-void sparse_attention_combine_op(const AnyArray& partial_o, const AnyArray& partial_lse,
-                                 const OptArray& attn_sink, const AnyArray& out,
-                                 const AnyArray& lse, uintptr_t stream) {
-  sparse_attention_combine(view_of(partial_o, "partial_o"), view_of(partial_lse, "partial_lse"),
-                           view_of(attn_sink, "attn_sink"), view_of(out, "out"),
-                           view_of(lse, "lse"), stream_of(stream));
+void sparse_attention_combine_op(const TensorArg& partial_o, const TensorArg& partial_lse,
+                                 const TensorArg& attn_sink, const TensorArg& out,
+                                 const TensorArg& lse, uintptr_t stream) {
+  constexpr const char* k = "sparse_attention_combine";
+  sparse_attention_combine(tensor_arg(k, "partial_o", partial_o),
+                           tensor_arg(k, "partial_lse", partial_lse),
+                           optional_tensor_arg(k, "attn_sink", attn_sink), tensor_arg(k, "out", out),
+                           tensor_arg(k, "lse", lse), stream_of(stream));
 }
 
-void sparse_prefill_op(const AnyArray& q, const AnyArray& kv, const AnyArray& indices,
-                       const OptArray& topk_length, const OptArray& attn_sink,
-                       float softmax_scale, int d_v, const AnyArray& out,
-                       const AnyArray& max_logits, const AnyArray& lse, uintptr_t stream) {
+void sparse_prefill_op(const TensorArg& q, const TensorArg& kv, const TensorArg& indices,
+                       const TensorArg& topk_length, const TensorArg& attn_sink,
+                       float softmax_scale, const IntArg& d_v, const TensorArg& out,
+                       const TensorArg& max_logits, const TensorArg& lse, uintptr_t stream) {
+  constexpr const char* k = "sparse_prefill";
   SparsePrefillArgs a;
-  a.q = view_of(q, "q");
-  a.kv = view_of(kv, "kv");
-  a.indices = view_of(indices, "indices");
-  a.topk_length = view_of(topk_length, "topk_length");
-  a.attn_sink = view_of(attn_sink, "attn_sink");
+  a.q = tensor_arg(k, "q", q);
+  a.kv = tensor_arg(k, "kv", kv);
+  a.indices = tensor_arg(k, "indices", indices);
+  a.topk_length = optional_tensor_arg(k, "topk_length", topk_length);
+  a.attn_sink = optional_tensor_arg(k, "attn_sink", attn_sink);
   a.softmax_scale = softmax_scale;
-  a.d_v = d_v;
-  a.out = view_of(out, "out");
-  a.max_logits = view_of(max_logits, "max_logits");
-  a.lse = view_of(lse, "lse");
+  a.d_v = int_arg(k, "d_v", d_v);
+  a.out = tensor_arg(k, "out", out);
+  a.max_logits = tensor_arg(k, "max_logits", max_logits);
+  a.lse = tensor_arg(k, "lse", lse);
   sparse_prefill(a, stream_of(stream));
 }
 
-void dequantize_and_gather_op(const AnyArray& cache, const std::string& layout, int block_size,
-                              float tensor_scale, const AnyArray& block_table,
-                              const AnyArray& seq_lens, const OptArray& gather_lens,
-                              int64_t offset, const AnyArray& workspace, uintptr_t stream) {
-  dequantize_and_gather(cache_of(cache, layout, block_size, tensor_scale, "cache"),
-                        view_of(block_table, "block_table"), view_of(seq_lens, "seq_lens"),
-                        view_of(gather_lens, "gather_lens"), offset,
-                        view_of(workspace, "workspace"), stream_of(stream));
+void dequantize_and_gather_op(const TensorArg& cache, const std::string& layout,
+                              const IntArg& block_size, float tensor_scale,
+                              const TensorArg& block_table, const TensorArg& seq_lens,
+                              const TensorArg& gather_lens, const IntArg& offset,
+                              const TensorArg& workspace, uintptr_t stream) {
+  constexpr const char* k = "dequantize_and_gather";
+  dequantize_and_gather(cache_arg(k, "cache", cache, layout, block_size, tensor_scale),
+                        tensor_arg(k, "block_table", block_table),
+                        tensor_arg(k, "seq_lens", seq_lens),
+                        optional_tensor_arg(k, "gather_lens", gather_lens),
+                        int64_arg(k, "offset", offset), tensor_arg(k, "workspace", workspace),
+                        stream_of(stream));
 }
 
-void grouped_wo_a_op(const AnyArray& o, const OptArray& o_scale, const AnyArray& wo_a,
-                     const OptArray& wo_a_scale, const AnyArray& z, uintptr_t stream) {
-  grouped_wo_a(view_of(o, "o"), view_of(o_scale, "o_scale"), view_of(wo_a, "wo_a"),
-               view_of(wo_a_scale, "wo_a_scale"), view_of(z, "z"), stream_of(stream));
+void grouped_wo_a_op(const TensorArg& o, const TensorArg& o_scale, const TensorArg& wo_a,
+                     const TensorArg& wo_a_scale, const TensorArg& z, uintptr_t stream) {
+  constexpr const char* k = "grouped_wo_a";
+  grouped_wo_a(tensor_arg(k, "o", o), optional_tensor_arg(k, "o_scale", o_scale),
+               tensor_arg(k, "wo_a", wo_a), optional_tensor_arg(k, "wo_a_scale", wo_a_scale),
+               tensor_arg(k, "z", z), stream_of(stream));
 }
 
 }  // namespace
 
 void bind_ops(nb::module_& m) {
-  const auto none = [](const char* name) { return arg(name).none(); };
-  m.def("linear", &linear_op, arg("x"), none("x_scale"), arg("w"), none("w_scale"), arg("y"),
+  // Tensor and integer arguments take any Python object, None included: the op names a wrong one
+  // (TensorArg, IntArg).
+  const auto any = [](const char* name) { return arg(name).none(); };
+  m.def("linear", &linear_op, any("x"), any("x_scale"), any("w"), any("w_scale"), any("y"),
         arg("stream") = 0, Release());
-  m.def("quantize_act_fp8", &quantize_act_fp8_op, arg("x"), arg("block"), arg("xq"),
-        arg("scale"), arg("stream") = 0, Release());
-  m.def("dequantize_fp8_blocks", &dequantize_fp8_blocks_op, arg("x"), arg("scale"),
-        arg("block_rows"), arg("block_cols"), arg("y"), arg("stream") = 0, Release());
-  m.def("rms_norm", &rms_norm_op, arg("x"), none("weight"), arg("eps"), arg("y"),
+  m.def("quantize_act_fp8", &quantize_act_fp8_op, any("x"), any("block"), any("xq"),
+        any("scale"), arg("stream") = 0, Release());
+  m.def("dequantize_fp8_blocks", &dequantize_fp8_blocks_op, any("x"), any("scale"),
+        any("block_rows"), any("block_cols"), any("y"), arg("stream") = 0, Release());
+  m.def("rms_norm", &rms_norm_op, any("x"), any("weight"), arg("eps"), any("y"),
         arg("stream") = 0, Release());
-  m.def("fused_qkv_rms_norm", &fused_qkv_rms_norm_op, arg("q_in"), arg("wq"), arg("kv_in"),
-        arg("wkv"), arg("eps"), arg("q_out"), arg("kv_out"), arg("stream") = 0, Release());
-  m.def("apply_rope", &apply_rope_op, arg("x"), arg("positions"), arg("cos_sin"),
-        arg("inverse"), arg("y"), arg("stream") = 0, Release());
-  m.def("rope_cache", &rope_cache_op, arg("theta"), arg("rope_dims"), arg("yarn"),
-        arg("factor"), arg("original_seq_len"), arg("beta_fast"), arg("beta_slow"), arg("out"),
+  m.def("fused_qkv_rms_norm", &fused_qkv_rms_norm_op, any("q_in"), any("wq"), any("kv_in"),
+        any("wkv"), arg("eps"), any("q_out"), any("kv_out"), arg("stream") = 0, Release());
+  m.def("apply_rope", &apply_rope_op, any("x"), any("positions"), any("cos_sin"),
+        arg("inverse"), any("y"), arg("stream") = 0, Release());
+  m.def("inv_rope_fp8_quant", &inv_rope_fp8_quant_op, any("o"), any("positions"), any("cos_sin"),
+        any("block"), any("o_fp8"), any("o_scale"), arg("stream") = 0, Release());
+  m.def("rope_cache", &rope_cache_op, arg("theta"), any("rope_dims"), arg("yarn"),
+        arg("factor"), any("original_seq_len"), arg("beta_fast"), arg("beta_slow"), any("out"),
         Release());
-  m.def("qnorm_rope_kv_insert", &qnorm_rope_kv_insert_op, arg("q"), arg("kv"),
-        arg("positions"), arg("cos_sin"), arg("eps"), arg("cache"), arg("layout"),
-        arg("block_size"), arg("tensor_scale"), arg("slot_mapping"), arg("stream") = 0,
+  m.def("qnorm_rope_kv_insert", &qnorm_rope_kv_insert_op, any("q"), any("kv"),
+        any("positions"), any("cos_sin"), arg("eps"), any("cache"), arg("layout"),
+        any("block_size"), arg("tensor_scale"), any("slot_mapping"), arg("stream") = 0,
         Release());
-  m.def("decode_schedule", &decode_schedule_op, arg("b"), arg("s_q"), arg("h"),
-        arg("topk_total"), arg("num_sms"), arg("d_v"),
+  m.def("decode_schedule", &decode_schedule_op, any("b"), any("s_q"), any("h"),
+        any("topk_total"), any("num_sms"), any("d_v"),
         "(num_splits, split_len, workspace_bytes) of make_decode_schedule");
-  m.def("sparse_decode", &sparse_decode_op, arg("q"), arg("k_cache"), arg("k_layout"),
-        arg("k_block_size"), arg("indices"), none("topk_length"), none("extra_k_cache"),
-        arg("extra_layout"), arg("extra_block_size"), none("extra_indices"),
-        none("extra_topk_length"), none("attn_sink"), arg("softmax_scale"), arg("d_v"),
-        arg("num_splits"), arg("split_len"), arg("workspace_bytes"), arg("workspace"),
-        arg("out"), arg("lse"), arg("stream") = 0, Release());
-  m.def("sparse_attention_combine", &sparse_attention_combine_op, arg("partial_o"),
-        arg("partial_lse"), none("attn_sink"), arg("out"), arg("lse"), arg("stream") = 0,
+  m.def("sparse_decode", &sparse_decode_op, any("q"), any("k_cache"), arg("k_layout"),
+        any("k_block_size"), any("indices"), any("topk_length"), any("extra_k_cache"),
+        arg("extra_layout"), any("extra_block_size"), any("extra_indices"),
+        any("extra_topk_length"), any("attn_sink"), arg("softmax_scale"), any("d_v"),
+        any("num_splits"), any("split_len"), any("workspace_bytes"), any("workspace"),
+        any("out"), any("lse"), arg("stream") = 0, Release());
+  m.def("sparse_attention_combine", &sparse_attention_combine_op, any("partial_o"),
+        any("partial_lse"), any("attn_sink"), any("out"), any("lse"), arg("stream") = 0,
         Release());
-  m.def("sparse_prefill", &sparse_prefill_op, arg("q"), arg("kv"), arg("indices"),
-        none("topk_length"), none("attn_sink"), arg("softmax_scale"), arg("d_v"), arg("out"),
-        arg("max_logits"), arg("lse"), arg("stream") = 0, Release());
-  m.def("dequantize_and_gather", &dequantize_and_gather_op, arg("cache"), arg("layout"),
-        arg("block_size"), arg("tensor_scale"), arg("block_table"), arg("seq_lens"),
-        none("gather_lens"), arg("offset"), arg("workspace"), arg("stream") = 0, Release());
-  m.def("grouped_wo_a", &grouped_wo_a_op, arg("o"), none("o_scale"), arg("wo_a"),
-        none("wo_a_scale"), arg("z"), arg("stream") = 0, Release());
+  m.def("sparse_prefill", &sparse_prefill_op, any("q"), any("kv"), any("indices"),
+        any("topk_length"), any("attn_sink"), arg("softmax_scale"), any("d_v"), any("out"),
+        any("max_logits"), any("lse"), arg("stream") = 0, Release());
+  m.def("dequantize_and_gather", &dequantize_and_gather_op, any("cache"), arg("layout"),
+        any("block_size"), arg("tensor_scale"), any("block_table"), any("seq_lens"),
+        any("gather_lens"), any("offset"), any("workspace"), arg("stream") = 0, Release());
+  m.def("grouped_wo_a", &grouped_wo_a_op, any("o"), any("o_scale"), any("wo_a"),
+        any("wo_a_scale"), any("z"), arg("stream") = 0, Release());
 }
 
 }  // namespace dsv4::python

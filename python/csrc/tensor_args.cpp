@@ -73,18 +73,42 @@ TensorView view_of(const AnyArray& a, const char* name) {
   return v;
 }
 
-TensorView view_of(const OptArray& a, const char* name) {
-  return a.has_value() ? view_of(*a, name) : TensorView{};
+TensorView tensor_arg(const char* where, const char* name, const TensorArg& a) {
+  if (!a.array && a.dlpack_refused)
+    fail(where, ": ", name, ": expected a dense tensor DLPack can export, got a ", a.type_name,
+         " whose __dlpack__ failed (sparse or another layout DLPack has no form for)");
+  if (!a.array) fail(where, ": ", name, ": expected a tensor, got ", a.none ? "None" : a.type_name);
+  return view_of(*a.array, detail::concat(where, ": ", name).c_str());
 }
 
-KvCacheView cache_of(const AnyArray& data, const std::string& layout, int block_size,
-                     float tensor_scale, const char* name) {
+TensorView optional_tensor_arg(const char* where, const char* name, const TensorArg& a) {
+  if (a.none) return {};
+  if (!a.array && !a.dlpack_refused)
+    fail(where, ": ", name, ": expected a tensor or None, got ", a.type_name);
+  return tensor_arg(where, name, a);
+}
+
+KvCacheView cache_arg(const char* where, const char* name, const TensorArg& data,
+                      const std::string& layout, const IntArg& block_size, float tensor_scale) {
   KvCacheView cache;
-  cache.data = view_of(data, name);
+  cache.data = tensor_arg(where, name, data);
   cache.layout = parse_kv_layout(layout);
-  cache.block_size = block_size;
+  cache.block_size = int_arg(where, "block_size", block_size);
   cache.tensor_scale = tensor_scale;
   return cache;
+}
+
+int64_t int64_arg(const char* where, const char* name, const IntArg& a, int64_t lo, int64_t hi) {
+  const std::string range = detail::concat("an integer in [", lo, ", ", hi, "]");
+  if (a.type_name != nullptr) fail_expected(where, name, range, a.type_name);
+  if (a.overflow != 0)
+    fail_expected(where, name, range, a.overflow > 0 ? "an int above 2**63 - 1" : "an int below -2**63");
+  if (a.value < lo || a.value > hi) fail_expected(where, name, range, a.value);
+  return a.value;
+}
+
+int int_arg(const char* where, const char* name, const IntArg& a) {
+  return static_cast<int>(int64_arg(where, name, a, INT_MIN, INT_MAX));
 }
 
 HostTensor host_copy(const AnyArray& a, const char* name) {

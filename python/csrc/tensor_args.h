@@ -9,6 +9,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 
+#include <climits>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -23,17 +24,44 @@ namespace nb = nanobind;
 
 // Any DLPack tensor, any strides, any device: the C++ ops validate what they need.
 using AnyArray = nb::ndarray<>;
-using OptArray = std::optional<AnyArray>;
 
-// The view of `a`; `name` is used in the error for an unsupported dtype or device.
-TensorView view_of(const AnyArray& a, const char* name);
-// An undefined view for None (optional arguments of the C++ API).
-TensorView view_of(const OptArray& a, const char* name);
+// A tensor argument exactly as Python passed it: a DLPack tensor, None, or any other object. The
+// binding turns it into a view with the op's and the argument's name (tensor_arg /
+// optional_tensor_arg), so None or a wrong object is a dsv4::Error naming the argument rather
+// than nanobind's TypeError "incompatible function arguments". Bind such parameters with
+// nb::arg(...).none() so that None reaches the caster.
+struct TensorArg {
+  std::optional<AnyArray> array;
+  bool none = false;                // Python passed None
+  bool dlpack_refused = false;      // a tensor type whose __dlpack__ failed (e.g. sparse)
+  const char* type_name = nullptr;  // the Python type of a non-tensor ("NoneType", "list", ...)
+};
 
+// An integer argument exactly as Python passed it: an int of any size (or anything with
+// __index__), or another object (bool, float, None, ...), narrowed by the binding with the
+// argument's name (int_arg / int64_arg): out of range or not an integer is a dsv4::Error.
+struct IntArg {
+  int64_t value = 0;
+  int overflow = 0;                 // +1 / -1: the int lies above / below the int64 range
+  const char* type_name = nullptr;  // the Python type of a non-integer (bool included)
+};
+
+// The view of a required tensor argument; "<where>: <name>: expected a tensor, got None" etc.
+TensorView tensor_arg(const char* where, const char* name, const TensorArg& a);
+// The same for an optional one: None gives an undefined view.
+TensorView optional_tensor_arg(const char* where, const char* name, const TensorArg& a);
 // A paged cache: `data` is the byte tensor [num_blocks, block_bytes]; layout by name
 // ("model1_fp8", "v32_fp8", "bf16", "fp8_per_tensor").
-KvCacheView cache_of(const AnyArray& data, const std::string& layout, int block_size,
-                     float tensor_scale, const char* name);
+KvCacheView cache_arg(const char* where, const char* name, const TensorArg& data,
+                      const std::string& layout, const IntArg& block_size, float tensor_scale);
+
+// An integer argument in [lo, hi] (default: the C API's int / int64 range).
+int64_t int64_arg(const char* where, const char* name, const IntArg& a, int64_t lo = INT64_MIN,
+                  int64_t hi = INT64_MAX);
+int int_arg(const char* where, const char* name, const IntArg& a);
+
+// The view of a tensor; `name` is used in the error for an unsupported dtype or device.
+TensorView view_of(const AnyArray& a, const char* name);
 
 inline Stream stream_of(uintptr_t handle) { return reinterpret_cast<Stream>(handle); }
 
@@ -43,3 +71,62 @@ HostTensor host_copy(const AnyArray& a, const char* name);
 nb::ndarray<nb::pytorch> torch_copy(const HostTensor& t);
 
 }  // namespace dsv4::python
+
+// nanobind casters of TensorArg and IntArg: they accept every Python object (so the binding, not
+// the dispatcher, reports a wrong one) and never fail.
+namespace nanobind::detail {
+
+template <>
+struct type_caster<dsv4::python::TensorArg> {
+  NB_TYPE_CASTER(dsv4::python::TensorArg, const_name("Tensor | None"))
+  // (Flags: uint8_t before nanobind 3, uint32_t since.)
+  template <typename Flags>
+  bool from_python(handle src, Flags flags, cleanup_list* cleanup) noexcept {
+    value = {};
+    value.none = src.is_none();
+    if (!value.none) {
+      make_caster<dsv4::python::AnyArray> array;
+      if (array.from_python(src, static_cast<Flags>(flags & ~Flags(cast_flags::accepts_none)),
+                            cleanup)) {
+        value.array = array.value;
+        return true;
+      }
+    }
+    value.type_name = Py_TYPE(src.ptr())->tp_name;  // the type outlives the call's argument
+    value.dlpack_refused = PyObject_HasAttrString(src.ptr(), "__dlpack__") == 1;
+    return true;
+  }
+  static handle from_cpp(const dsv4::python::TensorArg&, rv_policy, cleanup_list*) noexcept {
+    return handle();  // arguments only
+  }
+};
+
+template <>
+struct type_caster<dsv4::python::IntArg> {
+  NB_TYPE_CASTER(dsv4::python::IntArg, const_name("int"))
+  template <typename Flags>
+  bool from_python(handle src, Flags, cleanup_list*) noexcept {
+    value = {};
+    PyObject* index = PyBool_Check(src.ptr()) || !PyIndex_Check(src.ptr())
+                          ? nullptr
+                          : PyNumber_Index(src.ptr());
+    if (index != nullptr) {
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(index, &overflow);
+      Py_DECREF(index);
+      if (!(v == -1 && PyErr_Occurred())) {
+        value.value = v;
+        value.overflow = overflow;
+        return true;
+      }
+    }
+    PyErr_Clear();
+    value.type_name = Py_TYPE(src.ptr())->tp_name;
+    return true;
+  }
+  static handle from_cpp(const dsv4::python::IntArg&, rv_policy, cleanup_list*) noexcept {
+    return handle();
+  }
+};
+
+}  // namespace nanobind::detail

@@ -12,18 +12,21 @@ import functools
 import torch
 
 from . import _C
+from ._args import INT32_MAX, int_arg
 
 
 def stream_handle(t: torch.Tensor) -> int:
-    """The cudaStream_t (as an int) of torch's current stream on t's device; 0 on CPU."""
-    if t.device.type == "cuda":
+    """The cudaStream_t (as an int) of torch's current stream on t's device; 0 on CPU (and for a
+    non-tensor, which the op then rejects by name)."""
+    if isinstance(t, torch.Tensor) and t.device.type == "cuda":
         return torch.cuda.current_stream(t.device).cuda_stream
     return 0
 
 
 def device_guard(t: torch.Tensor):
-    """Makes t's CUDA device current for the duration of an op (a no-op on CPU)."""
-    if t.device.type == "cuda":
+    """Makes t's CUDA device current for the duration of an op (a no-op on CPU, or for a
+    non-tensor, which the op then rejects by name)."""
+    if isinstance(t, torch.Tensor) and t.device.type == "cuda":
         return torch.cuda.device(t.device)
     return contextlib.nullcontext()
 
@@ -73,8 +76,11 @@ def rope_cos_sin(
     The layout is vLLM's `rotary_emb.cos_sin_cache` (cos half, then sin half) for GPT-J
     interleaved pairs; YaRN frequencies when `yarn` is True.
     """
+    # Sizes are checked before they size the table (the extension checks the rest).
+    max_pos = int_arg("rope_cos_sin", "max_pos", max_pos, 1, INT32_MAX)
+    rope_dims = int_arg("rope_cos_sin", "rope_dims", rope_dims, 2, INT32_MAX)
     table = torch.empty((max_pos, rope_dims), dtype=torch.float32)
-    _C.rope_cache(float(theta), int(rope_dims), bool(yarn), float(factor), int(original_seq_len),
+    _C.rope_cache(float(theta), rope_dims, bool(yarn), float(factor), original_seq_len,
                   float(beta_fast), float(beta_slow), table)
     return table.to(device)
 

@@ -5,10 +5,15 @@ Same function names, argument names, shapes, return values and conventions as Fl
 `flash_mla_interface.py` (the version with attn_sink / topk_length / extra_k_cache, i.e. the
 DeepSeek-V4 "MODEL1" kernels), on CPU and CUDA tensors:
 
-- `get_mla_metadata(*args, **kwargs) -> (FlashMLASchedMeta, None)`: an empty schedule, filled
-  on the first `flash_mla_with_kvcache` call and checked for consistency on later ones.
+- `get_mla_metadata() -> (FlashMLASchedMeta, None)`: an empty schedule, filled on the first
+  `flash_mla_with_kvcache` call and checked for consistency on later ones (the current interface).
+- `get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q=,
+  is_fp8_kvcache=, topk=) -> (tile_scheduler_metadata, num_splits)`: FlashMLA's older interface
+  (the one vLLM's V3.2 FlashMLASparse backend calls), two int32 tensors on cache_seqlens' device
+  (see "The older interface" below).
 - `flash_mla_with_kvcache(...)` (sparse mode) -> (out [b, s_q, h_q, d_v] bf16,
-  softmax_lse [b, h_q, s_q] fp32, a transposed view of a [b, s_q, h_q] buffer).
+  softmax_lse [b, h_q, s_q] fp32, a transposed view of a [b, s_q, h_q] buffer), with either
+  interface's metadata.
 - `flash_mla_sparse_fwd(...)` -> (out [s_q, h_q, d_v] bf16, max_logits [s_q, h_q] fp32,
   lse [s_q, h_q] fp32) (+ lse_indexer when indexer_topk > 0).
 
@@ -19,15 +24,46 @@ current tests/ref.py checks natural-log values, which is what this module return
 does not enter lse. A query with no valid key gets out = 0, lse = +inf (and max_logits = -inf).
 Invalid indices are -1 (decode) or -1 / >= s_kv (prefill); slots past topk_length are ignored.
 
+Strides (FlashMLA's rules, no copy is made): q, kv, indices (and out / lse buffers) may have any
+strides whose last dim is contiguous — q [b, s_q, h_q, d] whose [b, s_q] dims don't merge, a
+transposed or sliced indices view, q with padded heads. On CUDA, rows move in 16-byte pieces
+(cp.async, vector stores, TMA descriptors), so the strides of q's and out's leading dims (those of
+size > 1) and kv's row stride must be multiples of 8 elements, with 16-byte aligned data
+pointers; a violation raises dsv4attn.Error naming the stride.
+
 Caches (`k_cache`, `extra_k_cache`): FlashMLA's [num_blocks, page_block_size, 1, bytes_per_token]
 view of the paged byte cache (uint8, int8 or float8_e4m3fn). bytes_per_token picks the layout:
 584 → MODEL1_FP8 (d_qk 512: 448 fp8 + 64 bf16 + 8 scale bytes, blocks padded to 576 B),
-656 → V32_FP8 (d_qk 576). The block stride (k_cache.stride(0) bytes) must equal the layout's
-block size in bytes (see `kv_cache_block_bytes`; `alloc_kv_cache` makes such a tensor).
-Extension: `is_fp8_kvcache=False` with indices reads a BF16 cache [num_blocks, B, 1, 512] bf16.
+656 → V32_FP8 (d_qk 576). Tokens are dense within a block (k_cache.stride(1) == bytes_per_token);
+the block stride (k_cache.stride(0) bytes) may be any multiple of 16 >= the layout's block size
+in bytes (`kv_cache_block_bytes`), e.g. V3.2 blocks of 64 x 656 B padded to 42640 B
+(`alloc_kv_cache` makes one whose block stride is the layout's block size).
+Extension: `is_fp8_kvcache=False` with indices reads a BF16 cache [num_blocks, B, 1, 512] bf16
+(on CUDA through the sparse prefill kernel; a padded block stride must there be whole tokens).
 
-Extensions over FlashMLA: `out=` (and `lse=`) buffers to write into (as vLLM's fork has), and
-dsv4attn.Error (a ValueError) instead of AssertionError for inconsistent arguments.
+Padded heads: q may carry more heads than the model has (vLLM pads h_q to 64 or 128 with
+uninitialized rows); every head is computed independently, so the pad rows' outputs are garbage
+the caller ignores and never affect the real heads.
+
+The older interface: `get_mla_metadata(cache_seqlens=, num_q_tokens_per_head_k=, topk=,
+num_heads_q=, num_heads_k=1, is_fp8_kvcache=True)` plans the split-KV decode for
+b = cache_seqlens.numel(), s_q = num_q_tokens_per_head_k · num_heads_k / num_heads_q, h_q and
+topk, and returns
+  tile_scheduler_metadata int32 [1, 8] = [SCHEDULE_TAG, num_splits, split_len, b, s_q, h_q, topk,
+                                          num_sms]
+  num_splits int32 [b + 1] = [0, n, 2n, ..., b·n] (n splits per query row, cumulative per batch
+                              as FlashMLA's)
+on cache_seqlens' device, without a host sync (pinned staging, non-blocking copy). The plan is a
+pure function of those shapes and the SM count, so `flash_mla_with_kvcache` given these tensors
+(or copies of them in persistent buffers, as the seed keeps for CUDA graphs) re-derives the same
+plan from its own arguments' shapes on the host and never reads the tensors' contents: no host
+read or sync inside the call, and a captured graph stays valid on replay whatever the buffers
+hold. The tensors are checked for dtype, shape and device only. With an extra scope the call
+plans for topk + extra_topk (the older FlashMLA had no extra scope).
+
+Extensions over FlashMLA: `out=` (and `lse=`) buffers to write into (as vLLM's fork has), the
+extra scope / topk_length / attn_sink with the older interface too, and dsv4attn.Error (a
+ValueError) instead of AssertionError for inconsistent arguments.
 """
 from __future__ import annotations
 
@@ -37,17 +73,22 @@ from typing import Optional, Tuple, Union
 import torch
 
 from . import Error
+from ._args import float_arg, int_arg, optional_tensor_arg, tensor_arg
 from ._runtime import decode_schedule, kv_geometry, planner_sms
 from . import ops  # noqa: F401  (registers the torch.ops.dsv4.* used below)
 
 __all__ = [
-    "FlashMLASchedMeta", "alloc_kv_cache", "flash_mla_sparse_fwd", "flash_mla_with_kvcache",
-    "get_mla_metadata", "kv_cache_block_bytes",
+    "FlashMLASchedMeta", "SCHEDULE_TAG", "alloc_kv_cache", "flash_mla_sparse_fwd",
+    "flash_mla_with_kvcache", "get_mla_metadata", "kv_cache_block_bytes",
 ]
 
 _FP8_LAYOUT_BY_TOKEN_BYTES = {584: "model1_fp8", 656: "v32_fp8"}
 _TOKEN_BYTES_BY_LAYOUT = {"model1_fp8": 584, "v32_fp8": 656}
 _BYTE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)
+# First word of an older-interface tile_scheduler_metadata row ("DSV4" in ASCII): marks the row
+# as dsv4attn's shape-derived schedule (see the module docstring).
+SCHEDULE_TAG = 0x34565344
+_SCHEDULE_WORDS = 8  # FlashMLA's TileSchedulerMetaDataSize: the seed's buffers are [parts, 8]
 
 
 @dataclasses.dataclass
@@ -79,9 +120,60 @@ class FlashMLASchedMeta:
     workspace_bytes: Optional[int] = None
 
 
-def get_mla_metadata(*args, **kwargs) -> Tuple[FlashMLASchedMeta, None]:
-    """An empty FlashMLASchedMeta (arguments are accepted and ignored, as in FlashMLA)."""
-    return FlashMLASchedMeta(), None
+def get_mla_metadata(*args, **kwargs) -> Union[Tuple[FlashMLASchedMeta, None],
+                                                Tuple[torch.Tensor, torch.Tensor]]:
+    """Scheduler metadata of either FlashMLA interface.
+
+    Without arguments (the current interface): (an empty FlashMLASchedMeta, None), filled by the
+    first flash_mla_with_kvcache call. With the older interface's arguments
+    `(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q=None,
+    is_fp8_kvcache=False, topk=None)`: (tile_scheduler_metadata int32 [1, 8], num_splits int32
+    [b + 1]) on cache_seqlens' device, the shape-derived plan described in the module docstring.
+    """
+    if not args and not kwargs:
+        return FlashMLASchedMeta(), None
+    return _legacy_metadata(*args, **kwargs)
+
+
+def _legacy_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int,
+                     num_heads_k: int, num_heads_q: Optional[int] = None,
+                     is_fp8_kvcache: bool = False,
+                     topk: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    where = "get_mla_metadata"
+    if not isinstance(cache_seqlens, torch.Tensor):
+        raise Error(f"{where}: cache_seqlens: expected an int32 tensor [b], "
+                    f"got {type(cache_seqlens).__name__}")
+    if cache_seqlens.dim() != 1:
+        raise Error(f"{where}: cache_seqlens.ndim: expected 1 ([b]), got {cache_seqlens.dim()}")
+    if topk is None:
+        raise Error(f"{where}: topk: expected the sparse top-k (an int >= 1); dense (non-sparse) "
+                    "MLA decode is not implemented by dsv4attn")
+    if num_heads_k != 1:
+        raise Error(f"{where}: num_heads_k: expected 1, got {num_heads_k}")
+    if num_heads_q is None or int(num_heads_q) < 1:
+        raise Error(f"{where}: num_heads_q: expected an int >= 1 with topk, got {num_heads_q}")
+    h_q, nq = int(num_heads_q), int(num_q_tokens_per_head_k)
+    if nq < 1 or nq * num_heads_k % h_q != 0:
+        raise Error(f"{where}: num_q_tokens_per_head_k: expected s_q · num_heads_q / num_heads_k "
+                    f"(a positive multiple of num_heads_q = {h_q}), got {nq}")
+    if int(topk) < 1:
+        raise Error(f"{where}: topk: expected >= 1, got {topk}")
+    b, s_q = cache_seqlens.shape[0], nq * num_heads_k // h_q
+    sms = planner_sms(cache_seqlens.device)
+    splits, split_len, _ = decode_schedule(b, s_q, h_q, int(topk), sms, 512)
+    words = [SCHEDULE_TAG, splits, split_len, b, s_q, h_q, int(topk), sms]
+    metadata = torch.tensor(words, dtype=torch.int32).view(1, _SCHEDULE_WORDS)
+    num_splits = torch.arange(b + 1, dtype=torch.int32) * splits
+    return _to_device(metadata, cache_seqlens.device), _to_device(num_splits, cache_seqlens.device)
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A copy of host tensor `t` on `device`, staged through pinned memory so the host never
+    waits for the device (the caching host allocator keeps the staging buffer until the copy is
+    done)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def kv_cache_block_bytes(layout: str, page_block_size: int) -> int:
@@ -104,7 +196,8 @@ def alloc_kv_cache(num_blocks: int, page_block_size: int, layout: str = "model1_
 
 
 def _cache_bytes(name: str, k_cache: torch.Tensor, is_fp8: bool, d_qk: int):
-    """(uint8 [num_blocks, block_bytes] view, layout, page_block_size) of a FlashMLA cache view."""
+    """(uint8 [num_blocks, block_bytes] view with the cache's block stride, layout,
+    page_block_size) of a FlashMLA cache view."""
     if k_cache.dim() != 4:
         raise Error(f"flash_mla_with_kvcache: {name}.ndim: expected 4 "
                     f"([num_blocks, page_block_size, 1, bytes_per_token]), got {k_cache.dim()}")
@@ -132,36 +225,68 @@ def _cache_bytes(name: str, k_cache: torch.Tensor, is_fp8: bool, d_qk: int):
                     f"{layout.upper()} {name}, got {d_qk}")
     block_bytes = kv_cache_block_bytes(layout, block_size)
     token_bytes = last * elem
-    if k_cache.stride(1) * elem != token_bytes or k_cache.stride(3) != 1:
-        raise Error(f"flash_mla_with_kvcache: {name}: the whole block must be contiguous "
-                    f"(stride(1) = bytes per token), got strides {tuple(k_cache.stride())}")
-    if num_blocks > 1 and k_cache.stride(0) * elem != block_bytes:
-        raise Error(f"flash_mla_with_kvcache: {name}.stride(0): expected {block_bytes // elem} "
-                    f"({block_bytes} bytes, the {layout.upper()} block at page_block_size "
-                    f"{block_size}), got {k_cache.stride(0)}")
+    if k_cache.stride(3) != 1 or (block_size > 1 and k_cache.stride(1) * elem != token_bytes):
+        raise Error(f"flash_mla_with_kvcache: {name}: expected tokens dense within a block "
+                    f"(stride(1) = {last}, the bytes per token, and stride(3) = 1), got strides "
+                    f"{tuple(k_cache.stride())}")
+    block_stride = k_cache.stride(0) * elem if num_blocks > 1 else block_bytes
+    if block_stride < block_bytes or block_stride % 16 != 0:
+        raise Error(f"flash_mla_with_kvcache: {name}.stride(0): expected a block stride of at "
+                    f"least {block_bytes // elem} elements ({block_bytes} bytes, the "
+                    f"{layout.upper()} block at page_block_size {block_size}) and a multiple of "
+                    f"16 bytes, got {k_cache.stride(0)}")
     flat = byte_view.view(torch.uint8) if elem != 1 else byte_view
-    return block_bytes_view(f"flash_mla_with_kvcache: {name}", flat, num_blocks, block_bytes), \
-        layout, block_size
+    return block_bytes_view(f"flash_mla_with_kvcache: {name}", flat, num_blocks, block_bytes,
+                            block_stride), layout, block_size
 
 
-def block_bytes_view(where: str, flat: torch.Tensor, num_blocks: int,
-                     block_bytes: int) -> torch.Tensor:
+def block_bytes_view(where: str, flat: torch.Tensor, num_blocks: int, block_bytes: int,
+                     block_stride: Optional[int] = None) -> torch.Tensor:
     """The uint8 [num_blocks, block_bytes] view (the C++ ops' cache argument) of a cache whose
-    blocks start every block_bytes bytes from `flat`'s first byte."""
+    blocks start every `block_stride` bytes (default block_bytes) from `flat`'s first byte."""
+    stride = block_bytes if block_stride is None else block_stride
     if not torch.compiler.is_compiling():  # (as_strided bounds-checks the traced graph)
+        need = (num_blocks - 1) * stride + block_bytes if num_blocks > 0 else 0
         available = flat.untyped_storage().nbytes() - flat.storage_offset()
-        if available < num_blocks * block_bytes:
-            raise Error(f"{where}: storage: expected >= {num_blocks * block_bytes} bytes "
-                        f"({num_blocks} blocks of {block_bytes}), got {available}")
-    return flat.as_strided((num_blocks, block_bytes), (block_bytes, 1))  # same storage offset
+        if available < need:
+            raise Error(f"{where}: storage: expected >= {need} bytes ({num_blocks} blocks of "
+                        f"{block_bytes}, {stride} apart), got {available}")
+    return flat.as_strided((num_blocks, block_bytes), (stride, 1))  # same storage offset
+
+
+def _check_legacy_metadata(metadata: torch.Tensor, num_splits: Optional[torch.Tensor], b: int,
+                           device: torch.device) -> None:
+    """The older interface's tensors: dtype, shape and device (their contents are not read)."""
+    where = "flash_mla_with_kvcache"
+    if (metadata.dtype != torch.int32 or metadata.dim() != 2 or metadata.shape[0] < 1
+            or metadata.shape[1] != _SCHEDULE_WORDS):
+        raise Error(f"{where}: tile_scheduler_metadata: expected an int32 [num_sm_parts >= 1, "
+                    f"{_SCHEDULE_WORDS}] tensor of get_mla_metadata(cache_seqlens, ...), got "
+                    f"{metadata.dtype} {list(metadata.shape)}")
+    if metadata.device != device:
+        raise Error(f"{where}: tile_scheduler_metadata.device: expected {device} (q's), "
+                    f"got {metadata.device}")
+    if num_splits is None:
+        return
+    if not isinstance(num_splits, torch.Tensor):
+        raise Error(f"{where}: num_splits: expected the int32 [b + 1] tensor of "
+                    f"get_mla_metadata(cache_seqlens, ...) or None, got {num_splits!r}")
+    if num_splits.dtype != torch.int32 or num_splits.dim() != 1 or num_splits.shape[0] != b + 1:
+        raise Error(f"{where}: num_splits: expected an int32 [{b + 1}] tensor (b + 1, b = "
+                    f"q.shape[0]), got {num_splits.dtype} {list(num_splits.shape)}")
+    if num_splits.device != device:
+        raise Error(f"{where}: num_splits.device: expected {device} (q's), "
+                    f"got {num_splits.device}")
 
 
 def _check_sched(meta: FlashMLASchedMeta, cfg: FlashMLASchedMeta.Config) -> None:
+    """Checks a call's config against the metadata's (set by its first successful call); writes
+    nothing, so a rejected call leaves the metadata as it was (see _fill_sched)."""
     if not isinstance(meta, FlashMLASchedMeta):
         raise Error("flash_mla_with_kvcache: tile_scheduler_metadata: expected the "
-                    f"FlashMLASchedMeta of get_mla_metadata(), got {type(meta).__name__}")
+                    "FlashMLASchedMeta of get_mla_metadata() or the int32 tensor of "
+                    f"get_mla_metadata(cache_seqlens, ...), got {type(meta).__name__}")
     if not meta.have_initialized:
-        meta.have_initialized, meta.config = True, cfg
         return
     for field in dataclasses.fields(cfg):
         want, got = getattr(meta.config, field.name), getattr(cfg, field.name)
@@ -171,14 +296,23 @@ def _check_sched(meta: FlashMLASchedMeta, cfg: FlashMLASchedMeta.Config) -> None
                         "Your input arguments are inconsistent with sched_meta.")
 
 
+def _fill_sched(meta: FlashMLASchedMeta, cfg: FlashMLASchedMeta.Config,
+                schedule: Optional[tuple]) -> None:
+    """Records the first accepted call's config (and split plan) in the metadata."""
+    if not meta.have_initialized:
+        meta.have_initialized, meta.config = True, cfg
+    if schedule is not None and meta.num_splits is None:
+        meta.num_splits, meta.split_len, meta.workspace_bytes = schedule
+
+
 def flash_mla_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     block_table: Optional[torch.Tensor],
     cache_seqlens: Optional[torch.Tensor],
     head_dim_v: int,
-    tile_scheduler_metadata: FlashMLASchedMeta,
-    num_splits: None = None,
+    tile_scheduler_metadata: Union[FlashMLASchedMeta, torch.Tensor],
+    num_splits: Optional[torch.Tensor] = None,
     softmax_scale: Optional[float] = None,
     causal: bool = False,
     is_fp8_kvcache: bool = False,
@@ -200,10 +334,25 @@ def flash_mla_with_kvcache(
     cache_seqlens are unused in sparse mode. Returns (out [b, s_q, h_q, head_dim_v] bf16,
     softmax_lse [b, h_q, s_q] fp32 natural log, +inf for a query with no valid key).
     `out` / `lse` (extension): buffers [b, s_q, h_q, d_v] / [b, s_q, h_q] to write into.
+
+    Metadata: the FlashMLASchedMeta of `get_mla_metadata()` with num_splits None (the current
+    interface), or the (tile_scheduler_metadata, num_splits) int32 tensors of the older
+    `get_mla_metadata(cache_seqlens, ...)`, or persistent copies of them; their contents are never
+    read (the plan is re-derived from the shapes, see the module docstring). A FlashMLASchedMeta
+    is filled only by a call that is accepted: a rejected call (dsv4attn.Error) leaves it, like
+    every output, unchanged.
     """
-    if num_splits is not None:
-        raise Error("flash_mla_with_kvcache: num_splits: expected None (kept for compatibility "
-                    f"with the old interface), got {num_splits!r}")
+    where = "flash_mla_with_kvcache"
+    q, k_cache = tensor_arg(where, "q", q), tensor_arg(where, "k_cache", k_cache)
+    indices = optional_tensor_arg(where, "indices", indices)
+    extra_k_cache = optional_tensor_arg(where, "extra_k_cache", extra_k_cache)
+    extra_indices_in_kvcache = optional_tensor_arg(where, "extra_indices_in_kvcache",
+                                                   extra_indices_in_kvcache)
+    legacy = isinstance(tile_scheduler_metadata, torch.Tensor)
+    if not legacy and num_splits is not None:
+        raise Error("flash_mla_with_kvcache: num_splits: expected None with a FlashMLASchedMeta "
+                    "(the current interface; the older one passes both tensors of "
+                    f"get_mla_metadata(cache_seqlens, ...)), got {num_splits!r}")
     if indices is None:
         raise Error("flash_mla_with_kvcache: indices: expected a tensor; dense (non-sparse) "
                     "MLA decode is not implemented by dsv4attn")
@@ -221,34 +370,43 @@ def flash_mla_with_kvcache(
         raise Error(f"flash_mla_with_kvcache: q.ndim: expected 4 ([b, s_q, h_q, d_qk]), "
                     f"got {q.dim()}")
     b, s_q, h_q, d_qk = q.shape
-    cfg = FlashMLASchedMeta.Config(
-        b, s_q, h_q, k_cache.shape[1] if k_cache.dim() > 1 else -1,
-        k_cache.shape[2] if k_cache.dim() > 2 else -1, causal, is_fp8_kvcache,
-        indices.shape[-1],
-        extra_k_cache.shape[1] if extra_k_cache is not None else None,
-        extra_indices_in_kvcache.shape[-1] if extra_indices_in_kvcache is not None else None)
-    _check_sched(tile_scheduler_metadata, cfg)
+    head_dim_v = int_arg(where, "head_dim_v", head_dim_v, 1, d_qk)
+    cfg = None
+    if legacy:
+        _check_legacy_metadata(tile_scheduler_metadata, num_splits, b, q.device)
+    else:
+        cfg = FlashMLASchedMeta.Config(
+            b, s_q, h_q, k_cache.shape[1] if k_cache.dim() > 1 else -1,
+            k_cache.shape[2] if k_cache.dim() > 2 else -1, causal, is_fp8_kvcache,
+            indices.shape[-1],
+            extra_k_cache.shape[1] if extra_k_cache is not None else None,
+            extra_indices_in_kvcache.shape[-1] if extra_indices_in_kvcache is not None else None)
+        _check_sched(tile_scheduler_metadata, cfg)
 
     blocks, layout, block_size = _cache_bytes("k_cache", k_cache, is_fp8_kvcache, d_qk)
     extra_blocks, extra_layout, extra_block_size = None, layout, block_size
     if extra_k_cache is not None:
         extra_blocks, extra_layout, extra_block_size = _cache_bytes(
             "extra_k_cache", extra_k_cache, is_fp8_kvcache, d_qk)
-    if softmax_scale is None:
-        softmax_scale = d_qk ** (-0.5)
+    softmax_scale = (d_qk ** (-0.5) if softmax_scale is None
+                     else float_arg(where, "softmax_scale", softmax_scale))
 
+    meta = None if legacy else tile_scheduler_metadata
     if q.device.type == "cuda" and layout == "bf16":
-        return _bf16_cache_decode_cuda(q, blocks, block_size, indices, topk_length, attn_sink,
-                                       extra_k_cache, float(softmax_scale), int(head_dim_v),
-                                       out, lse)
+        result = _bf16_cache_decode_cuda(q, blocks, block_size, indices, topk_length, attn_sink,
+                                         extra_k_cache, softmax_scale, head_dim_v, out, lse)
+        if meta is not None:
+            _fill_sched(meta, cfg, None)
+        return result
 
-    meta = tile_scheduler_metadata
-    if meta.num_splits is None:
+    if meta is not None and meta.num_splits is not None:
+        schedule = (meta.num_splits, meta.split_len, meta.workspace_bytes)
+    else:  # the older interface's tensors encode this same shape-only plan
         topk_total = indices.shape[-1] + (extra_indices_in_kvcache.shape[-1]
                                           if extra_indices_in_kvcache is not None else 0)
-        meta.num_splits, meta.split_len, meta.workspace_bytes = decode_schedule(
-            b, s_q, h_q, topk_total, planner_sms(q.device), head_dim_v)
-    workspace = torch.empty(max(meta.workspace_bytes, 16), dtype=torch.uint8, device=q.device)
+        schedule = decode_schedule(b, s_q, h_q, topk_total, planner_sms(q.device), head_dim_v)
+    splits, split_len, workspace_bytes = schedule
+    workspace = torch.empty(max(workspace_bytes, 16), dtype=torch.uint8, device=q.device)
     if out is None:
         out = torch.empty((b, s_q, h_q, head_dim_v), dtype=torch.bfloat16, device=q.device)
     if lse is None:
@@ -256,8 +414,9 @@ def flash_mla_with_kvcache(
     torch.ops.dsv4.sparse_decode(
         q, blocks, layout, block_size, indices, topk_length, extra_blocks, extra_layout,
         extra_block_size, extra_indices_in_kvcache, extra_topk_length, attn_sink,
-        float(softmax_scale), int(head_dim_v), meta.num_splits, meta.split_len,
-        meta.workspace_bytes, workspace, out, lse)
+        softmax_scale, head_dim_v, splits, split_len, workspace_bytes, workspace, out, lse)
+    if meta is not None:
+        _fill_sched(meta, cfg, schedule)  # validated (the op raised nothing): now it is the plan
     return out, lse.transpose(1, 2)
 
 
@@ -265,25 +424,54 @@ def _bf16_cache_decode_cuda(q, blocks, block_size, indices, topk_length, attn_si
                             softmax_scale, head_dim_v, out, lse):
     """A bf16 cache on CUDA: the decode kernels read FP8 caches, but a bf16 paged cache is a bf16
     [slots, 1, 512] array, so the sparse prefill kernel (same contract: masked -1 / out-of-range
-    slots, topk_length, sink, natural-log lse, +inf with no valid key) serves every query row."""
+    slots, topk_length, sink, natural-log lse, +inf with no valid key) serves every query row.
+    Views only, except that a padded block stride needs the slots renumbered (a small index
+    tensor) and per-row lengths are expanded when s_q > 1."""
     if extra_k_cache is not None:
         raise Error("flash_mla_with_kvcache: extra_k_cache: a bf16 cache with an extra scope runs "
                     "on the CPU only (the CUDA decode kernels read MODEL1_FP8 / V32_FP8 caches)")
     b, s_q, h_q, d_qk = q.shape
-    topk = indices.shape[-1]
-    kv = blocks.view(torch.bfloat16).reshape(blocks.shape[0] * block_size, 1, d_qk)
-    rows = b * s_q
-    row_len = topk_length.repeat_interleave(s_q) if topk_length is not None else None
+    token_bytes = 2 * d_qk
+    block_stride = blocks.stride(0) if blocks.shape[0] > 1 else blocks.shape[1]
+    if block_stride % token_bytes != 0:
+        raise Error(f"flash_mla_with_kvcache: k_cache.stride(0): a bf16 cache on CUDA needs a "
+                    f"block stride that is a multiple of {token_bytes // 2} elements (whole "
+                    f"tokens), got {block_stride // 2}")
+    rows_per_block = block_stride // token_bytes
+    kv_rows = (blocks.shape[0] - 1) * rows_per_block + block_size if blocks.shape[0] else 0
+    kv = blocks.view(torch.bfloat16).as_strided((kv_rows, 1, d_qk), (d_qk, d_qk, 1))
+    if rows_per_block != block_size:  # padded blocks: slot (block, offset) is kv row
+        indices = torch.where(indices >= 0,  # block · rows_per_block + offset; -1 stays
+                              indices // block_size * rows_per_block + indices % block_size,
+                              indices)
     if out is None:
         out = torch.empty((b, s_q, h_q, head_dim_v), dtype=torch.bfloat16, device=q.device)
     if lse is None:
         lse = torch.empty((b, s_q, h_q), dtype=torch.float32, device=q.device)
+    rows = b * s_q
+    row_len = topk_length if topk_length is None or s_q == 1 else \
+        topk_length.repeat_interleave(s_q)
     max_logits = torch.empty((rows, h_q), dtype=torch.float32, device=q.device)
-    torch.ops.dsv4.sparse_prefill(q.reshape(rows, h_q, d_qk), kv, indices.reshape(rows, 1, topk),
-                                  row_len, attn_sink, softmax_scale, head_dim_v,
-                                  out.view(rows, h_q, head_dim_v), max_logits,
-                                  lse.view(rows, h_q))
+    merged = [_merge_rows(t) for t in (q, indices, out, lse)]
+    if all(m is not None for m in merged):  # one launch over all b · s_q query rows
+        q_rows, idx_rows, out_rows, lse_rows = merged
+        torch.ops.dsv4.sparse_prefill(q_rows, kv, idx_rows.unsqueeze(1), row_len, attn_sink,
+                                      softmax_scale, head_dim_v, out_rows, max_logits, lse_rows)
+    else:  # [b, s_q] of some view do not merge: one launch per batch entry, still no copy
+        for bi in range(b):
+            rl = row_len[bi * s_q:(bi + 1) * s_q] if row_len is not None else None
+            torch.ops.dsv4.sparse_prefill(q[bi], kv, indices[bi].unsqueeze(1), rl, attn_sink,
+                                          softmax_scale, head_dim_v, out[bi],
+                                          max_logits[bi * s_q:(bi + 1) * s_q], lse[bi])
     return out, lse.transpose(1, 2)
+
+
+def _merge_rows(t: torch.Tensor) -> Optional[torch.Tensor]:
+    """The [b · s_q, ...] view of a [b, s_q, ...] tensor, or None when those dims don't merge."""
+    b, s_q = t.shape[0], t.shape[1]
+    if b == 1 or s_q == 1 or t.stride(0) == s_q * t.stride(1):
+        return t.reshape(b * s_q, *t.shape[2:])  # a view: reshape copies only unmergeable dims
+    return None
 
 
 def flash_mla_sparse_fwd(
@@ -306,18 +494,23 @@ def flash_mla_sparse_fwd(
     lse [s_q, h_q] fp32), natural units; with indexer_topk > 0 also lse_indexer [s_q, h_q], the
     lse over the first indexer_topk slots of indices only.
     """
+    where = "flash_mla_sparse_fwd"
+    q, kv = tensor_arg(where, "q", q), tensor_arg(where, "kv", kv)
+    indices = tensor_arg(where, "indices", indices)
     if q.dim() != 3:
         raise Error(f"flash_mla_sparse_fwd: q.ndim: expected 3 ([s_q, h_q, d_qk]), got {q.dim()}")
-    if indexer_topk < 0 or (indexer_topk and indexer_topk > indices.shape[-1]):
-        raise Error(f"flash_mla_sparse_fwd: indexer_topk: expected 0 or 1..topk "
-                    f"({indices.shape[-1]}), got {indexer_topk}")
-    s_q, h_q, _ = q.shape
+    if indices.dim() < 1:
+        raise Error(f"{where}: indices.ndim: expected 3 ([s_q, 1, topk]), got {indices.dim()}")
+    indexer_topk = int_arg(where, "indexer_topk", indexer_topk, 0, indices.shape[-1])
+    s_q, h_q, d_qk = q.shape
+    d_v = int_arg(where, "d_v", d_v, 1, d_qk)  # (before it sizes out)
+    sm_scale = float_arg(where, "sm_scale", sm_scale)
     if out is None:
         out = torch.empty((s_q, h_q, d_v), dtype=torch.bfloat16, device=q.device)
     max_logits = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
     lse = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
-    torch.ops.dsv4.sparse_prefill(q, kv, indices, topk_length, attn_sink, float(sm_scale),
-                                  int(d_v), out, max_logits, lse)
+    torch.ops.dsv4.sparse_prefill(q, kv, indices, topk_length, attn_sink, sm_scale, d_v, out,
+                                  max_logits, lse)
     if not indexer_topk:
         return out, max_logits, lse
     # lse over the indexer's slots only: the same attention restricted to the first
@@ -327,7 +520,7 @@ def flash_mla_sparse_fwd(
     scratch = torch.empty_like(out)
     scratch_max = torch.empty_like(max_logits)
     lse_indexer = torch.empty_like(lse)
-    head = indices[..., :indexer_topk].contiguous()
+    head = indices[..., :indexer_topk]  # a strided view: indices need only a dense last dim
     torch.ops.dsv4.sparse_prefill(q, kv, head, sub_len, None, float(sm_scale), int(d_v), scratch,
                                   scratch_max, lse_indexer)
     return out, max_logits, lse, lse_indexer

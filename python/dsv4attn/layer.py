@@ -34,6 +34,7 @@ from typing import List, Mapping, Sequence, Tuple, Union
 import torch
 
 from . import Error, _C
+from ._args import int_arg, tensor_arg
 
 __all__ = ["Attention", "AttentionWeights", "BatchDescription", "reference_attention_layer"]
 
@@ -57,16 +58,28 @@ class BatchDescription:
     num_new: List[int]
 
     def __post_init__(self):
+        where = "BatchDescription"
+        lists = {"request_ids": self.request_ids, "contexts": self.contexts,
+                 "num_new": self.num_new}
+        for name, values in lists.items():
+            if not isinstance(values, (list, tuple)):
+                raise Error(f"{where}: {name}: expected a list of integers, got "
+                            f"{type(values).__name__}")
         if not len(self.request_ids) == len(self.contexts) == len(self.num_new):
             raise Error(f"BatchDescription: expected one context and one num_new per request, "
                         f"got {len(self.request_ids)} requests, {len(self.contexts)} contexts, "
                         f"{len(self.num_new)} num_new")
+        # Exact int64 values (the layer's request ids and positions): no bool, float or int that
+        # would not fit; the layer checks ranges against its config and caches.
+        for name, values in lists.items():
+            object.__setattr__(self, name, [int_arg(where, f"{name}[{i}]", v)
+                                            for i, v in enumerate(values)])
 
     @staticmethod
     def from_lengths(requests: Sequence[Tuple[int, int, int]]) -> "BatchDescription":
         """requests: (request_id, num_new_tokens, num_cached_tokens) per request."""
-        return BatchDescription([int(r[0]) for r in requests], [int(r[2]) for r in requests],
-                                [int(r[1]) for r in requests])
+        return BatchDescription([r[0] for r in requests], [r[2] for r in requests],
+                                [r[1] for r in requests])
 
     @property
     def num_tokens(self) -> int:
@@ -208,9 +221,12 @@ class Attention:
         swa_block_size tokens; the compressed caches use 64 / 2 entries per block for ratio 4 /
         128, the compressor state one window per block). SWA blocks beyond the window are
         recycled; running out raises dsv4attn.Error before anything changes.
-    fp8_activations: quantize the attention output to FP8 before wo_a, as production does.
-    device: "cpu" (the reference ops) or "cuda[:i]" (the CUDA ops; caches and weights live on
-        that GPU, and forwards run on torch's current stream without synchronizing).
+    fp8_activations: quantize activations to FP8 as production does (per token and 128 columns,
+        UE8M0): the attention output before wo_a, and the input of every projection whose weight
+        is FP8. Required on "cuda" for FP8 weights (FP8 tensor cores take FP8 inputs).
+    device: "cpu" (the reference ops) or "cuda[:i]" (the CUDA ops; caches and weights — FP8 GEMM
+        weights kept FP8 for the FP8 tensor cores, others bf16 — live on that GPU, and forwards
+        run on torch's current stream without synchronizing).
     cuda_graphs: CUDA decode-only steps replay CUDA graphs, one per batch-size bucket (1, 2, 4,
         ..., 512 tokens): the first step of a bucket runs eagerly, the second is captured.
         A forward may also be captured by the caller with torch.cuda.graph (run one step of the
@@ -304,7 +320,14 @@ class Attention:
         cached for it (0 for a new request). A rejected batch raises dsv4attn.Error and changes
         nothing.
         """
-        x = x.detach()
+        where = "Attention.forward"
+        if not isinstance(batch, BatchDescription):
+            raise Error(f"{where}: batch: expected a BatchDescription, got {type(batch).__name__}")
+        x = tensor_arg(where, "x", x).detach()
+        # x must match the batch before anything is planned or allocated from either.
+        if x.dim() != 2 or x.shape[0] != batch.num_tokens or x.shape[1] != self.config.dim:
+            raise Error(f"{where}: x.shape: expected [{batch.num_tokens}, "
+                        f"{self.config.dim}], got {list(x.shape)}")
         if self.backend == "triton":
             return self._forward_triton(batch, x)
         if self.device.type == "cpu":
@@ -319,9 +342,6 @@ class Attention:
             raise Error(f"Attention.forward: x.device: expected cpu or {self.device}, got {x.device}")
         if x.dtype not in (torch.float32, torch.bfloat16):
             raise Error(f"Attention.forward: x.dtype: expected float32 or bfloat16, got {x.dtype}")
-        if x.dim() != 2 or x.shape[0] != batch.num_tokens or x.shape[1] != self.config.dim:
-            raise Error(f"Attention.forward: x.shape: expected [{batch.num_tokens}, "
-                        f"{self.config.dim}], got {list(x.shape)}")
         x = x.to(self.device, torch.bfloat16).contiguous()
         ids, ctx, new, x, scatter = _plan_order_rows(batch, x)
         y = torch.empty((x.shape[0], self.config.dim), dtype=torch.float32, device=self.device)
@@ -339,9 +359,6 @@ class Attention:
             raise Error(f"{where}: x.device: expected cpu or {self.device}, got {x.device}")
         if x.dtype not in (torch.float32, torch.bfloat16):
             raise Error(f"{where}: x.dtype: expected float32 or bfloat16, got {x.dtype}")
-        if x.dim() != 2 or x.shape[0] != batch.num_tokens or x.shape[1] != self.config.dim:
-            raise Error(f"{where}: x.shape: expected [{batch.num_tokens}, {self.config.dim}], "
-                        f"got {list(x.shape)}")
         x = x.to(self.device).contiguous()
         ids, ctx, new, x, scatter = _plan_order_rows(batch, x)
         with self._device_guard():
@@ -349,7 +366,7 @@ class Attention:
 
     def release(self, request_id: int) -> None:
         """Forgets a finished request and frees its cache blocks."""
-        self._layer.release(request_id)
+        self._layer.release(int_arg("Attention.release", "request_id", request_id))
 
     def __repr__(self) -> str:
         return (f"<dsv4attn.Attention {self.config.name} layer {self.layer} ({self.kind}) "
@@ -416,10 +433,14 @@ class AttentionStack:
 
     def forward(self, batch: BatchDescription, x: torch.Tensor) -> torch.Tensor:
         """x [T, dim] → y [T, dim] float32 on the stack's device, rows in batch order."""
+        where = "AttentionStack.forward"
+        if not isinstance(batch, BatchDescription):
+            raise Error(f"{where}: batch: expected a BatchDescription, got {type(batch).__name__}")
+        x = tensor_arg(where, "x", x).detach()
         if x.dim() != 2 or x.shape[0] != batch.num_tokens or x.shape[1] != self.config.dim:
-            raise Error(f"AttentionStack.forward: x.shape: expected [{batch.num_tokens}, "
-                        f"{self.config.dim}], got {list(x.shape)}")
-        x = x.detach().to(self.device, torch.float32).contiguous()
+            raise Error(f"{where}: x.shape: expected [{batch.num_tokens}, {self.config.dim}], "
+                        f"got {list(x.shape)}")
+        x = x.to(self.device, torch.float32).contiguous()
         if self.backend == "triton":
             return self._forward_triton(batch, x)
         if self.device.type == "cpu":
@@ -454,6 +475,7 @@ class AttentionStack:
 
     def release(self, request_id: int) -> None:
         """Forgets a finished request in every layer and frees its cache blocks."""
+        request_id = int_arg("AttentionStack.release", "request_id", request_id)
         if self.backend == "triton":
             for a in self._layers:
                 a.release(request_id)
@@ -468,7 +490,8 @@ class AttentionStack:
 def reference_attention_layer(config, layer: int, weights: AttentionWeights, x: torch.Tensor,
                               fp8_activations: bool = True) -> torch.Tensor:
     """The float64 reference (include/dsv4/reference.h): y [L, dim] float64 for ONE request's
-    tokens x [L, dim] at positions 0..L-1, with no caches or batching."""
+    tokens x [L, dim] at positions 0..L-1, with no caches or batching. fp8_activations: model the
+    layer's FP8 activation quantizations (Attention's flag of the same name)."""
     if isinstance(config, str):
         config = _C.ModelConfig.builtin(config)
     x = x.detach().to("cpu", torch.float64).contiguous()

@@ -6,11 +6,16 @@ torch.compile functionalizes them), and nothing is returned. Every op has a fake
 `torch.compile` traces through it. CUDA tensors run on torch's current stream of their device;
 no op synchronizes the host.
 
-Paged caches are passed as their byte tensor (uint8 [num_blocks, block_bytes]) plus `layout`
-("model1_fp8", "v32_fp8", "bf16", "fp8_per_tensor") and `block_size`.
+Paged caches are passed as their byte tensor (uint8 [num_blocks, block_bytes], bytes dense within
+a block, any block stride >= block_bytes that is a multiple of 16) plus `layout`
+("model1_fp8", "v32_fp8", "bf16", "fp8_per_tensor") and `block_size`. The sparse attention ops'
+q, kv, indices, out, lse and max_logits may have any strides whose last dim is contiguous, with
+the 16-byte row rules of include/dsv4/ops.h on CUDA.
 
 Bad arguments raise dsv4attn.Error (a ValueError) naming the op, the argument, what was expected
-and what was found, before any output is written.
+and what was found, before any output is written — None or a non-tensor where a tensor is
+required and an integer outside the C++ parameter's range included. (torch itself turns a bool
+into an int and refuses an int beyond int64 before the op runs.)
 """
 from __future__ import annotations
 
@@ -45,7 +50,8 @@ def _op(name: str, mutates: tuple[str, ...]):
 @_op("linear", ("y",))
 def linear(x: Tensor, x_scale: Optional[Tensor], w: Tensor, w_scale: Optional[Tensor],
            y: Tensor) -> None:
-    """y [T, N] = x [T, K] · wᵀ with optional FP8 block scales (ops.h `linear`)."""
+    """y [T, N] = x [T, K] · wᵀ with optional FP8 block scales (ops.h `linear`; on CUDA FP8 x and
+    w run on FP8 tensor cores with fp32 scales in cuBLASLt's layouts)."""
     with device_guard(x):
         _C.linear(x, x_scale, w, w_scale, y, stream_handle(x))
 
@@ -86,6 +92,16 @@ def apply_rope(x: Tensor, positions: Tensor, cos_sin: Tensor, inverse: bool, y: 
     """GPT-J interleaved RoPE (inverse: conjugate) on the last R dims of each head."""
     with device_guard(x):
         _C.apply_rope(x, positions, cos_sin, inverse, y, stream_handle(x))
+
+
+@_op("inv_rope_fp8_quant", ("o_fp8", "o_scale"))
+def inv_rope_fp8_quant(o: Tensor, positions: Tensor, cos_sin: Tensor, block: int, o_fp8: Tensor,
+                       o_scale: Tensor) -> None:
+    """Inverse RoPE on o [T, H, D] bf16, rounded to bf16, then FP8 per 1 × block into o_fp8
+    [T, H·D] and o_scale [T, H·D/block] (any strides; the CUDA FP8 GEMMs take the transpose of a
+    contiguous [H·D/block, T] buffer) in one pass (ops.h `inv_rope_fp8_quant`)."""
+    with device_guard(o):
+        _C.inv_rope_fp8_quant(o, positions, cos_sin, block, o_fp8, o_scale, stream_handle(o))
 
 
 @_op("grouped_wo_a", ("z",))

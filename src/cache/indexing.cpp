@@ -263,7 +263,9 @@ void combine_topk_swa_indices(const TensorView& topk, const TensorView& query_st
   cpu::check_outputs_disjoint(where, {{"out", out}, {"out_lens", out_lens}},
                               {{"topk", topk}, {"query_start_loc", query_start_loc},
                                {"seq_lens", seq_lens}, {"gather_lens", gather_lens}});
-  if (R * rows_per_request > kMaxSlot)
+  if (rows_per_request < 0) fail_expected(where, "rows_per_request", ">= 0", rows_per_request);
+  // Every written row index r * rows_per_request + ... must fit int32 (checked without overflow).
+  if (R > 0 && rows_per_request > kMaxSlot / R)
     fail(where, ": rows_per_request: ", R, " requests x ", rows_per_request,
          " rows exceed the int32 index range");
   const Device device = cpu::common_device(

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/validate.h"
 #include "dsv4/status.h"
 
 namespace dsv4 {
@@ -78,8 +79,23 @@ void check_kv_cache(const char* where, const char* name, const KvCacheView& cach
                       std::string(kv_layout_name(cache.layout)) + " at block_size " +
                       std::to_string(cache.block_size) + ")",
                   cache.data.shape[1]);
-  check_contiguous(where, (n + ".data").c_str(), cache.data);
-  // Scales (fp32) and rope (bf16) are read in place: the base must be aligned for them.
+  // Bytes dense within a block; blocks any number of bytes apart (a padded block stride, as
+  // FlashMLA's and vLLM's caches have) as long as blocks do not overlap.
+  check_inner_contiguous(where, (n + ".data").c_str(), cache.data);
+  const int64_t block_stride = cache.data.strides[0];
+  if (cache.data.shape[0] > 1) {
+    if (block_stride < g.block_bytes)
+      fail_expected(where, n + ".data.stride(0) (block stride, bytes)",
+                    ">= " + std::to_string(g.block_bytes) + " (the block bytes of " +
+                        std::string(kv_layout_name(cache.layout)) + " at block_size " +
+                        std::to_string(cache.block_size) + ")",
+                    block_stride);
+    // Every block starts 16-byte aligned like the first: kernels read a token's 16-byte chunks,
+    // fp32 scales and bf16 rope in place.
+    if (block_stride % 16 != 0)
+      fail_expected(where, n + ".data.stride(0) (block stride, bytes)", "a multiple of 16",
+                    block_stride);
+  }
   if (reinterpret_cast<uintptr_t>(cache.data.data) % 16 != 0)
     fail_expected(where, n + ".data pointer", "16-byte aligned", cache.data.data);
   if (cache.layout == KvLayout::fp8_per_tensor &&
@@ -99,12 +115,6 @@ int64_t slot_at(const TensorView& slots, int64_t i) {
 // `unique`, no slot may appear twice (two tokens writing one slot would race).
 void check_slots(const char* where, const TensorView& slots, int64_t n, int64_t num_slots,
                  bool unique) {
-  check_defined(where, "slots", slots);
-  check_device(where, "slots", slots, Device::cpu);
-  if (slots.dtype != DType::int64 && slots.dtype != DType::int32)
-    fail_expected(where, "slots.dtype", "int64 or int32", dtype_name(slots.dtype));
-  check_ndim(where, "slots", slots, 1);
-  check_dim(where, "slots", slots, 0, n);
   std::vector<int64_t> seen;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t s = slot_at(slots, i);
@@ -122,11 +132,16 @@ void check_slots(const char* where, const TensorView& slots, int64_t n, int64_t 
 void check_rows(const char* where, const char* name, const TensorView& t, int64_t dim) {
   check_defined(where, name, t);
   check_device(where, name, t, Device::cpu);
-  if (t.dtype != DType::fp32 && t.dtype != DType::bf16)
-    fail_expected(where, std::string(name) + ".dtype", "fp32 or bf16", dtype_name(t.dtype));
+  cpu::check_dtype_in(where, name, t, {DType::fp32, DType::bf16});
   check_ndim(where, name, t, 2);
   check_dim(where, name, t, 1, dim);
-  check_inner_contiguous(where, name, t);
+  cpu::check_row_strided(where, name, t);
+}
+
+// The slot tensor's layout: a host index vector [n] (its values are checked by check_slots).
+void check_slot_tensor(const char* where, const TensorView& slots, int64_t n) {
+  cpu::check_index_vector(where, "slots", slots, n);
+  check_device(where, "slots", slots, Device::cpu);
 }
 
 // Row i of a [n, dim] fp32/bf16 tensor as floats.
@@ -162,6 +177,11 @@ void kv_quantize(const KvCacheView& cache, const TensorView& values, const Tenso
   const KvGeometry g = kv_geometry(cache.layout, cache.block_size);
   check_rows(where, "values", values, g.dim);
   const int64_t n = values.shape[0];
+  check_slot_tensor(where, slots, n);
+  // The cache is written while values and slots are read: a slot or value living inside the
+  // cache would change under the loop.
+  cpu::check_outputs_disjoint(where, {{"cache.data", cache.data}},
+                              {{"values", values}, {"slots", slots}});
   check_slots(where, slots, n, cache.num_slots(), /*unique=*/true);
 
   uint8_t* base = cache.data.ptr<uint8_t>();
@@ -171,8 +191,8 @@ void kv_quantize(const KvCacheView& cache, const TensorView& values, const Tenso
     if (s < 0) continue;
     float row[kMaxDim];
     load_row(values, i, g.dim, row);
-    kv_encode_token(g, base + (s / g.block_size) * g.block_bytes, static_cast<int>(s % g.block_size),
-                    row, cache.tensor_scale);
+    kv_encode_token(g, base + (s / g.block_size) * cache.data.strides[0],
+                    static_cast<int>(s % g.block_size), row, cache.tensor_scale);
   }
 }
 
@@ -182,7 +202,10 @@ void kv_dequantize(const KvCacheView& cache, const TensorView& slots, const Tens
   check_device(where, "cache.data", cache.data, Device::cpu);
   const KvGeometry g = kv_geometry(cache.layout, cache.block_size);
   check_rows(where, "out", out, g.dim);
+  cpu::check_output_layout(where, "out", out);  // rows written concurrently: no shared element
   const int64_t n = out.shape[0];
+  check_slot_tensor(where, slots, n);
+  cpu::check_outputs_disjoint(where, {{"out", out}}, {{"cache.data", cache.data}, {"slots", slots}});
   check_slots(where, slots, n, cache.num_slots(), /*unique=*/false);
 
   const uint8_t* base = cache.data.ptr<const uint8_t>();
@@ -191,7 +214,7 @@ void kv_dequantize(const KvCacheView& cache, const TensorView& slots, const Tens
     const int64_t s = slot_at(slots, i);
     float row[kMaxDim] = {};
     if (s >= 0)
-      kv_decode_token(g, base + (s / g.block_size) * g.block_bytes,
+      kv_decode_token(g, base + (s / g.block_size) * cache.data.strides[0],
                       static_cast<int>(s % g.block_size), row, cache.tensor_scale);
     store_row(out, i, g.dim, row);
   }

@@ -7,11 +7,16 @@
 //     rope_head_dim, window_size, norm_eps, max_seq_len, n_mtp_layers, rope_factor,
 //     original_seq_len, beta_fast, beta_slow, ...
 // Keys the attention layer does not use (MoE, hyper-connections, ...) are ignored.
+#include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
 
 #include "dsv4/config.h"
 #include "dsv4/status.h"
@@ -23,6 +28,9 @@ namespace {
 using nlohmann::json;
 
 // Reads the first present, non-null key of `keys` from `j` as T; `fallback` when none is.
+// Exact: an integer field takes a JSON integer (or an integral number like 64.0) within T's range
+// — never a boolean, a fraction or a value that would wrap (4294967552 is not 256); a floating-
+// point field takes a finite number, not a boolean; a string field a string.
 class JsonReader {
  public:
   JsonReader(const json& j, std::string where) : j_(j), where_(std::move(where)) {}
@@ -31,21 +39,64 @@ class JsonReader {
 
   template <typename T>
   T get(std::initializer_list<const char*> keys, T fallback) const {
-    for (const char* key : keys) {
-      if (!has(key)) continue;
-      try {
-        return j_.at(key).get<T>();
-      } catch (const json::exception& e) {
-        fail(where_, ": key '", key, "': ", e.what());
-      }
-    }
+    for (const char* key : keys)
+      if (has(key)) return convert<T>(j_.at(key), key);
     return fallback;
   }
 
  private:
+  // `name`: the key, or "key[i]" for a list element (messages say "key 'name'").
+  template <typename T>
+  T convert(const json& v, const std::string& name) const {
+    const std::string what = "key '" + name + "'";
+    if constexpr (std::is_same_v<T, std::string>) {
+      if (!v.is_string()) fail_expected(where_, what, "a string", v.dump());
+      return v.get<std::string>();
+    } else if constexpr (std::is_same_v<T, double>) {
+      if (!v.is_number() || !std::isfinite(v.get<double>()))
+        fail_expected(where_, what, "a finite number", v.dump());
+      return v.get<double>();
+    } else if constexpr (std::is_integral_v<T>) {
+      return static_cast<T>(integer(v, what, std::numeric_limits<T>::min(),
+                                    std::numeric_limits<T>::max()));
+    } else {  // std::vector<int>
+      if (!v.is_array()) fail_expected(where_, what, "a list of integers", v.dump());
+      T out;
+      for (size_t i = 0; i < v.size(); ++i)
+        out.push_back(convert<typename T::value_type>(v[i], name + "[" + std::to_string(i) + "]"));
+      return out;
+    }
+  }
+
+  int64_t integer(const json& v, const std::string& what, int64_t lo, int64_t hi) const {
+    const std::string expected = detail::concat("an integer in [", lo, ", ", hi, "]");
+    if (v.is_number_unsigned()) {
+      if (v.get<uint64_t>() > static_cast<uint64_t>(hi)) fail_expected(where_, what, expected, v.dump());
+      return static_cast<int64_t>(v.get<uint64_t>());
+    }
+    if (v.is_number_integer()) {
+      if (v.get<int64_t>() < lo || v.get<int64_t>() > hi) fail_expected(where_, what, expected, v.dump());
+      return v.get<int64_t>();
+    }
+    if (v.is_number_float()) {
+      // An integral float (64.0) is the integer it spells; a fraction or an out-of-range value
+      // is an error. (`d < -lo`: for int64, hi rounds up to 2^63 in double, -lo is exactly 2^63.)
+      const double d = v.get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && d >= static_cast<double>(lo) &&
+          d < -static_cast<double>(lo) && d <= static_cast<double>(hi))
+        return static_cast<int64_t>(d);
+    }
+    fail_expected(where_, what, expected, v.dump());
+  }
+
   const json& j_;
   std::string where_;
 };
+
+// The most bytes a config file read takes (real config.json files are a few kB).
+constexpr size_t kMaxConfigBytes = size_t{1} << 20;
+// The most layers a config may declare without listing them (DeepSeek models have < 100).
+constexpr int64_t kMaxLayers = 1 << 16;
 
 std::string family_of(const json& j) {
   const std::string type = j.contains("model_type") && j["model_type"].is_string()
@@ -128,8 +179,9 @@ ModelConfig ModelConfig::from_json_string(std::string_view text, std::string nam
   c.max_position = top.get<int>({"max_position_embeddings", "max_seq_len"}, c.max_position);
 
   // Layers: compress_ratios lists every attention layer, MTP blocks included (V4-Flash: 43 + 1).
-  const int n_main = top.get<int>({"num_hidden_layers", "n_layers"}, -1);
-  const int n_mtp = top.get<int>({"num_nextn_predict_layers", "n_mtp_layers"}, 0);
+  const int64_t n_main = top.get<int>({"num_hidden_layers", "n_layers"}, -1);
+  const int64_t n_mtp = top.get<int>({"num_nextn_predict_layers", "n_mtp_layers"}, 0);
+  if (n_mtp < 0) fail_expected(where, "num_nextn_predict_layers", ">= 0", n_mtp);
   if (top.has("compress_ratios")) {
     c.compress_ratios = top.get<std::vector<int>>({"compress_ratios"}, {});
     const int n = c.n_layers();
@@ -138,7 +190,7 @@ ModelConfig ModelConfig::from_json_string(std::string_view text, std::string nam
     } else if (n == n_main) {
       c.n_mtp_layers = 0;
     } else if (n == n_main + n_mtp) {
-      c.n_mtp_layers = n_mtp;
+      c.n_mtp_layers = static_cast<int>(n_mtp);
     } else {
       fail_expected(where, "compress_ratios.size()",
                     std::to_string(n_main) + " (num_hidden_layers) or " +
@@ -147,9 +199,12 @@ ModelConfig ModelConfig::from_json_string(std::string_view text, std::string nam
     }
   } else {
     if (v4) fail(where, ": compress_ratios: expected a list of per-layer ratios, got none");
-    if (n_main <= 0) fail_expected(where, "num_hidden_layers", "> 0", n_main);
+    // The layer list is built from these counts: bound them before allocating it.
+    if (n_main <= 0 || n_main > kMaxLayers)
+      fail_expected(where, "num_hidden_layers", detail::concat("1..", kMaxLayers), n_main);
+    if (n_mtp > kMaxLayers) fail_expected(where, "num_nextn_predict_layers", detail::concat("0..", kMaxLayers), n_mtp);
     c.compress_ratios.assign(static_cast<size_t>(n_main + n_mtp), 0);
-    c.n_mtp_layers = n_mtp;
+    c.n_mtp_layers = static_cast<int>(n_mtp);
   }
   c.validate();
   return c;
@@ -162,9 +217,16 @@ ModelConfig ModelConfig::from_json_file(const std::string& path) {
   if (fs::is_directory(file, ec)) file /= "config.json";
   std::ifstream in(file, std::ios::binary);
   if (!in) fail("config: cannot open '", file.string(), "'");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return from_json_string(text.str(), path);
+  // A config.json is a few kB; reading stops past the cap, so a path like /dev/zero or a huge
+  // file is an error, not an unbounded read.
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) fail("config: cannot read '", file.string(), "'");
+  if (static_cast<size_t>(in.gcount()) > kMaxConfigBytes)
+    fail("config '", file.string(), "': expected a file of at most ", kMaxConfigBytes,
+         " bytes (a config.json), got more");
+  text.resize(static_cast<size_t>(in.gcount()));
+  return from_json_string(text, path);
 }
 
 }  // namespace dsv4

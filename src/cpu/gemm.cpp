@@ -106,6 +106,7 @@ ScaledMatrix ScaledMatrix::from_views(const TensorView& values, const TensorView
     m.scale = scale.data;
     m.scale_dtype = scale.dtype;
     m.scale_row_stride = scale.strides[0];
+    m.scale_col_stride = scale.strides[1];
     m.scale_block_rows = block_rows;
     m.scale_block_cols = block_cols;
   }
@@ -125,7 +126,8 @@ void ScaledMatrix::load_row_segment(int64_t r, int64_t c0, int64_t n, float* out
   for (int64_t c = c0; c < c0 + n;) {
     const int64_t block = c / scale_block_cols;
     const int64_t end = std::min((block + 1) * scale_block_cols, c0 + n);
-    load_row_scaled(row + c * elem, dtype, end - c, load_scale(scale, scale_dtype, scale_row + block),
+    load_row_scaled(row + c * elem, dtype, end - c,
+                    load_scale(scale, scale_dtype, scale_row + block * scale_col_stride),
                     out + (c - c0) * out_stride, out_stride);
     c = end;
   }

@@ -15,8 +15,9 @@
 namespace dsv4::cpu {
 
 // A rows × cols operand. Element (r, c) is value(data[r * row_stride + c]) times, when `scale`
-// is set, scale[(r / scale_block_rows) * scale_row_stride + c / scale_block_cols] (ue8m0 or fp32).
-// Activations use 1 × 64 / 1 × 128 blocks, weights 128 × 128.
+// is set, scale[(r / scale_block_rows) * scale_row_stride + (c / scale_block_cols) *
+// scale_col_stride] (ue8m0 or fp32). Activations use 1 × 64 / 1 × 128 blocks (their scales in
+// any layout, e.g. the CUDA GEMMs' transposed one), weights 128 × 128.
 struct ScaledMatrix {
   const void* data = nullptr;
   DType dtype = DType::fp32;  // bf16, fp16, fp32 or fp8_e4m3
@@ -26,6 +27,7 @@ struct ScaledMatrix {
   const void* scale = nullptr;
   DType scale_dtype = DType::fp32;  // ue8m0 or fp32
   int64_t scale_row_stride = 0;     // elements
+  int64_t scale_col_stride = 1;     // elements
   int64_t scale_block_rows = 1;
   int64_t scale_block_cols = 1;
 

@@ -46,19 +46,26 @@ int64_t validate_grouped_wo_a(const TensorView& o, const TensorView& o_scale,
                   o_scale.shape[1]);
   cpu::check_weight_scale(kOp, "wo_a", wo_a, "wo_a_scale", wo_a_scale,
                           {G, (L + kWeightBlock - 1) / kWeightBlock, (Dg + kWeightBlock - 1) / kWeightBlock});
-  cpu::check_disjoint(kOp, "z", z, "o", o);
-  cpu::check_disjoint(kOp, "z", z, "wo_a", wo_a);
+  cpu::check_outputs_disjoint(
+      kOp, {{"z", z}},
+      {{"o", o}, {"wo_a", wo_a}, {"o_scale", o_scale}, {"wo_a_scale", wo_a_scale}});
   return block;
 }
 }  // namespace
 
 void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorView& wo_a,
+                  const TensorView& wo_a_scale, const TensorView& z, Stream stream) {
+  grouped_wo_a(o, o_scale, wo_a, wo_a_scale, z, TensorView{}, stream);
+}
+
+void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorView& wo_a,
                   const TensorView& wo_a_scale, const TensorView& z,
-                  [[maybe_unused]] Stream stream) {
+                  [[maybe_unused]] const TensorView& workspace, [[maybe_unused]] Stream stream) {
   const int64_t block = validate_grouped_wo_a(o, o_scale, wo_a, wo_a_scale, z);
   if (cpu::common_device(kOp, {{"o", o}, {"o_scale", o_scale}, {"wo_a", wo_a},
-                               {"wo_a_scale", wo_a_scale}, {"z", z}}) == Device::cuda) {
-    DSV4_CUDA_DISPATCH(kOp, cuda::grouped_wo_a(o, o_scale, wo_a, wo_a_scale, z, stream));
+                               {"wo_a_scale", wo_a_scale}, {"z", z}, {"workspace", workspace}}) ==
+      Device::cuda) {
+    DSV4_CUDA_DISPATCH(kOp, cuda::grouped_wo_a(o, o_scale, wo_a, wo_a_scale, z, workspace, stream));
   }
 
   const int64_t G = wo_a.shape[0], L = wo_a.shape[1], Dg = wo_a.shape[2];

@@ -16,6 +16,7 @@
 #include "dsv4/fp8_block.h"
 #include "dsv4/indexer_math.h"
 #if defined(DSV4_WITH_CUDA)
+#include "cuda/gemm/cublaslt_matmul.h"
 #include "cuda/indexer/indexer.h"
 #endif
 
@@ -107,16 +108,18 @@ void indexer_query_rows(const TensorView& q, const TensorView& positions,
 }  // namespace cpu
 
 
-void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorView& wq_b_scale,
-                   const TensorView& x, const TensorView& weights_proj, const TensorView& positions,
+void indexer_query(const TensorView& qr, const TensorView& qr_scale, const TensorView& wq_b,
+                   const TensorView& wq_b_scale, const TensorView& x,
+                   const TensorView& weights_proj, const TensorView& positions,
                    const TensorView& cos_sin, const TensorView& q_fp8, const TensorView& q_scale,
                    const TensorView& weights, const TensorView& workspace, Stream stream) {
   constexpr const char* kOp = "indexer_query";
   (void)stream;
   check_defined(kOp, "qr", qr);
   check_ndim(kOp, "qr", qr, 2);
-  cpu::check_dtype_in(kOp, "qr", qr, {DType::bf16, DType::fp32});
+  cpu::check_dtype_in(kOp, "qr", qr, {DType::bf16, DType::fp32, DType::fp8_e4m3});
   cpu::check_row_strided(kOp, "qr", qr);
+  cpu::check_activation_scale(kOp, "qr", qr, "qr_scale", qr_scale);
   const int64_t T = qr.size(0), q_lora = qr.size(1);
   check_defined(kOp, "wq_b", wq_b);
   check_ndim(kOp, "wq_b", wq_b, 2);
@@ -158,10 +161,11 @@ void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorVie
   }
   cpu::check_outputs_disjoint(
       kOp, {{"q_fp8", q_fp8}, {"q_scale", q_scale}, {"weights", weights}},
-      {{"qr", qr}, {"wq_b", wq_b}, {"wq_b_scale", wq_b_scale}, {"x", x},
+      {{"qr", qr}, {"qr_scale", qr_scale}, {"wq_b", wq_b}, {"wq_b_scale", wq_b_scale}, {"x", x},
        {"weights_proj", weights_proj}, {"positions", positions}, {"cos_sin", cos_sin},
        {"workspace", workspace}});
   const Device dev = cpu::common_device(kOp, {{"qr", qr},
+                                              {"qr_scale", qr_scale},
                                               {"wq_b", wq_b},
                                               {"wq_b_scale", wq_b_scale},
                                               {"x", x},
@@ -174,21 +178,23 @@ void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorVie
                                               {"workspace", workspace}});
   if (dev == Device::cuda) {
 #if defined(DSV4_WITH_CUDA)
-    // The CUDA dsv4::linear multiplies bf16·bf16 or fp32·fp32 (no FP8 weights): reject other
-    // pairs here so the error names this op's arguments.
-    if (wq_b.dtype == DType::fp8_e4m3)
-      fail(kOp, ": wq_b.dtype: fp8_e4m3 weights are not supported on CUDA (bf16 or fp32)");
-    if (wq_b.dtype != qr.dtype)
-      fail(kOp, ": wq_b.dtype: expected the dtype of qr (", dtype_name(qr.dtype), ") on CUDA, got ",
-           dtype_name(wq_b.dtype));
+    // The CUDA dsv4::linear's rules (like operands; FP8 with fp32 scales in cuBLASLt's layouts),
+    // checked here so the errors name this op's arguments.
+    cuda::check_matmul_dtypes(kOp, "qr", qr, "qr_scale", qr_scale, "wq_b", wq_b, "wq_b_scale",
+                              wq_b_scale, "q (fp32)", TensorView(nullptr, DType::fp32, {0}, Device::cuda));
+    if (qr.dtype == DType::fp8_e4m3) {
+      cuda::check_act_scale_layout(kOp, "qr_scale", qr_scale);
+      cuda::check_weight_scale_layout(kOp, "wq_b_scale", wq_b_scale.size(0), wq_b_scale.size(1),
+                                      wq_b_scale.stride(0), wq_b_scale.stride(1), q_lora);
+    }
     if (weights_proj.dtype != x.dtype)
       fail(kOp, ": weights_proj.dtype: expected the dtype of x (", dtype_name(x.dtype),
            ") on CUDA, got ", dtype_name(weights_proj.dtype));
     check_cuda_workspace(kOp, workspace,
                          indexer_query_workspace_bytes(T, static_cast<int>(H), kKeyDim));
     if (T == 0) return;
-    cuda::indexer_query(qr, wq_b, x, weights_proj, positions, cos_sin, q_fp8, q_scale, weights,
-                        workspace, stream);
+    cuda::indexer_query(qr, qr_scale, wq_b, wq_b_scale, x, weights_proj, positions, cos_sin, q_fp8,
+                        q_scale, weights, workspace, stream);
     return;
 #else
     cpu::throw_cuda_unavailable(kOp);
@@ -204,7 +210,7 @@ void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorVie
 
   // Validation is complete (nothing below fails), so `weights` can take the raw projection.
   HostTensor q(DType::fp32, {T, H, int64_t{kKeyDim}});
-  linear(qr, {}, wq_b, wq_b_scale, TensorView(q.data<float>(), DType::fp32, {T, H * kKeyDim}));
+  linear(qr, qr_scale, wq_b, wq_b_scale, TensorView(q.data<float>(), DType::fp32, {T, H * kKeyDim}));
   linear(x, {}, weights_proj, {}, weights);
   cpu::indexer_query_rows(q, positions, cos_sin, q_fp8, q_scale, weights);
 }
@@ -326,7 +332,7 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
       const float* k = key_codes[q].data() + j * kKeyDim;
       float score = 0.0f;
       for (int64_t h = 0; h < H; ++h) {
-        // The summation order the CUDA kernel shares (indexer_math.h): the same bits on both.
+        // The fixed CPU order of indexer_math.h (CUDA sums on tensor cores: indexer.h tolerance).
         const float dot = indexer_math::dot128(qf.data() + h * kKeyDim, k);
         score += indexer_math::head_term(w[h], dot, qs[h], key_scales[q][j]);
       }

@@ -33,18 +33,24 @@ int64_t validate_linear(const TensorView& x, const TensorView& x_scale, const Te
   const int64_t x_block = cpu::check_activation_scale(kOp, "x", x, "x_scale", x_scale);
   cpu::check_weight_scale(kOp, "w", w, "w_scale", w_scale,
                           {(N + kWeightBlock - 1) / kWeightBlock, (K + kWeightBlock - 1) / kWeightBlock});
-  cpu::check_disjoint(kOp, "y", y, "x", x);
-  cpu::check_disjoint(kOp, "y", y, "w", w);
+  cpu::check_outputs_disjoint(kOp, {{"y", y}},
+                              {{"x", x}, {"w", w}, {"x_scale", x_scale}, {"w_scale", w_scale}});
   return x_block;
 }
 }  // namespace
 
 void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
-            const TensorView& w_scale, const TensorView& y, [[maybe_unused]] Stream stream) {
+            const TensorView& w_scale, const TensorView& y, Stream stream) {
+  linear(x, x_scale, w, w_scale, y, TensorView{}, stream);
+}
+
+void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
+            const TensorView& w_scale, const TensorView& y,
+            [[maybe_unused]] const TensorView& workspace, [[maybe_unused]] Stream stream) {
   const int64_t x_block = validate_linear(x, x_scale, w, w_scale, y);
   if (cpu::common_device(kOp, {{"x", x}, {"x_scale", x_scale}, {"w", w}, {"w_scale", w_scale},
-                               {"y", y}}) == Device::cuda) {
-    DSV4_CUDA_DISPATCH(kOp, cuda::linear(x, x_scale, w, w_scale, y, stream));
+                               {"y", y}, {"workspace", workspace}}) == Device::cuda) {
+    DSV4_CUDA_DISPATCH(kOp, cuda::linear(x, x_scale, w, w_scale, y, workspace, stream));
   }
   const cpu::GemmProblem problem{cpu::ScaledMatrix::from_views(x, x_scale, 1, x_block),
                                  cpu::ScaledMatrix::from_views(w, w_scale, kWeightBlock, kWeightBlock),

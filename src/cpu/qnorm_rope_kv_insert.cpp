@@ -37,7 +37,6 @@ int64_t validate_shapes(const TensorView& q, const TensorView& kv, const TensorV
   check_shape(kOp, "kv", kv, {T, D});
   cpu::check_output_layout(kOp, "q", q);
   cpu::check_output_layout(kOp, "kv", kv);
-  cpu::check_disjoint(kOp, "kv", kv, "q", q);
   cpu::check_index_vector(kOp, "positions", positions, T);
   cpu::check_index_vector(kOp, "slot_mapping", slot_mapping, T);
   const int64_t R = cpu::check_rope_table(kOp, cos_sin, D);
@@ -52,8 +51,11 @@ int64_t validate_shapes(const TensorView& q, const TensorView& kv, const TensorV
   if (cache.layout == KvLayout::fp8_per_tensor &&
       (!(cache.tensor_scale > 0.0f) || !std::isfinite(cache.tensor_scale)))
     fail_expected(kOp, "cache.tensor_scale", "a finite value > 0", cache.tensor_scale);
-  cpu::check_disjoint(kOp, "cache", cache.data, "q", q);
-  cpu::check_disjoint(kOp, "cache", cache.data, "kv", kv);
+  // q, kv and the cache are written while positions, the table and the slots are read (a slot
+  // or position overwritten mid-op would then index out of range).
+  cpu::check_outputs_disjoint(kOp, {{"q", q}, {"kv", kv}, {"cache.data", cache.data}},
+                              {{"positions", positions}, {"cos_sin", cos_sin},
+                               {"slot_mapping", slot_mapping}});
   return R;
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/act_quant.h"
 #include "cpu/backend.h"
 #include "cpu/norm_math.h"
 #include "cpu/rows.h"
@@ -45,9 +46,13 @@ void validate_norm_operand(const char* where, const char* x_name, const TensorVi
 }
 
 // The CPU kernel: each row is read whole into fp32 before its output is written, so y == x works.
-void normalize_rows(const TensorView& x, const TensorView& weight, float eps, const TensorView& y) {
-  const cpu::RowWalker x_rows(x), y_rows(y);
+// y may be undefined when q8 (an FP8 copy of the output, 1 × 128 blocks, of the values y holds —
+// bf16 without a y) is given.
+void normalize_rows(const TensorView& x, const TensorView& weight, float eps, const TensorView& y,
+                    const TensorView& q8, const TensorView& q8_scale) {
+  const cpu::RowWalker x_rows(x), y_rows(y.defined() ? y : x);  // y_rows only used with a y
   const int64_t D = x_rows.row_len();
+  const DType out_dtype = y.defined() ? y.dtype : DType::bf16;
   std::vector<float> w;
   if (weight.defined()) {
     w.resize(static_cast<size_t>(D));
@@ -62,7 +67,13 @@ void normalize_rows(const TensorView& x, const TensorView& weight, float eps, co
     for (int64_t r = 0; r < rows; ++r) {
       cpu::load_row(x_rows.row_ptr(r), x.dtype, D, row.data());
       cpu::rms_normalize(row.data(), D, eps, w_ptr);
-      cpu::store_row(row.data(), y.dtype, D, y_rows.row_ptr(r));
+      if (y.defined()) cpu::store_row(row.data(), y.dtype, D, y_rows.row_ptr(r));
+      if (!q8.defined()) continue;
+      if (out_dtype == DType::bf16)
+        for (float& v : row) v = round_bf16(v);
+      uint8_t* q = static_cast<uint8_t*>(q8.data) + r * q8.strides[0];
+      for (int64_t b = 0; b < D / 128; ++b)
+        cpu::quantize_act_block(row.data() + b * 128, 128, q + b * 128, q8_scale, r, b);
     }
   }
 }
@@ -77,30 +88,55 @@ void rms_norm(const TensorView& x, const TensorView& weight, float eps, const Te
   if (cpu::common_device(kOp, {{"x", x}, {"weight", weight}, {"y", y}}) == Device::cuda) {
     DSV4_CUDA_DISPATCH(kOp, cuda::rms_norm(x, weight, eps, y, stream));
   }
-  normalize_rows(x, weight, eps, y);
+  normalize_rows(x, weight, eps, y, {}, {});
 }
 
 void fused_qkv_rms_norm(const TensorView& q_in, const TensorView& wq, const TensorView& kv_in,
                         const TensorView& wkv, float eps, const TensorView& q_out,
-                        const TensorView& kv_out, [[maybe_unused]] Stream stream) {
+                        const TensorView& kv_out, Stream stream) {
+  fused_qkv_rms_norm(q_in, wq, kv_in, wkv, eps, q_out, kv_out, TensorView{}, TensorView{}, stream);
+}
+
+void fused_qkv_rms_norm(const TensorView& q_in, const TensorView& wq, const TensorView& kv_in,
+                        const TensorView& wkv, float eps, const TensorView& q_out,
+                        const TensorView& kv_out, const TensorView& q_fp8,
+                        const TensorView& q_scale, [[maybe_unused]] Stream stream) {
   constexpr const char* kOp = "fused_qkv_rms_norm";
-  validate_norm_operand(kOp, "q_in", q_in, "wq", wq, true, "q_out", q_out);
+  const bool fp8 = q_fp8.defined() || q_scale.defined();
+  if (!fp8 || q_out.defined()) validate_norm_operand(kOp, "q_in", q_in, "wq", wq, true, "q_out", q_out);
   validate_norm_operand(kOp, "kv_in", kv_in, "wkv", wkv, true, "kv_out", kv_out);
   check_ndim(kOp, "q_in", q_in, 2);
   check_ndim(kOp, "kv_in", kv_in, 2);
   check_dim(kOp, "kv_in", kv_in, 0, q_in.shape[0]);
   check_eps(kOp, eps);
-  // The two outputs must not clobber the other branch's input or output.
-  cpu::check_disjoint(kOp, "q_out", q_out, "kv_in", kv_in);
-  cpu::check_disjoint(kOp, "kv_out", kv_out, "q_in", q_in);
-  cpu::check_disjoint(kOp, "q_out", q_out, "kv_out", kv_out);
-  if (cpu::common_device(kOp, {{"q_in", q_in}, {"wq", wq}, {"kv_in", kv_in}, {"wkv", wkv},
-                               {"q_out", q_out}, {"kv_out", kv_out}}) == Device::cuda) {
-    DSV4_CUDA_DISPATCH(kOp,
-                       cuda::fused_qkv_rms_norm(q_in, wq, kv_in, wkv, eps, q_out, kv_out, stream));
+  if (fp8) {
+    if (!q_out.defined()) {  // q_in and wq as validate_norm_operand checks them
+      cpu::check_dtype_in(kOp, "q_in", q_in, {DType::bf16, DType::fp32});
+      cpu::check_row_strided(kOp, "q_in", q_in);
+      check_defined(kOp, "wq", wq);
+      cpu::check_dtype_in(kOp, "wq", wq, {DType::bf16, DType::fp32});
+      check_shape(kOp, "wq", wq, {q_in.shape[1]});
+      cpu::check_row_strided(kOp, "wq", wq);
+    }
+    cpu::check_act_quant_outputs(kOp, "q_fp8", q_fp8, "q_scale", q_scale, q_in.shape[0], q_in.shape[1], 128);
+    cpu::check_outputs_disjoint(kOp, {{"q_fp8", q_fp8}, {"q_scale", q_scale}},
+                                {{"q_in", q_in}, {"wq", wq}, {"kv_in", kv_in}, {"wkv", wkv},
+                                 {"q_out", q_out}, {"kv_out", kv_out}});
   }
-  normalize_rows(q_in, wq, eps, q_out);
-  normalize_rows(kv_in, wkv, eps, kv_out);
+  // The two outputs must not clobber each other or the other branch's inputs.
+  cpu::check_outputs_disjoint(kOp, {{"q_out", q_out}, {"kv_out", kv_out}}, {});
+  cpu::check_disjoint(kOp, "q_out", q_out, "kv_in", kv_in);
+  cpu::check_disjoint(kOp, "q_out", q_out, "wkv", wkv);
+  cpu::check_disjoint(kOp, "kv_out", kv_out, "q_in", q_in);
+  cpu::check_disjoint(kOp, "kv_out", kv_out, "wq", wq);
+  if (cpu::common_device(kOp, {{"q_in", q_in}, {"wq", wq}, {"kv_in", kv_in}, {"wkv", wkv},
+                               {"q_out", q_out}, {"kv_out", kv_out}, {"q_fp8", q_fp8},
+                               {"q_scale", q_scale}}) == Device::cuda) {
+    DSV4_CUDA_DISPATCH(kOp, cuda::fused_qkv_rms_norm(q_in, wq, kv_in, wkv, eps, q_out, kv_out, q_fp8,
+                                                     q_scale, stream));
+  }
+  normalize_rows(q_in, wq, eps, q_out, q_fp8, q_scale);
+  normalize_rows(kv_in, wkv, eps, kv_out, {}, {});
 }
 
 void residual_add_rms_norm(const TensorView& residual, const TensorView& delta,
@@ -144,7 +180,7 @@ void residual_add_rms_norm(const TensorView& residual, const TensorView& delta,
       }
     }
   }
-  if (y.defined()) normalize_rows(residual, weight, eps, y);
+  if (y.defined()) normalize_rows(residual, weight, eps, y, {}, {});
 }
 
 }  // namespace dsv4

@@ -97,6 +97,8 @@ void apply_rope(const TensorView& x, const TensorView& positions, const TensorVi
   const int64_t T = x.shape[0], D = x.shape[x.ndim - 1];
   cpu::check_index_vector(kOp, "positions", positions, T);
   const int64_t R = cpu::check_rope_table(kOp, cos_sin, D);
+  // Rows of y are written while positions and the table are still being read.
+  cpu::check_outputs_disjoint(kOp, {{"y", y}}, {{"positions", positions}, {"cos_sin", cos_sin}});
   if (cpu::common_device(kOp, {{"x", x}, {"positions", positions}, {"cos_sin", cos_sin},
                                {"y", y}}) == Device::cuda) {
     // Position values live on the device: the kernel leaves rows with an invalid one unwritten.

@@ -39,7 +39,8 @@ void combine_partials(const TensorView& partial_o, const TensorView& partial_lse
       merge.reset();
       merge.add(plse + row * num_splits, num_splits, po + row * num_splits * d_v, d_v, num_splits);
       uint16_t* o = out_bits + bi * out.strides[0] + si * out.strides[1] + hi * out.strides[2];
-      merge.write_output(0, sink_of(attn_sink, static_cast<int>(hi)), o, lse_out + row);
+      float* l = lse_out + bi * lse.strides[0] + si * lse.strides[1] + hi * lse.strides[2];
+      merge.write_output(0, sink_of(attn_sink, static_cast<int>(hi)), o, l);
     }
   }
 }
@@ -66,7 +67,8 @@ void validate_combine(const TensorView& partial_o, const TensorView& partial_lse
   cpu::check_optional_tensor(kOp, "attn_sink", attn_sink, DType::fp32, {h}, device);
   cpu::check_output_tensor(kOp, "out", out, DType::bf16, {b, s_q, h, d_v}, device,
                            cpu::Dense::last_dim);
-  cpu::check_output_tensor(kOp, "lse", lse, DType::fp32, {b, s_q, h}, device);
+  cpu::check_output_tensor(kOp, "lse", lse, DType::fp32, {b, s_q, h}, device,
+                           cpu::Dense::last_dim);
   cpu::check_outputs_disjoint(kOp, {{"out", out}, {"lse", lse}},
                               {{"partial_o", partial_o}, {"partial_lse", partial_lse},
                                {"attn_sink", attn_sink}});

@@ -7,8 +7,8 @@
 namespace dsv4::cpu {
 
 // partial_o fp32 [b, s_q, H, S, d_v] and partial_lse fp32 [b, s_q, H, S] contiguous,
-// attn_sink nullptr or fp32 [H], out bf16 [b, s_q, H, d_v] (last dim dense), lse fp32
-// [b, s_q, H] contiguous. A split with lse −inf is empty: its partial_o is never read.
+// attn_sink nullptr or fp32 [H], out bf16 [b, s_q, H, d_v] and lse fp32 [b, s_q, H], both of
+// any strides with the last dim dense. A split with lse −inf is empty: its partial_o is never read.
 void combine_partials(const TensorView& partial_o, const TensorView& partial_lse,
                       const float* attn_sink, const TensorView& out, const TensorView& lse);
 

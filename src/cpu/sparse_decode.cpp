@@ -3,6 +3,8 @@
 // CPU reference: each (b, s_q, split) item attends its slice of the concatenated index list
 // into the workspace partials, then the shared combine merges the splits and applies the sink.
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -11,6 +13,7 @@
 #include "cpu/backend.h"
 #include "cpu/sparse_combine.h"
 #include "cpu/validate.h"
+#include "dsv4/checked_math.h"
 #include "dsv4/ops.h"
 #include "dsv4/status.h"
 #ifdef DSV4_WITH_CUDA
@@ -26,13 +29,18 @@ constexpr const char* kOp = "sparse_decode";
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Bytes of the partials for these shapes: partial_o [b, s_q, H, splits, d_v] then partial_lse
-// [b, s_q, H, splits], both fp32.
+// [b, s_q, H, splits], both fp32. The checked version throws (naming `where`) when the size does
+// not fit int64; the plain one is for shapes it has already accepted.
 int64_t partial_o_bytes(int64_t rows, int64_t h, int64_t splits, int64_t d_v) {
   return rows * h * splits * d_v * static_cast<int64_t>(sizeof(float));
 }
-int64_t workspace_bytes_for(int64_t rows, int64_t h, int64_t splits, int64_t d_v) {
-  return partial_o_bytes(rows, h, splits, d_v) +
-         rows * h * splits * static_cast<int64_t>(sizeof(float));
+int64_t checked_workspace_bytes(const char* where, int64_t rows, int64_t h, int64_t splits,
+                                int64_t d_v) {
+  const char* what = "workspace bytes (b * s_q * h * num_splits * (d_v + 1) * 4)";
+  int64_t n = checked_mul(where, what, rows, h);
+  n = checked_mul(where, what, n, splits);
+  n = checked_mul(where, what, n, checked_add(where, what, d_v, 1));
+  return checked_mul(where, what, n, static_cast<int64_t>(sizeof(float)));
 }
 
 struct DecodeDims {
@@ -49,17 +57,19 @@ void check_scope_indices(const char* indices_name, const char* length_name,
   const int64_t b = indices.shape[0], s_q = indices.shape[1], topk = indices.shape[2];
   if (topk_length.defined())
     cpu::check_values_in_range(kOp, length_name, topk_length.ptr<const int32_t>(), b, 0, topk);
-  const int32_t* idx = indices.ptr<const int32_t>();
   for (int64_t bi = 0; bi < b; ++bi) {
     const int64_t counted = topk_length.defined() ? topk_length.ptr<const int32_t>()[bi] : topk;
-    for (int64_t si = 0; si < s_q; ++si)
+    for (int64_t si = 0; si < s_q; ++si) {
+      const int32_t* idx =
+          indices.ptr<const int32_t>() + bi * indices.strides[0] + si * indices.strides[1];
       for (int64_t k = 0; k < counted; ++k) {
-        const int32_t slot = idx[(bi * s_q + si) * topk + k];
+        const int32_t slot = idx[k];
         if (slot != -1 && (slot < 0 || slot >= num_slots))
           fail_expected(kOp,
                         detail::concat(indices_name, "[", bi, "][", si, "][", k, "]"),
                         detail::concat("-1 or a slot in [0, ", num_slots, ")"), slot);
       }
+    }
   }
 }
 
@@ -88,7 +98,8 @@ DecodeDims validate_decode(const SparseDecodeArgs& a, const DecodeSchedule& sche
   if (a.d_v < 1 || a.d_v > d_qk)
     fail_expected(kOp, "d_v", detail::concat("a value in [1, ", d_qk, "]"), a.d_v);
 
-  cpu::check_tensor(kOp, "indices", a.indices, DType::int32, {b, s_q, -1}, dims.device);
+  cpu::check_tensor(kOp, "indices", a.indices, DType::int32, {b, s_q, -1}, dims.device,
+                    cpu::Dense::last_dim);
   dims.topk = a.indices.shape[2];
   if (dims.topk < 1) fail_expected(kOp, "indices.shape[2] (topk)", ">= 1", dims.topk);
   cpu::check_optional_tensor(kOp, "topk_length", a.topk_length, DType::int32, {b}, dims.device);
@@ -100,7 +111,7 @@ DecodeDims validate_decode(const SparseDecodeArgs& a, const DecodeSchedule& sche
       fail_expected(kOp, "extra_k_cache.layout", kv_layout_name(a.k_cache.layout),
                     kv_layout_name(a.extra_k_cache.layout));
     cpu::check_tensor(kOp, "extra_indices", a.extra_indices, DType::int32, {b, s_q, -1},
-                      dims.device);
+                      dims.device, cpu::Dense::last_dim);
     dims.extra_topk = a.extra_indices.shape[2];
     if (dims.extra_topk < 1)
       fail_expected(kOp, "extra_indices.shape[2] (extra_topk)", ">= 1", dims.extra_topk);
@@ -117,7 +128,8 @@ DecodeDims validate_decode(const SparseDecodeArgs& a, const DecodeSchedule& sche
   dims.scale = cpu::resolve_softmax_scale(kOp, a.softmax_scale, d_qk);
   cpu::check_output_tensor(kOp, "out", a.out, DType::bf16, {b, s_q, h, a.d_v}, dims.device,
                            cpu::Dense::last_dim);
-  cpu::check_output_tensor(kOp, "lse", a.lse, DType::fp32, {b, s_q, h}, dims.device);
+  cpu::check_output_tensor(kOp, "lse", a.lse, DType::fp32, {b, s_q, h}, dims.device,
+                           cpu::Dense::last_dim);
 
   const int64_t topk_total = dims.topk + dims.extra_topk;
   if (schedule.num_splits < 1)
@@ -129,7 +141,8 @@ DecodeDims validate_decode(const SparseDecodeArgs& a, const DecodeSchedule& sche
     fail_expected(kOp, "schedule (num_splits * split_len)",
                   detail::concat(">= ", topk_total, " (topk + extra_topk)"),
                   int64_t{schedule.num_splits} * schedule.split_len);
-  const int64_t need = workspace_bytes_for(b * s_q, h, schedule.num_splits, a.d_v);
+  const int64_t need = checked_workspace_bytes(kOp, checked_mul(kOp, "b * s_q", b, s_q), h,
+                                              schedule.num_splits, a.d_v);
   cpu::check_tensor(kOp, "workspace", workspace, DType::uint8, {-1}, dims.device);
   if (workspace.numel() < need)
     fail_expected(kOp, "workspace bytes", detail::concat(">= ", need), workspace.numel());
@@ -159,20 +172,22 @@ struct Scope {
   const uint8_t* blocks;
   int64_t block_stride;  // bytes between blocks
   float tensor_scale;
-  const int32_t* indices;  // [b, s_q, topk]
+  const int32_t* indices;  // [b, s_q, topk], strides below (last dim dense)
+  int64_t indices_b_stride, indices_s_stride;
   const int32_t* lengths;  // [b] or nullptr
   int64_t topk;
 
   static Scope of(const KvCacheView& cache, const TensorView& indices, const TensorView& lengths) {
     return Scope{kv_geometry(cache.layout, cache.block_size), cache.data.ptr<const uint8_t>(),
                  cache.data.strides[0], cache.tensor_scale, indices.ptr<const int32_t>(),
-                 lengths.ptr<const int32_t>(), indices.shape[2]};
+                 indices.strides[0], indices.strides[1], lengths.ptr<const int32_t>(),
+                 indices.shape[2]};
   }
   int64_t counted(int64_t bi) const { return lengths ? lengths[bi] : topk; }
-  // Dequantizes slot k of query row `row` (= bi * s_q + si) into `dst`; false when invalid.
-  bool fetch(int64_t row, int64_t bi, int64_t k, float* dst) const {
+  // Dequantizes slot k of query row (bi, si) into `dst`; false when invalid.
+  bool fetch(int64_t bi, int64_t si, int64_t k, float* dst) const {
     if (k >= counted(bi)) return false;
-    const int32_t slot = indices[row * topk + k];
+    const int32_t slot = indices[bi * indices_b_stride + si * indices_s_stride + k];
     if (slot < 0) return false;
     const int bs = geometry.block_size;
     kv_decode_token(geometry, blocks + (slot / bs) * block_stride, slot % bs, dst, tensor_scale);
@@ -206,8 +221,8 @@ void sparse_decode_cpu(const SparseDecodeArgs& a, const DecodeDims& dims,
       const int64_t end = std::min(begin + schedule.split_len, topk_total);
       // Slot k of the concatenated list: main scope for k < topk, then the extra scope.
       attention.attend(begin, end, [&](int64_t k, float* dst) {
-        return k < dims.topk ? main.fetch(row, bi, k, dst)
-                             : extra.fetch(row, bi, k - dims.topk, dst);
+        return k < dims.topk ? main.fetch(bi, si, k, dst)
+                             : extra.fetch(bi, si, k - dims.topk, dst);
       });
       for (int hi = 0; hi < h; ++hi) {
         const int64_t head_row = row * h + hi;
@@ -236,13 +251,18 @@ DecodeSchedule make_decode_schedule(int b, int s_q, int h, int topk_total, int n
   // adds a combine pass. Pick the split count with the lowest cost (ties: fewer splits), never
   // more splits than tiles.
   const int64_t tiles = std::max<int64_t>(1, ceil_div(topk_total, kDecodeTile));
-  const int64_t ctas_per_split = std::max<int64_t>(1, int64_t{b} * s_q * ceil_div(h, 64));
-  int64_t wanted = 1;
+  // (In double: b * s_q * heads groups may exceed int64; the cost only ranks split counts.)
+  const double ctas_per_split =
+      std::max(1.0, static_cast<double>(b) * s_q * static_cast<double>(ceil_div(h, 64)));
+  // split_len is an int: with topk_total near INT_MAX, one split's whole tiles would not fit it.
+  const int64_t min_splits = ceil_div(tiles, INT_MAX / kDecodeTile);
+  int64_t wanted = min_splits;
   double best_cost = 1e300;
-  for (int64_t splits = 1; splits <= std::min<int64_t>(tiles, 64); ++splits) {
+  for (int64_t splits = min_splits; splits <= std::max<int64_t>(min_splits, std::min<int64_t>(tiles, 64));
+       ++splits) {
     const int64_t per_split = ceil_div(tiles, splits);
-    const int64_t waves = ceil_div(ctas_per_split * splits, num_sms);
-    const double cost = static_cast<double>(waves) * (per_split + 1.0) + (splits > 1 ? 0.5 : 0.0);
+    const double waves = std::ceil(ctas_per_split * static_cast<double>(splits) / num_sms);
+    const double cost = waves * (per_split + 1.0) + (splits > 1 ? 0.5 : 0.0);
     if (cost < best_cost - 1e-9) {
       best_cost = cost;
       wanted = splits;
@@ -251,9 +271,9 @@ DecodeSchedule make_decode_schedule(int b, int s_q, int h, int topk_total, int n
   const int64_t tiles_per_split = ceil_div(tiles, wanted);
 
   DecodeSchedule s;
-  s.split_len = static_cast<int>(tiles_per_split * kDecodeTile);
+  s.split_len = static_cast<int>(tiles_per_split * kDecodeTile);  // <= INT_MAX: see min_splits
   s.num_splits = static_cast<int>(ceil_div(tiles, tiles_per_split));  // no empty split
-  s.workspace_bytes = workspace_bytes_for(int64_t{b} * s_q, h, s.num_splits, d_v);
+  s.workspace_bytes = checked_workspace_bytes(kWhere, int64_t{b} * s_q, h, s.num_splits, d_v);
   return s;
 }
 

@@ -46,7 +46,8 @@ PrefillDims validate_prefill(const SparsePrefillArgs& a) {
   cpu::check_tensor(kOp, "kv", a.kv, DType::bf16, {-1, 1, d_qk}, dims.device,
                     cpu::Dense::last_dim);
   dims.s_kv = a.kv.shape[0];
-  cpu::check_tensor(kOp, "indices", a.indices, DType::int32, {s_q, 1, -1}, dims.device);
+  cpu::check_tensor(kOp, "indices", a.indices, DType::int32, {s_q, 1, -1}, dims.device,
+                    cpu::Dense::last_dim);
   dims.topk = a.indices.shape[2];
   if (dims.topk < 1) fail_expected(kOp, "indices.shape[2] (topk)", ">= 1", dims.topk);
   cpu::check_optional_tensor(kOp, "topk_length", a.topk_length, DType::int32, {s_q}, dims.device);
@@ -55,8 +56,10 @@ PrefillDims validate_prefill(const SparsePrefillArgs& a) {
 
   cpu::check_output_tensor(kOp, "out", a.out, DType::bf16, {s_q, h, a.d_v}, dims.device,
                            cpu::Dense::last_dim);
-  cpu::check_output_tensor(kOp, "max_logits", a.max_logits, DType::fp32, {s_q, h}, dims.device);
-  cpu::check_output_tensor(kOp, "lse", a.lse, DType::fp32, {s_q, h}, dims.device);
+  cpu::check_output_tensor(kOp, "max_logits", a.max_logits, DType::fp32, {s_q, h}, dims.device,
+                           cpu::Dense::last_dim);
+  cpu::check_output_tensor(kOp, "lse", a.lse, DType::fp32, {s_q, h}, dims.device,
+                           cpu::Dense::last_dim);
   cpu::check_outputs_disjoint(kOp, {{"out", a.out}, {"max_logits", a.max_logits}, {"lse", a.lse}},
                               {{"q", a.q}, {"kv", a.kv}, {"indices", a.indices},
                                {"topk_length", a.topk_length}, {"attn_sink", a.attn_sink}});
@@ -86,7 +89,7 @@ void sparse_prefill_cpu(const SparsePrefillArgs& a, const PrefillDims& dims) {
 #pragma omp for schedule(dynamic)
     for (int64_t t = 0; t < dims.s_q; ++t) {
       attention.set_query(q + t * a.q.strides[0], a.q.strides[1]);
-      const int32_t* idx = indices + t * dims.topk;
+      const int32_t* idx = indices + t * a.indices.strides[0];
       const int64_t counted = lengths ? lengths[t] : dims.topk;
       attention.attend(0, counted, [&](int64_t k, float* dst) {
         const int32_t row = idx[k];
@@ -99,8 +102,9 @@ void sparse_prefill_cpu(const SparsePrefillArgs& a, const PrefillDims& dims) {
       for (int hi = 0; hi < h; ++hi) {
         softmax.write_output(hi, cpu::sink_of(sink, hi),
                              out + t * a.out.strides[0] + hi * a.out.strides[1],
-                             lse + t * dims.h + hi);
-        max_logits[t * dims.h + hi] = softmax.max_logit(hi);
+                             lse + t * a.lse.strides[0] + hi * a.lse.strides[1]);
+        max_logits[t * a.max_logits.strides[0] + hi * a.max_logits.strides[1]] =
+            softmax.max_logit(hi);
       }
     }
   }

@@ -1,9 +1,13 @@
 #include "cpu/validate.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "dsv4/checked_math.h"
 
 namespace dsv4::cpu {
 
@@ -16,14 +20,12 @@ void check_dtype_in(const char* where, const char* name, const TensorView& t,
   fail_expected(where, std::string(name) + ".dtype", expected, dtype_name(t.dtype));
 }
 
-namespace {
 void check_nonnegative_strides(const char* where, const char* name, const TensorView& t) {
   for (int d = 0; d < t.ndim; ++d)
     if (t.strides[d] < 0)
       fail_expected(where, std::string(name) + ".stride(" + std::to_string(d) + ")",
                     "a non-negative stride", t.strides[d]);
 }
-}  // namespace
 
 void check_row_strided(const char* where, const char* name, const TensorView& t) {
   check_inner_contiguous(where, name, t);
@@ -49,24 +51,36 @@ void check_distinct_elements(const char* where, const char* name, const TensorVi
     if (stride < span)
       fail(where, ": ", name, ": expected an output whose elements do not overlap, got shape ",
            t.shape_str(), " with a stride of ", stride, " (< ", span, ")");
-    span = stride * (size - 1) + span;
+    const auto next = add_i64(mul_i64(stride, size - 1).value_or(INT64_MAX), span);
+    if (!next || *next == INT64_MAX)
+      fail(where, ": ", name, ": expected a view whose extent fits int64, got shape ",
+           t.shape_str());
+    span = *next;
   }
 }
 
 namespace {
-// [first byte, one past the last byte] spanned by a view with non-negative strides.
+// [first byte, one past the last byte] spanned by a view with non-negative strides, as
+// addresses. A view whose extent overflows (it cannot describe real memory) spans everything
+// from its base, so it is never taken for disjoint.
 struct ByteRange {
-  const char* begin;
-  const char* end;
+  uintptr_t begin;
+  uintptr_t end;
+  bool empty;
 };
 ByteRange byte_range(const TensorView& t) {
-  int64_t last = 0;
+  std::optional<int64_t> last = 0;
   for (int d = 0; d < t.ndim; ++d) {
-    if (t.shape[d] == 0) return {nullptr, nullptr};
-    last += (t.shape[d] - 1) * t.strides[d];
+    if (t.shape[d] == 0) return {0, 0, true};
+    if (last) last = add_i64(*last, mul_i64(t.shape[d] - 1, t.strides[d]).value_or(INT64_MAX));
   }
-  const char* base = static_cast<const char*>(t.data);
-  return {base, base + (last + 1) * static_cast<int64_t>(dtype_size(t.dtype))};
+  const auto base = reinterpret_cast<uintptr_t>(t.data);
+  const auto bytes = last ? add_i64(*last, 1) : std::nullopt;
+  const auto extent = bytes ? mul_i64(*bytes, static_cast<int64_t>(dtype_size(t.dtype)))
+                            : std::nullopt;
+  if (!extent || *extent < 0 || static_cast<uintptr_t>(*extent) > UINTPTR_MAX - base)
+    return {base, UINTPTR_MAX, false};
+  return {base, base + static_cast<uintptr_t>(*extent), false};
 }
 bool same_view(const TensorView& a, const TensorView& b) {
   if (a.data != b.data || a.dtype != b.dtype || a.ndim != b.ndim) return false;
@@ -86,25 +100,35 @@ bool uniform_rows(const TensorView& t, UniformRows& out) {
   const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
   int64_t rows = 1;
   for (int d = 0; d + 1 < t.ndim; ++d) {
-    rows *= t.shape[d];
-    if (d + 2 < t.ndim && t.shape[d] > 1 && t.strides[d] != t.shape[d + 1] * t.strides[d + 1])
+    const auto r = mul_i64(rows, t.shape[d]);
+    if (!r) return false;
+    rows = *r;
+    if (d + 2 < t.ndim && t.shape[d] > 1 &&
+        mul_i64(t.shape[d + 1], t.strides[d + 1]) != std::optional<int64_t>(t.strides[d]))
       return false;
   }
-  out = {rows, t.shape[t.ndim - 1] * elem, t.strides[t.ndim - 2] * elem};
+  const auto row_bytes = mul_i64(t.shape[t.ndim - 1], elem);
+  const auto stride_bytes = mul_i64(t.strides[t.ndim - 2], elem);
+  if (!row_bytes || !stride_bytes) return false;
+  out = {rows, *row_bytes, *stride_bytes};
   return out.stride_bytes > 0 && out.row_bytes <= out.stride_bytes;
 }
 
 // Whether two views may share a byte: their byte ranges intersect and, when both are uniform
 // rows with the same stride, their column windows (offsets modulo the stride) intersect too.
 bool may_overlap(const TensorView& a, const TensorView& b) {
+  if (!a.defined() || !b.defined()) return false;
   const ByteRange ra = byte_range(a), rb = byte_range(b);
-  if (ra.begin == nullptr || rb.begin == nullptr) return false;
+  if (ra.empty || rb.empty) return false;
   if (!(ra.begin < rb.end && rb.begin < ra.end)) return false;
   UniformRows ua{}, ub{};
   if (!uniform_rows(a, ua) || !uniform_rows(b, ub) || ua.stride_bytes != ub.stride_bytes)
     return true;
   const int64_t s = ua.stride_bytes;
-  const int64_t oa = (((ra.begin - rb.begin) % s) + s) % s;  // a's window start relative to b's
+  // a's window start relative to b's, modulo the common row stride.
+  const uintptr_t delta = ra.begin >= rb.begin ? ra.begin - rb.begin : rb.begin - ra.begin;
+  const int64_t rem = static_cast<int64_t>(delta % static_cast<uintptr_t>(s));
+  const int64_t oa = ra.begin >= rb.begin ? rem : (s - rem) % s;
   // b covers [0, ub.row_bytes), a covers [oa, oa + ua.row_bytes) modulo s.
   return oa < ub.row_bytes || oa + ua.row_bytes > s;
 }
@@ -146,7 +170,7 @@ int64_t check_activation_scale(const char* where, const char* x_name, const Tens
   check_dtype_in(where, scale_name, scale, {DType::ue8m0, DType::fp32});
   check_ndim(where, scale_name, scale, 2);
   check_dim(where, scale_name, scale, 0, x.shape[0]);
-  check_row_strided(where, scale_name, scale);
+  check_nonnegative_strides(where, scale_name, scale);  // any layout: the CUDA GEMMs take [blocks, rows] transposed
   const int64_t cols = x.shape[1], blocks = scale.shape[1];
   for (int64_t block : {int64_t{128}, int64_t{64}})
     if (cols % block == 0 && blocks * block == cols) return block;

@@ -13,6 +13,9 @@ namespace dsv4::cpu {
 void check_dtype_in(const char* where, const char* name, const TensorView& t,
                     std::initializer_list<DType> allowed);
 
+// Every stride >= 0 (any layout, e.g. a transposed view).
+void check_nonnegative_strides(const char* where, const char* name, const TensorView& t);
+
 // Row-strided layout the CPU kernels accept: last dim contiguous (stride 1), every stride >= 0.
 // Leading dims may be padded or sliced (e.g. a column range of a wider matrix).
 void check_row_strided(const char* where, const char* name, const TensorView& t);
@@ -39,8 +42,8 @@ void check_outputs_disjoint(const char* where, std::initializer_list<NamedView> 
                             std::initializer_list<NamedView> inputs);
 
 // Scales of a quantized activation x [rows, cols]: when x is fp8_e4m3, `scale` must be
-// [rows, cols / block] (ue8m0 or fp32) with block 64 or 128 — the block is returned; for a
-// bf16/fp32 x, `scale` must be undefined and 0 is returned.
+// [rows, cols / block] (ue8m0 or fp32, any non-negative strides) with block 64 or 128 — the block
+// is returned; for a bf16/fp32 x, `scale` must be undefined and 0 is returned.
 int64_t check_activation_scale(const char* where, const char* x_name, const TensorView& x,
                                const char* scale_name, const TensorView& scale);
 

@@ -4,7 +4,9 @@
 //     ─► [compressor ─► compressed cache; C4A: indexer top-k; C128A: all entries]
 //     ─► decodes: sparse_decode over (SWA window | compressed entries) read from the FP8 caches
 //     ─► prefills: gather (compressed | SWA) into a bf16 workspace, sparse_prefill
-//     ─► inverse RoPE ─► FP8 act quant ─► grouped wo_a ─► wo_b ─► y
+//     ─► inverse RoPE + FP8 act quant (one pass) ─► grouped wo_a ─► wo_b ─► y
+// Projections with FP8 weights take FP8 inputs (per token and 128 columns, UE8M0), as DeepSeek's
+// Linear does: x is quantized once for wq_a and wkv, the q norm writes the FP8 q for wq_b.
 #include "dsv4/layer.h"
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include "dsv4/status.h"
 #include "layer/compressed_scope.h"
 #include "layer/decode_graphs.h"
+#include "layer/gemm_input.h"
 #include "layer/layer_weights.h"
 #include "layer/scratch.h"
 #include "layer/step_upload.h"
@@ -35,6 +38,18 @@ TensorView reshape(const TensorView& t, std::initializer_list<int64_t> dims) {
   TensorView v(t.data, t.dtype, dims, t.device);
   DSV4_CHECK(v.numel() == t.numel(), "reshape: ", t.shape_str(), " -> ", v.shape_str());
   return v;
+}
+
+// The CUDA GEMMs multiply FP8 weights on FP8 tensor cores, which take FP8 inputs only.
+void check_cuda_fp8_inputs(const LayerWeightViews& wv, const AttentionOptions& opts) {
+  const bool fp8_projection = wv.wq_a.fp8() || wv.wkv.fp8() || wv.wq_b.fp8() || wv.wo_b.fp8() ||
+                              (wv.indexer && wv.indexer->wq_b.fp8());
+  if (fp8_projection && !opts.fp8_gemm_activations)
+    fail("Attention: fp8_gemm_activations: expected true on the CUDA backend for a checkpoint with FP8 "
+         "projection weights (FP8 tensor cores take FP8 inputs), got false; use Backend::cpu");
+  if (wv.wo_a.fp8() && !opts.fp8_activations)
+    fail("Attention: fp8_activations: expected true on the CUDA backend for a checkpoint with an FP8 "
+         "wo_a (FP8 tensor cores take FP8 inputs), got false; use Backend::cpu");
 }
 
 }  // namespace
@@ -82,8 +97,9 @@ struct Attention::Impl {
   void forward(const BatchPlan& plan, const TensorView& x, const TensorView& y);
   // Marks the start of the named op's launches for the optional per-op timer.
   void op(const char* name) const {
-    if (opts.op_timer) opts.op_timer->begin(name, opts.stream);
+    if (timing()) opts.op_timer->begin(name, opts.stream);
   }
+  bool timing() const { return opts.op_timer != nullptr && opts.op_timer->active(); }
   // Whether this step runs as a replayed CUDA graph: a decode-only step on CUDA, with graphs on,
   // nobody capturing the stream already (a caller's torch.cuda.graph captures the eager path)
   // and no per-op timer.
@@ -145,6 +161,11 @@ struct Attention::Impl {
   void attend_prefills(const Step& st);
   // 8–9. Inverse RoPE, FP8 activation quant, grouped wo_a, wo_b → y.
   void project_output(const Step& st, const TensorView& y);
+
+  // Whether a projection's input is quantized to FP8 (its weight is FP8 and the options say so).
+  bool fp8_input(const WeightView& w) const { return w.fp8() && opts.fp8_gemm_activations; }
+  // The cuBLASLt workspace of this forward's projections (CUDA; none on the CPU).
+  TensorView gemm_workspace;
 };
 
 Attention::Attention(const ModelConfig& cfg, int layer, AttentionWeights weights,
@@ -169,6 +190,7 @@ Attention::Attention(const ModelConfig& cfg, int layer, AttentionWeights weights
   cache_opts.device = m.device;
   m.caches = make_layer_caches(cfg, m.kind, cache_opts);
   m.weights = std::make_unique<LayerWeightStore>(m.w, m.device);
+  if (m.device == Device::cuda) check_cuda_fp8_inputs(m.weights->views(), opts);
   m.scratch = Scratch(m.device, opts.stream);
   m.upload = StepUpload(m.device);
   m.rope = cfg.rope_for_layer(layer);
@@ -331,6 +353,11 @@ Attention::Impl::WorkspaceBound Attention::Impl::workspace_bound(int64_t max_tok
   const int64_t groups = (R + group - 1) / group;
   bytes += 4 * T * (K + W + 1 + 2 * H) + 4 * groups * 256;
   tensors += 4 * groups;
+  // FP8 GEMM inputs (x, the normed q, z: codes + 1x128 scales) and the GEMMs' workspace.
+  add(T * cfg.dim + 4 * T * (cfg.dim / 128 + 1));
+  add(T * cfg.q_lora_rank + 4 * T * (cfg.q_lora_rank / 128 + 1));
+  add(T * cfg.o_groups * cfg.o_lora_rank + 4 * T * (cfg.o_groups * cfg.o_lora_rank / 128 + 1));
+  if (device == Device::cuda) add(kGemmWorkspaceBytes);
   // Output path.
   add(4 * T * cfg.o_groups * cfg.o_lora_rank);  // z
   add(T * HD);                                  // o fp8
@@ -355,7 +382,7 @@ Attention::Impl::WorkspaceBound Attention::Impl::workspace_bound(int64_t max_tok
 }
 
 bool Attention::Impl::graph_step(const BatchPlan& plan) const {
-  return device == Device::cuda && opts.cuda_graphs && opts.op_timer == nullptr &&
+  return device == Device::cuda && opts.cuda_graphs && !timing() &&
          plan.num_decodes == plan.num_requests() && plan.num_tokens() <= kMaxGraphTokens &&
          !rt::is_capturing(opts.stream);
 }
@@ -532,25 +559,38 @@ void Attention::Impl::launch(const StepPlan& sp, const TensorView& x, const Tens
   const LayerWeightViews& wv = weights->views();
   Scratch& ws = scratch;
   const TensorView cos_sin_v = rope_table();
+  gemm_workspace = device == Device::cuda ? ws.tensor(DType::uint8, {kGemmWorkspaceBytes}) : TensorView{};
 
-  // 1–3. Projections and norms.
+  // 1–3. Projections and norms. x is quantized once for both projections that read it; the q
+  // norm writes the FP8 q (for FP8 wq_b / indexer wq_b) and the bf16 one only if a reader needs it.
+  op("wq_a");  // (x's FP8 quantization counts to wq_a, the first projection reading it)
+  const GemmInput xin = make_gemm_input(x, fp8_input(wv.wq_a) || fp8_input(wv.wkv), ws, stream);
   TensorView qr = ws.tensor(DType::fp32, {T, cfg.q_lora_rank});
   TensorView kv_raw = ws.tensor(DType::fp32, {T, D});
-  op("wq_a");
-  linear(x, {}, wv.wq_a.value, wv.wq_a.scale, qr, stream);
+  const auto [xa, xa_scale] = xin.for_weight(wv.wq_a);
+  linear(xa, xa_scale, wv.wq_a.value, wv.wq_a.scale, qr, gemm_workspace, stream);
   op("wkv");
-  linear(x, {}, wv.wkv.value, wv.wkv.scale, kv_raw, stream);
-  TensorView qr_n = ws.tensor(DType::bf16, {T, cfg.q_lora_rank});
+  const auto [xkv, xkv_scale] = xin.for_weight(wv.wkv);
+  linear(xkv, xkv_scale, wv.wkv.value, wv.wkv.scale, kv_raw, gemm_workspace, stream);
+  const WeightView* iwq_b = wv.indexer ? &wv.indexer->wq_b : nullptr;
+  const bool qr_fp8 = fp8_input(wv.wq_b) || (iwq_b && fp8_input(*iwq_b));
+  const bool qr_dense = !fp8_input(wv.wq_b) || (iwq_b && !fp8_input(*iwq_b));
+  GemmInput qr_n;
+  if (qr_dense) qr_n.dense = ws.tensor(DType::bf16, {T, cfg.q_lora_rank});
+  if (qr_fp8) {
+    qr_n.fp8 = ws.tensor(DType::fp8_e4m3, {T, cfg.q_lora_rank});
+    qr_n.scale = act_scale_tensor(ws, T, cfg.q_lora_rank / 128);
+  }
   TensorView kv = ws.tensor(DType::bf16, {T, D});
   op("qkv_norm");
-  fused_qkv_rms_norm(qr, wv.q_norm, kv_raw, wv.kv_norm, eps, qr_n, kv, stream);
+  fused_qkv_rms_norm(qr, wv.q_norm, kv_raw, wv.kv_norm, eps, qr_n.dense, kv, qr_n.fp8, qr_n.scale, stream);
   // 6. The compressed half (compressor, and the indexer for C4A) reads only x, qr_n and the plan:
   // it runs on a side stream beside wq_b and the insert (as the V4 wrapper overlaps them), and
   // attention waits for both. Serial when an op timer attributes time per op.
   const TensorView positions = upload.view(sp.positions);
   const TensorView token_to_req = upload.view(sp.token_to_req);
   CompressedIndices cidx;
-  const bool overlap = compressed && device == Device::cuda && opts.op_timer == nullptr;
+  const bool overlap = compressed && device == Device::cuda && !timing();
   if (compressed) {
     Stream cs = stream;
     if (overlap) {
@@ -566,7 +606,8 @@ void Attention::Impl::launch(const StepPlan& sp, const TensorView& x, const Tens
 
   TensorView q = ws.tensor(DType::bf16, {T, H, D});
   op("wq_b");
-  linear(qr_n, {}, wv.wq_b.value, wv.wq_b.scale, reshape(q, {T, int64_t{H} * D}), stream);
+  const auto [qa, qa_scale] = qr_n.for_weight(wv.wq_b);
+  linear(qa, qa_scale, wv.wq_b.value, wv.wq_b.scale, reshape(q, {T, int64_t{H} * D}), gemm_workspace, stream);
 
   // 4–5. q head-norm + RoPE, kv RoPE + quant + insert into the SWA slots.
   op("qnorm_rope_kv_insert");
@@ -579,7 +620,7 @@ void Attention::Impl::launch(const StepPlan& sp, const TensorView& x, const Tens
   if (sp.nd > 0) attend_decodes(st);
   if (!sp.prefill_groups.empty()) attend_prefills(st);
   project_output(st, y);
-  if (opts.op_timer) opts.op_timer->end(stream);
+  if (timing()) opts.op_timer->end(stream);
 }
 
 void Attention::Impl::attend_decodes(const Step& st) {
@@ -680,36 +721,43 @@ void Attention::Impl::project_output(const Step& st, const TensorView& y) {
   const LayerWeightViews& wv = weights->views();
   Scratch& ws = scratch;
   const TensorView& o = st.o;
-  op("inverse_rope");
-  apply_rope(o, st.positions, st.cos_sin, /*inverse=*/true, o, stream);
+
   const int64_t HD = int64_t{H} * D;
-  // The CPU keeps the low-rank z in fp32; the CUDA GEMMs take bf16 operands, so there z is bf16
-  // (as DeepSeek's inference code stores it).
-  const DType z_dtype = device == Device::cuda ? DType::bf16 : DType::fp32;
+  // z is bf16 where the GEMMs need it (CUDA's bf16 GEMMs; an FP8 wo_b's input is quantized from
+  // the bf16 z, as DeepSeek's inference code stores it); the CPU keeps it in fp32 otherwise.
+  const bool z_fp8 = fp8_input(wv.wo_b);
+  const DType z_dtype = device == Device::cuda || z_fp8 ? DType::bf16 : DType::fp32;
   TensorView z = ws.tensor(z_dtype, {T, int64_t{cfg.o_groups} * cfg.o_lora_rank});
-  TensorView o2 = reshape(o, {T, HD});
   if (opts.fp8_activations) {
+    // Inverse RoPE and the FP8 quantization of o in one pass. The scales take the FP8 GEMMs'
+    // layout when wo_a is FP8; a bf16 wo_a on CUDA gets o dequantized back to bf16 (exact), which
+    // reads row-major scales.
+    const bool wo_a_fp8 = wv.wo_a.fp8();
     TensorView oq = ws.tensor(DType::fp8_e4m3, {T, HD});
-    TensorView oscale = ws.tensor(DType::fp32, {T, HD / 128});
-    op("act_quant");
-    quantize_act_fp8(o2, 128, oq, oscale, stream);
-    if (device == Device::cuda) {
-      // fp8 · 2^k is exact in bf16: the bf16 GEMM sees exactly the quantized activations.
+    TensorView oscale = wo_a_fp8 || device == Device::cpu ? act_scale_tensor(ws, T, HD / 128)
+                                                          : ws.tensor(DType::fp32, {T, HD / 128});
+    op("inv_rope_fp8_quant");
+    inv_rope_fp8_quant(o, st.positions, st.cos_sin, 128, oq, oscale, stream);
+    if (device == Device::cuda && !wo_a_fp8) {
       TensorView o_deq = ws.tensor(DType::bf16, {T, HD});
       op("act_dequant");
       dequantize_fp8_blocks(oq, oscale, 1, 128, o_deq, stream);
       op("wo_a");
-      grouped_wo_a(o_deq, {}, wv.wo_a.value, wv.wo_a.scale, z, stream);
+      grouped_wo_a(o_deq, {}, wv.wo_a.value, wv.wo_a.scale, z, gemm_workspace, stream);
     } else {
       op("wo_a");
-      grouped_wo_a(oq, oscale, wv.wo_a.value, wv.wo_a.scale, z, stream);
+      grouped_wo_a(oq, oscale, wv.wo_a.value, wv.wo_a.scale, z, gemm_workspace, stream);
     }
   } else {
+    op("inverse_rope");
+    apply_rope(o, st.positions, st.cos_sin, /*inverse=*/true, o, stream);
     op("wo_a");
-    grouped_wo_a(o2, {}, wv.wo_a.value, wv.wo_a.scale, z, stream);
+    grouped_wo_a(reshape(o, {T, HD}), {}, wv.wo_a.value, wv.wo_a.scale, z, gemm_workspace, stream);
   }
   op("wo_b");
-  linear(z, {}, wv.wo_b.value, wv.wo_b.scale, y, stream);
+  const GemmInput zin = make_gemm_input(z, z_fp8, ws, stream);
+  const auto [zb, zb_scale] = zin.for_weight(wv.wo_b);
+  linear(zb, zb_scale, wv.wo_b.value, wv.wo_b.scale, y, gemm_workspace, stream);
 }
 
 }  // namespace dsv4

@@ -1,24 +1,53 @@
 #include "dsv4/batch.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <set>
+#include <string>
+#include <vector>
 
+#include "dsv4/checked_math.h"
 #include "dsv4/status.h"
 
 namespace dsv4 {
 
-BatchPlan BatchPlan::make(std::vector<RequestStep> steps) {
+int64_t BatchPlan::count_tokens(const std::vector<RequestStep>& steps) {
+  constexpr const char* kWhere = "BatchPlan";
   std::set<int64_t> seen;
+  int64_t tokens = 0;
   for (const RequestStep& s : steps) {
-    if (s.num_new < 1) fail_expected("BatchPlan", "num_new of request " + std::to_string(s.req_id), ">= 1", s.num_new);
-    if (s.context < 0) fail_expected("BatchPlan", "context of request " + std::to_string(s.req_id), ">= 0", s.context);
-    if (!seen.insert(s.req_id).second) fail("BatchPlan: request ", s.req_id, " appears twice in one step");
+    const std::string req = "request " + std::to_string(s.req_id);
+    if (s.num_new < 1) fail_expected(kWhere, "num_new of " + req, ">= 1", s.num_new);
+    if (s.context < 0) fail_expected(kWhere, "context of " + req, ">= 0", s.context);
+    if (!add_i64(s.context, s.num_new))
+      fail(kWhere, ": context + num_new of ", req, ": ", s.context, " + ", s.num_new,
+           " overflows int64");
+    if (!seen.insert(s.req_id).second) fail(kWhere, ": request ", s.req_id, " appears twice in one step");
+    // query_start_loc is int32: the step's tokens must fit it.
+    const auto sum = add_i64(tokens, s.num_new);
+    if (!sum || *sum > INT32_MAX)
+      fail(kWhere, ": tokens of one step: expected <= ", INT32_MAX, " (int32 offsets), got more at ",
+           req, " (num_new ", s.num_new, ")");
+    tokens = *sum;
   }
-  std::stable_partition(steps.begin(), steps.end(), [](const RequestStep& s) { return s.is_decode(); });
+  return tokens;
+}
+
+std::vector<int> BatchPlan::kernel_order(const std::vector<RequestStep>& steps) {
+  std::vector<int> order(steps.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::stable_partition(order.begin(), order.end(), [&](int i) { return steps[i].is_decode(); });
+  return order;
+}
+
+BatchPlan BatchPlan::make(std::vector<RequestStep> steps) {
+  const int64_t tokens = count_tokens(steps);
   BatchPlan plan;
-  plan.requests = std::move(steps);
+  for (int i : kernel_order(steps)) plan.requests.push_back(steps[i]);
   plan.num_decodes = static_cast<int>(std::count_if(plan.requests.begin(), plan.requests.end(),
                                                     [](const RequestStep& s) { return s.is_decode(); }));
+  plan.positions.reserve(static_cast<size_t>(tokens));
+  plan.token_to_req.reserve(static_cast<size_t>(tokens));
   plan.query_start_loc.push_back(0);
   for (int r = 0; r < plan.num_requests(); ++r) {
     const RequestStep& s = plan.requests[r];

@@ -117,7 +117,7 @@ void CompressedScope::compress(const CompressorConfig& ccfg, const CompressorWei
 }
 
 CompressedIndices CompressedScope::launch(const CompressedPlan& p, const StepUpload& upload,
-                                          const TensorView& x, const TensorView& qr_n,
+                                          const TensorView& x, const GemmInput& qr_n,
                                           const TensorView& positions,
                                           const TensorView& token_to_req,
                                           const TensorView& cos_sin, Scratch& scratch,
@@ -160,8 +160,9 @@ CompressedIndices CompressedScope::launch(const CompressedPlan& p, const StepUpl
   TensorView query_ws = scratch.tensor(
       DType::uint8, {std::max<int64_t>(indexer_query_workspace_bytes(T, HI, cfg_.index_head_dim), 1)});
   op("indexer_query");
-  indexer_query(qr_n, iw.wq_b.value, iw.wq_b.scale, x, iw.weights_proj.value, positions, cos_sin,
-                q_fp8, q_scale, weights, query_ws, stream);
+  const auto [qr, qr_scale] = qr_n.for_weight(iw.wq_b);
+  indexer_query(qr, qr_scale, iw.wq_b.value, iw.wq_b.scale, x, iw.weights_proj.value, positions,
+                cos_sin, q_fp8, q_scale, weights, query_ws, stream);
   TensorView scores = scratch.tensor(DType::fp32, {T, p.score_cols});
   op("indexer_scores");
   indexer_scores(q_fp8, q_scale, weights, positions, token_to_req,

@@ -16,6 +16,7 @@
 #include "dsv4/config.h"
 #include "dsv4/paged_cache.h"
 #include "dsv4/tensor.h"
+#include "layer/gemm_input.h"
 #include "layer/layer_weights.h"
 #include "layer/scratch.h"
 #include "layer/step_upload.h"
@@ -59,11 +60,12 @@ class CompressedScope {
   CompressedPlan plan(const BatchPlan& plan, const std::vector<int64_t>& req_ids, int64_t rows,
                       StepUpload& upload, bool round);
 
-  // The kernels of the step (x [T, dim], qr_n [T, q_lora] the normed low-rank query, positions
-  // [T] int64, token_to_req [T] int32, cos_sin the layer's RoPE table, all on the scratch's
-  // device), after upload.commit(). Temporaries and results live in `scratch`.
+  // The kernels of the step (x [T, dim], qr_n [T, q_lora] the normed low-rank query in the
+  // form(s) the indexer's wq_b takes, positions [T] int64, token_to_req [T] int32, cos_sin the
+  // layer's RoPE table, all on the scratch's device), after upload.commit(). Temporaries and
+  // results live in `scratch`.
   CompressedIndices launch(const CompressedPlan& plan, const StepUpload& upload,
-                           const TensorView& x, const TensorView& qr_n,
+                           const TensorView& x, const GemmInput& qr_n,
                            const TensorView& positions, const TensorView& token_to_req,
                            const TensorView& cos_sin, Scratch& scratch, Stream stream,
                            const std::function<void(const char*)>& mark_op = {});

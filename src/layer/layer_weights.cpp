@@ -15,24 +15,34 @@ LayerWeightStore::LayerWeightStore(const AttentionWeights& w, Device device) : d
   v.kv_norm = plain(w.kv_norm);
   v.attn_sink = plain(w.attn_sink);
   auto compressor = [&](const CompressorWeights& c) {
-    return CompressorWeightViews{gemm_weight(c.wkv), gemm_weight(c.wgate), plain(c.ape),
+    return CompressorWeightViews{gemm_weight(c.wkv, false), gemm_weight(c.wgate, false), plain(c.ape),
                                  plain(c.norm)};
   };
   if (w.compressor) v.compressor = compressor(*w.compressor);
   if (w.indexer)
     v.indexer = IndexerWeightViews{gemm_weight(w.indexer->wq_b),
-                                   gemm_weight(w.indexer->weights_proj),
+                                   gemm_weight(w.indexer->weights_proj, false),
                                    compressor(w.indexer->compressor)};
 }
 
-TensorView LayerWeightStore::plain(const HostTensor& t) {
-  if (device_ == Device::cpu || !t.view().defined()) return t.view();
+TensorView LayerWeightStore::own(const HostTensor& t) {
   owned_.push_back(DeviceTensor::from_host(t));
   return owned_.back().view();
 }
 
-WeightView LayerWeightStore::gemm_weight(const Weight& w) {
+TensorView LayerWeightStore::plain(const HostTensor& t) {
+  if (device_ == Device::cpu || !t.view().defined()) return t.view();
+  return own(t);
+}
+
+WeightView LayerWeightStore::gemm_weight(const Weight& w, bool keep_fp8) {
   if (device_ == Device::cpu) return WeightView{w.value.view(), w.scale.view()};
+  if (w.quantized() && keep_fp8) {
+    // The fp32 scales in cuBLASLt's layout; the view keeps the grid's shape over padded rows.
+    TensorView scale = own(cuda_weight_scale(w));
+    scale.shape[scale.ndim - 1] = w.scale.shape().back();
+    return WeightView{own(w.value), scale};
+  }
   HostTensor bf16;
   if (w.quantized()) {
     // 128×128 blocks over the last two dims (wo_a is [G, L, H·D/G] with per-group blocks).
@@ -41,8 +51,7 @@ WeightView LayerWeightStore::gemm_weight(const Weight& w) {
   } else {
     bf16 = HostTensor::copy_of(w.value, DType::bf16);
   }
-  owned_.push_back(DeviceTensor::from_host(bf16));
-  return WeightView{owned_.back().view(), {}};
+  return WeightView{own(bf16), {}};
 }
 
 int64_t LayerWeightStore::bytes() const {

@@ -213,14 +213,23 @@ std::vector<double> reference_attention_layer(const ModelConfig& cfg, int layer,
   X.cols = dim;
   X.a = x;
 
+  // The input of a projection as it reads it: with an FP8 weight (and fp8_gemm_activations), the
+  // rows FP8-rounded per 128 columns as the production Linear quantizes them.
+  const auto gemm_input = [&](const Mat& A, const Weight& wt) {
+    if (!opts.fp8_gemm_activations || !wt.quantized()) return A;
+    Mat q = A;
+    for (int64_t r = 0; r < q.rows; ++r) fp8_round(&q.a[r * q.cols], q.cols, 128);
+    return q;
+  };
+
   // Projections of every position (batched; see gemm_t), then the per-row norms and roundings.
-  Mat QR = project(X, to_mat(w.wq_a));
+  Mat QR = project(gemm_input(X, w.wq_a), to_mat(w.wq_a));
   for (int64_t p = 0; p < L; ++p) {
     rmsnorm(&QR.a[p * QR.cols], cfg.q_lora_rank, &q_norm, eps);
     bf16_round(&QR.a[p * QR.cols], cfg.q_lora_rank);
   }
-  Mat Q = project(QR, to_mat(w.wq_b));  // [L, H*D]
-  Mat KV = project(X, to_mat(w.wkv));   // [L, D]
+  Mat Q = project(gemm_input(QR, w.wq_b), to_mat(w.wq_b));  // [L, H*D]
+  Mat KV = project(gemm_input(X, w.wkv), to_mat(w.wkv));    // [L, D]
   for (int64_t p = 0; p < L; ++p) {
     double* q = &Q.a[p * Q.cols];
     bf16_round(q, H * D);
@@ -242,7 +251,7 @@ std::vector<double> reference_attention_layer(const ModelConfig& cfg, int layer,
   if (ratio > 0) comp = std::make_unique<Compressor>(*w.compressor, ratio, static_cast<int>(D), X);
   if (ratio == 4) {
     icomp = std::make_unique<Compressor>(w.indexer->compressor, 4, dI, X);
-    QI = project(QR, to_mat(w.indexer->wq_b));  // [L, HI*dI]
+    QI = project(gemm_input(QR, w.indexer->wq_b), to_mat(w.indexer->wq_b));  // [L, HI*dI]
     WTS = project(X, to_mat(w.indexer->weights_proj));
     for (int64_t p = 0; p < L; ++p) {
       for (int h = 0; h < HI; ++h) {
@@ -349,7 +358,8 @@ std::vector<double> reference_attention_layer(const ModelConfig& cfg, int layer,
   Z.a.resize(static_cast<size_t>(L * G * Lo));
   for (int64_t g = 0; g < G; ++g)
     gemm_t(O.a.data() + g * gw, O.cols, L, wo_a.row(g * Lo), wo_a.cols, Lo, gw, Z.a.data() + g * Lo, Z.cols);
-  Mat Y = project(Z, to_mat(w.wo_b));
+  if (opts.fp8_gemm_activations && w.wo_b.quantized()) bf16_round(Z.a.data(), L * G * Lo);  // z is bf16
+  Mat Y = project(gemm_input(Z, w.wo_b), to_mat(w.wo_b));
   std::vector<double> y = std::move(Y.a);
   return y;
 }

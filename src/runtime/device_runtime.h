@@ -30,7 +30,9 @@ class PinnedBuffer {
 // exactly the work before it.
 class Event {
  public:
-  Event();  // created on first record(); a default Event is "already complete"
+  // Created on first record(); a default Event is "already complete". `timing`: the event also
+  // carries a time stamp (elapsed_ms).
+  explicit Event(bool timing = false);
   ~Event();
   Event(Event&& other) noexcept;
   Event& operator=(Event&& other) noexcept;
@@ -42,10 +44,13 @@ class Event {
   void wait_host() const;
   // Makes `stream` wait (on the device) for the recorded work.
   void make_wait(Stream stream) const;
+  // Milliseconds between two recorded timing events (waits for `end`).
+  static float elapsed_ms(const Event& start, const Event& end);
 
  private:
   void* event_ = nullptr;  // cudaEvent_t
   bool recorded_ = false;
+  bool timing_ = false;
 };
 
 // A stream of our own (non-blocking with respect to the legacy default stream): graph capture

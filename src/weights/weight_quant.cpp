@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "dsv4/ops.h"
 #include "dsv4/weights.h"
 #include "weights/weights_detail.h"
 
@@ -133,6 +134,28 @@ HostTensor dequantize_weight(const Weight& w) {
       dst[i] = v;
     }
   }
+  return out;
+}
+
+HostTensor cuda_weight_scale(const Weight& w) {
+  const char* where = "cuda_weight_scale";
+  if (!w.quantized() || w.value.dtype() != DType::fp8_e4m3)
+    fail(where, ": expected an fp8_e4m3 weight with block scales, got ", dtype_name(w.value.dtype()),
+         w.quantized() ? " with a scale" : " without a scale");
+  const std::vector<int64_t> grid = weight_scale_shape(w.value.shape());
+  if (w.scale.shape() != grid)
+    fail_expected(where, "scale.shape", weights_detail::shape_text(grid),
+                  weights_detail::shape_text(w.scale.shape()));
+  if (w.scale.dtype() != DType::ue8m0 && w.scale.dtype() != DType::fp32)
+    fail_expected(where, "scale.dtype", "ue8m0 or fp32", dtype_name(w.scale.dtype()));
+  const int64_t cols = grid.back(), padded = fp8_weight_scale_row_stride(w.value.shape().back());
+  std::vector<int64_t> dims = grid;
+  dims.back() = padded;
+  HostTensor out(DType::fp32, dims);
+  const int64_t rows = w.scale.numel() / cols;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < padded; ++c)  // padding: 1.0, a harmless scale should anything read it
+      out.data<float>()[r * padded + c] = c < cols ? w.scale.get(r * cols + c) : 1.0f;
   return out;
 }
 

@@ -33,17 +33,23 @@ inline int spec_dim(KvLayout layout) { return layout == KvLayout::v32_fp8 ? 576 
 
 // A paged cache whose every byte starts as 0xFF (NaN in fp8, bf16 and ue8m0 alike): a token
 // becomes readable only when fill_token writes it, so a read of anything else shows as NaN.
+// block_stride (bytes, 0 = the block bytes): blocks that far apart, as FlashMLA's and vLLM's
+// padded caches have; the padding stays NaN bytes, so reading it shows too.
 class TestCache {
  public:
-  TestCache(KvLayout layout, int block_size, int64_t num_blocks, float tensor_scale = 1.0f)
+  TestCache(KvLayout layout, int block_size, int64_t num_blocks, float tensor_scale = 1.0f,
+            int64_t block_stride = 0)
       : layout_(layout), block_size_(block_size), block_bytes_(spec_block_bytes(layout, block_size)),
-        tensor_scale_(tensor_scale), data_(DType::uint8, {num_blocks, block_bytes_}) {
+        block_stride_(block_stride > 0 ? block_stride : block_bytes_), tensor_scale_(tensor_scale),
+        data_(DType::uint8, {num_blocks, block_stride_}) {
     data_.fill_bytes(0xFF);
   }
 
+  // uint8 [num_blocks, block_bytes] with the block stride.
   KvCacheView view() const {
     KvCacheView v;
     v.data = data_.view();
+    v.data.shape[1] = block_bytes_;
     v.layout = layout_;
     v.block_size = block_size_;
     v.tensor_scale = tensor_scale_;
@@ -51,6 +57,8 @@ class TestCache {
   }
   int64_t num_slots() const { return data_.shape()[0] * block_size_; }
   int dim() const { return spec_dim(layout_); }
+  int64_t block_stride() const { return block_stride_; }
+  // Every byte, padding included: [num_blocks, block_stride].
   const HostTensor& bytes() const { return data_; }
 
   // Writes random bytes for one token: fp8 codes of N(0, 8²) (never NaN), power-of-two scales
@@ -135,7 +143,7 @@ class TestCache {
 
  private:
   uint8_t* block_ptr(int64_t slot) const {
-    return data_.data<uint8_t>() + (slot / block_size_) * block_bytes_;
+    return data_.data<uint8_t>() + (slot / block_size_) * block_stride_;
   }
   static void put_u16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
   static uint16_t get_u16(const uint8_t* p) {
@@ -146,7 +154,7 @@ class TestCache {
 
   KvLayout layout_;
   int block_size_;
-  int64_t block_bytes_;
+  int64_t block_bytes_, block_stride_;
   float tensor_scale_;
   HostTensor data_;
 };

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -82,10 +83,13 @@ class LayerTest : public ::testing::TestWithParam<LayerCase> {
 // so the indexer's top-16 is a real selection).
 // The reference rounds where the batched path stores bf16 / FP8, so what remains is fp32-vs-double
 // accumulation, which only rarely moves a value across a bf16 or FP8 rounding boundary. Most
-// tokens agree to ~1e-6; a token where such a flip happens in the FP8 quantization of o before
-// wo_a (one element moves by an FP8 ulp, 6-12 %) reaches ~1e-2 of the row max. So: every token
-// under 2e-2, and the median token under 1e-4 — a real error (a wrong sink, scope or position)
-// moves every token, not a few.
+// tokens agree to ~1e-7; a token where such a flip happens in an FP8 quantization — of o before
+// wo_a, or of the input of an FP8-weight projection (qr before wq_b, z before wo_b) — moves by
+// ~1e-2 of the row max, and a flip in a cached KV row moves the tokens of its SWA window alike
+// (measured: max 3.2e-2 over 16 consecutive C128A tokens, 2.2e-2 for C4A, 99% of tokens
+// under 2.5e-2, median 4e-8). So: every token under 5e-2 (`dsv4 run --check`'s bound), and the
+// median token under 1e-4 — a real error (a wrong sink, scope, position or scale) moves every
+// token, not a few.
 TEST_P(LayerTest, MatchesFloat64Reference) {
   const int L = 300;
   const Outputs got = run_request(cfg, GetParam().layer, L, L);
@@ -103,9 +107,13 @@ TEST_P(LayerTest, MatchesFloat64Reference) {
     ASSERT_FALSE(std::isnan(e)) << "position " << p;
     errs.push_back(e);
   }
+  std::vector<double> sorted = errs;
+  std::sort(sorted.begin(), sorted.end());
+  std::printf("  median %.3e, p90 %.3e, p99 %.3e, max %.3e\n", sorted[sorted.size() / 2],
+              sorted[sorted.size() * 9 / 10], sorted[sorted.size() * 99 / 100], sorted.back());
   std::sort(errs.begin(), errs.end());
   RecordProperty("max_rel_err", std::to_string(errs.back()));
-  EXPECT_LT(errs.back(), 2e-2);
+  EXPECT_LT(errs.back(), 5e-2);
   EXPECT_LT(errs[errs.size() / 2], 1e-4);
 }
 

@@ -49,7 +49,7 @@ TEST_P(IndexerQuery, MatchesFloat64RopeHadamardFp8) {
   q_scale.fill_bytes(0xFF);
   w.fill_bytes(0xFF);
   const HostTensor cos_sin = build_rope_cache(kRope, 256);
-  indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w, {});
+  indexer_query(qr, {}, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w, {});
 
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t h = 0; h < H; ++h) {
@@ -93,35 +93,35 @@ TEST(IndexerQueryErrors, BadInputWritesNothing) {
   const HostTensor cos_sin = build_rope_cache(kRope, 4);
   const auto q0 = bytes_of(q_fp8), s0 = bytes_of(q_scale), w0 = bytes_of(w);
   dense_test::expect_error(
-      [&] { indexer_query(qr, wq_b, {}, x, wp_bad, pos, cos_sin, q_fp8, q_scale, w, {}); },
+      [&] { indexer_query(qr, {}, wq_b, {}, x, wp_bad, pos, cos_sin, q_fp8, q_scale, w, {}); },
       {"weights_proj"});
   HostTensor wq_odd(DType::fp32, {H * kDim + 1, 16});
   dense_test::expect_error(
-      [&] { indexer_query(qr, wq_odd, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w, {}); },
+      [&] { indexer_query(qr, {}, wq_odd, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w, {}); },
       {"wq_b.shape[0]"});
   HostTensor q_bad(DType::bf16, {T, H, kDim});
   dense_test::expect_error(
-      [&] { indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_bad, q_scale, w, {}); },
+      [&] { indexer_query(qr, {}, wq_b, {}, x, wp, pos, cos_sin, q_bad, q_scale, w, {}); },
       {"q_fp8.dtype"});
   TensorView q_fp8_rows_at_one_address = q_fp8;
   q_fp8_rows_at_one_address.strides[0] = 0;
   dense_test::expect_error(
       [&] {
-        indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8_rows_at_one_address, q_scale, w, {});
+        indexer_query(qr, {}, wq_b, {}, x, wp, pos, cos_sin, q_fp8_rows_at_one_address, q_scale, w, {});
       },
       {"q_fp8: expected an output whose elements do not overlap"});
   dense_test::expect_error(
-      [&] { indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, w, w, {}); },
+      [&] { indexer_query(qr, {}, wq_b, {}, x, wp, pos, cos_sin, q_fp8, w, w, {}); },
       {"weights: expected memory disjoint from q_scale"});
   dense_test::expect_error(
       [&] {
-        indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale,
+        indexer_query(qr, {}, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale,
                       TensorView(x.data<float>(), DType::fp32, {T, H}), {});
       },
       {"weights: expected memory disjoint from x"});
   pos.data<int32_t>()[2] = 4;  // beyond the 4-row cos/sin table
   dense_test::expect_error(
-      [&] { indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w, {}); },
+      [&] { indexer_query(qr, {}, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w, {}); },
       {"positions[2]"});
   EXPECT_TRUE(same_bytes(q_fp8, q0) && same_bytes(q_scale, s0) && same_bytes(w, w0));
 }
@@ -144,7 +144,7 @@ TEST(IndexerQueryWorkspace, IgnoredOnCpuAndSized) {
     out.emplace_back(DType::fp32, std::vector<int64_t>{T, H});
     out.emplace_back(DType::fp32, std::vector<int64_t>{T, H});
     for (HostTensor& o : out) o.fill_bytes(0xEE);
-    indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, out[0], out[1], out[2], workspace);
+    indexer_query(qr, {}, wq_b, {}, x, wp, pos, cos_sin, out[0], out[1], out[2], workspace);
     return out;
   };
   const auto without = run({});
@@ -161,7 +161,7 @@ TEST(IndexerQueryWorkspace, IgnoredOnCpuAndSized) {
   for (HostTensor* t : {&q_fp8, &q_scale, &w}) t->fill_bytes(0xEE);
   const auto q0 = bytes_of(q_fp8), s0 = bytes_of(q_scale), w0 = bytes_of(w);
   dense_test::expect_error(
-      [&] { indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w, cuda_ws); },
+      [&] { indexer_query(qr, {}, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w, cuda_ws); },
       {"workspace.device"});
   EXPECT_TRUE(same_bytes(q_fp8, q0) && same_bytes(q_scale, s0) && same_bytes(w, w0));
 
@@ -558,7 +558,7 @@ TEST(IndexerPipeline, TopkRecallAgainstFloat64Selection) {
   // Selection by the library.
   HostTensor q_fp8(DType::fp8_e4m3, {n, H, kDim}), q_scale(DType::fp32, {n, H}),
       w(DType::fp32, {n, H}), scores(DType::fp32, {n, entries_n}), idx(DType::int32, {n, K});
-  indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w, {});
+  indexer_query(qr, {}, wq_b, {}, x, wp, pos, cos_sin, q_fp8, q_scale, w, {});
   indexer_scores(q_fp8, q_scale, w, pos, req, {keys, 8}, key_table, 4, scores);
   indexer_topk(scores, pos, 4, idx);
 

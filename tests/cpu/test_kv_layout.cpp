@@ -353,6 +353,51 @@ TEST(KvQuantize, MinusOneSlotIsSkippedAndInt32SlotsWork) {
   for (int i = 1024; i < 2048; ++i) ASSERT_EQ(cache.bytes()[i], 0xAB);  // slot 1 untouched
 }
 
+// A cache whose blocks are further apart than their bytes (FlashMLA's and vLLM's padded caches):
+// each block holds exactly the bytes of the dense cache, its padding is never written, reads
+// come back the same, and a block stride below the block bytes or off 16 bytes is refused.
+TEST(KvQuantize, PaddedBlockStrideKeepsBlocksAndPadding) {
+  for (const KvLayout layout : {KvLayout::model1_fp8, KvLayout::v32_fp8}) {
+    SCOPED_TRACE(dsv4::kv_layout_name(layout));
+    const auto g = dsv4::kv_geometry(layout, 4);
+    const int64_t stride = g.block_bytes + 48;
+    TestCache dense(layout, 4, 3);
+    HostTensor padded_storage(DType::uint8, {3, stride});
+    padded_storage.fill_bytes(0xAB);
+    KvCacheView padded = dense.view;
+    padded.data = dsv4::TensorView(padded_storage.data<void>(), DType::uint8, {3, g.block_bytes});
+    padded.data.strides[0] = stride;
+
+    HostTensor values(DType::fp32, {3, g.dim});
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int64_t i = 0; i < values.numel(); ++i) values.data<float>()[i] = normal(rng);
+    dsv4::kv_quantize(dense.view, values, slots_tensor({1, 6, 11}));
+    dsv4::kv_quantize(padded, values, slots_tensor({1, 6, 11}));
+    for (int64_t b = 0; b < 3; ++b) {
+      const uint8_t* got = padded_storage.data<uint8_t>() + b * stride;
+      EXPECT_EQ(0, std::memcmp(got, dense.bytes() + b * g.block_bytes, g.block_bytes)) << b;
+      for (int64_t i = g.block_bytes; i < stride; ++i) ASSERT_EQ(got[i], 0xAB) << b << " " << i;
+    }
+    HostTensor from_dense(DType::fp32, {3, g.dim}), from_padded(DType::fp32, {3, g.dim});
+    dsv4::kv_dequantize(dense.view, slots_tensor({11, 1, 6}), from_dense);
+    dsv4::kv_dequantize(padded, slots_tensor({11, 1, 6}), from_padded);
+    EXPECT_EQ(0, std::memcmp(from_dense.data<uint8_t>(), from_padded.data<uint8_t>(), from_dense.nbytes()));
+
+    for (const int64_t bad : {g.block_bytes - 16, g.block_bytes + 8}) {
+      KvCacheView wrong = padded;
+      wrong.data.strides[0] = bad;
+      try {
+        dsv4::kv_quantize(wrong, values, slots_tensor({1, 6, 11}));
+        ADD_FAILURE() << "block stride " << bad << " accepted";
+      } catch (const dsv4::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("cache.data.stride(0) (block stride, bytes)"),
+                  std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bad input: the documented error, and the cache / output unchanged.
 void expect_error_unchanged(const TestCache& cache, const std::function<void()>& call,

@@ -11,6 +11,7 @@
 
 #include "dense_operands.h"
 #include "dsv4/ops.h"
+#include "dsv4/weights.h"
 
 namespace {
 using namespace dense_test;
@@ -74,6 +75,31 @@ INSTANTIATE_TEST_SUITE_P(
            << dsv4::dtype_name(std::get<3>(info.param));
       return name.str();
     });
+
+// The CUDA FP8 GEMMs' scale layouts, taken by the CPU too: x_scale as the transpose of a
+// contiguous [K/128, T] buffer and w_scale with rows padded to a multiple of 4 (cuda_weight_scale
+// with a 3-block-wide grid): the same float64 result.
+TEST(LinearLayout, CudaScaleLayouts) {
+  const int64_t T = 9, K = 384, N = 200;
+  const Operand x = make_operand(Enc::fp8_fp32, 0, T, K, 1, 128, 51);
+  const Operand w = make_operand(Enc::fp8_ue8m0, 0, N, K, 128, 128, 52);
+  HostTensor xs_buf(DType::fp32, {K / 128, T});
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < K / 128; ++b) xs_buf.data<float>()[b * T + t] = x.scale.data<float>()[t * (K / 128) + b];
+  TensorView xs = xs_buf.view();
+  std::swap(xs.shape[0], xs.shape[1]);
+  std::swap(xs.strides[0], xs.strides[1]);
+  const HostTensor ws_buf = dsv4::cuda_weight_scale(dsv4::Weight{w.values, w.scale});
+  ASSERT_EQ(ws_buf.shape(), (std::vector<int64_t>{2, dsv4::fp8_weight_scale_row_stride(K)}));
+  TensorView ws = ws_buf.view();
+  ws.shape[1] = 3;
+  HostTensor y = poisoned(DType::fp32, {T, N});
+  dsv4::linear(x.values, xs, w.values, ws, y);
+  const GemmReference ref = reference_gemm(x.real, 0, K, w.real, 0, T, N, K);
+  for (int64_t i = 0; i < T * N; ++i)
+    ASSERT_NEAR(at(y, i), ref.y[i], gemm_tolerance(DType::fp32, ref.y[i], ref.abs_sum[i])) << i;
+  for (int64_t r = 0; r < 2; ++r) EXPECT_EQ(ws_buf.data<float>()[r * 4 + 3], 1.0f) << "padding";
+}
 
 // Strided operands: x is a column window of a wider matrix (like qr/kv split from one
 // projection), y has padded rows whose padding must stay untouched.

@@ -79,6 +79,25 @@ TEST(QuantizeActFp8Layout, StridedRowsLeavePaddingAlone) {
   }
 }
 
+// Scales at any strides: the transpose of a contiguous [K / block, T] buffer (the CUDA FP8
+// GEMMs' layout) receives exactly the row-major result, transposed.
+TEST(QuantizeActFp8Layout, TransposedScales) {
+  const int64_t T = 6, K = 512, block = 128;
+  HostTensor x = random_tensor(DType::bf16, {T, K}, 41);
+  shape_blocks(x, T, K, block, 42);
+  HostTensor xq = poisoned(DType::fp8_e4m3, {T, K}), sc = poisoned(DType::fp32, {T, K / block});
+  dsv4::quantize_act_fp8(x, static_cast<int>(block), xq, sc);
+  HostTensor xq_t = poisoned(DType::fp8_e4m3, {T, K}), sc_buf = poisoned(DType::fp32, {K / block, T});
+  TensorView sc_t = sc_buf.view();
+  std::swap(sc_t.shape[0], sc_t.shape[1]);
+  std::swap(sc_t.strides[0], sc_t.strides[1]);
+  dsv4::quantize_act_fp8(x, static_cast<int>(block), xq_t, sc_t);
+  EXPECT_EQ(bytes_of(xq_t), bytes_of(xq));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < K / block; ++b)
+      ASSERT_EQ(sc_buf.data<float>()[b * T + t], sc.data<float>()[t * (K / block) + b]) << t << " " << b;
+}
+
 // Each bad argument throws the documented error and writes nothing.
 TEST(QuantizeActFp8Errors, RejectBadArgumentsAndWriteNothing) {
   HostTensor x = random_tensor(DType::bf16, {2, 256}, 1);

@@ -32,6 +32,7 @@ struct DecodeCase {
   bool extra_length;  // extra_topk_length given
   bool with_sink;
   int block_size, extra_block_size;
+  int64_t block_stride = 0, extra_block_stride = 0;  // cache block strides (0: the block bytes)
 };
 
 std::ostream& operator<<(std::ostream& os, const DecodeCase& c) { return os << c.name; }
@@ -48,10 +49,12 @@ struct DecodeProblem {
   explicit DecodeProblem(const DecodeCase& cs, uint32_t seed = 1234)
       : c(cs), d_qk(dsv4::test::spec_dim(cs.layout)), rng(seed) {
     scale = 1.0f / std::sqrt(float(d_qk)) * 1.25f;  // not the default: the scale must be used
-    main = std::make_unique<DecodeScope>(c.layout, c.block_size, c.b, c.s_q, c.topk, c.with_length, rng);
+    main = std::make_unique<DecodeScope>(c.layout, c.block_size, c.b, c.s_q, c.topk, c.with_length,
+                                         rng, dsv4::test::IndexMix{}, c.block_stride);
     if (c.extra_topk > 0)
       extra = std::make_unique<DecodeScope>(c.layout, c.extra_block_size, c.b, c.s_q, c.extra_topk,
-                                            c.extra_length, rng);
+                                            c.extra_length, rng, dsv4::test::IndexMix{},
+                                            c.extra_block_stride);
     q = HostTensor(DType::bf16, {c.b, c.s_q, c.h, d_qk});
     dsv4::test::fill_bf16_normal(q, rng);
     if (c.with_sink) sink = dsv4::test::random_sink(c.h, rng);
@@ -290,6 +293,97 @@ TEST(SparseDecode, StridedQueryAndOutputMatchDense) {
     const uint16_t* row = out_big.data<uint16_t>() + int64_t{bi} * (h + pad_heads) * 512;
     EXPECT_EQ(0, std::memcmp(row, p.out.data<uint16_t>() + int64_t{bi} * h * 512, size_t(h) * 512 * 2));
     for (int i = h * 512; i < (h + pad_heads) * 512; ++i) ASSERT_EQ(row[i], 0x5A5A) << i;
+  }
+}
+
+// FlashMLA's own test inputs (tests/lib.py: non_contiguousify, quantize_k_cache) and what vLLM
+// hands over: q whose [b, s_q] dims do not merge, with heads padded (h 20 → 24) by rows of NaN
+// (vLLM pads h_q with uninitialized rows); indices of both scopes in transposed, padded buffers;
+// out and lse slices of wider buffers; caches whose blocks are padded (V3.2: 64 tokens x 656 B
+// every 42640 B, FlashMLA's quantize_k_cache layout). The real heads must be bit-identical to the
+// dense run of the same values (which matches the float64 reference), and no byte of the output
+// buffers outside the views may change.
+class SparseDecodeFlashMlaLayouts : public ::testing::TestWithParam<KvLayout> {};
+
+TEST_P(SparseDecodeFlashMlaLayouts, StridedInputsMatchDenseBitForBit) {
+  using dsv4::test::StridedTensor;
+  const KvLayout layout = GetParam();
+  // Padded block strides: V3.2 one token (656 B) per block as FlashMLA's generator; MODEL1 64 B
+  // past its 576-aligned block; the extra scope's block 2 blocks padded to a 16-byte multiple.
+  const int64_t stride = layout == V32 ? 65 * 656 : dsv4::test::spec_block_bytes(M1, 64) + 64;
+  const int64_t extra_stride = (dsv4::test::spec_block_bytes(layout, 2) + 15) / 16 * 16 + 16;
+  const DecodeCase dense_case{"dense", layout, 20, 3, 2, 96, true, 40, true, true, 64, 2};
+  DecodeCase padded_case = dense_case;
+  padded_case.block_stride = stride;
+  padded_case.extra_block_stride = extra_stride;
+  if (layout == V32) {
+    ASSERT_EQ(stride, 42640);
+  }
+
+  DecodeProblem dense(dense_case), padded(padded_case);  // the same values (same seed)
+  const dsv4::DecodeSchedule sched =
+      dsv4::make_decode_schedule(3, 2, 20, dense.topk_total(), 132, 512);
+  const int h_pad = 24;
+  HostTensor ws(DType::uint8, {int64_t{6} * h_pad * sched.num_splits * (512 + 1) * 4});
+  dense.run(&sched);
+  dense.expect_matches_reference();
+
+  // q [3, 2, 24, d]: heads 20..23 NaN, [b, s_q] swapped in memory, head and dim rows padded.
+  HostTensor q_heads(DType::bf16, {3, 2, h_pad, dense.d_qk});
+  q_heads.fill_bytes(0xFF);
+  for (int64_t r = 0; r < 6; ++r)
+    std::memcpy(q_heads.data<uint16_t>() + r * h_pad * dense.d_qk,
+                dense.q.data<uint16_t>() + r * 20 * dense.d_qk, size_t(20) * dense.d_qk * 2);
+  const StridedTensor q = StridedTensor::copy_of(q_heads, {1, 2, 3, 8}, true);
+  const StridedTensor idx = StridedTensor::copy_of(padded.main->indices, {2, 1, 5}, true);
+  const StridedTensor eidx = StridedTensor::copy_of(padded.extra->indices, {1, 3, 7}, true);
+  HostTensor sink(DType::fp32, {h_pad});
+  for (int h = 0; h < h_pad; ++h) sink.data<float>()[h] = h < 20 ? dense.sink.data<float>()[h] : 0.0f;
+  StridedTensor out(DType::bf16, {3, 2, h_pad, 512}, {1, 1, 2, 8}, true);
+  StridedTensor lse(DType::fp32, {3, 2, h_pad}, {2, 1, 3}, true);
+  const HostTensor out_before = out.snapshot(), lse_before = lse.snapshot();
+
+  dsv4::SparseDecodeArgs a = padded.args();
+  a.q = q.view;
+  a.indices = idx.view;
+  a.extra_indices = eidx.view;
+  a.attn_sink = sink;
+  a.out = out.view;
+  a.lse = lse.view;
+  ws.fill_bytes(0xFF);
+  dsv4::sparse_decode(a, sched, ws);
+
+  const HostTensor got_out = out.dense(), got_lse = lse.dense();
+  for (int64_t r = 0; r < 6; ++r) {
+    EXPECT_EQ(0, std::memcmp(got_out.data<uint16_t>() + r * h_pad * 512,
+                             dense.out.data<uint16_t>() + r * 20 * 512, size_t(20) * 512 * 2)) << r;
+    EXPECT_EQ(0, std::memcmp(got_lse.data<float>() + r * h_pad, dense.lse.data<float>() + r * 20,
+                             size_t(20) * 4)) << r;
+  }
+  out.expect_only_view_written(out_before);
+  lse.expect_only_view_written(lse_before);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, SparseDecodeFlashMlaLayouts, ::testing::Values(M1, V32),
+                         [](const auto& info) { return info.param == M1 ? "model1" : "v32"; });
+
+// A cache whose block stride is below the block bytes (blocks would overlap) or not a multiple
+// of 16 (blocks misaligned for the in-place reads) is refused, naming the stride.
+TEST(SparseDecode, BadBlockStridesAreRefused) {
+  DecodeProblem p(small_case());
+  const int64_t block_bytes = dsv4::test::spec_block_bytes(M1, 64);
+  HostTensor wide(DType::uint8, {8, block_bytes + 64});
+  for (int64_t stride : {block_bytes - 16, block_bytes + 8}) {
+    SCOPED_TRACE(stride);
+    dsv4::SparseDecodeArgs a = p.args();
+    a.k_cache.data = TensorView(wide.data<void>(), DType::uint8, {7, block_bytes});
+    a.k_cache.data.strides[0] = stride;
+    const auto s = dsv4::make_decode_schedule(p.c.b, p.c.s_q, p.c.h, p.topk_total());
+    HostTensor ws(DType::uint8, {s.workspace_bytes});
+    p.out.fill_bytes(0xA5);
+    dsv4::test::expect_error([&] { dsv4::sparse_decode(a, s, ws); },
+                             {"sparse_decode", "k_cache.data.stride(0) (block stride, bytes)"});
+    for (size_t i = 0; i < p.out.nbytes(); ++i) ASSERT_EQ(p.out.data<uint8_t>()[i], 0xA5) << i;
   }
 }
 

@@ -6,6 +6,7 @@
 #include <climits>
 #include <functional>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -171,6 +172,55 @@ TEST(SparsePrefill, PlusInfSinkZeroesOutputOnly) {
     EXPECT_EQ(p.lse.data<float>()[i], lse_sunk[i]);
     EXPECT_EQ(p.max_logits.data<float>()[i], max_sunk[i]);
   }
+}
+
+// FlashMLA's own prefill inputs (tests/lib.py generate_testcase: every tensor non_contiguous,
+// invalid indices among -1, -7, s_kv.., INT_MAX) as vLLM hands them over: q with heads padded
+// (20 → 24) by NaN rows and padded rows, kv rows padded, indices in a padded buffer whose
+// [s_q, 1] dims are swapped, out / max_logits / lse slices of wider buffers. The real heads must
+// be bit-identical to the dense run (which matches the float64 reference), and no byte outside
+// the output views may change.
+TEST(SparsePrefill, FlashMlaStyleStridedInputsMatchDenseBitForBit) {
+  using dsv4::test::StridedTensor;
+  const PrefillCase c{"flashmla", 20, 576, 5, 200, 100, true, true};
+  PrefillProblem dense(c, 6);
+  dsv4::sparse_prefill(dense.args());
+  dense.expect_matches_reference();
+
+  const int h_pad = 24;
+  HostTensor q_heads(DType::bf16, {c.s_q, h_pad, c.d_qk});
+  q_heads.fill_bytes(0xFF);
+  for (int t = 0; t < c.s_q; ++t)
+    std::memcpy(q_heads.data<uint16_t>() + int64_t{t} * h_pad * c.d_qk,
+                dense.q.data<uint16_t>() + int64_t{t} * c.h * c.d_qk, size_t(c.h) * c.d_qk * 2);
+  const StridedTensor q = StridedTensor::copy_of(q_heads, {2, 3, 8}, false);
+  const StridedTensor kv = StridedTensor::copy_of(HostTensor::copy_of(dense.kv), {3, 1, 16}, false);
+  const StridedTensor idx = StridedTensor::copy_of(dense.indices, {2, 1, 4}, true);
+  HostTensor sink(DType::fp32, {h_pad});
+  for (int h = 0; h < h_pad; ++h) sink.data<float>()[h] = h < c.h ? dense.sink.data<float>()[h] : 0.0f;
+  StridedTensor out(DType::bf16, {c.s_q, h_pad, 512}, {1, 2, 8}, false);
+  StridedTensor ml(DType::fp32, {c.s_q, h_pad}, {2, 3}, false);
+  StridedTensor lse(DType::fp32, {c.s_q, h_pad}, {1, 5}, false);
+  const HostTensor out_before = out.snapshot(), ml_before = ml.snapshot(), lse_before = lse.snapshot();
+
+  dsv4::sparse_prefill({.q = q.view, .kv = kv.view, .indices = idx.view,
+                        .topk_length = dense.lengths, .attn_sink = sink,
+                        .softmax_scale = dense.scale, .d_v = 512, .out = out.view,
+                        .max_logits = ml.view, .lse = lse.view});
+
+  const HostTensor got_out = out.dense(), got_ml = ml.dense(), got_lse = lse.dense();
+  for (int t = 0; t < c.s_q; ++t) {
+    EXPECT_EQ(0, std::memcmp(got_out.data<uint16_t>() + int64_t{t} * h_pad * 512,
+                             dense.out.data<uint16_t>() + int64_t{t} * c.h * 512,
+                             size_t(c.h) * 512 * 2)) << t;
+    EXPECT_EQ(0, std::memcmp(got_ml.data<float>() + t * h_pad, dense.max_logits.data<float>() + t * c.h,
+                             size_t(c.h) * 4)) << t;
+    EXPECT_EQ(0, std::memcmp(got_lse.data<float>() + t * h_pad, dense.lse.data<float>() + t * c.h,
+                             size_t(c.h) * 4)) << t;
+  }
+  out.expect_only_view_written(out_before);
+  ml.expect_only_view_written(ml_before);
+  lse.expect_only_view_written(lse_before);
 }
 
 TEST(SparsePrefill, BadInputThrowsAndWritesNothing) {

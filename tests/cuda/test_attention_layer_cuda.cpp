@@ -8,13 +8,24 @@
 //   (a) fp32 summation order in GEMMs, norms and attention (~1e-6),
 //   (b) the softmax weights P, which the Hopper kernels feed to the P·V tensor-core MMA as bf16
 //       (as FlashMLA does; the CPU keeps fp32): o moves by ~2^-9 relative,
-//   (c) the low-rank z before wo_b, stored as bf16 on CUDA (2^-9 relative per element),
+//   (c) the low-rank z before wo_b, stored as bf16 on CUDA (2^-9 relative per element; with an
+//       FP8 wo_b both backends store it as bf16),
 //   (d) with FP8 activations, (b) flips the FP8 rounding of a few % of o's elements before wo_a,
 //       each by a whole FP8 step (6–12 %), which dominates: measured on the H100 (14:18 UTC
-//       2026-11-23) median 8e-3, max < 3e-2 per token, uniformly for all three kinds.
-// So: without FP8 activations every token < 2e-2 and the median < 4e-3; with them every token
-// < 5e-2 and the median < 1.5e-2. A semantic error (scope, sink, position, a missing write) moves
-// every token by O(1); the float64 reference check bounds the drift from the math itself.
+//       2026-11-23) median 8e-3, max < 3e-2 per token, uniformly for all three kinds,
+//   (e) with FP8 weights, the FP8 tensor cores' accumulation (~2^-14 per 32-deep step), which
+//       flips the FP8 rounding of a few more inputs of FP8-weight projections (qr before wq_b, z
+//       before wo_b; x is quantized identically on both) — far fewer than (d).
+// So: without FP8 activations (a bf16 checkpoint) every token < 2e-2 and the median < 4e-3; with
+// them every token < 5e-2 and the median < 1.5e-2. A semantic error (scope, sink, position, a
+// missing write, a wrong scale) moves every token by O(1); the float64 reference check bounds the
+// drift from the math itself.
+// C4A adds (f) the indexer scores, which the GPU sums on FP8 tensor cores (include/dsv4/indexer.h
+// states their tolerance): where two entries' scores are that close at the top-k boundary, the
+// two backends may select different entries, and such a token's output moves by what the swapped
+// entries contribute, more than (a)–(e). So for C4A up to 2% of the tokens (at least one) may
+// exceed the per-token bound, each still < 0.3; the median bound is unchanged, and a semantic
+// error, moving every token, still fails it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -42,14 +53,17 @@ std::vector<float> hidden(int dim, int64_t req, int64_t pos) {
   return dsv4_test::layer_hidden(dim, req, pos, kSeed, /*bf16_representable=*/true);
 }
 
-Attention make_layer(const ModelConfig& cfg, int layer, Backend backend, bool fp8_act = true) {
+// fp8_weights: the released checkpoints' FP8 projections (on CUDA: FP8 tensor cores, which take
+// FP8 inputs only, so fp8_act must be on); else a bf16 checkpoint.
+Attention make_layer(const ModelConfig& cfg, int layer, Backend backend, bool fp8_act = true,
+                     bool fp8_weights = true) {
   AttentionOptions opts;
   opts.backend = backend;
   opts.fp8_activations = fp8_act;
   opts.caches.swa_blocks = 64;
   opts.caches.compressed_blocks = 64;
   opts.caches.state_blocks = 64;
-  return Attention(cfg, layer, random_attention_weights(cfg, layer, kSeed, true), opts);
+  return Attention(cfg, layer, random_attention_weights(cfg, layer, kSeed, fp8_weights), opts);
 }
 
 using Outputs = dsv4_test::LayerOutputs;
@@ -93,45 +107,57 @@ using dsv4_test::row_rel_err;
 struct LayerCase {
   int layer;  // of the tiny config: 0 SWA, 1 C4A, 2 C128A
   const char* name;
-  bool fp8_act = true;  // FP8 activations before wo_a (production)
+  bool fp8_act = true;      // FP8 activations before wo_a (production)
+  bool fp8_weights = true;  // FP8 projection weights (the released checkpoints)
 };
 std::ostream& operator<<(std::ostream& os, const LayerCase& c) { return os << c.name; }
+bool selects(const LayerCase& c) { return c.layer == 1; }  // the C4A layer of the tiny config
 
 class CudaLayerTest : public ::testing::TestWithParam<LayerCase> {
  protected:
   ModelConfig cfg = ModelConfig::builtin("tiny");
 };
 
-void expect_close(const std::vector<double>& errs_in, bool fp8_act, const char* what) {
+// `top_k_selects`: the layer's indexer picks a top-k subset (C4A), see (e) above.
+void expect_close(const std::vector<double>& errs_in, bool fp8_act, bool top_k_selects, const char* what) {
   std::vector<double> errs = errs_in;
   ASSERT_FALSE(errs.empty());
   for (double e : errs) ASSERT_FALSE(std::isnan(e)) << what;
   std::sort(errs.begin(), errs.end());
   const double median = errs[errs.size() / 2], worst = errs.back();
-  std::printf("  %s: median %.3e, max %.3e over %zu tokens\n", what, median, worst, errs.size());
+  const double bound = fp8_act ? 5e-2 : 2e-2;
+  const size_t above = static_cast<size_t>(errs.end() - std::upper_bound(errs.begin(), errs.end(), bound));
+  std::printf("  %s: median %.3e, max %.3e over %zu tokens (%zu above %.0e)\n", what, median, worst,
+              errs.size(), above, bound);
   ::testing::Test::RecordProperty("median_rel_err", std::to_string(median));
   ::testing::Test::RecordProperty("max_rel_err", std::to_string(worst));
-  EXPECT_LT(worst, fp8_act ? 5e-2 : 2e-2) << what;
+  ::testing::Test::RecordProperty("tokens_above_bound", std::to_string(above));
+  if (top_k_selects) {
+    EXPECT_LE(above, std::max<size_t>(1, errs.size() / 50)) << what << ": tokens above " << bound;
+    EXPECT_LT(worst, 0.3) << what;
+  } else {
+    EXPECT_LT(worst, bound) << what;
+  }
   EXPECT_LT(median, fp8_act ? 1.5e-2 : 4e-3) << what;
 }
 
 TEST_P(CudaLayerTest, MatchesCpuBackendOverMixedBatches) {
   DSV4_SKIP_WITHOUT_GPU();
-  Attention cpu = make_layer(cfg, GetParam().layer, Backend::cpu, GetParam().fp8_act);
-  Attention gpu = make_layer(cfg, GetParam().layer, Backend::cuda, GetParam().fp8_act);
+  Attention cpu = make_layer(cfg, GetParam().layer, Backend::cpu, GetParam().fp8_act, GetParam().fp8_weights);
+  Attention gpu = make_layer(cfg, GetParam().layer, Backend::cuda, GetParam().fp8_act, GetParam().fp8_weights);
   const Outputs want = run_schedule(cpu, Io::host);
   const Outputs got = run_schedule(gpu, Io::host);
   ASSERT_EQ(want.size(), got.size());
   std::vector<double> errs;
   for (const auto& [key, row] : want)
     errs.push_back(row_rel_err(got.at(key), std::vector<double>(row.begin(), row.end())));
-  expect_close(errs, GetParam().fp8_act, "cuda vs cpu");
+  expect_close(errs, GetParam().fp8_act, selects(GetParam()), "cuda vs cpu");
 }
 
 TEST_P(CudaLayerTest, DeviceAndHostTensorsGiveTheSameBits) {
   DSV4_SKIP_WITHOUT_GPU();
-  Attention a = make_layer(cfg, GetParam().layer, Backend::cuda);
-  Attention b = make_layer(cfg, GetParam().layer, Backend::cuda);
+  Attention a = make_layer(cfg, GetParam().layer, Backend::cuda, GetParam().fp8_act, GetParam().fp8_weights);
+  Attention b = make_layer(cfg, GetParam().layer, Backend::cuda, GetParam().fp8_act, GetParam().fp8_weights);
   const Outputs host = run_schedule(a, Io::host);
   const Outputs dev = run_schedule(b, Io::device);
   for (const auto& [key, row] : host)
@@ -142,7 +168,7 @@ TEST_P(CudaLayerTest, DeviceAndHostTensorsGiveTheSameBits) {
 // Request 1 of the schedule against the unbatched float64 reference (positions 0..147).
 TEST_P(CudaLayerTest, MatchesFloat64Reference) {
   DSV4_SKIP_WITHOUT_GPU();
-  Attention gpu = make_layer(cfg, GetParam().layer, Backend::cuda, GetParam().fp8_act);
+  Attention gpu = make_layer(cfg, GetParam().layer, Backend::cuda, GetParam().fp8_act, GetParam().fp8_weights);
   const Outputs got = run_schedule(gpu, Io::host);
   const int L = 148;
   std::vector<double> x;
@@ -150,14 +176,14 @@ TEST_P(CudaLayerTest, MatchesFloat64Reference) {
     const std::vector<float> h = hidden(cfg.dim, 1, p);
     x.insert(x.end(), h.begin(), h.end());
   }
-  const AttentionWeights w = random_attention_weights(cfg, GetParam().layer, kSeed, true);
+  const AttentionWeights w = random_attention_weights(cfg, GetParam().layer, kSeed, GetParam().fp8_weights);
   const std::vector<double> ref = reference_attention_layer(cfg, GetParam().layer, w, x,
-                                                            ReferenceOptions{GetParam().fp8_act});
+                                                            ReferenceOptions{GetParam().fp8_act, true});
   std::vector<double> errs;
   for (int p = 0; p < L; ++p)
     errs.push_back(row_rel_err(got.at({1, p}), std::vector<double>(ref.begin() + int64_t{p} * cfg.dim,
                                                                ref.begin() + int64_t{p + 1} * cfg.dim)));
-  expect_close(errs, GetParam().fp8_act, "cuda vs float64 reference");
+  expect_close(errs, GetParam().fp8_act, selects(GetParam()), "cuda vs float64 reference");
 }
 
 // Rejected input changes nothing: afterwards the layer gives the bits of one that never saw it.
@@ -180,11 +206,33 @@ TEST_P(CudaLayerTest, BadInputChangesNothing) {
     ASSERT_EQ(0, std::memcmp(oa.at({5, p}).data(), ob.at({5, p}).data(), cfg.dim * sizeof(float)));
 }
 
+// With FP8 weights the CUDA backend runs FP8 tensor cores: FP8 inputs are required; turning the
+// activation quantization off is refused at construction, naming the option.
+TEST(CudaLayer, Fp8WeightsNeedFp8Activations) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = ModelConfig::builtin("tiny");
+  AttentionOptions opts;
+  opts.backend = Backend::cuda;
+  opts.fp8_gemm_activations = false;
+  try {
+    Attention(cfg, 0, random_attention_weights(cfg, 0, kSeed, true), opts);
+    ADD_FAILURE() << "expected dsv4::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fp8_gemm_activations"), std::string::npos) << e.what();
+  }
+  opts.fp8_gemm_activations = true;
+  opts.fp8_activations = false;
+  EXPECT_THROW(Attention(cfg, 0, random_attention_weights(cfg, 0, kSeed, true), opts), Error);
+  EXPECT_NO_THROW(Attention(cfg, 0, random_attention_weights(cfg, 0, kSeed, false), opts));
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, CudaLayerTest,
                          ::testing::Values(LayerCase{0, "SWA"}, LayerCase{1, "C4A"},
-                                           LayerCase{2, "C128A"}, LayerCase{0, "SWA_bf16_o", false},
-                                           LayerCase{1, "C4A_bf16_o", false},
-                                           LayerCase{2, "C128A_bf16_o", false}),
+                                           LayerCase{2, "C128A"},
+                                           LayerCase{0, "SWA_bf16_weights", false, false},
+                                           LayerCase{1, "C4A_bf16_weights", false, false},
+                                           LayerCase{2, "C128A_bf16_weights", false, false},
+                                           LayerCase{1, "C4A_bf16_weights_fp8_o", true, false}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

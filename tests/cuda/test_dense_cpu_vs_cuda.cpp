@@ -197,8 +197,9 @@ TEST(LinearCpuVsCudaErrors, RejectedOnCudaAndNothingWritten) {
   TensorView x_overlap = xd.view();  // rows 8 elements apart: overlapping, fine on CPU only
   x_overlap.strides[0] = 8;
 
-  expect_error([&] { dsv4::linear(xd, {}, w8d, w8s, y); }, {"linear", "w.dtype", "fp8_e4m3", "dequantize_fp8_blocks"});
-  expect_error([&] { dsv4::linear(x8d, x8s, wd, {}, y); }, {"linear", "x.dtype", "dequantize_fp8_blocks"});
+  // FP8 runs on FP8 tensor cores only with both operands FP8 (tests/cuda/test_fp8_gemm_cpu_vs_cuda.cpp).
+  expect_error([&] { dsv4::linear(xd, {}, w8d, w8s, y); }, {"linear", "w.dtype", "fp8_e4m3", "quantize_act_fp8"});
+  expect_error([&] { dsv4::linear(x8d, x8s, wd, {}, y); }, {"linear", "x.dtype", "same dtype"});
   expect_error([&] { dsv4::linear(xd, {}, w32d, {}, y); }, {"linear", "same dtype", "bf16", "fp32"});
   expect_error([&] { dsv4::linear(x32d, {}, w32d, {}, y); }, {"linear", "y.dtype", "fp32", "bf16"});
   expect_error([&] { dsv4::linear(x_overlap, {}, wd, {}, y); }, {"linear", "x", "row stride", ">= 256", "8"});
@@ -261,10 +262,11 @@ INSTANTIATE_TEST_SUITE_P(Grid, GroupedWoACpuVsCuda, ::testing::ValuesIn(grouped_
                            return name.str();
                          });
 
-// The production FP8 path on CUDA: quantize o (1×128 blocks), dequantize it back to bf16
-// (exact), dequantize the 128×128-block FP8 weight once, then the bf16 grouped GEMM — against
-// the CPU's grouped_wo_a on the FP8 operands directly (same real values, so the GEMM tolerance
-// applies); and FP8 operands handed to the CUDA op itself are rejected, nothing written.
+// The layer's path for a bf16 wo_a with FP8 activations on CUDA: quantize o (1×128 blocks),
+// dequantize it back to bf16 (exact), then the bf16 grouped GEMM — against the CPU's grouped_wo_a
+// on the FP8 operands directly (same real values, so the GEMM tolerance applies); and mixed FP8 /
+// bf16 operands are rejected on CUDA, nothing written (the FP8 GEMM itself:
+// tests/cuda/test_fp8_gemm_cpu_vs_cuda.cpp).
 TEST(GroupedWoACpuVsCudaFp8, DequantizedOperandsMatchCpuFp8Path) {
   DSV4_SKIP_WITHOUT_GPU();
   const int64_t T = 3, G = 8, L = 128, Dg = 512;
@@ -302,9 +304,9 @@ TEST(GroupedWoACpuVsCudaFp8, DequantizedOperandsMatchCpuFp8Path) {
 
   DeviceTensor z_untouched = poisoned_device(DType::bf16, {T, G * L});
   expect_error([&] { dsv4::grouped_wo_a(oqd, osd, w_bf16, {}, z_untouched); },
-               {"grouped_wo_a", "o.dtype", "dequantize_fp8_blocks"});
+               {"grouped_wo_a", "o.dtype", "same dtype"});
   expect_error([&] { dsv4::grouped_wo_a(o_bf16, {}, wq, ws, z_untouched); },
-               {"grouped_wo_a", "wo_a.dtype", "dequantize_fp8_blocks"});
+               {"grouped_wo_a", "wo_a.dtype", "quantize_act_fp8"});
   expect_error([&] { dsv4::grouped_wo_a(o_bf16, {}, w.values, w.scale, z_untouched); }, {"grouped_wo_a", "device"});
   EXPECT_EQ(bytes_of(finish(z_untouched)), std::vector<uint8_t>(static_cast<size_t>(T * G * L * 2), 0xFF));
 }

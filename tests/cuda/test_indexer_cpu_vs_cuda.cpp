@@ -1,11 +1,12 @@
 // The CPU reference of the indexer ops (src/cpu/indexer.cpp) against their CUDA twins
-// (src/cuda/indexer/) on the same inputs: query rows (RoPE, Hadamard, FP8), scores, top-k and
-// the C128A prefix plan; the whole indexer_query through dsv4::linear; the CUDA handling of
-// out-of-range index values; CUDA-specific rejections and mixed devices. Skipped without a GPU.
+// (src/cuda/indexer/) on the same inputs: query rows (RoPE, Hadamard, FP8), top-k and the C128A
+// prefix plan; the whole indexer_query through dsv4::linear; the CUDA handling of out-of-range
+// index values; CUDA-specific rejections and mixed devices. Skipped without a GPU. The scores
+// (FP8 tensor cores, a stated tolerance) are in test_indexer_scores_cuda.cpp.
 //
 // Tolerances: everything is bit-exact (both sides do the same fp32 operations in the same order,
-// or only index math) except the full indexer_query, whose projections may sum in another order
-// on the two backends (see QueryThroughLinear).
+// or only index math; top-k gets the same scores on both sides) except the full indexer_query,
+// whose projections may sum in another order on the two backends (see QueryThroughLinear).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -25,9 +26,12 @@
 #include "dsv4/ops.h"
 #include "dsv4/status.h"
 #include "gpu_test_util.h"
+#include "indexer_test_util.h"
 
 namespace dsv4 {
 namespace {
+
+using namespace indexer_test;
 
 constexpr int kDim = 128;
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -42,78 +46,6 @@ RopeConfig yarn_rope(int R) {
   cfg.factor = 16.0;
   cfg.original_seq_len = 65536;
   return cfg;
-}
-
-// Uniform in ±[lo, hi), never zero.
-float nonzero(std::mt19937& rng, float lo = 0.05f, float hi = 2.0f) {
-  std::uniform_real_distribution<float> mag(lo, hi);
-  return (rng() & 1u) ? mag(rng) : -mag(rng);
-}
-int64_t integer(std::mt19937& rng, int64_t lo, int64_t hi) {  // inclusive
-  return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
-}
-
-HostTensor index_tensor(DType dtype, const std::vector<int64_t>& values) {
-  HostTensor t(dtype, {static_cast<int64_t>(values.size())});
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (dtype == DType::int64)
-      t.data<int64_t>()[i] = values[i];
-    else
-      t.data<int32_t>()[i] = static_cast<int32_t>(values[i]);
-  }
-  return t;
-}
-
-HostTensor copy_of(const HostTensor& t) {
-  HostTensor c(t.dtype(), t.shape());
-  std::memcpy(c.data<uint8_t>(), t.data<uint8_t>(), t.nbytes());
-  return c;
-}
-
-// A device output poisoned with 0xFF bytes (NaN for fp32, −1 for int32, fp8 NaN).
-DeviceTensor poisoned(DType dtype, std::vector<int64_t> dims) {
-  DeviceTensor d(dtype, std::move(dims));
-  d.fill_bytes(0xFF);
-  return d;
-}
-HostTensor poisoned_host(DType dtype, std::vector<int64_t> dims) {
-  HostTensor h(dtype, std::move(dims));
-  h.fill_bytes(0xFF);
-  return h;
-}
-
-HostTensor download(const DeviceTensor& d) {
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  return d.to_host();
-}
-
-// Byte equality, reporting the first differing element.
-void expect_same_bytes(const char* what, const HostTensor& cpu, const HostTensor& gpu) {
-  ASSERT_EQ(cpu.nbytes(), gpu.nbytes()) << what;
-  const size_t elem = dtype_size(cpu.dtype());
-  for (int64_t i = 0; i < cpu.numel(); ++i) {
-    if (std::memcmp(cpu.data<uint8_t>() + i * elem, gpu.data<uint8_t>() + i * elem, elem) != 0) {
-      if (cpu.dtype() == DType::fp32 || cpu.dtype() == DType::int32)
-        ADD_FAILURE() << what << ": element " << i << " differs (cpu " << cpu.get(i) << ", gpu "
-                      << gpu.get(i) << ")";
-      else
-        ADD_FAILURE() << what << ": element " << i << " differs (cpu byte "
-                      << int{cpu.data<uint8_t>()[i * elem]} << ", gpu byte "
-                      << int{gpu.data<uint8_t>()[i * elem]} << ")";
-      return;
-    }
-  }
-}
-
-template <typename Fn>
-void expect_error(Fn&& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected dsv4::Error";
-  } catch (const Error& e) {
-    for (const std::string& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
 }
 
 // ================================ query rows =================================================
@@ -268,7 +200,7 @@ TEST(IndexerQueryCpuVsCuda, QueryThroughLinear) {
 
   HostTensor codes_cpu = poisoned_host(DType::fp8_e4m3, {T, H, kDim}),
              scale_cpu = poisoned_host(DType::fp32, {T, H}), w_cpu = poisoned_host(DType::fp32, {T, H});
-  indexer_query(qr, wq_b, {}, x, wp, pos, cos_sin, codes_cpu, scale_cpu, w_cpu, {});
+  indexer_query(qr, {}, wq_b, {}, x, wp, pos, cos_sin, codes_cpu, scale_cpu, w_cpu, {});
 
   DeviceTensor qr_d = DeviceTensor::from_host(qr), wq_d = DeviceTensor::from_host(wq_b),
                x_d = DeviceTensor::from_host(x), wp_d = DeviceTensor::from_host(wp),
@@ -277,7 +209,7 @@ TEST(IndexerQueryCpuVsCuda, QueryThroughLinear) {
                scale_d = poisoned(DType::fp32, {T, H}), w_d = poisoned(DType::fp32, {T, H});
   DeviceTensor ws(DType::uint8, {indexer_query_workspace_bytes(T, H)});
   try {
-    indexer_query(qr_d, wq_d, {}, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, ws);
+    indexer_query(qr_d, {}, wq_d, {}, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, ws);
   } catch (const Error& e) {
     // The CUDA dsv4::linear is written in parallel with these kernels.
     if (std::string(e.what()).find("linear: CUDA backend not implemented") != std::string::npos)
@@ -327,177 +259,21 @@ TEST(IndexerQueryCuda, RejectionsWriteNothing) {
   DeviceTensor ws(DType::uint8, {indexer_query_workspace_bytes(T, H)}),
       ws_small(DType::uint8, {indexer_query_workspace_bytes(T, H) - 1});
   expect_error([&] {
-    indexer_query(qr_d, wq8_d, wqs_d, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, ws);
+    indexer_query(qr_d, {}, wq8_d, wqs_d, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, ws);
   }, {"indexer_query", "wq_b.dtype", "CUDA"});
   expect_error([&] {
-    indexer_query(qr_d, wq_d, {}, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, ws_small);
+    indexer_query(qr_d, {}, wq_d, {}, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, ws_small);
   }, {"indexer_query", "workspace"});
   expect_error([&] {
-    indexer_query(qr_d, wq_d, {}, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, {});
+    indexer_query(qr_d, {}, wq_d, {}, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, {});
   }, {"indexer_query", "workspace"});
   expect_error([&] {  // positions on the host
-    indexer_query(qr_d, wq_d, {}, x_d, wp_d, pos, cs_d, codes_d, scale_d, w_d, ws);
+    indexer_query(qr_d, {}, wq_d, {}, x_d, wp_d, pos, cs_d, codes_d, scale_d, w_d, ws);
   }, {"indexer_query", "positions.device"});
   const HostTensor codes = download(codes_d), scale = download(scale_d), w = download(w_d);
   for (const HostTensor* t : {&codes, &scale, &w})
     for (int64_t i = 0; i < static_cast<int64_t>(t->nbytes()); ++i)
       ASSERT_EQ(t->data<uint8_t>()[i], 0xFF);
-}
-
-// ================================ scores =====================================================
-
-struct ScoresCase {
-  int64_t T;
-  int H, block, R;
-  DType pos_dtype, req_dtype;
-};
-
-// A batch of T tokens over R requests with random fp8 queries and a paged key cache of random
-// keys in shuffled blocks; positions up to `max_pos`, a few with no visible entry.
-struct ScoresRig {
-  int64_t T, H, N, R;
-  int block, ratio = 4;
-  HostTensor q_fp8, q_scale, w, pos, req, keys, table;
-
-  ScoresRig(const ScoresCase& c, int64_t max_pos, uint32_t seed)
-      : T(c.T), H(c.H), R(c.R), block(c.block) {
-    std::mt19937 rng(seed);
-    std::vector<int64_t> pv(static_cast<size_t>(T)), rv(static_cast<size_t>(T));
-    int64_t max_visible = 0;
-    for (int64_t t = 0; t < T; ++t) {
-      pv[t] = t % 5 == 1 ? integer(rng, 0, 2) : integer(rng, 0, max_pos - 1);  // 0 visible
-      rv[t] = integer(rng, 0, R - 1);
-      max_visible = std::max(max_visible, (pv[t] + 1) / ratio);
-    }
-    N = max_visible + 3;  // columns beyond every token's visible count
-    pos = index_tensor(c.pos_dtype, pv);
-    req = index_tensor(c.req_dtype, rv);
-    q_fp8 = HostTensor(DType::fp8_e4m3, {T, H, kDim});
-    q_scale = HostTensor(DType::fp32, {T, H});
-    w = HostTensor(DType::fp32, {T, H});
-    for (int64_t i = 0; i < q_fp8.numel(); ++i)
-      q_fp8.data<uint8_t>()[i] = float_to_fp8_e4m3(nonzero(rng, 0.01f, 400.0f));
-    for (int64_t i = 0; i < T * H; ++i) {
-      q_scale.data<float>()[i] = std::ldexp(1.0f, static_cast<int>(integer(rng, -12, 4)));
-      w.data<float>()[i] = nonzero(rng, 0.01f, 1.0f);
-    }
-    const int64_t per_req = std::max<int64_t>(1, (max_visible + block - 1) / block);
-    const int64_t num_blocks = R * per_req + 2;
-    keys = HostTensor(DType::uint8, {num_blocks, int64_t{block} * indexer_keys::kEntryBytes});
-    for (int64_t b = 0; b < num_blocks; ++b) {
-      uint8_t* base = keys.data<uint8_t>() + b * keys.shape()[1];
-      for (int i = 0; i < block * kDim; ++i)
-        base[i] = float_to_fp8_e4m3(nonzero(rng, 0.01f, 400.0f));
-      for (int i = 0; i < block; ++i) {
-        const float s = std::ldexp(1.0f, static_cast<int>(integer(rng, -12, 4)));
-        std::memcpy(base + block * kDim + i * 4, &s, 4);
-      }
-    }
-    std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
-    std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), rng);
-    table = HostTensor(DType::int32, {R, per_req});
-    std::copy_n(ids.begin(), R * per_req, table.data<int32_t>());
-  }
-
-  HostTensor run_cpu() const {
-    HostTensor scores = poisoned_host(DType::fp32, {T, N});
-    indexer_scores(q_fp8, q_scale, w, pos, req, {keys, block}, table, ratio, scores);
-    return scores;
-  }
-  HostTensor run_cuda(const HostTensor& req_in, const HostTensor& table_in) const {
-    DeviceTensor q_d = DeviceTensor::from_host(q_fp8), s_d = DeviceTensor::from_host(q_scale),
-                 w_d = DeviceTensor::from_host(w), pos_d = DeviceTensor::from_host(pos),
-                 req_d = DeviceTensor::from_host(req_in), keys_d = DeviceTensor::from_host(keys),
-                 table_d = DeviceTensor::from_host(table_in);
-    DeviceTensor scores_d = poisoned(DType::fp32, {T, N});
-    indexer_scores(q_d, s_d, w_d, pos_d, req_d, {keys_d, block}, table_d, ratio, scores_d);
-    return download(scores_d);
-  }
-  HostTensor run_cuda() const { return run_cuda(req, table); }
-};
-
-class IndexerScoresCpuVsCuda : public ::testing::TestWithParam<ScoresCase> {};
-
-// Same fp8 operands, same dot-product order (indexer_math::dot128), same head order: every
-// score, −inf past the causal limit included, is bit-identical.
-TEST_P(IndexerScoresCpuVsCuda, BitIdentical) {
-  DSV4_SKIP_WITHOUT_GPU();
-  const ScoresCase c = GetParam();
-  const ScoresRig rig(c, /*max_pos=*/1200, static_cast<uint32_t>(200 + c.T + c.H + c.block));
-  expect_same_bytes("scores", rig.run_cpu(), rig.run_cuda());
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, IndexerScoresCpuVsCuda,
-    ::testing::Values(ScoresCase{1, 64, 64, 1, DType::int64, DType::int32},
-                      ScoresCase{23, 64, 64, 3, DType::int32, DType::int64},
-                      ScoresCase{17, 4, 4, 2, DType::int64, DType::int64},
-                      ScoresCase{9, 3, 1, 4, DType::int32, DType::int32},
-                      ScoresCase{0, 64, 64, 1, DType::int64, DType::int32}));
-
-// Many tiles per row (N = 20 001 → 157 tiles of 128) at the layer's head count.
-TEST(IndexerScoresCpuVsCuda, LongRowsBitIdentical) {
-  DSV4_SKIP_WITHOUT_GPU();
-  const ScoresRig rig({4, 64, 64, 2, DType::int64, DType::int32}, /*max_pos=*/80000, 300);
-  expect_same_bytes("scores", rig.run_cpu(), rig.run_cuda());
-}
-
-// What the CPU rejects, CUDA marks: a token whose request row is out of range, and a visible
-// entry whose block is unmapped, score NaN; everything else matches the CPU.
-TEST(IndexerScoresCuda, OutOfRangeIndicesScoreNaN) {
-  DSV4_SKIP_WITHOUT_GPU();
-  const ScoresRig rig({12, 8, 4, 3, DType::int64, DType::int32}, /*max_pos=*/400, 301);
-  const HostTensor cpu = rig.run_cpu();
-  HostTensor req = copy_of(rig.req), table = copy_of(rig.table);
-  req.data<int32_t>()[0] = static_cast<int32_t>(rig.R);  // token 0: no such request
-  table.data<int32_t>()[1] = -1;                          // request 0, entries [B, 2B)
-  table.data<int32_t>()[table.shape()[1] + 0] = 1 << 30;  // request 1, entries [0, B)
-  ASSERT_GE(table.shape()[1], 2);
-  const HostTensor gpu = rig.run_cuda(req, table);
-  const int64_t B = rig.block;
-  for (int64_t t = 0; t < rig.T; ++t) {
-    const int64_t p = rig.pos.data<int64_t>()[t], q = req.data<int32_t>()[t];
-    const int64_t visible = (p + 1) / 4;
-    for (int64_t j = 0; j < rig.N; ++j) {
-      const float g = gpu.data<float>()[t * rig.N + j];
-      const bool unmapped = t == 0 || (q == 0 && j / B == 1) || (q == 1 && j / B == 0);
-      if (j < visible && unmapped) {
-        ASSERT_TRUE(std::isnan(g)) << "t " << t << " j " << j;
-      } else {
-        const float c = cpu.data<float>()[t * rig.N + j];
-        ASSERT_EQ(std::memcmp(&g, &c, 4), 0) << "t " << t << " j " << j << ": " << c << " vs " << g;
-      }
-    }
-  }
-}
-
-TEST(IndexerScoresCuda, RejectionsWriteNothing) {
-  DSV4_SKIP_WITHOUT_GPU();
-  const ScoresRig rig({3, 4, 1, 1, DType::int64, DType::int32}, /*max_pos=*/40, 302);
-  DeviceTensor q_d = DeviceTensor::from_host(rig.q_fp8), s_d = DeviceTensor::from_host(rig.q_scale),
-               w_d = DeviceTensor::from_host(rig.w), pos_d = DeviceTensor::from_host(rig.pos),
-               req_d = DeviceTensor::from_host(rig.req), keys_d = DeviceTensor::from_host(rig.keys),
-               table_d = DeviceTensor::from_host(rig.table);
-  DeviceTensor scores_d = poisoned(DType::fp32, {rig.T, rig.N});
-  // Blocks of one entry (132 bytes) starting 2 bytes in: not 4-byte aligned.
-  TensorView shifted = keys_d.view();
-  shifted.data = static_cast<uint8_t*>(shifted.data) + 2;
-  shifted.shape[0] -= 1;
-  expect_error([&] {
-    indexer_scores(q_d, s_d, w_d, pos_d, req_d, {shifted, 1}, table_d, 4, scores_d);
-  }, {"indexer_scores", "keys.data", "aligned"});
-  // More index heads than the kernel's shared memory holds.
-  DeviceTensor q_big = poisoned(DType::fp8_e4m3, {rig.T, 257, kDim}),
-               s_big = poisoned(DType::fp32, {rig.T, 257}), w_big = poisoned(DType::fp32, {rig.T, 257});
-  expect_error([&] {
-    indexer_scores(q_big, s_big, w_big, pos_d, req_d, {keys_d, 1}, table_d, 4, scores_d);
-  }, {"indexer_scores", "index heads"});
-  expect_error([&] {  // the block table on the host
-    indexer_scores(q_d, s_d, w_d, pos_d, req_d, {keys_d, 1}, rig.table, 4, scores_d);
-  }, {"indexer_scores", "key_block_table.device"});
-  const HostTensor s = download(scores_d);
-  for (int64_t i = 0; i < static_cast<int64_t>(s.nbytes()); ++i) ASSERT_EQ(s.data<uint8_t>()[i], 0xFF);
 }
 
 // ================================ top-k ======================================================
@@ -521,7 +297,7 @@ TEST_P(IndexerTopkCpuVsCuda, SameIndices) {
     switch (t % 6) {
       case 0: pv[t] = integer(rng, 0, 2); break;                 // nothing visible
       case 1: pv[t] = 4 * N - 1; break;                          // everything visible
-      case 2: pv[t] = 4 * std::min(N, K) - 1 - integer(rng, 0, 3); break;  // about K visible
+      case 2: pv[t] = std::max<int64_t>(0, 4 * std::min(N, K) - 1 - integer(rng, 0, 3)); break;  // ~K visible
       default: pv[t] = integer(rng, 0, 4 * N - 1); break;
     }
     const int64_t visible = (pv[t] + 1) / 4;
@@ -562,11 +338,18 @@ TEST_P(IndexerTopkCpuVsCuda, SameIndices) {
   expect_same_bytes("indices (no lens)", idx_cpu, download(idx_d));
 }
 
+// Every launch shape of the CUDA top-k (src/cuda/indexer/topk.cu): 128-thread blocks (>= 512
+// rows of <= 8192 columns) with sort capacities 512, 1024, 2048 and 512-thread blocks (fewer or
+// wider rows, K > 2048) with 512 .. 4096; K = 0; rows where everything visible is selected (no
+// threshold) and rows that need it.
 INSTANTIATE_TEST_SUITE_P(Shapes, IndexerTopkCpuVsCuda,
                          ::testing::Values(TopkCase{40, 50, 1}, TopkCase{40, 50, 8},
-                                           TopkCase{40, 50, 64}, TopkCase{12, 50000, 512},
-                                           TopkCase{6, 50000, 4096}, TopkCase{18, 3000, 2048},
-                                           TopkCase{0, 50, 8}));
+                                           TopkCase{40, 50, 64}, TopkCase{520, 700, 512},
+                                           TopkCase{520, 3000, 1024}, TopkCase{520, 3000, 2048},
+                                           TopkCase{18, 3000, 2048},
+                                           TopkCase{12, 50000, 512}, TopkCase{12, 9000, 1024},
+                                           TopkCase{8, 20000, 2048}, TopkCase{6, 50000, 4096},
+                                           TopkCase{12, 40, 0}, TopkCase{0, 50, 8}));
 
 TEST(IndexerTopkCuda, RejectionsWriteNothing) {
   DSV4_SKIP_WITHOUT_GPU();

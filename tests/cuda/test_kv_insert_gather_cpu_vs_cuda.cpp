@@ -39,6 +39,7 @@ using dsv4::KvCacheView;
 using dsv4::KvLayout;
 using dsv4::TensorView;
 using dsv4::test::expect_bytes_equal;
+using dsv4::test::same_view_on_device;
 using dsv4::test::TestCache;
 using dsv4::test::Twin;
 
@@ -135,6 +136,29 @@ TEST_P(QnormRopeKvInsertCpuVsCuda, BitIdentical) {
   expect_batch_equal(cpu, gpu);
 }
 
+// q rows that are not 16-byte aligned (q a window of rows 3 elements wider): the kernel's
+// element-wise path for q, the same bytes as the CPU, the padding untouched.
+TEST(QnormRopeKvInsertCuda, UnalignedQRows) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const InsertCase c{KvLayout::model1_fp8, 7, 16, 64, DType::int64, true};
+  InsertBatch cpu(c, 300);
+  const int64_t D = cpu.q.shape()[2];
+  HostTensor wide = dense_test::poisoned(DType::bf16, {c.T, c.H, D + 3});
+  for (int64_t r = 0; r < c.T * c.H; ++r)
+    std::memcpy(wide.data<uint16_t>() + r * (D + 3), cpu.q.data<uint16_t>() + r * D, D * sizeof(uint16_t));
+  DeviceBatch gpu(cpu);
+  Twin q = Twin::of(wide);
+  TensorView q_host = q.host.view();
+  q_host.shape[2] = D;
+  Twin table = Twin::of(rope_table(c.yarn));
+  dsv4::qnorm_rope_kv_insert(q_host, cpu.kv, cpu.positions, table.host, kEps, cpu.view, cpu.slots);
+  dsv4::qnorm_rope_kv_insert(dsv4::test::same_view_on_device(q, q_host), gpu.kv.dev, gpu.positions.dev, table.dev, kEps,
+                             gpu.view, gpu.slots.dev);
+  expect_bytes_equal("q (and its padding)", q.host, q.dev_bytes());
+  expect_bytes_equal("kv", cpu.kv, gpu.kv.dev_bytes());
+  expect_bytes_equal("cache", cpu.cache, gpu.cache.dev_bytes());
+}
+
 std::vector<InsertCase> insert_grid() {
   std::vector<InsertCase> grid;
   for (const KvLayout l : {KvLayout::model1_fp8, KvLayout::v32_fp8, KvLayout::bf16, KvLayout::fp8_per_tensor})
@@ -220,6 +244,7 @@ struct GatherCase {
   int block_size, requests, max_seq;
   bool with_gather_lens;  // SWA-style: only the last few entries, older blocks released (−1)
   int offset;
+  int64_t block_stride = 0;  // bytes between cache blocks (0: the block bytes; more: padded)
 };
 
 // Requests' block tables over shuffled blocks of a cache whose every token is filled; request 0
@@ -234,7 +259,8 @@ struct GatherSetup {
     const int max_blocks = (c.max_seq + c.block_size - 1) / c.block_size;
     const int num_blocks = c.requests * max_blocks + 2;
     cache = std::make_unique<TestCache>(c.layout, c.block_size, num_blocks,
-                                        c.layout == KvLayout::fp8_per_tensor ? 0.21f : 1.0f);
+                                        c.layout == KvLayout::fp8_per_tensor ? 0.21f : 1.0f,
+                                        c.block_stride);
     for (int64_t s = 0; s < cache->num_slots(); ++s) cache->fill_token(s, rng);
     std::vector<int32_t> order(static_cast<size_t>(num_blocks));
     std::iota(order.begin(), order.end(), 0);
@@ -269,7 +295,7 @@ TEST_P(DequantizeAndGatherCpuVsCuda, BitIdentical) {
   Twin gather_lens = c.with_gather_lens ? Twin::of(s.gather_lens) : Twin{};
   Twin ws = Twin::poisoned(DType::bf16, {c.requests, s.rows, dim});
   KvCacheView dev_view = s.cache->view();
-  dev_view.data = cache.dev.view();
+  dev_view.data = same_view_on_device(cache, dev_view.data);  // padded blocks stay padded
 
   dsv4::dequantize_and_gather(s.cache->view(), s.table, s.seq_lens, s.gather_lens, c.offset, ws.host);
   dsv4::dequantize_and_gather(dev_view, table.dev, seq_lens.dev, gather_lens.dev,
@@ -286,6 +312,9 @@ std::vector<GatherCase> gather_grid() {
   }
   grid.push_back({KvLayout::model1_fp8, 64, 5, 300, true, 0});
   grid.push_back({KvLayout::model1_fp8, 64, 1, 1, false, 0});
+  // Padded block strides (FlashMLA / vLLM caches): V3.2 64 x 656 B every 42640 B, MODEL1 past 576 B.
+  grid.push_back({KvLayout::v32_fp8, 64, 3, 150, true, 2, 65 * 656});
+  grid.push_back({KvLayout::model1_fp8, 64, 3, 150, false, 0, dsv4::test::spec_block_bytes(KvLayout::model1_fp8, 64) + 64});
   return grid;
 }
 INSTANTIATE_TEST_SUITE_P(Grid, DequantizeAndGatherCpuVsCuda, ::testing::ValuesIn(gather_grid()), [](const auto& info) {
@@ -293,6 +322,7 @@ INSTANTIATE_TEST_SUITE_P(Grid, DequantizeAndGatherCpuVsCuda, ::testing::ValuesIn
   std::ostringstream n;
   n << dsv4::kv_layout_name(c.layout) << "_B" << c.block_size << "_R" << c.requests << "_S" << c.max_seq
     << (c.with_gather_lens ? "_gather_lens" : "") << "_off" << c.offset;
+  if (c.block_stride) n << "_stride" << c.block_stride;
   return n.str();
 });
 

@@ -4,8 +4,9 @@
 // Tolerance: none — outputs must be byte-identical. Both backends run the same DSV4_HD per-element
 // math (src/cpu/norm_math.h, src/cpu/rope_common.h): the same IEEE-rounded fp32 operations
 // (dtype.h ieee_*: explicit non-FTZ PTX on the device, unaffected by --use_fast_math) in the same
-// order — the sum of squares sequentially in index order on both sides — and the same bf16
-// rounding. A one-ulp difference therefore is a bug, not noise.
+// order — the sum of squares in norm_math.h's lane order (32 partials over chunks of 8, then a
+// butterfly) on both sides — and the same bf16 rounding. A one-ulp difference therefore is a bug,
+// not noise. Rows that are not 16-byte aligned take the kernels' element-wise path: covered too.
 //
 // Also: in place (y aliases x), strided leading dims, T = 0, a position outside the table on CUDA
 // (the row is left unwritten: the host cannot check device data), mixed devices (dsv4::Error,
@@ -55,7 +56,9 @@ std::string dims_name(const std::vector<int64_t>& dims) {
 
 // ---- rms_norm ---------------------------------------------------------------------------------
 enum class Weight { none, bf16, fp32 };
-enum class Placement { separate, in_place, strided };  // strided: x is a column range of a wider buffer
+// strided: x is a column range of a wider buffer (rows 16-byte aligned); unaligned: the same with
+// rows 3 elements wider (the kernels' element-wise path).
+enum class Placement { separate, in_place, strided, unaligned };
 using NormParams = std::tuple<std::vector<int64_t>, DType, DType, Weight, Placement>;
 class RmsNormCpuVsCuda : public ::testing::TestWithParam<NormParams> {};
 
@@ -66,6 +69,7 @@ TEST_P(RmsNormCpuVsCuda, BitIdentical) {
   // The buffer x lives in: 24 extra columns when strided (its rows are then D + 24 apart).
   std::vector<int64_t> buf_dims = dims;
   if (placement == Placement::strided) buf_dims.back() += 24;
+  if (placement == Placement::unaligned) buf_dims.back() += 3;
   HostTensor x_buf = random_tensor(x_dt, buf_dims, 11 + D);
   alternate_row_scale(x_buf, buf_dims.back());
   Twin x = Twin::of(x_buf);
@@ -102,6 +106,8 @@ std::vector<NormParams> norm_grid() {
   grid.emplace_back(std::vector<int64_t>{13, 100}, DType::fp32, DType::bf16, Weight::bf16, Placement::separate);
   grid.emplace_back(std::vector<int64_t>{11, 1024}, DType::bf16, DType::bf16, Weight::bf16, Placement::strided);
   grid.emplace_back(std::vector<int64_t>{3, 4, 512}, DType::fp32, DType::bf16, Weight::none, Placement::strided);
+  grid.emplace_back(std::vector<int64_t>{11, 1024}, DType::bf16, DType::bf16, Weight::bf16, Placement::unaligned);
+  grid.emplace_back(std::vector<int64_t>{5, 100}, DType::fp32, DType::fp32, Weight::none, Placement::unaligned);
   grid.emplace_back(std::vector<int64_t>{1, 512}, DType::bf16, DType::bf16, Weight::bf16, Placement::separate);
   grid.emplace_back(std::vector<int64_t>{0, 512}, DType::bf16, DType::bf16, Weight::bf16, Placement::separate);
   grid.emplace_back(std::vector<int64_t>{512}, DType::bf16, DType::fp32, Weight::none, Placement::separate);
@@ -112,7 +118,10 @@ std::string norm_case_name(const ::testing::TestParamInfo<NormParams>& info) {
   std::ostringstream n;
   n << dims_name(dims) << "_" << dsv4::dtype_name(x_dt) << "_to_" << dsv4::dtype_name(y_dt) << "_w"
     << (w == Weight::none ? "none" : w == Weight::bf16 ? "bf16" : "fp32")
-    << (placement == Placement::in_place ? "_inplace" : placement == Placement::strided ? "_strided" : "");
+    << (placement == Placement::in_place   ? "_inplace"
+        : placement == Placement::strided  ? "_strided"
+        : placement == Placement::unaligned ? "_unaligned"
+                                            : "");
   return n.str();
 }
 INSTANTIATE_TEST_SUITE_P(Grid, RmsNormCpuVsCuda, ::testing::ValuesIn(norm_grid()), norm_case_name);
@@ -180,6 +189,7 @@ TEST_P(ApplyRopeCpuVsCuda, BitIdentical) {
   const int64_t T = c.dims.front(), D = c.dims.back();
   std::vector<int64_t> buf_dims = c.dims;
   if (c.placement == Placement::strided) buf_dims.back() += 40;
+  if (c.placement == Placement::unaligned) buf_dims.back() += 3;
   Twin x = Twin::of(random_tensor(c.x_dt, buf_dims, 41 + D));
   TensorView x_host = x.host.view();
   x_host.shape[x_host.ndim - 1] = D;
@@ -206,6 +216,7 @@ std::vector<RopeCase> rope_grid() {
   grid.push_back({{7, 16, 512}, DType::bf16, DType::bf16, DType::int32, true, false, Placement::in_place});
   grid.push_back({{7, 16, 512}, DType::fp32, DType::fp32, DType::int64, false, true, Placement::in_place});
   grid.push_back({{5, 16, 512}, DType::bf16, DType::bf16, DType::int64, false, true, Placement::strided});
+  grid.push_back({{5, 16, 512}, DType::bf16, DType::fp32, DType::int64, true, true, Placement::unaligned});
   grid.push_back({{1, 512}, DType::bf16, DType::bf16, DType::int64, false, true, Placement::separate});
   grid.push_back({{0, 64, 512}, DType::bf16, DType::bf16, DType::int64, false, true, Placement::separate});
   grid.push_back({{6, 64}, DType::bf16, DType::bf16, DType::int32, false, false, Placement::separate});  // R = D
@@ -216,7 +227,10 @@ INSTANTIATE_TEST_SUITE_P(Grid, ApplyRopeCpuVsCuda, ::testing::ValuesIn(rope_grid
   std::ostringstream n;
   n << dims_name(c.dims) << "_" << dsv4::dtype_name(c.x_dt) << "_to_" << dsv4::dtype_name(c.y_dt) << "_"
     << dsv4::dtype_name(c.pos_dt) << (c.inverse ? "_inverse" : "") << (c.yarn ? "_yarn" : "")
-    << (c.placement == Placement::in_place ? "_inplace" : c.placement == Placement::strided ? "_strided" : "");
+    << (c.placement == Placement::in_place   ? "_inplace"
+        : c.placement == Placement::strided  ? "_strided"
+        : c.placement == Placement::unaligned ? "_unaligned"
+                                              : "");
   return n.str();
 });
 

@@ -114,11 +114,12 @@ def test_matches_float64_reference(layer, fp8_activations):
     The reference rounds wherever the layer stores bf16 / FP8, so the two differ by fp32-vs-double
     accumulation only, which now and then moves a value across a rounding boundary. Without FP8
     activations such a flip is a bf16 ulp: every token within 1e-2 of its row max (the C++ test's
-    tolerance; measured <= 3.4e-3 over 4 inputs x 3 kinds). With FP8 activations (o quantized
-    before wo_a, as production does) a flip moves one element of o by an FP8 ulp (up to 1/8 of
-    it): measured up to 1.2e-2 on isolated tokens, so each token within 2e-2 and the median
-    token within 1e-4 (measured <= 3e-5): a wrong entry, position or head shifts every token by
-    O(1e-1)."""
+    tolerance; measured <= 3.4e-3 over 4 inputs x 3 kinds). With FP8 activations (o before wo_a
+    and the inputs of the FP8-weight projections quantized, as production does) a flip moves one
+    element by an FP8 ulp (up to 1/8 of it), and a flipped cached KV row moves its SWA window:
+    measured up to 2.9e-2 on isolated tokens, so each token within 5e-2 (`dsv4 run --check`'s
+    bound) and the median token within 1e-4 (measured <= 4e-8): a wrong entry, position, head
+    or scale shifts every token by O(1e-1)."""
     L = 300
     a = small_layer(layer, fp8_activations=fp8_activations)
     a.forward(dsv4attn.BatchDescription([9], [0], [13]), hidden(13, 9))
@@ -131,7 +132,7 @@ def test_matches_float64_reference(layer, fp8_activations):
     err = row_rel_err(y, want)
     assert not err.isnan().any()
     if fp8_activations:
-        assert err.max() <= 2e-2 and err.median() <= 1e-4, (err.max(), err.median())
+        assert err.max() <= 5e-2 and err.median() <= 1e-4, (err.max(), err.median())
     else:
         assert err.max() <= 1e-2, err.max()
 

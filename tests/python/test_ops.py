@@ -17,7 +17,7 @@ EXPECTED_OPS = {
     "linear", "quantize_act_fp8", "rms_norm", "fused_qkv_rms_norm", "apply_rope", "grouped_wo_a",
     "qnorm_rope_kv_insert", "kv_quantize", "kv_dequantize", "dequantize_and_gather",
     "sparse_decode", "sparse_attention_combine", "sparse_prefill", "local_to_global_slots",
-    "swa_window_indices", "combine_topk_swa_indices", "dequantize_fp8_blocks",
+    "swa_window_indices", "combine_topk_swa_indices", "dequantize_fp8_blocks", "inv_rope_fp8_quant",
 }
 
 
@@ -49,20 +49,52 @@ def test_linear_fp8_block_scaled_weight(device):
     scale = ref.ue8m0_scale(blocks.abs().amax(dim=(1, 3)).double())  # [1, 2]
     w_fp8 = (w_real.double().view(1, 128, 2, 128) / scale[:, None, :, None]).view(128, 256)
     w_fp8 = w_fp8.to(torch.float32).to(torch.float8_e4m3fn)
-    y = poisoned((3, 128), torch.float32, device)
-    w_dev, scale_dev = w_fp8.to(device), scale.float().to(device)
-    if device.type == "cuda":
-        # The CUDA GEMMs (cuBLASLt, bf16) take no FP8 weights: dequantize once, then the same y.
-        with pytest.raises(dsv4attn.Error, match="dequantize_fp8_blocks"):
-            torch.ops.dsv4.linear(x, None, w_dev, scale_dev, y)
-        w_bf16 = poisoned((128, 256), torch.bfloat16, device)
-        torch.ops.dsv4.dequantize_fp8_blocks(w_dev, scale_dev, 128, 128, w_bf16)
-        torch.ops.dsv4.linear(x, None, w_bf16, None, y)
-    else:
-        torch.ops.dsv4.linear(x, None, w_dev, scale_dev, y)
     w_deq = (w_fp8.double().view(1, 128, 2, 128) * scale[:, None, :, None]).view(128, 256)
-    want = x.cpu().double() @ w_deq.T
-    assert torch.allclose(y.cpu().double(), want, rtol=1e-4, atol=1e-4)
+    w_dev, scale_dev = w_fp8.to(device), scale.float().to(device)
+    y = poisoned((3, 128), torch.float32, device)
+    if device.type == "cpu":  # the CPU GEMM also takes a bf16 x with an FP8 weight
+        torch.ops.dsv4.linear(x, None, w_dev, scale_dev, y)
+        want = x.cpu().double() @ w_deq.T
+        assert torch.allclose(y.cpu().double(), want, rtol=1e-4, atol=1e-4)
+    else:  # FP8 tensor cores multiply FP8 by FP8 only
+        with pytest.raises(dsv4attn.Error, match="quantize_act_fp8"):
+            torch.ops.dsv4.linear(x, None, w_dev, scale_dev, y)
+    # The production path on both: x quantized per 1 x 128 (fp32 scales as the transpose of a
+    # [K/128, T] buffer, the CUDA GEMMs' layout), the weight scales' rows padded to 4.
+    xq = torch.empty(3, 256, dtype=torch.float8_e4m3fn, device=device)
+    xs = torch.empty(2, 3, dtype=torch.float32, device=device).t()
+    torch.ops.dsv4.quantize_act_fp8(x, 128, xq, xs)
+    ws = torch.ones(1, 4, dtype=torch.float32, device=device)
+    ws[:, :2] = scale_dev
+    torch.ops.dsv4.linear(xq, xs, w_dev, ws[:, :2], y)
+    x_deq = (xq.cpu().double().view(3, 2, 128) * xs.cpu().double()[..., None]).view(3, 256)
+    want = x_deq @ w_deq.T
+    # FP8 tensor cores accumulate 128-deep slices with ~14 mantissa bits (5e-4 of Σ|x w|).
+    assert torch.allclose(y.cpu().double(), want, rtol=1e-3, atol=1e-3)
+
+
+def test_inv_rope_fp8_quant(device):
+    """Inverse RoPE + FP8 per 1 x 128 in one pass == apply_rope(inverse) into bf16, then
+    quantize_act_fp8 (bit for bit), and close to the float64 formula."""
+    T, H, D = 4, 3, 512
+    o = (torch.randn(T, H, D) * 3).to(torch.bfloat16).to(device)
+    positions = torch.tensor([0, 5, 100, 1000], device=device)
+    cos_sin = dsv4attn.rope_cos_sin(1024, device=device)
+    q = torch.empty(T, H * D, dtype=torch.float8_e4m3fn, device=device)
+    s = poisoned((H * D // 128, T), torch.float32, device).t()
+    torch.ops.dsv4.inv_rope_fp8_quant(o, positions, cos_sin, 128, q, s)
+    rot = poisoned((T, H, D), torch.bfloat16, device)
+    torch.ops.dsv4.apply_rope(o, positions, cos_sin, True, rot)
+    q2 = torch.empty(T, H * D, dtype=torch.float8_e4m3fn, device=device)
+    s2 = poisoned((T, H * D // 128), torch.float32, device)
+    torch.ops.dsv4.quantize_act_fp8(rot.view(T, H * D), 128, q2, s2)
+    assert torch.equal(q.view(torch.uint8).cpu(), q2.view(torch.uint8).cpu())
+    assert torch.equal(s.cpu(), s2.cpu())
+    want = ref.rope(o.cpu(), positions.cpu(), inverse=True).to(torch.bfloat16).reshape(T, H * D)
+    want_q, want_scale = ref.quantize_blocks(want, 128)
+    got = q.cpu().double().view(T, -1, 128) * s.cpu().double()[..., None]
+    step = want_scale[..., None] * 32  # one e4m3 step at the top binade (2^-3 · 256)
+    assert torch.all((got - want_q.view_as(got)).abs() <= step)
 
 
 def test_rms_norm_and_rope(device):

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 
@@ -17,15 +18,22 @@ const FlagSpec* find_flag(const std::vector<FlagSpec>& flags, std::string_view n
   return nullptr;
 }
 
-int64_t parse_int(std::string_view flag, const std::string& text) {
+}  // namespace
+
+int64_t parse_int_flag(std::string_view flag, const std::string& text, int64_t lo, int64_t hi) {
+  const auto range = [&] { return detail::concat("an integer in [", lo, ", ", hi, "]"); };
+  // strtoll alone would take " 12", "+12" and stop quietly at "12x": only [-]digits are exact.
+  const size_t first = !text.empty() && text[0] == '-' ? 1 : 0;
+  const bool digits = text.size() > first &&
+                      std::all_of(text.begin() + static_cast<std::ptrdiff_t>(first), text.end(),
+                                  [](unsigned char c) { return std::isdigit(c) != 0; });
+  if (!digits) fail("--", flag, ": expected ", range(), ", got '", text, "'");
   errno = 0;
-  char* end = nullptr;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno == ERANGE)
-    fail("--", flag, ": expected an integer, got '", text, "'");
+  const long long v = std::strtoll(text.c_str(), nullptr, 10);
+  if (errno == ERANGE || v < lo || v > hi)
+    fail("--", flag, ": expected ", range(), ", got ", text);
   return v;
 }
-}  // namespace
 
 ParsedArgs parse_args(std::string_view command, const std::vector<std::string>& args,
                       const std::vector<FlagSpec>& flags, bool allow_positional) {
@@ -70,9 +78,9 @@ std::string ParsedArgs::get_string(std::string_view name, std::string_view fallb
   return it == values_.end() ? std::string(fallback) : it->second;
 }
 
-int64_t ParsedArgs::get_int(std::string_view name, int64_t fallback) const {
+int64_t ParsedArgs::get_int(std::string_view name, int64_t fallback, int64_t lo, int64_t hi) const {
   auto it = values_.find(name);
-  return it == values_.end() ? fallback : parse_int(name, it->second);
+  return it == values_.end() ? fallback : parse_int_flag(name, it->second, lo, hi);
 }
 
 double ParsedArgs::get_double(std::string_view name, double fallback) const {
@@ -86,6 +94,13 @@ double ParsedArgs::get_double(std::string_view name, double fallback) const {
   return v;
 }
 
+double ParsedArgs::get_positive_double(std::string_view name, double fallback) const {
+  const double v = get_double(name, fallback);
+  if (!(v > 0.0) || !std::isfinite(v))
+    fail("--", name, ": expected a finite number > 0, got '", get_string(name), "'");
+  return v;
+}
+
 bool ParsedArgs::get_bool(std::string_view name, bool fallback) const {
   auto it = values_.find(name);
   if (it == values_.end()) return fallback;
@@ -96,14 +111,14 @@ bool ParsedArgs::get_bool(std::string_view name, bool fallback) const {
   fail("--", name, ": expected true or false, got '", it->second, "'");
 }
 
-std::vector<int64_t> ParsedArgs::get_int_list(std::string_view name,
-                                              std::vector<int64_t> fallback) const {
+std::vector<int64_t> ParsedArgs::get_int_list(std::string_view name, std::vector<int64_t> fallback,
+                                              int64_t lo, int64_t hi) const {
   auto it = values_.find(name);
   if (it == values_.end()) return fallback;
   std::vector<int64_t> out;
   std::stringstream ss(it->second);
   std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(parse_int(name, item));
+  while (std::getline(ss, item, ',')) out.push_back(parse_int_flag(name, item, lo, hi));
   if (out.empty()) fail("--", name, ": expected a list like 1,2,3, got ''");
   return out;
 }

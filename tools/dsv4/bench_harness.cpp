@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -13,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "args.h"
 #include "dsv4/status.h"
 
 #if defined(DSV4_WITH_CUDA)
@@ -44,9 +46,12 @@ void usage() {
   std::puts(
       "usage: dsv4 bench [--filter SUBSTR] [--list] [--json FILE] [--warmup N] [--reps N]\n"
       "                  [--cooldown-ms MS]\n"
+      "       dsv4 bench layer [options]   whole layer steps against their floors (--help)\n"
       "  Runs the kernel benchmarks of PERF.md on the first CUDA device: median of --reps (>= 20)\n"
       "  CUDA-event timed runs after --warmup runs; prints µs, TFLOP/s, GB/s, % of the bound\n"
-      "  ceiling and the FlashMLA anchor. --filter keeps cases whose name contains SUBSTR.\n"
+      "  ceiling (bf16 or, for the FP8 GEMMs, FP8 tensor cores; or HBM copy) and the FlashMLA\n"
+      "  anchor. Groups: prefill, decode (sparse attention), gemm (FP8 projections, V4-Flash).\n"
+      "  --filter keeps cases whose name contains SUBSTR (e.g. --filter gemm_fp8).\n"
       "  --cooldown-ms: the GPU idles this long before each case's runs (default 1000), so no case\n"
       "  inherits the power cap the previous ones drove the clocks into; 0 runs them back to back.");
 }
@@ -132,9 +137,10 @@ int run_bench_cli(const std::vector<std::string>& args) {
     else if (a == "--filter") filter = value();
     else if (a == "--json") json_path = value();
     else if (a == "--list") list = true;
-    else if (a == "--warmup") warmup = std::stoi(value());
-    else if (a == "--reps") reps = std::stoi(value());
-    else if (a == "--cooldown-ms") cooldown_ms = std::stoi(value());
+    // Exact ints (std::stoi took "12x" as 12); the ranges are checked below.
+    else if (a == "--warmup") warmup = static_cast<int>(cli::parse_int_flag("warmup", value(), INT_MIN, INT_MAX));
+    else if (a == "--reps") reps = static_cast<int>(cli::parse_int_flag("reps", value(), INT_MIN, INT_MAX));
+    else if (a == "--cooldown-ms") cooldown_ms = static_cast<int>(cli::parse_int_flag("cooldown-ms", value(), INT_MIN, INT_MAX));
     else { std::fprintf(stderr, "dsv4 bench: unknown option '%s'\n", a.c_str()); usage(); return 2; }
   }
   if (reps < 20) fail("dsv4 bench: --reps: expected >= 20 (median of at least 20 runs), got ", reps);
@@ -177,7 +183,8 @@ int run_bench_cli(const std::vector<std::string>& args) {
     const int64_t run_to_ms = unix_ms();
     const double tflops = c.flops / (t.median_us * 1e-6) / 1e12;
     const double gbps = c.bytes / (t.median_us * 1e-6) / 1e9;
-    const double pct = c.memory_bound ? 100.0 * gbps / kHbmGbpsCeiling : 100.0 * tflops / kBf16TflopsCeiling;
+    const double tflops_ceiling = c.fp8 ? kFp8TflopsCeiling : kBf16TflopsCeiling;
+    const double pct = c.memory_bound ? 100.0 * gbps / kHbmGbpsCeiling : 100.0 * tflops / tflops_ceiling;
     const double ratio = c.anchor_tflops > 0 ? tflops / c.anchor_tflops : 0.0;
     char anchor[32] = "-", ratio_s[32] = "-";
     if (c.anchor_tflops > 0) {
@@ -189,7 +196,8 @@ int run_bench_cli(const std::vector<std::string>& args) {
     results.push_back({{"group", group}, {"name", c.name}, {"config", c.config}, {"median_us", t.median_us},
                        {"min_us", t.min_us}, {"max_us", t.max_us}, {"reps", t.reps}, {"flops", c.flops},
                        {"bytes", c.bytes}, {"tflops", tflops}, {"gbps", gbps},
-                       {"bound", c.memory_bound ? "memory" : "compute"}, {"percent_of_ceiling", pct},
+                       {"bound", c.memory_bound ? "memory" : "compute"}, {"tflops_ceiling", tflops_ceiling},
+                       {"percent_of_ceiling", pct},
                        {"flashmla_us", c.anchor_us}, {"flashmla_tflops", c.anchor_tflops},
                        {"ratio_vs_flashmla", ratio}, {"run_from_unix_ms", run_from_ms},
                        {"run_to_unix_ms", run_to_ms}});
@@ -198,7 +206,8 @@ int run_bench_cli(const std::vector<std::string>& args) {
   if (!json_path.empty()) {
     nlohmann::json doc = {{"device", device}, {"date", utc_now()}, {"warmup", warmup}, {"reps", reps},
                           {"cooldown_ms", cooldown_ms},
-                          {"ceilings", {{"bf16_tflops", kBf16TflopsCeiling}, {"hbm_gbps", kHbmGbpsCeiling}}},
+                          {"ceilings", {{"bf16_tflops", kBf16TflopsCeiling}, {"fp8_tflops", kFp8TflopsCeiling},
+                                        {"hbm_gbps", kHbmGbpsCeiling}}},
                           {"results", results}};
     std::ofstream f(json_path);
     if (!f) fail("dsv4 bench: --json: cannot write '", json_path, "'");

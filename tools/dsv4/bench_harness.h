@@ -17,6 +17,7 @@ namespace dsv4::bench {
 
 // PERF.md ceilings of the lent H100 (re-measured values go to bench/RESULTS.md).
 inline constexpr double kBf16TflopsCeiling = 780.0;
+inline constexpr double kFp8TflopsCeiling = 1396.0;
 inline constexpr double kHbmGbpsCeiling = 2960.0;
 
 // Launches one run on `stream`; `rotation` picks the input set (inputs rotate beyond L2 for
@@ -29,6 +30,7 @@ struct Case {
   double flops = 0;       // as FlashMLA counts them (PERF.md)
   double bytes = 0;       // fewest bytes the op must move through HBM
   bool memory_bound = false;
+  bool fp8 = false;           // compute-bound on FP8 tensor cores: % of kFp8TflopsCeiling
   double anchor_us = 0;       // FlashMLA on the same GPU (PERF.md), 0 = none
   double anchor_tflops = 0;
   int rotations = 1;          // input sets the launch cycles through
@@ -66,5 +68,7 @@ int rotations_beyond_l2(double bytes_per_set);
 
 // Runs the cases selected by the CLI arguments; returns the exit code.
 int run_bench_cli(const std::vector<std::string>& args);
+// `dsv4 bench layer` (bench_layer.cpp): whole-layer steps against their floors.
+int run_layer_bench_cli(const std::vector<std::string>& args);
 
 }  // namespace dsv4::bench

@@ -112,9 +112,7 @@ int cmd_info(const Args& argv) {
     printed = true;
   }
   if (args.has("layouts")) {
-    const int64_t b = args.get_int("block-size", 64);
-    if (b < 1 || b > (1 << 16))
-      fail("--block-size: expected 1..65536, got ", b);
+    const int64_t b = args.get_int("block-size", 64, 1, 1 << 16);
     print_layouts(static_cast<int>(b));
     printed = true;
   }

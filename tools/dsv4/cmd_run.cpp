@@ -1,4 +1,6 @@
 // `dsv4 run`: the main job — a serving simulation through a model's attention stack.
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -7,9 +9,11 @@
 
 #include "args.h"
 #include "commands.h"
+#include "dsv4/checked_math.h"
 #include "dsv4/device_tensor.h"
 #include "dsv4/model.h"
 #include "dsv4/status.h"
+#include "kv_pools.h"
 #include "serving_sim.h"
 
 namespace dsv4::cli {
@@ -24,6 +28,8 @@ const std::vector<FlagSpec> kFlags = {
     {"prompt-len", true, "prompt length, one value or one per request (default 256)", "N[,N...]"},
     {"decode-steps", true, "decode steps per request after its prompt (default 16)", "M"},
     {"chunk", true, "token budget per step for chunked prefill (default 256)", "C"},
+    {"kv-memory", true, "KV cache budget: bytes (8G, 512M) or a % of free GPU / host memory (default 40% cuda, 25% cpu)", "SIZE"},
+    {"max-running", true, "most requests running at once (default 0: as many as the cache holds)", "N"},
     {"seed", true, "seed for weights and inputs (default 1)", "S"},
     {"backend", true, "cpu | cuda | auto (default auto)", "B"},
     {"check", false, "re-run a sample of requests through the float64 reference; exit 3 if off"},
@@ -35,22 +41,31 @@ const std::vector<FlagSpec> kFlags = {
 };
 
 void print_table(const SimReport& rep) {
-  std::printf("\n%-8s %8s %9s %10s %12s %10s\n", "phase", "steps", "tokens", "time (s)", "tokens/s", "TFLOP/s");
+  std::printf("\n%-8s %8s %9s %10s %12s %10s %10s %10s\n", "phase", "steps", "tokens", "time (s)", "tokens/s",
+              "p50 (ms)", "p99 (ms)", "TFLOP/s");
   PhaseStats total{"total"};
   for (const PhaseStats& p : rep.phases) {
     total.steps += p.steps;
     total.tokens += p.tokens;
     total.seconds += p.seconds;
     total.flops += p.flops;
+    total.step_seconds.insert(total.step_seconds.end(), p.step_seconds.begin(), p.step_seconds.end());
   }
   auto row = [](const PhaseStats& p) {
     const double tps = p.seconds > 0 ? p.tokens / p.seconds : 0.0;
     const double tf = p.seconds > 0 ? p.flops / p.seconds * 1e-12 : 0.0;
-    std::printf("%-8s %8lld %9lld %10.3f %12.1f %10.4f\n", p.phase.c_str(), static_cast<long long>(p.steps),
-                static_cast<long long>(p.tokens), p.seconds, tps, tf);
+    std::printf("%-8s %8lld %9lld %10.3f %12.1f %10.3f %10.3f %10.4f\n", p.phase.c_str(),
+                static_cast<long long>(p.steps), static_cast<long long>(p.tokens), p.seconds, tps,
+                p.p50_ms(), p.p99_ms(), tf);
   };
   for (const PhaseStats& p : rep.phases) row(p);
   row(total);
+  const SchedulerStats& st = rep.scheduler;
+  std::printf("\nscheduler: %lld request(s) waited for cache, %lld preemption(s) of %lld request(s), "
+              "%lld token(s) recomputed, at most %d running\n",
+              static_cast<long long>(st.waited_requests), static_cast<long long>(st.preemptions),
+              static_cast<long long>(st.preempted_requests), static_cast<long long>(st.recomputed_tokens),
+              st.peak_running);
   if (!rep.checks.empty()) {
     std::printf("\ncheck against the float64 reference (tolerance %.1e):\n", rep.check_tolerance);
     std::printf("%-6s %-6s %8s %14s  %s\n", "layer", "kind", "tokens", "max rel err", "");
@@ -63,7 +78,7 @@ void print_table(const SimReport& rep) {
 }
 
 nlohmann::json to_json(const SimReport& rep, const ModelConfig& cfg, const SimConfig& sc,
-                       const char* backend) {
+                       const KvPoolSizes& pools, int64_t kv_budget, const char* backend) {
   nlohmann::json j;
   j["model"] = cfg.name;
   j["backend"] = backend;
@@ -71,9 +86,20 @@ nlohmann::json to_json(const SimReport& rep, const ModelConfig& cfg, const SimCo
   j["prompt_lens"] = sc.prompt_lens;
   j["decode_steps"] = sc.decode_steps;
   j["chunk"] = sc.chunk;
+  j["max_running"] = sc.max_running;
   for (const PhaseStats& p : rep.phases)
     j["phases"].push_back({{"phase", p.phase}, {"steps", p.steps}, {"tokens", p.tokens},
-                           {"seconds", p.seconds}, {"flops", p.flops}});
+                           {"seconds", p.seconds}, {"flops", p.flops},
+                           {"tokens_per_s", p.seconds > 0 ? p.tokens / p.seconds : 0.0},
+                           {"p50_ms", p.p50_ms()}, {"p99_ms", p.p99_ms()}});
+  const SchedulerStats& st = rep.scheduler;
+  j["scheduler"] = {{"waited_requests", st.waited_requests}, {"preemptions", st.preemptions},
+                    {"preempted_requests", st.preempted_requests},
+                    {"recomputed_tokens", st.recomputed_tokens}, {"peak_running", st.peak_running}};
+  j["kv_cache"] = {{"budget_bytes", kv_budget}, {"bytes", pools.bytes},
+                   {"all_resident_bytes", pools.all_resident_bytes},
+                   {"resident_requests", pools.resident_requests}, {"swa_blocks", pools.swa_blocks},
+                   {"compressed_blocks", pools.compressed_blocks}, {"state_blocks", pools.state_blocks}};
   for (const LayerCheck& c : rep.checks)
     j["check"]["layers"].push_back({{"layer", c.layer}, {"kind", std::string(layer_kind_name(c.kind))},
                                     {"tokens", c.tokens}, {"max_rel_err", c.max_rel_err}});
@@ -97,7 +123,7 @@ int cmd_run(const Args& raw) {
   StackOptions so;
   if (a.has("layers")) so.layers = parse_layer_list(a.get_string("layers"), cfg.n_layers());
   so.weights_dir = a.get_string("weights");
-  so.seed = static_cast<uint64_t>(a.get_int("seed", 1));
+  so.seed = static_cast<uint64_t>(a.get_int("seed", 1, 0, INT64_MAX));
   const std::string backend = a.get_string("backend", "auto");
   if (backend != "cpu" && backend != "cuda" && backend != "auto")
     fail_expected("run", "--backend", "cpu, cuda or auto", backend);
@@ -108,30 +134,52 @@ int cmd_run(const Args& raw) {
          "; use --backend cpu (or auto)");
   so.attention.backend = use_cuda ? Backend::cuda : Backend::cpu;
 
+  // Every count is read exactly and bounded here, before it sizes anything: a sequence never
+  // exceeds max_position (so prompt + steps below cannot overflow), a step's tokens fit int32.
   SimConfig sc;
-  sc.requests = static_cast<int>(a.get_int("requests", 4));
-  sc.prompt_lens = a.get_int_list("prompt-len", {256});
-  sc.decode_steps = a.get_int("decode-steps", 16);
-  sc.chunk = a.get_int("chunk", 256);
+  sc.requests = static_cast<int>(a.get_int("requests", 4, 1, INT_MAX));
+  sc.prompt_lens = a.get_int_list("prompt-len", {256}, 1, cfg.max_position);
+  sc.decode_steps = a.get_int("decode-steps", 16, 0, cfg.max_position - 1);
+  sc.chunk = a.get_int("chunk", 256, 1, INT32_MAX);
   sc.seed = so.seed;
-  sc.check_requests = a.has("check") ? static_cast<int>(a.get_int("check-requests", 1)) : 0;
+  sc.check_requests = a.has("check") ? static_cast<int>(a.get_int("check-requests", 1, 0, sc.requests)) : 0;
   // The CUDA kernels feed the softmax weights to the P·V MMA as bf16 (as FlashMLA does) and keep
   // the low-rank z in bf16; the FP8 quantization of o before wo_a amplifies those 2^-9 moves into
   // whole-FP8-step flips of a few % of o's elements: measured up to 3.6e-2 per token on v4-flash
   // layers 0/2/3 (H100, 2026-11-23). Semantic errors are O(1), so 5e-2 still separates them.
-  sc.check_tolerance = a.get_double("tolerance", use_cuda ? 5e-2 : 3e-2);
-  // Pools sized for the run: every request's whole sequence may be resident at once.
-  int64_t longest = 0;
-  for (int64_t p : sc.prompt_lens) longest = std::max(longest, p + sc.decode_steps);
-  const int64_t per_req_blocks = (longest + 63) / 64 + 2;
-  so.attention.caches.swa_blocks = static_cast<int32_t>(sc.requests * std::min<int64_t>(per_req_blocks, cfg.window_size / 64 + 4));
-  so.attention.caches.compressed_blocks = static_cast<int32_t>(sc.requests * ((longest / 4 + 63) / 64 + 2));
-  so.attention.caches.state_blocks = static_cast<int32_t>(2 * sc.requests + 2);
+  sc.check_tolerance = a.get_positive_double("tolerance", use_cuda ? 5e-2 : 3e-2);
+  const int64_t max_running = a.get_int("max-running", 0);
+  if (max_running < 0 || max_running > INT32_MAX)
+    fail_expected("run", "--max-running", "0..2147483647 (0: no limit)", max_running);
+  sc.max_running = static_cast<int>(max_running);
+  validate_sim_config(sc, cfg);  // before the (slow) stack is built
+
+  // Pools sized from the workload within the budget; the scheduler queues or preempts whatever
+  // does not fit at once. The default leaves room for weights and workspaces.
+  const std::string kv_memory = a.get_string("kv-memory", use_cuda ? "40%" : "25%");
+  const int64_t kv_budget = parse_memory_size(
+      "kv-memory", kv_memory, !kv_memory.empty() && kv_memory.back() == '%' ? memory_for_kv_budget(use_cuda) : 0);
+  std::vector<int> layer_ids = so.layers;
+  if (layer_ids.empty())
+    for (int l = 0; l < cfg.n_layers(); ++l) layer_ids.push_back(l);
+  const KvPoolSizes pools =
+      size_kv_pools(cfg, layer_ids, so.attention.caches, {request_prompts(sc), sc.decode_steps, sc.chunk}, kv_budget);
+  so.attention.caches.swa_blocks = pools.swa_blocks;
+  so.attention.caches.compressed_blocks = pools.compressed_blocks;
+  so.attention.caches.state_blocks = pools.state_blocks;
 
   const bool quiet = a.has("quiet");
   std::fprintf(stderr, "dsv4 run: model %s, %d layers, %d requests, backend %s\n", cfg.name.c_str(),
                so.layers.empty() ? cfg.n_layers() : static_cast<int>(so.layers.size()), sc.requests,
                use_cuda ? "cuda" : "cpu");
+  std::fprintf(stderr, "kv cache: %s of a %s budget (%d SWA, %d compressed, %d state blocks per layer); %s\n",
+               format_bytes(pools.bytes).c_str(), format_bytes(kv_budget).c_str(), pools.swa_blocks,
+               pools.compressed_blocks, pools.state_blocks,
+               pools.resident_requests >= sc.requests
+                   ? "every request fits at once"
+                   : ("about " + std::to_string(pools.resident_requests) + " of " + std::to_string(sc.requests) +
+                      " requests fit at once, the rest wait (all at once would take " +
+                      format_bytes(pools.all_resident_bytes) + ")").c_str());
   AttentionStack stack(cfg, so);
   const SimReport rep = run_serving_sim(stack, sc, [&](const std::string& line) {
     if (!quiet) std::fprintf(stderr, "  %s\n", line.c_str());
@@ -144,7 +192,7 @@ int cmd_run(const Args& raw) {
   if (a.has("json")) {
     std::ofstream f(a.get_string("json"));
     if (!f) fail("run: --json: cannot write '", a.get_string("json"), "'");
-    f << to_json(rep, cfg, sc, use_cuda ? "cuda" : "cpu").dump(2) << "\n";
+    f << to_json(rep, cfg, sc, pools, kv_budget, use_cuda ? "cuda" : "cpu").dump(2) << "\n";
   }
   return rep.check_passed ? 0 : 3;
 }

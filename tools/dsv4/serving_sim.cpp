@@ -10,25 +10,12 @@
 
 #include "dsv4/reference.h"
 #include "dsv4/status.h"
+#include "kv_pools.h"
+#include "runtime/device_runtime.h"
+#include "step_tensors.h"
 
 namespace dsv4::cli {
 
-namespace {
-
-// Deterministic hidden state of (request, position): N(0, 1).
-void fill_hidden(float* out, int dim, uint64_t seed, int64_t req, int64_t pos) {
-  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(req) << 32) ^
-                      static_cast<uint64_t>(pos));
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  for (int i = 0; i < dim; ++i) out[i] = n(rng);
-}
-
-struct Request {
-  int64_t id = 0, prompt = 0, done = 0, decoded = 0;
-  bool finished = false;
-};
-
-}  // namespace
 
 double layer_token_flops(const ModelConfig& c, LayerKind kind, int64_t p) {
   const double H = c.n_heads, D = c.head_dim, dim = c.dim;
@@ -52,79 +39,105 @@ double layer_token_flops(const ModelConfig& c, LayerKind kind, int64_t p) {
   return f + 2 * H * rows * (D + c.v_head_dim);
 }
 
-SimReport run_serving_sim(AttentionStack& stack, const SimConfig& sc,
-                          const std::function<void(const std::string&)>& progress) {
-  const ModelConfig& cfg = stack.config();
+void validate_sim_config(const SimConfig& sc, const ModelConfig& cfg) {
   if (sc.requests < 1) fail_expected("run", "--requests", ">= 1", sc.requests);
   if (sc.decode_steps < 0) fail_expected("run", "--decode-steps", ">= 0", sc.decode_steps);
   if (sc.chunk < 1) fail_expected("run", "--chunk", ">= 1", sc.chunk);
+  if (sc.max_running < 0) fail_expected("run", "--max-running", ">= 0 (0: no limit)", sc.max_running);
   if (sc.prompt_lens.size() != 1 && static_cast<int>(sc.prompt_lens.size()) != sc.requests)
     fail_expected("run", "--prompt-len", "1 or --requests values", sc.prompt_lens.size());
   if (sc.check_requests < 0 || sc.check_requests > sc.requests)
     fail_expected("run", "--check-requests", "0.." + std::to_string(sc.requests), sc.check_requests);
-
-  std::vector<Request> reqs(sc.requests);
-  for (int i = 0; i < sc.requests; ++i) {
-    reqs[i].id = i;
-    reqs[i].prompt = sc.prompt_lens.size() == 1 ? sc.prompt_lens[0] : sc.prompt_lens[i];
-    if (reqs[i].prompt < 1) fail_expected("run", "--prompt-len", ">= 1", reqs[i].prompt);
-    if (reqs[i].prompt + sc.decode_steps > cfg.max_position)
-      fail_expected("run", "prompt + decode length", "<= max_position " + std::to_string(cfg.max_position),
-                    reqs[i].prompt + sc.decode_steps);
+  for (int64_t prompt : sc.prompt_lens) {
+    if (prompt < 1) fail_expected("run", "--prompt-len", ">= 1", prompt);
+    // Compared without forming the sum, which a huge --decode-steps would overflow.
+    if (sc.decode_steps > cfg.max_position || prompt > cfg.max_position - sc.decode_steps)
+      fail_expected("run", "prompt + decode length",
+                    "<= max_position " + std::to_string(cfg.max_position),
+                    std::to_string(prompt) + " + " + std::to_string(sc.decode_steps));
   }
+}
 
-  // Per checked request and layer: every position's layer input and output rows.
+std::vector<int64_t> request_prompts(const SimConfig& sc) {
+  if (sc.prompt_lens.size() == 1) return std::vector<int64_t>(static_cast<size_t>(sc.requests), sc.prompt_lens[0]);
+  return sc.prompt_lens;
+}
+
+SimReport run_serving_sim(AttentionStack& stack, const SimConfig& sc,
+                          const std::function<void(const std::string&)>& progress,
+                          const OutputHook& on_output) {
+  const ModelConfig& cfg = stack.config();
+  validate_sim_config(sc, cfg);
+  const std::vector<int64_t> prompts = request_prompts(sc);
+
+  SchedulerOptions so;
+  so.token_budget = sc.chunk;
+  so.max_running = sc.max_running;
+  Scheduler sched(so);
+  int64_t total_tokens = 0;
+  for (int i = 0; i < sc.requests; ++i) {
+    sched.add_request(i, prompts[static_cast<size_t>(i)], sc.decode_steps);
+    total_tokens += prompts[static_cast<size_t>(i)] + sc.decode_steps;
+  }
+  const StackKvCapacity kv(stack);
+
+  // Per checked request and layer: every position's layer input and output rows (of the
+  // request's last run: a preemption drops them, and the recompute records them again).
   const int L = stack.num_layers();
   std::map<std::pair<int64_t, int>, std::map<int64_t, std::pair<std::vector<float>, std::vector<float>>>> record;
 
   SimReport rep;
-  rep.phases = {{"prefill"}, {"decode"}};
-  const int64_t total_tokens = [&] {
-    int64_t t = 0;
-    for (const Request& r : reqs) t += r.prompt + sc.decode_steps;
-    return t;
-  }();
-  int64_t processed = 0;
+  rep.phases = {{"prefill"}, {"decode"}, {"mixed"}};
+  const bool on_gpu = stack.num_layers() > 0 && stack.layer(0).backend() == Backend::cuda;
+  StepTensors tensors(on_gpu ? Device::cuda : Device::cpu, nullptr, sc.seed, cfg.dim);
+  struct StepEvents {
+    int phase;
+    rt::Event start, end;
+  };
+  std::vector<StepEvents> step_events;
+  int64_t steps_run = 0;
   auto last_report = std::chrono::steady_clock::now();
 
-  while (true) {
-    std::vector<RequestStep> steps;
-    int64_t budget = sc.chunk;
-    for (Request& r : reqs)  // decodes first: requests whose prompt is done
-      if (!r.finished && r.done >= r.prompt && r.decoded < sc.decode_steps && budget > 0) {
-        steps.push_back({r.id, r.done, 1});
-        --budget;
-      }
-    bool has_prefill = false;
-    for (Request& r : reqs)
-      if (r.done < r.prompt && budget > 0) {
-        const int64_t n = std::min(budget, r.prompt - r.done);
-        steps.push_back({r.id, r.done, n});
-        budget -= n;
-        has_prefill = true;
-      }
-    if (steps.empty()) break;
+  while (!sched.done()) {
+    const StepSchedule s = sched.schedule(kv);
+    for (int64_t id : s.preempted) {
+      stack.release(id);
+      for (int l = 0; l < L; ++l) record.erase({id, l});
+    }
+    if (s.steps.empty()) continue;  // the step only preempted; plan again with the freed blocks
 
-    const BatchPlan plan = BatchPlan::make(steps);
+    const BatchPlan plan = BatchPlan::make(s.steps);
     const int64_t T = plan.num_tokens();
-    HostTensor x(DType::fp32, {T, cfg.dim}), y(DType::fp32, {T, cfg.dim});
-    for (int64_t t = 0; t < T; ++t)
-      fill_hidden(x.data<float>() + t * cfg.dim, cfg.dim, sc.seed,
-                  plan.requests[plan.token_to_req[t]].req_id, plan.positions[t]);
+    tensors.prepare(plan);
     std::vector<AttentionStack::LayerIO> io;
+    const bool all_decodes = plan.num_decodes == plan.num_requests();
+    const int phase = all_decodes ? 1 : plan.num_decodes == 0 ? 0 : 2;
+    // CPU: the host clock around the (synchronous) step. GPU: events around the step on the
+    // stream, read after the run, so the host keeps planning ahead while the GPU works.
+    if (on_gpu) {
+      step_events.push_back({phase, rt::Event(true), rt::Event(true)});
+      step_events.back().start.record(nullptr);
+    }
     const auto t0 = std::chrono::steady_clock::now();
-    stack.forward(plan, x, y, sc.check_requests > 0 ? &io : nullptr);
+    stack.forward(plan, tensors.x(), tensors.y(), sc.check_requests > 0 ? &io : nullptr);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (on_gpu) step_events.back().end.record(nullptr);
+    ++steps_run;
+    const HostTensor y = on_output ? tensors.y_on_host() : HostTensor();
 
-    PhaseStats& ph = rep.phases[has_prefill ? 0 : 1];
+    PhaseStats& ph = rep.phases[phase];
     ph.steps += 1;
     ph.tokens += T;
-    ph.seconds += secs;
+    if (!on_gpu) {
+      ph.seconds += secs;
+      ph.step_seconds.push_back(secs);
+    }
     for (int64_t t = 0; t < T; ++t)
       for (int l = 0; l < L; ++l) ph.flops += layer_token_flops(cfg, stack.layer(l).kind(), plan.positions[t]);
 
     for (int64_t t = 0; t < T; ++t) {
       const int64_t id = plan.requests[plan.token_to_req[t]].req_id;
+      if (on_output) on_output(id, plan.positions[t], y.data<float>() + t * cfg.dim);
       if (id >= sc.check_requests) continue;
       for (int l = 0; l < L; ++l) {
         const float* in = io[l].in.data<float>() + t * cfg.dim;
@@ -133,24 +146,24 @@ SimReport run_serving_sim(AttentionStack& stack, const SimConfig& sc,
                                                std::vector<float>(out, out + cfg.dim)};
       }
     }
-    for (const RequestStep& s : plan.requests) {
-      Request& r = reqs[s.req_id];
-      if (s.is_decode()) ++r.decoded;
-      r.done += s.num_new;
-      if (r.done >= r.prompt && r.decoded >= sc.decode_steps && !r.finished) {
-        r.finished = true;
-        stack.release(r.id);
-      }
-    }
-    processed += T;
+    for (int64_t id : sched.complete(s)) stack.release(id);
+
     const auto now = std::chrono::steady_clock::now();
     if (progress && std::chrono::duration<double>(now - last_report).count() > 2.0) {
       last_report = now;
       std::ostringstream os;
-      os << "step " << rep.phases[0].steps + rep.phases[1].steps << ": " << processed << "/"
-         << total_tokens << " tokens (" << static_cast<int>(100.0 * processed / total_tokens) << "%)";
+      os << "step " << steps_run << ": " << sched.progress_tokens() << "/" << total_tokens << " tokens ("
+         << static_cast<int>(100.0 * static_cast<double>(sched.progress_tokens()) / static_cast<double>(total_tokens))
+         << "%), " << sched.num_running() << " running, " << sched.num_waiting() << " waiting, "
+         << sched.num_finished() << " done, " << sched.stats().preemptions << " preemptions";
       progress(os.str());
     }
+  }
+  rep.scheduler = sched.stats();
+  for (const StepEvents& e : step_events) {
+    const double secs = 1e-3 * rt::Event::elapsed_ms(e.start, e.end);
+    rep.phases[e.phase].seconds += secs;
+    rep.phases[e.phase].step_seconds.push_back(secs);
   }
 
   // Check: each sampled request, each layer, against the float64 reference.

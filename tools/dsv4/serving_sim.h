@@ -1,7 +1,8 @@
-// The serving simulation behind `dsv4 run`: N requests are prefilled in chunks under a per-step
-// token budget and then decoded for M steps, every step one mixed batch (decodes first) through
-// the whole attention stack, with paged caches. Optionally checks a sample of requests against
-// the unbatched float64 reference layer by layer.
+// The serving simulation behind `dsv4 run`: N requests, all arriving at once, are run through the
+// whole attention stack with paged caches by the continuous-batching scheduler (scheduler.h):
+// admitted as the caches allow, prefilled in chunks under a per-step token budget, then decoded
+// for M steps; every step one mixed batch (decodes first). Optionally checks a sample of
+// requests against the unbatched float64 reference layer by layer.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 
 #include "dsv4/config.h"
 #include "dsv4/model.h"
+#include "scheduler.h"
 
 namespace dsv4::cli {
 
@@ -19,6 +21,7 @@ struct SimConfig {
   std::vector<int64_t> prompt_lens;  // one value: all requests; N values: one each
   int64_t decode_steps = 16;
   int64_t chunk = 256;               // token budget per step (decodes count one each)
+  int max_running = 0;               // requests running at once (0: as many as the caches hold)
   uint64_t seed = 1;
   int check_requests = 0;            // requests re-run through the float64 reference (0: none)
   // Rounding flips between the fp32 batched path and the float64 reference (a value landing on the
@@ -27,10 +30,19 @@ struct SimConfig {
   double check_tolerance = 3e-2;     // CPU backend; `dsv4 run` uses 5e-2 for CUDA (cmd_run.cpp)
 };
 
+// Throws dsv4::Error naming the flag for a config `dsv4 run` cannot simulate on `model`.
+void validate_sim_config(const SimConfig& cfg, const ModelConfig& model);
+// Each request's prompt length (SimConfig::prompt_lens expanded to one per request).
+std::vector<int64_t> request_prompts(const SimConfig& cfg);
+
 struct PhaseStats {
-  std::string phase;  // "prefill" (steps with prefill chunks, decodes riding along), "decode"
+  // "prefill": steps of prefill chunks only; "decode": decodes only; "mixed": both.
+  std::string phase;
   int64_t steps = 0, tokens = 0;
   double seconds = 0, flops = 0;
+  std::vector<double> step_seconds = {};  // each step's wall time, in step order
+  double p50_ms() const { return 1e3 * percentile(step_seconds, 50); }
+  double p99_ms() const { return 1e3 * percentile(step_seconds, 99); }
 };
 
 struct LayerCheck {
@@ -41,15 +53,22 @@ struct LayerCheck {
 };
 
 struct SimReport {
-  std::vector<PhaseStats> phases;
+  std::vector<PhaseStats> phases;  // prefill, decode, mixed
+  SchedulerStats scheduler;
   std::vector<LayerCheck> checks;
   double check_tolerance = 0;
   bool check_passed = true;
 };
 
-// `progress` receives a one-line status now and then (may be empty).
+// Receives the stack's output row y[dim] of every token a step computed; a token recomputed
+// after a preemption is reported again.
+using OutputHook = std::function<void(int64_t req, int64_t pos, const float* y)>;
+
+// `progress` receives a one-line status now and then (may be empty). The stack's caches must
+// be empty; the scheduler fits the requests into whatever pools they have.
 SimReport run_serving_sim(AttentionStack& stack, const SimConfig& cfg,
-                          const std::function<void(const std::string&)>& progress);
+                          const std::function<void(const std::string&)>& progress,
+                          const OutputHook& on_output = {});
 
 // FLOPs of one token of one layer at position p (projections, compressor, indexer, attention),
 // as the batched path computes them.

@@ -1,11 +1,17 @@
 // Host side of the CUDA sparse decode: checks what the kernels rely on for memory safety
-// (dtypes, shapes, contiguity, alignment, the workspace), maps the views to kernel parameters and
+// (dtypes, shapes, strides, alignment, the workspace), maps the views to kernel parameters and
 // launches split-KV attention, then — when the schedule has more than one split — the combine.
 // Argument checks of the public API (index ranges etc.) live in the dispatching src/cpu op.
+//
+// Strides: q, indices, out and lse may have any strides whose last dim is contiguous; q and out
+// rows must start 16-byte aligned (strides of their [b, s_q, H] dims multiples of 8 elements:
+// q rows are copied and out rows stored in 16-byte pieces). Caches: any block stride >= the
+// layout's block bytes that is a multiple of 16, bytes dense within a block.
 #include "cuda/attention/sparse_decode.h"
 
 #include <cmath>
 
+#include "cuda/attention/aligned_rows.h"
 #include "cuda/attention/combine/combine.h"
 #include "cuda/attention/sparse_decode/config.h"
 #include "dsv4/status.h"
@@ -16,15 +22,37 @@ namespace {
 constexpr const char* kOp = "sparse_decode";
 namespace sd = decode;
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
+// Defined, on the GPU, of `dtype` and `shape`, last dim contiguous (leading dims any strides).
 void check_cuda_tensor(const char* where, const char* name, const TensorView& t, DType dtype,
                        std::initializer_list<int64_t> shape) {
   check_defined(where, name, t);
   check_device(where, name, t, Device::cuda);
   check_dtype(where, name, t, dtype);
   check_shape(where, name, t, shape);
+  check_inner_contiguous(where, name, t);
+}
+
+// A 1-d vector the kernels index directly (topk_length, attn_sink): contiguous.
+void check_cuda_vector(const char* where, const char* name, const TensorView& t, DType dtype,
+                       int64_t n) {
+  check_cuda_tensor(where, name, t, dtype, {n});
   check_contiguous(where, name, t);
+}
+
+sd::RowStrides row_strides(const TensorView& t) { return {t.strides[0], t.strides[1], t.strides[2]}; }
+
+// The combine's outputs: out [b, s_q, H, 512] and lse [b, s_q, H], both strided.
+void set_combine_outputs(combine::CombineParams& c, const TensorView& out, const TensorView& lse,
+                         int64_t s_q) {
+  c.out = out.ptr<uint16_t>();
+  c.out_b_stride = out.strides[0];
+  c.out_s_stride = out.strides[1];
+  c.out_h_stride = out.strides[2];
+  c.lse = lse.ptr<float>();
+  c.lse_b_stride = lse.strides[0];
+  c.lse_s_stride = lse.strides[1];
+  c.lse_h_stride = lse.strides[2];
+  c.s_q = static_cast<int>(s_q);
 }
 
 // Bytes of one cache block as the layout defines it (SPEC §7).
@@ -49,23 +77,26 @@ sd::DecodeScope make_scope(const char* name, const KvCacheView& cache, KvLayout 
              cache.block_size);
   const int64_t need = min_block_bytes(layout, cache.block_size);
   if (cache.data.shape[1] < need) fail_expected(kOp, std::string(name) + ".data.shape[1]", need, cache.data.shape[1]);
-  DSV4_CHECK(cache.data.strides[1] == 1 && cache.data.strides[0] % 16 == 0 && aligned16(cache.data.data),
-             kOp, ": ", name, ": expected 16-byte aligned blocks with contiguous bytes");
+  const int64_t block_stride = cache.data.shape[0] > 1 ? cache.data.strides[0] : need;
+  DSV4_CHECK(cache.data.strides[1] == 1 && block_stride >= need && block_stride % 16 == 0 &&
+                 aligned16(cache.data.data),
+             kOp, ": ", name, ": expected 16-byte aligned blocks of dense bytes at least ", need,
+             " bytes apart, got base ", cache.data.data, " and strides (", cache.data.strides[0],
+             ", ", cache.data.strides[1], ")");
   check_defined(kOp, "indices", indices);
-  check_device(kOp, "indices", indices, Device::cuda);
-  check_dtype(kOp, "indices", indices, DType::int32);
   check_ndim(kOp, "indices", indices, 3);
-  check_shape(kOp, "indices", indices, {b, s_q, indices.shape[2]});
-  check_contiguous(kOp, "indices", indices);
+  check_cuda_tensor(kOp, "indices", indices, DType::int32, {b, s_q, indices.shape[2]});
   sd::DecodeScope scope;
   scope.cache = static_cast<const uint8_t*>(cache.data.data);
-  scope.block_stride = cache.data.strides[0];
+  scope.block_stride = block_stride;
   scope.num_slots = cache.data.shape[0] * cache.block_size;
   scope.indices = indices.ptr<const int32_t>();
+  scope.indices_b_stride = indices.strides[0];
+  scope.indices_s_stride = indices.strides[1];
   scope.block_size = cache.block_size;
   scope.topk = static_cast<int>(indices.shape[2]);
   if (topk_length.defined()) {
-    check_cuda_tensor(kOp, "topk_length", topk_length, DType::int32, {b});
+    check_cuda_vector(kOp, "topk_length", topk_length, DType::int32, b);
     scope.topk_length = topk_length.ptr<const int32_t>();
   }
   return scope;
@@ -85,10 +116,7 @@ void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
   check_ndim(kOp, "q", args.q, 4);
   const int64_t b = args.q.shape[0], s_q = args.q.shape[1], h = args.q.shape[2];
   check_dim(kOp, "q", args.q, 3, d_qk);
-  DSV4_CHECK(args.q.strides[3] == 1 && args.q.strides[0] == s_q * args.q.strides[1] &&
-                 args.q.strides[1] % 8 == 0 && args.q.strides[2] % 8 == 0 && aligned16(args.q.data),
-             kOp, ": q: expected 16-byte aligned rows, [b, s_q] mergeable, got strides of ",
-             args.q.shape_str());
+  check_aligned_rows(kOp, "q", args.q, 3, "q rows are copied in 16-byte chunks");
   DSV4_CHECK(h >= 1 && b >= 1 && s_q >= 1, kOp, ": q: expected non-empty, got ", args.q.shape_str());
   DSV4_CHECK(args.d_v == sd::kDv, kOp, ": d_v: expected 512, got ", args.d_v);
 
@@ -99,9 +127,9 @@ void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
                          args.extra_topk_length, b, s_q);
   }
   check_cuda_tensor(kOp, "out", args.out, DType::bf16, {b, s_q, h, sd::kDv});
-  DSV4_CHECK(aligned16(args.out.data), kOp, ": out: expected 16-byte alignment (16-byte row stores)");
+  check_aligned_rows(kOp, "out", args.out, 3, "out rows are stored in 16-byte pieces");
   check_cuda_tensor(kOp, "lse", args.lse, DType::fp32, {b, s_q, h});
-  if (args.attn_sink.defined()) check_cuda_tensor(kOp, "attn_sink", args.attn_sink, DType::fp32, {h});
+  if (args.attn_sink.defined()) check_cuda_vector(kOp, "attn_sink", args.attn_sink, DType::fp32, h);
 
   const int64_t topk_total = int64_t{p.main.topk} + p.extra.topk;
   DSV4_CHECK(schedule.num_splits >= 1 && schedule.split_len >= 1 &&
@@ -120,8 +148,7 @@ void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
   }
 
   p.q = args.q.ptr<const uint16_t>();
-  p.q_row_stride = args.q.strides[1];
-  p.q_head_stride = args.q.strides[2];
+  p.q_strides = row_strides(args.q);
   p.num_rows = static_cast<int>(rows);
   p.s_q = static_cast<int>(s_q);
   p.num_heads = static_cast<int>(h);
@@ -132,7 +159,9 @@ void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
                                                  : static_cast<float>(1.0 / std::sqrt(double(d_qk)));
   p.scale_log2 = scale * 1.4426950408889634f;
   p.out = args.out.ptr<uint16_t>();
+  p.out_strides = row_strides(args.out);
   p.lse = args.lse.ptr<float>();
+  p.lse_strides = row_strides(args.lse);
   p.sink = args.attn_sink.defined() ? args.attn_sink.ptr<const float>() : nullptr;
   if (schedule.num_splits > 1) {
     p.partial_o = workspace.ptr<float>();
@@ -149,8 +178,7 @@ void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
     c.partial_o = p.partial_o;
     c.partial_lse = p.partial_lse;
     c.sink = p.sink;
-    c.out = p.out;
-    c.lse = p.lse;
+    set_combine_outputs(c, args.out, args.lse, s_q);
     c.num_rows = rows * h;
     c.num_heads = p.num_heads;
     c.num_splits = schedule.num_splits;
@@ -167,18 +195,19 @@ void sparse_attention_combine(const TensorView& partial_o, const TensorView& par
   const int64_t b = partial_o.shape[0], s_q = partial_o.shape[1], h = partial_o.shape[2];
   const int64_t splits = partial_o.shape[3];
   check_cuda_tensor(kCombine, "partial_o", partial_o, DType::fp32, {b, s_q, h, splits, sd::kDv});
+  check_contiguous(kCombine, "partial_o", partial_o);
   check_cuda_tensor(kCombine, "partial_lse", partial_lse, DType::fp32, {b, s_q, h, splits});
+  check_contiguous(kCombine, "partial_lse", partial_lse);
   check_cuda_tensor(kCombine, "out", out, DType::bf16, {b, s_q, h, sd::kDv});
+  check_aligned_rows(kCombine, "out", out, 3, "out rows are stored in aligned pieces, as by sparse_decode");
   check_cuda_tensor(kCombine, "lse", lse, DType::fp32, {b, s_q, h});
-  if (attn_sink.defined()) check_cuda_tensor(kCombine, "attn_sink", attn_sink, DType::fp32, {h});
-  DSV4_CHECK(aligned16(partial_o.data) && aligned16(out.data), kCombine,
-             ": partial_o, out: expected 16-byte alignment");
+  if (attn_sink.defined()) check_cuda_vector(kCombine, "attn_sink", attn_sink, DType::fp32, h);
+  DSV4_CHECK(aligned16(partial_o.data), kCombine, ": partial_o: expected 16-byte alignment");
   combine::CombineParams c;
   c.partial_o = partial_o.ptr<const float>();
   c.partial_lse = partial_lse.ptr<const float>();
   c.sink = attn_sink.defined() ? attn_sink.ptr<const float>() : nullptr;
-  c.out = out.ptr<uint16_t>();
-  c.lse = lse.ptr<float>();
+  set_combine_outputs(c, out, lse, s_q);
   c.num_rows = b * s_q * h;
   c.num_heads = static_cast<int>(h);
   c.num_splits = static_cast<int>(splits);

@@ -1,11 +1,18 @@
 // Host dispatch of the CUDA sparse prefill (SPEC §6): checks what the kernel relies on (device,
-// dtypes, shapes, 16-byte aligned rows), encodes the q tensor map, picks the d_qk
+// dtypes, shapes, 16-byte aligned rows), encodes the q and out tensor maps, picks the d_qk
 // instantiation and launches on the caller's stream. No allocation, no synchronization.
+//
+// Strides: every tensor may have any strides whose last dim is contiguous. q and out travel
+// through TMA (a descriptor's strides are multiples of 16 bytes) and kv rows are gathered in
+// 16-byte chunks, so the strides of q's and out's [s_q, H] dims and kv's row stride must be
+// multiples of 8 elements, with 16-byte aligned base pointers. indices, max_logits and lse: any
+// strides (last dim contiguous).
 #include "cuda/attention/sparse_prefill.h"
 
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/attention/aligned_rows.h"
 #include "cuda/attention/sparse_prefill/config.h"
 #include "cuda/common/tma.h"
 #include "dsv4/status.h"
@@ -16,14 +23,11 @@ namespace {
 
 constexpr const char* kOp = "sparse_prefill";
 
-void check_aligned_rows(const char* name, const TensorView& t, int row_dims) {
-  check_inner_contiguous(kOp, name, t);
-  DSV4_CHECK(reinterpret_cast<uintptr_t>(t.data) % 16 == 0, kOp, ": ", name,
-             ": expected a 16-byte aligned pointer (16-byte row copies and stores)");
-  for (int d = 0; d < row_dims; ++d) {
-    DSV4_CHECK(t.stride(d) % 8 == 0, kOp, ": ", name, ".stride(", d,
-               "): expected a multiple of 8 elements (16-byte rows), got ", t.stride(d));
-  }
+// The byte strides of dims 1 and 0 of a [s_q, H, d] bf16 tensor for its tensor map (dims
+// innermost first), size-1 dims given their dense stride.
+void tma_strides(const TensorView& t, uint64_t (&bytes)[2]) {
+  bytes[0] = static_cast<uint64_t>(effective_stride(t, 1)) * 2;
+  bytes[1] = static_cast<uint64_t>(effective_stride(t, 0)) * 2;
 }
 
 }  // namespace
@@ -40,13 +44,13 @@ void sparse_prefill(const SparsePrefillArgs& a, Stream stream) {
   const int64_t s_q = a.q.size(0), heads = a.q.size(1), d_qk = a.q.size(2);
   DSV4_CHECK(d_qk == 512 || d_qk == 576, kOp, ": q.shape[2] (d_qk): expected 512 or 576, got ", d_qk);
   DSV4_CHECK_EQ(kOp, "d_v", 512, a.d_v);
-  check_aligned_rows("q", a.q, 2);
+  check_aligned_rows(kOp, "q", a.q, 2, "q is loaded by TMA");
 
   check_dtype(kOp, "kv", a.kv, DType::bf16);
   check_ndim(kOp, "kv", a.kv, 3);
   check_dim(kOp, "kv", a.kv, 1, 1);
   check_dim(kOp, "kv", a.kv, 2, d_qk);
-  check_aligned_rows("kv", a.kv, 1);
+  check_aligned_rows(kOp, "kv", a.kv, 1, "kv rows are gathered in 16-byte chunks");
   const int64_t s_kv = a.kv.size(0);
 
   check_dtype(kOp, "indices", a.indices, DType::int32);
@@ -70,11 +74,12 @@ void sparse_prefill(const SparsePrefillArgs& a, Stream stream) {
   }
   check_dtype(kOp, "out", a.out, DType::bf16);
   check_shape(kOp, "out", a.out, {s_q, heads, 512});
-  check_aligned_rows("out", a.out, 2);  // 16-byte row stores
+  check_aligned_rows(kOp, "out", a.out, 2, "out is stored by TMA and 16-byte stores");
   for (const auto* t : {&a.max_logits, &a.lse}) {
     const char* name = t == &a.lse ? "lse" : "max_logits";
     check_dtype(kOp, name, *t, DType::fp32);
     check_shape(kOp, name, *t, {s_q, heads});
+    check_inner_contiguous(kOp, name, *t);
   }
   const float scale = a.softmax_scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(d_qk))
                                               : a.softmax_scale;
@@ -107,12 +112,13 @@ void sparse_prefill(const SparsePrefillArgs& a, Stream stream) {
   p.scale_log2 = scale * 1.4426950408889634f;
   {
     const uint64_t q_dims[3] = {static_cast<uint64_t>(d_qk), static_cast<uint64_t>(heads), static_cast<uint64_t>(s_q)};
-    const uint64_t q_strides[2] = {static_cast<uint64_t>(a.q.stride(1)) * 2, static_cast<uint64_t>(a.q.stride(0)) * 2};
+    uint64_t q_strides[2];
+    tma_strides(a.q, q_strides);
     const uint32_t q_box[3] = {64, 64, 1};
     p.q_map = make_tensor_map_bf16_sw128(kOp, a.q.data, 3, q_dims, q_strides, q_box);
     const uint64_t out_dims[3] = {512, static_cast<uint64_t>(heads), static_cast<uint64_t>(s_q)};
-    const uint64_t out_strides[2] = {static_cast<uint64_t>(a.out.stride(1)) * 2,
-                                     static_cast<uint64_t>(a.out.stride(0)) * 2};
+    uint64_t out_strides[2];
+    tma_strides(a.out, out_strides);
     p.out_map = make_tensor_map_bf16_sw128(kOp, a.out.data, 3, out_dims, out_strides, q_box);
   }
 

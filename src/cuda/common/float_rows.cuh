@@ -27,7 +27,11 @@ __device__ __forceinline__ void store_float(void* base, bool is_bf16, int64_t i,
 
 // The rows of a bf16 / fp32 view: all dims but the last, flattened row-major, each row
 // contiguous (stride 1), the leading dims with any non-negative strides (validated by the op).
+// Kernels that stream rows at bandwidth access them in chunks of kChunk = 8 consecutive elements
+// (the RMSNorm order of src/cpu/norm_math.h is built on the same chunks).
 struct FloatRows {
+  static constexpr int kChunk = 8;
+
   void* data = nullptr;
   bool is_bf16 = false;
   int lead_dims = 0;
@@ -68,6 +72,63 @@ struct FloatRows {
   }
   __device__ __forceinline__ void store(int64_t row_off, int64_t i, float v) const {
     store_float(data, is_bf16, row_off + i, v);
+  }
+
+  // Whether every row starts 16-byte aligned (data and every leading stride), so that a chunk of
+  // kChunk elements starting at a multiple of kChunk is one 16-byte access (two for fp32).
+  bool rows_aligned16() const {
+    const int64_t elem = is_bf16 ? 2 : 4;
+    if (reinterpret_cast<uintptr_t>(data) % 16 != 0) return false;
+    for (int d = 0; d < lead_dims; ++d)
+      if ((strides[d] * elem) % 16 != 0) return false;
+    return true;
+  }
+
+  // Elements [i, i + kChunk) of a row (i a multiple of kChunk) as floats; those at or past n read
+  // as 0. kVector (rows_aligned16()): a whole chunk is loaded with 16-byte accesses.
+  template <bool kVector>
+  __device__ __forceinline__ void load_chunk(int64_t row_off, int64_t i, int64_t n, float v[kChunk]) const {
+    if (kVector && i + kChunk <= n) {
+      if (is_bf16) {
+        const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(data) + row_off + i);
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          v[2 * k] = bf16_bits_to_float(static_cast<uint16_t>(w[k] & 0xffffu));
+          v[2 * k + 1] = bf16_bits_to_float(static_cast<uint16_t>(w[k] >> 16));
+        }
+      } else {
+        const float4* f = reinterpret_cast<const float4*>(static_cast<const float*>(data) + row_off + i);
+        const float4 a = f[0], b = f[1];
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+      }
+      return;
+    }
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) v[k] = i + k < n ? load(row_off, i + k) : 0.0f;
+  }
+
+  // Stores elements [i, min(i + kChunk, n)) of a row, each rounded once to the row's type.
+  template <bool kVector>
+  __device__ __forceinline__ void store_chunk(int64_t row_off, int64_t i, int64_t n, const float v[kChunk]) const {
+    if (kVector && i + kChunk <= n) {
+      if (is_bf16) {
+        uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          w[k] = static_cast<uint32_t>(float_to_bf16_bits(v[2 * k])) |
+                 (static_cast<uint32_t>(float_to_bf16_bits(v[2 * k + 1])) << 16);
+        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(data) + row_off + i) = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {
+        float4* f = reinterpret_cast<float4*>(static_cast<float*>(data) + row_off + i);
+        f[0] = make_float4(v[0], v[1], v[2], v[3]);
+        f[1] = make_float4(v[4], v[5], v[6], v[7]);
+      }
+      return;
+    }
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k)
+      if (i + k < n) store(row_off, i + k, v[k]);
   }
 };
 

@@ -1,11 +1,14 @@
-// Register-level conversions for kernels that dequantize FP8 on the fly: fp8 e4m3 → bf16 with a
-// power-of-two scale (exact: e4m3 · 2^k fits bf16), and float pairs → packed bf16x2.
+// Register-level conversions: fp8 e4m3 → bf16 with a power-of-two scale (exact: e4m3 · 2^k fits
+// bf16) for kernels that dequantize FP8 on the fly, float pairs → packed bf16x2, and floats →
+// fp8 e4m3 codes for the quantizing kernels.
 #pragma once
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
+
+#include "dsv4/dtype.h"
 
 namespace dsv4::cuda {
 
@@ -32,6 +35,25 @@ __device__ __forceinline__ void fp8x16_to_bf16x16(const uint4& v, float scale, u
   const uint2 c = fp8x4_to_bf16x4(v.z, scale), d = fp8x4_to_bf16x4(v.w, scale);
   lo = make_uint4(a.x, a.y, b.x, b.y);
   hi = make_uint4(c.x, c.y, d.x, d.y);
+}
+
+// Two floats → two fp8 e4m3 codes (`lo`'s in the low byte), bit-identical to dtype.h's
+// float_to_fp8_e4m3 but one hardware conversion per pair (the software encoder costs ~15
+// instructions per value, as much as a memory-bound kernel's whole budget): both round to nearest
+// even and saturate to ±448 (infinities included); only a NaN's sign needs restoring, since the
+// hardware returns the positive NaN code.
+__device__ __forceinline__ uint32_t fp8x2_e4m3_encode(float lo, float hi) {
+  uint32_t codes = __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t lo_bits = float_bits(lo), hi_bits = float_bits(hi);
+  if ((lo_bits & 0x7fffffffu) > 0x7f800000u) codes = (codes & 0xff00u) | ((lo_bits >> 24) & 0x80u) | 0x7fu;
+  if ((hi_bits & 0x7fffffffu) > 0x7f800000u) codes = (codes & 0x00ffu) | (((hi_bits >> 24) & 0x80u) | 0x7fu) << 8;
+  return codes & 0xffffu;
+}
+
+// Eight floats → eight fp8 e4m3 codes, little-endian (v[0] in the lowest byte).
+__device__ __forceinline__ uint2 fp8x8_e4m3_encode(const float v[8]) {
+  return make_uint2(fp8x2_e4m3_encode(v[0], v[1]) | (fp8x2_e4m3_encode(v[2], v[3]) << 16),
+                    fp8x2_e4m3_encode(v[4], v[5]) | (fp8x2_e4m3_encode(v[6], v[7]) << 16));
 }
 
 }  // namespace dsv4::cuda

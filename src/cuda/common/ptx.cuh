@@ -50,6 +50,13 @@ __device__ __forceinline__ void cp_async_16_zfill(void* smem_dst, const void* gm
                "l"(gmem_src), "r"(valid ? 16 : 0)
                : "memory");
 }
+// 4-byte variant through L1 (.ca: cp.async takes .cg only for 16 bytes), for rows that are only
+// 4-byte aligned; `valid` false zero-fills without a read, as above.
+__device__ __forceinline__ void cp_async_4_zfill(void* smem_dst, const void* gmem_src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(smem_dst)), "l"(gmem_src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
 // The barrier receives one arrival when every cp.async this thread issued so far has landed
 // (.noinc: the arrival counts against the count given at mbarrier_init).
 __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {

@@ -1,4 +1,4 @@
-// Shared-memory tile layouts for wgmma operands (bf16, 128-byte swizzle).
+// Shared-memory tile layouts for wgmma operands (bf16 and fp8, 128-byte swizzle).
 //
 // A "K-major SW128 tile" holds kRows rows of kCols bf16 values as kCols/64 column blocks; each
 // block is kRows × 128 B (1024-B aligned), and the 16-byte chunk c of row r inside a block sits at
@@ -38,6 +38,15 @@ template <int kRows, int kCols>
 using SmemTileK = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<bf16_t>{},
                                                cute::Shape<cute::Int<kRows>, cute::Int<kCols>>{},
                                                cute::Step<cute::_1, cute::_2>{}));
+
+// FP8 (e4m3) operand of kRows rows × 128 values: one 128-byte row per swizzle span, so the byte
+// of (row, col) sits at sw128_chunk_offset<kRows>(row, col / 16) + col % 16 — the same bytes a
+// cp.async gather writes with that offset. FP8 wgmma takes K-major operands only.
+using fp8_e4m3_t = cutlass::float_e4m3_t;
+template <int kRows>
+using SmemTileKFp8x128 = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<fp8_e4m3_t>{},
+                                                      cute::Shape<cute::Int<kRows>, cute::_128>{},
+                                                      cute::Step<cute::_1, cute::_2>{}));
 
 // (kCols, kRows) view of a SmemTileK<kRows, kCols>: element (c, r) is tile element (r, c).
 template <int kRows, int kCols>

@@ -1,33 +1,55 @@
-// Host side of the CUDA grouped_wo_a: the CUDA-only dtype rules, then one strided-batched
-// cuBLASLt matmul over the G groups.
+// Host side of the CUDA grouped_wo_a: the CUDA-only dtype and scale-layout rules, then one
+// strided-batched cuBLASLt matmul over the G groups (bf16 / fp32), or one block-scaled FP8 matmul
+// per group.
 #include "cuda/gemm/grouped_wo_a.h"
 
 #include "cuda/gemm/cublaslt_matmul.h"
 
 namespace dsv4::cuda {
 
-void grouped_wo_a(const TensorView& o, const TensorView& /*o_scale*/, const TensorView& wo_a,
-                  const TensorView& /*wo_a_scale*/, const TensorView& z, Stream stream) {
+void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorView& wo_a,
+                  const TensorView& wo_a_scale, const TensorView& z, const TensorView& workspace,
+                  Stream stream) {
   constexpr const char* kOp = "grouped_wo_a";
-  // Scales only come with fp8 operands (validated by the caller), which this rejects.
-  check_matmul_dtypes(kOp, "o", o, "wo_a", wo_a, "z", z);
+  check_matmul_dtypes(kOp, "o", o, "o_scale", o_scale, "wo_a", wo_a, "wo_a_scale", wo_a_scale, "z", z);
+  const int64_t workspace_bytes = check_matmul_workspace(kOp, workspace);
   const int64_t G = wo_a.shape[0], L = wo_a.shape[1], Dg = wo_a.shape[2];
   MatmulXwT p;
   p.ab_dtype = o.dtype;
   p.y_dtype = z.dtype;
-  p.batch = G;
   p.T = o.shape[0];
   p.N = L;
   p.K = Dg;
-  p.x = {o.data, o.strides[0], Dg};  // group g: columns [g·Dg, (g+1)·Dg) of every row of o
-  p.w = {wo_a.data, wo_a.strides[1], wo_a.strides[0]};
-  p.y = z.data;
   p.y_ld = z.strides[0];
-  p.y_batch_stride = L;  // group g: columns [g·L, (g+1)·L) of z
+  p.workspace = workspace.data;
+  p.workspace_bytes = workspace_bytes;
   p.x_name = "o";
   p.w_name = "wo_a";
   p.y_name = "z";
-  matmul_xwT(kOp, p, stream);
+  const int64_t ab = static_cast<int64_t>(dtype_size(o.dtype)), zb = static_cast<int64_t>(dtype_size(z.dtype));
+  if (o.dtype != DType::fp8_e4m3) {
+    p.batch = G;
+    p.x = {o.data, o.strides[0], Dg};  // group g: columns [g·Dg, (g+1)·Dg) of every row of o
+    p.w = {wo_a.data, wo_a.strides[1], wo_a.strides[0]};
+    p.y = z.data;
+    p.y_batch_stride = L;  // group g: columns [g·L, (g+1)·L) of z
+    matmul_xwT(kOp, p, stream);
+    return;
+  }
+  check_act_scale_layout(kOp, "o_scale", o_scale);
+  check_weight_scale_layout(kOp, "wo_a_scale", wo_a_scale.shape[1], wo_a_scale.shape[2],
+                            wo_a_scale.strides[1], wo_a_scale.strides[2], Dg);
+  // Group g's activation scales are blocks [g·Dg/128, (g+1)·Dg/128) of o_scale's T-major layout:
+  // a T-major block of their own, g·(Dg/128)·T floats in.
+  const int64_t scale_blocks = Dg / 128;
+  for (int64_t g = 0; g < G; ++g) {
+    p.x = {static_cast<const char*>(o.data) + g * Dg * ab, o.strides[0], 0};
+    p.x_scale = static_cast<const float*>(o_scale.data) + g * scale_blocks * o_scale.strides[1];
+    p.w = {static_cast<const char*>(wo_a.data) + g * wo_a.strides[0] * ab, wo_a.strides[1], 0};
+    p.w_scale = static_cast<const float*>(wo_a_scale.data) + g * wo_a_scale.strides[0];
+    p.y = static_cast<char*>(z.data) + g * L * zb;
+    matmul_xwT(kOp, p, stream);
+  }
 }
 
 }  // namespace dsv4::cuda

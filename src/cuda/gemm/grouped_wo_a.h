@@ -1,8 +1,11 @@
 // CUDA entry point of dsv4::grouped_wo_a (src/cpu/grouped_wo_a.cpp validates every argument,
 // then calls this for CUDA tensors). The G group GEMMs z_g [T, L] = o_g [T, Dg] · wo_a[g] [L, Dg]ᵀ
-// run as ONE strided-batched cuBLASLt matmul (batch g: o at column g·Dg, wo_a[g], z at column
-// g·L). o and wo_a both bf16 (z bf16 or fp32) or both fp32 (z fp32); FP8 o or wo_a throw
-// dsv4::Error pointing to dequantize_fp8_blocks (FP8 GEMMs are a later step).
+// (o_g: columns g·Dg of o, z_g: columns g·L of z):
+//   o, wo_a bf16 (z bf16 or fp32) or fp32 (z fp32): ONE strided-batched cuBLASLt matmul;
+//   o, wo_a fp8_e4m3 with fp32 block scales in cuBLASLt's layouts (o 1 × 128, wo_a 128 × 128 per
+//     group; z bf16 or fp32): one block-scaled matmul per group, in group order on `stream`
+//     (cuBLASLt's block-scaled modes take no batch).
+// `workspace` (optional, uint8 on the device) lets cuBLASLt pick split-K algorithms.
 #pragma once
 
 #include "dsv4/ops.h"
@@ -10,6 +13,7 @@
 namespace dsv4::cuda {
 
 void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorView& wo_a,
-                  const TensorView& wo_a_scale, const TensorView& z, Stream stream);
+                  const TensorView& wo_a_scale, const TensorView& z, const TensorView& workspace,
+                  Stream stream);
 
 }  // namespace dsv4::cuda

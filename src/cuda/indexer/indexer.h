@@ -9,9 +9,10 @@
 
 namespace dsv4::cuda {
 
-// The whole query: dsv4::linear for qr·wq_bᵀ (fp32, into the workspace) and x·weights_projᵀ
-// (into `weights`), then indexer_query_rows. T > 0.
-void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorView& x,
+// The whole query: dsv4::linear for qr·wq_bᵀ (fp32, into the workspace; FP8 qr and wq_b on FP8
+// tensor cores) and x·weights_projᵀ (into `weights`), then indexer_query_rows. T > 0.
+void indexer_query(const TensorView& qr, const TensorView& qr_scale, const TensorView& wq_b,
+                   const TensorView& wq_b_scale, const TensorView& x,
                    const TensorView& weights_proj, const TensorView& positions,
                    const TensorView& cos_sin, const TensorView& q_fp8, const TensorView& q_scale,
                    const TensorView& weights, const TensorView& workspace, Stream stream);
@@ -24,10 +25,17 @@ void indexer_query_rows(const TensorView& q_proj, const TensorView& positions,
                         const TensorView& cos_sin, const TensorView& q_fp8,
                         const TensorView& q_scale, const TensorView& weights, Stream stream);
 
+// Launch shape of indexer_scores (scores.cu explains the automatic choice, 0 = automatic): tokens
+// per CTA (1, 2 or 4, at most 256 / padded heads) and key tiles (64 keys) per CTA. Tests force
+// every kernel instance with it; results do not depend on it.
+struct ScoresTiling {
+  int tokens_per_cta = 0;
+  int chunk_tiles = 0;
+};
 void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const TensorView& weights,
                     const TensorView& positions, const TensorView& token_to_req,
                     const IndexerKeyCacheView& keys, const TensorView& key_block_table, int ratio,
-                    const TensorView& scores, Stream stream);
+                    const TensorView& scores, Stream stream, ScoresTiling tiling = {});
 
 void indexer_topk(const TensorView& scores, const TensorView& positions, int ratio,
                   const TensorView& indices, const TensorView& lens, Stream stream);

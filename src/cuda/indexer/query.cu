@@ -135,13 +135,14 @@ void indexer_query_rows(const TensorView& q_proj, const TensorView& positions,
   check_launch(kOp);
 }
 
-void indexer_query(const TensorView& qr, const TensorView& wq_b, const TensorView& x,
+void indexer_query(const TensorView& qr, const TensorView& qr_scale, const TensorView& wq_b,
+                   const TensorView& wq_b_scale, const TensorView& x,
                    const TensorView& weights_proj, const TensorView& positions,
                    const TensorView& cos_sin, const TensorView& q_fp8, const TensorView& q_scale,
                    const TensorView& weights, const TensorView& workspace, Stream stream) {
   const int64_t T = q_fp8.size(0), H = q_fp8.size(1);
   const TensorView q_proj(workspace.data, DType::fp32, {T, H * kDim}, Device::cuda);
-  linear(qr, {}, wq_b, {}, q_proj, stream);
+  linear(qr, qr_scale, wq_b, wq_b_scale, q_proj, stream);
   linear(x, {}, weights_proj, {}, weights, stream);
   indexer_query_rows(q_proj, positions, cos_sin, q_fp8, q_scale, weights, stream);
 }

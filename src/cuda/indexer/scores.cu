@@ -1,128 +1,78 @@
-// CUDA indexer scores (SPEC §5): score_j = Σ_h w_h · ReLU(q̂_h · k̂_j). A block of 128 threads
-// per (token, tile of 128 entries): the token's decoded queries, scales and weights sit in shared
-// memory; each thread decodes its entry's key (paged indexer key cache) into registers once and
-// sums the heads in order h = 0..H−1 with the CPU's dot-product order (indexer_math.h), so the
-// scores equal the CPU reference's bit for bit.
-#include <cmath>
+// CUDA indexer scores (SPEC §5): score_j = Σ_h w_h · ReLU(q̂_h · k̂_j), on FP8 tensor cores (the
+// wgmma kernel in scores/, sm_90a). This file picks the launch shape and checks what the kernel
+// adds to the op's contract (alignment, head count).
+//
+// Launch shape:
+//   heads padded to kHeadsPadded ∈ {64, 128, 256} (zero query rows, factor 0);
+//   tokens per CTA G ∈ {1, 2, 4} with G · kHeadsPadded <= 256: the largest power of two not above
+//     T / R (the average tokens per request row of the block table), so a prefill shares each key
+//     tile among 4 tokens and a decode (one token per request) wastes no columns;
+//   key tiles per CTA: enough CTAs for ~4 per SM over the whole grid (decode splits a long row
+//     over several CTAs; a prefill keeps a row in one CTA and loads its Q once).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
 
 #include "cuda/common/check.h"
 #include "cuda/common/index_vector.cuh"
 #include "cuda/indexer/indexer.h"
-#include "dsv4/indexer_key_cache.h"
-#include "dsv4/indexer_math.h"
+#include "cuda/indexer/scores/config.h"
 
 namespace dsv4::cuda {
 namespace {
 
-namespace im = indexer_math;
-constexpr int kDim = indexer_keys::kDim;
-constexpr int kTile = 128;      // entries per tile = threads per block
-constexpr int kMaxHeads = 256;  // shared memory: H · (128 + 2) floats <= 130 KiB
+namespace sd = indexer_scores_detail;
+constexpr const char* kOp = "indexer_scores";
+constexpr int kMaxHeads = 256;
 constexpr int kMaxGridY = 65535;
+constexpr int kCtasPerSmTarget = 4;
 
-struct ScoresParams {
-  const uint8_t* q_fp8;  // [T, H, 128], strides q_stride0 / q_stride1
-  int64_t q_stride0, q_stride1;
-  const float* q_scale;  // [T, H], row stride
-  int64_t q_scale_stride0;
-  const float* weights;  // [T, H], row stride
-  int64_t weights_stride0;
-  int H;
-  IndexVector positions, token_to_req;
-  const uint8_t* keys;  // [num_blocks, block_size · 132], row stride key_stride0 (bytes)
-  int64_t key_stride0, num_key_blocks;
-  int block_size;
-  const int32_t* table;  // [R, max_blocks]
-  int64_t table_stride0, table_stride1, num_requests, max_blocks;
-  int ratio;
-  float* scores;  // [T, N], row stride
-  int64_t scores_stride0, N;
-};
+int heads_padded(int64_t H) { return H <= 64 ? 64 : H <= 128 ? 128 : 256; }
 
-// The entry's key block, or nullptr when the request row or the block is out of range.
-__device__ __forceinline__ const uint8_t* key_block(const ScoresParams& p, int64_t req,
-                                                    int64_t j) {
-  if (req < 0 || req >= p.num_requests) return nullptr;
-  const int64_t k = j / p.block_size;
-  if (k >= p.max_blocks) return nullptr;
-  const int32_t b = p.table[req * p.table_stride0 + k * p.table_stride1];
-  if (b < 0 || b >= p.num_key_blocks) return nullptr;
-  return p.keys + b * p.key_stride0;
+int auto_tokens_per_cta(int64_t T, int64_t requests, int max_tokens) {
+  const int64_t per_request = T / std::max<int64_t>(requests, 1);
+  int g = 1;
+  while (g * 2 <= max_tokens && g * 2 <= per_request) g *= 2;
+  return g;
 }
 
-__global__ void __launch_bounds__(kTile) scores_kernel(ScoresParams p) {
-  extern __shared__ float smem[];
-  float* q_s = smem;                           // [H][128] decoded fp8 codes
-  float* q_scale_s = smem + p.H * kDim;        // [H]
-  float* w_s = q_scale_s + p.H;                // [H]
-  const int64_t t = blockIdx.x;
-  const int64_t seen = im::visible_entries(p.positions[t], p.ratio);
-  const int64_t visible = seen < p.N ? seen : p.N;
-  const int64_t req = p.token_to_req[t];
-  float* out = p.scores + t * p.scores_stride0;
-
-  // Only blocks with a visible entry need the queries (block-uniform condition).
-  const int64_t first = static_cast<int64_t>(blockIdx.y) * kTile;
-  if (first < visible) {
-    const uint8_t* q = p.q_fp8 + t * p.q_stride0;
-    for (int i = threadIdx.x; i < p.H * kDim; i += kTile)
-      q_s[i] = fp8_e4m3_to_float(q[(i / kDim) * p.q_stride1 + i % kDim]);
-    for (int h = threadIdx.x; h < p.H; h += kTile) {
-      q_scale_s[h] = p.q_scale[t * p.q_scale_stride0 + h];
-      w_s[h] = p.weights[t * p.weights_stride0 + h];
-    }
-  }
-  __syncthreads();
-
-  for (int64_t tile = first; tile < p.N; tile += static_cast<int64_t>(gridDim.y) * kTile) {
-    const int64_t j = tile + threadIdx.x;
-    if (j >= p.N) break;
-    if (j >= visible) {
-      out[j] = -INFINITY;
-      continue;
-    }
-    const uint8_t* block = key_block(p, req, j);
-    if (block == nullptr) {
-      out[j] = __int_as_float(0x7fc00000);  // NaN: no key for this entry
-      continue;
-    }
-    const int off = static_cast<int>(j % p.block_size);
-    // The 128 codes as 32 aligned words (blocks are 4-byte aligned, entries 128 bytes apart).
-    const uint32_t* words = reinterpret_cast<const uint32_t*>(indexer_key_codes(block, off));
-    float k[kDim];
-#pragma unroll
-    for (int w = 0; w < kDim / 4; ++w) {
-      const uint32_t word = words[w];
-#pragma unroll
-      for (int b = 0; b < 4; ++b) k[4 * w + b] = fp8_e4m3_to_float(static_cast<uint8_t>(word >> (8 * b)));
-    }
-    const float key_scale = indexer_key_scale(block, p.block_size, off);
-    float score = 0.0f;
-    for (int h = 0; h < p.H; ++h) {
-      const float dot = im::dot128(q_s + h * kDim, k);
-      score = ieee_add(score, im::head_term(w_s[h], dot, q_scale_s[h], key_scale));
-    }
-    out[j] = score;
-  }
+int sm_count() {
+  int device = 0, sms = 0;
+  DSV4_CUDA_CHECK(kOp, cudaGetDevice(&device));
+  DSV4_CUDA_CHECK(kOp, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
 }
+
+bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace
 
 void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const TensorView& weights,
                     const TensorView& positions, const TensorView& token_to_req,
                     const IndexerKeyCacheView& keys, const TensorView& key_block_table, int ratio,
-                    const TensorView& scores, Stream stream) {
-  constexpr const char* kOp = "indexer_scores";
+                    const TensorView& scores, Stream stream, ScoresTiling tiling) {
   const int64_t T = q_fp8.size(0), H = q_fp8.size(1), N = scores.size(1);
   if (H > kMaxHeads) fail_expected(kOp, "q_fp8.shape[1] (index heads) on CUDA", "<= 256", H);
-  if (reinterpret_cast<uintptr_t>(keys.data.data) % 4 != 0 || keys.data.stride(0) % 4 != 0)
+  if (!aligned(keys.data.data, 4) || keys.data.stride(0) % 4 != 0)
     fail(kOp, ": keys.data: expected a 4-byte aligned address and row stride on CUDA (the "
-              "kernel reads codes and scales as 4-byte words), got stride ",
+              "kernel copies codes and scales in 4-byte words at least), got stride ",
          keys.data.stride(0));
+  if (!aligned(q_fp8.data, 4) || q_fp8.stride(0) % 4 != 0 || q_fp8.stride(1) % 4 != 0)
+    fail(kOp, ": q_fp8: expected a 4-byte aligned address and strides on CUDA (rows are copied in "
+              "4-byte words at least), got strides (",
+         q_fp8.stride(0), ", ", q_fp8.stride(1), ")");
+  const int hp = heads_padded(H);
+  const int max_tokens = 256 / hp;
+  int tokens = tiling.tokens_per_cta;
+  if (tokens == 0) tokens = auto_tokens_per_cta(T, key_block_table.size(0), max_tokens);
+  DSV4_CHECK(tokens == 1 || tokens == 2 || tokens == 4, kOp, ": tokens per CTA must be 1, 2 or 4, got ", tokens);
+  DSV4_CHECK(tokens <= max_tokens, kOp, ": ", tokens, " tokens per CTA exceed 256 columns at ", hp,
+             " padded heads");
   if (T == 0 || N == 0) return;
   DSV4_CHECK(T <= 0x7fffffff, kOp, ": T = ", T, " tokens exceed one launch");
 
-  ScoresParams p;
+  sd::Params p;
   p.q_fp8 = q_fp8.ptr<const uint8_t>();
   p.q_stride0 = q_fp8.stride(0);
   p.q_stride1 = q_fp8.stride(1);
@@ -130,7 +80,8 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
   p.q_scale_stride0 = q_scale.stride(0);
   p.weights = weights.ptr<const float>();
   p.weights_stride0 = weights.stride(0);
-  p.H = static_cast<int>(H);
+  p.num_tokens = T;
+  p.num_heads = static_cast<int>(H);
   p.positions = IndexVector::of(positions);
   p.token_to_req = IndexVector::of(token_to_req);
   p.keys = keys.data.ptr<const uint8_t>();
@@ -146,17 +97,31 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
   p.scores = scores.ptr<float>();
   p.scores_stride0 = scores.stride(0);
   p.N = N;
+  // Key rows sit at block + offset·128; Q rows at t·stride0 + h·stride1.
+  p.key_rows_16 = aligned(p.keys, 16) && p.key_stride0 % 16 == 0;
+  p.q_rows_16 = aligned(p.q_fp8, 16) && p.q_stride0 % 16 == 0 && p.q_stride1 % 16 == 0;
 
-  const size_t smem = static_cast<size_t>(H) * (kDim + 2) * sizeof(float);
-  if (smem > 48 * 1024)
-    DSV4_CUDA_CHECK(kOp, cudaFuncSetAttribute(scores_kernel,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(smem)));
-  const int64_t tiles = (N + kTile - 1) / kTile;
-  const dim3 grid(static_cast<unsigned>(T),
-                  static_cast<unsigned>(tiles < kMaxGridY ? tiles : kMaxGridY));
-  scores_kernel<<<grid, kTile, smem, stream>>>(p);
-  check_launch(kOp);
+  const int64_t tiles = (N + sd::kTileKeys - 1) / sd::kTileKeys;
+  const int64_t groups = (T + tokens - 1) / tokens;
+  int64_t chunk = tiling.chunk_tiles;
+  if (chunk <= 0) {
+    const int64_t target = int64_t{kCtasPerSmTarget} * sm_count();
+    chunk = std::clamp<int64_t>((tiles * groups + target - 1) / target, 1, tiles);
+  }
+  chunk = std::max(chunk, (tiles + kMaxGridY - 1) / kMaxGridY);
+  DSV4_CHECK(chunk <= 0x7fffffff, kOp, ": N = ", N, " columns exceed one launch");
+  p.chunk_tiles = static_cast<int>(chunk);
+  const int chunks = static_cast<int>((tiles + chunk - 1) / chunk);
+
+  const cudaStream_t s = stream;
+  switch (hp * 8 + tokens) {
+    case 64 * 8 + 1: sd::launch_scores<64, 64>(p, chunks, s); break;
+    case 64 * 8 + 2: sd::launch_scores<128, 64>(p, chunks, s); break;
+    case 64 * 8 + 4: sd::launch_scores<256, 64>(p, chunks, s); break;
+    case 128 * 8 + 1: sd::launch_scores<128, 128>(p, chunks, s); break;
+    case 128 * 8 + 2: sd::launch_scores<256, 128>(p, chunks, s); break;
+    default: sd::launch_scores<256, 256>(p, chunks, s); break;
+  }
 }
 
 }  // namespace dsv4::cuda

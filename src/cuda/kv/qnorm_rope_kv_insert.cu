@@ -1,7 +1,10 @@
 // Fused q head-norm + q RoPE + kv RoPE + KV quantization + paged insert: one block per token.
-//   1. q: warp w normalizes heads w, w + 8, … (warp_rms_inverse: the CPU's summation order),
-//      then rotates the rope pairs, in place (after the norm's warp barrier, each element is read,
-//      then written, by one lane only).
+//   1. q: warp w normalizes heads w, w + 8, … in place: lane l owns the head's chunks l, l + 32, …
+//      (8 consecutive values, one 16-byte load of bf16 when q's rows are 16-byte aligned), adds
+//      their squares, the butterfly gives every lane the head's factor (warp_rms.cuh: the CPU's
+//      summation order), then the lane reloads its chunks, normalizes them, rotates the rope pairs
+//      among them and stores them back (one 16-byte store) — each element read and written by one
+//      lane only. q is the bulk of the op's bytes (H · D per token against D for kv).
 //   2. kv: the roped fp32 row goes to shared memory; the token is encoded into a one-token block
 //      in shared memory with the CPU's own per-scale-block / per-value encoders (kv_layout.h:
 //      thread s encodes scale block s, all threads the plain dims), then kv is overwritten with
@@ -49,6 +52,7 @@ struct InsertParams {
   float tensor_scale;
 };
 
+template <bool kVector>
 __global__ void __launch_bounds__(kThreads) qnorm_rope_kv_insert_kernel(const InsertParams p) {
   __shared__ float row[kMaxDim];
   __shared__ __align__(16) uint8_t scratch[kScratchBytes];
@@ -59,17 +63,27 @@ __global__ void __launch_bounds__(kThreads) qnorm_rope_kv_insert_kernel(const In
   const int64_t D = p.kv.row_len, nope = D - 2 * p.table.half;
 
   // 1. q heads: RMSNorm without weight, then RoPE, in place.
+  constexpr int kChunk = FloatRows::kChunk;
+  const int64_t chunks = (D + kChunk - 1) / kChunk;
+  float v[kChunk];
   for (int64_t h = warp; h < p.heads; h += kWarps) {
     const int64_t q_off = p.q.row_offset(t * p.heads + h);
-    const float inv = warp_rms_inverse([&](int64_t i) { return p.q.load(q_off, i); }, D, p.eps);
-    for (int64_t i = lane; i < nope; i += 32)
-      p.q.store(q_off, i, cpu::rms_apply(p.q.load(q_off, i), inv, 1.0f));
-    for (int j = lane; j < p.table.half; j += 32) {
-      float a = cpu::rms_apply(p.q.load(q_off, nope + 2 * j), inv, 1.0f);
-      float b = cpu::rms_apply(p.q.load(q_off, nope + 2 * j + 1), inv, 1.0f);
-      p.table.rotate(pos, j, a, b);
-      p.q.store(q_off, nope + 2 * j, a);
-      p.q.store(q_off, nope + 2 * j + 1, b);
+    float partial = 0.0f;
+    for (int64_t c = lane; c < chunks; c += 32) {
+      p.q.load_chunk<kVector>(q_off, c * kChunk, D, v);
+      partial = rms_accumulate_chunk(partial, v, D - c * kChunk < kChunk ? static_cast<int>(D - c * kChunk) : kChunk);
+    }
+    const float inv = cpu::rms_inverse_of_sum(warp_rms_total(partial), D, p.eps);
+    for (int64_t c = lane; c < chunks; c += 32) {
+      const int64_t i = c * kChunk;
+      p.q.load_chunk<kVector>(q_off, i, D, v);
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) v[k] = cpu::rms_apply(v[k], inv, 1.0f);
+#pragma unroll
+      for (int k = 0; k < kChunk / 2; ++k)  // pairs (2j, 2j + 1) never straddle a chunk: nope is even
+        if (i + 2 * k >= nope && i + 2 * k + 1 < D)
+          p.table.rotate(pos, static_cast<int>((i + 2 * k - nope) / 2), v[2 * k], v[2 * k + 1]);
+      p.q.store_chunk<kVector>(q_off, i, D, v);
     }
   }
 
@@ -142,7 +156,10 @@ void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const Tenso
              kOp, ": kv.shape[1]: expected the layout's dim (at most ", kMaxDim, "), got ",
              p.kv.row_len);
   DSV4_CHECK(T <= INT_MAX, kOp, ": kv: expected at most ", INT_MAX, " tokens, got ", T);
-  qnorm_rope_kv_insert_kernel<<<static_cast<unsigned>(T), kThreads, 0, stream>>>(p);
+  if (p.q.rows_aligned16())
+    qnorm_rope_kv_insert_kernel<true><<<static_cast<unsigned>(T), kThreads, 0, stream>>>(p);
+  else
+    qnorm_rope_kv_insert_kernel<false><<<static_cast<unsigned>(T), kThreads, 0, stream>>>(p);
   check_launch(kOp);
 }
 

@@ -1,10 +1,8 @@
 // One warp's RMSNorm factor of a row, 1 / sqrt(mean(x²) + eps), bit-identical to the CPU
-// reference (cpu::rms_inverse, src/cpu/norm_math.h): the sum of squares is accumulated in index
-// order, one element after the other, with the same IEEE-rounded steps. Every lane computes the
-// whole sum itself — all lanes load the same element at each step (one broadcast transaction) —
-// so they all hold the same value without a reduction. A strictly sequential sum is latency-bound
-// (about 4 cycles per element), which is acceptable for these off-hot-path norms and keeps the
-// reference's exact results.
+// reference (src/cpu/norm_math.h): lane l adds the squares of its chunks l, l + 32, … (8
+// consecutive elements each, in index order — the elements it loads with one 16-byte access),
+// then the butterfly of __shfl_xor_sync combines the 32 partials exactly as
+// cpu::rms_combine_lanes does. Every lane ends with the same factor.
 #pragma once
 
 #include <cstdint>
@@ -13,16 +11,21 @@
 
 namespace dsv4::cuda {
 
-// load(i) returns element i (0 <= i < n) of the row as float. All 32 lanes must call it.
-template <typename Load>
-__device__ __forceinline__ float warp_rms_inverse(const Load& load, int64_t n, float eps) {
-  float sum_sq = 0.0f;
-#pragma unroll 8
-  for (int64_t i = 0; i < n; ++i) sum_sq = cpu::rms_accumulate(sum_sq, load(i));
-  // Every lane has read the whole row: from here on any lane may overwrite it in place (the
-  // barrier also orders the two phases' memory accesses across the warp).
-  __syncwarp();
-  return cpu::rms_inverse_of_sum(sum_sq, n, eps);
+// Adds the squares of one chunk's first `count` values to a lane's partial (index order).
+__device__ __forceinline__ float rms_accumulate_chunk(float partial, const float* v, int count) {
+#pragma unroll
+  for (int k = 0; k < cpu::kRmsChunk; ++k)
+    if (k < count) partial = cpu::rms_accumulate(partial, v[k]);
+  return partial;
+}
+
+// The warp's total of the lanes' partials (cpu::rms_combine_lanes), in every lane. All 32 lanes
+// must call it.
+__device__ __forceinline__ float warp_rms_total(float partial) {
+#pragma unroll
+  for (int off = cpu::kRmsLanes / 2; off > 0; off /= 2)
+    partial = ieee_add(partial, __shfl_xor_sync(0xffffffffu, partial, off));
+  return partial;
 }
 
 }  // namespace dsv4::cuda

@@ -1,94 +1,82 @@
-// FP8 activation quantization kernel: one warp per (row, block). Lane l holds elements
-// l, l + 32, ... of the block (coalesced loads), the block's amax is a warp max (exact, so the
-// order of the shuffles does not matter), and every lane encodes its own values.
+// FP8 activation quantization kernel. Each lane holds one chunk of 8 consecutive values of a row
+// (one 16-byte load of bf16, two of fp32, when the rows are 16-byte aligned); the block / 8 lanes
+// of one quantization block (16 for block 128, 8 for 64) reduce its amax with shuffles (a max is
+// exact in any order), then every lane encodes and stores its 8 codes with one 8-byte store.
+// Lanes are laid over the (row, block) items in order, so a warp reads 256 consecutive values of
+// a row (two blocks of 128 or four of 64) — full 16-byte vectors, no per-element index math.
 #include "cuda/oproj/quantize_act_fp8.h"
 
 #include <cstdint>
 
 #include "cuda/common/check.h"
-#include "dsv4/dtype.h"
+#include "cuda/common/float_rows.cuh"
+#include "cuda/common/act_quant.cuh"
 
 namespace dsv4::cuda {
 namespace {
 
 constexpr const char* kOp = "quantize_act_fp8";
-constexpr int kWarpsPerBlock = 8;
+constexpr int kThreads = 256;
+constexpr int kChunk = FloatRows::kChunk;
 
 struct QuantizeParams {
-  const void* x;  // [rows, cols] bf16 / fp32, row stride x_ld (elements)
-  int64_t x_ld;
-  uint8_t* xq;  // [rows, cols] fp8 e4m3, row stride xq_ld
+  FloatRows x;     // [rows, cols] bf16 / fp32
+  uint8_t* xq;     // [rows, cols] fp8 e4m3, row stride xq_ld
   int64_t xq_ld;
-  void* scale;  // [rows, cols / block] ue8m0 / fp32, row stride scale_ld
-  int64_t scale_ld;
-  bool scale_is_ue8m0;
-  int64_t rows;
+  ActScales scale;  // [rows, cols / block]
   int64_t blocks_per_row;
 };
 
-__device__ __forceinline__ float load_value(const uint16_t* p) { return bf16_bits_to_float(*p); }
-__device__ __forceinline__ float load_value(const float* p) { return *p; }
-
-template <typename In, int kBlock>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) quantize_act_fp8_kernel(const QuantizeParams p) {
-  constexpr int kPerLane = kBlock / 32;
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  // `item` is the same for all lanes of a warp, so whole warps leave together and the shuffles
-  // below always see 32 active lanes.
-  if (item >= p.rows * p.blocks_per_row) return;
-  const int lane = threadIdx.x % 32;
-  const int64_t row = item / p.blocks_per_row, b = item % p.blocks_per_row;
-
-  const In* x = static_cast<const In*>(p.x) + row * p.x_ld + b * kBlock;
-  float v[kPerLane];
-  float amax = 0.0f;
+template <int kBlock, bool kVector>
+__global__ void __launch_bounds__(kThreads) quantize_act_fp8_kernel(const QuantizeParams p) {
+  constexpr int kLanes = kBlock / kChunk;  // lanes per quantization block
+  const int64_t lane_id = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t item = lane_id / kLanes;  // (row, block), row-major
+  const int part = static_cast<int>(lane_id % kLanes);
+  const bool active = item < p.x.num_rows * p.blocks_per_row;
+  const int64_t row = active ? item / p.blocks_per_row : 0, b = active ? item % p.blocks_per_row : 0;
+  const int64_t col = b * kBlock + part * kChunk;
+  float v[kChunk];
+  if (active)
+    p.x.load_chunk<kVector>(p.x.row_offset(row), col, p.x.row_len, v);
+  else
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    v[i] = load_value(x + lane + 32 * i);
-    amax = fmaxf(amax, fabsf(v[i]));  // a NaN is skipped, as std::max skips it on the CPU
-  }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2)
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-
-  const int32_t k = ue8m0_exponent_for_amax(amax);
-  const float inv_scale = exp2_int(-k);  // exact: dividing by a power of two
-  uint8_t* q = p.xq + row * p.xq_ld + b * kBlock;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) q[lane + 32 * i] = float_to_fp8_e4m3(v[i] * inv_scale);
-  if (lane == 0) {
-    const int64_t s = row * p.scale_ld + b;
-    if (p.scale_is_ue8m0)
-      static_cast<uint8_t*>(p.scale)[s] = static_cast<uint8_t>(k + 127);
-    else
-      static_cast<float*>(p.scale)[s] = exp2_int(k);
-  }
+    for (int i = 0; i < kChunk; ++i) v[i] = 0.0f;
+  uint2 codes;
+  const int32_t k = quantize_block_chunk<kLanes>(v, codes);  // every lane of the warp takes part
+  if (!active) return;
+  store_codes<kVector>(p.xq + row * p.xq_ld + col, codes, kChunk);
+  if (part == 0) p.scale.store(row, b, k);
 }
 
-template <typename In>
-void launch(int block, const QuantizeParams& p, int64_t grid, Stream stream) {
-  if (block == 64)
-    quantize_act_fp8_kernel<In, 64><<<static_cast<unsigned>(grid), 32 * kWarpsPerBlock, 0, stream>>>(p);
+template <int kBlock>
+void launch(const QuantizeParams& p, bool vector, int64_t grid, Stream stream) {
+  if (vector)
+    quantize_act_fp8_kernel<kBlock, true><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(p);
   else
-    quantize_act_fp8_kernel<In, 128><<<static_cast<unsigned>(grid), 32 * kWarpsPerBlock, 0, stream>>>(p);
+    quantize_act_fp8_kernel<kBlock, false><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(p);
 }
 
 }  // namespace
 
 void quantize_act_fp8(const TensorView& x, int block, const TensorView& xq, const TensorView& scale,
                       Stream stream) {
-  const int64_t T = x.shape[0], K = x.shape[1];
-  const QuantizeParams p{x.data,       x.strides[0],   static_cast<uint8_t*>(xq.data),
-                         xq.strides[0], scale.data,     scale.strides[0],
-                         scale.dtype == DType::ue8m0, T, K / block};
-  const int64_t items = T * p.blocks_per_row;
-  if (items == 0) return;
-  const int64_t grid = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  if (grid > 0x7fffffff) fail(kOp, ": x: expected fewer than 2^31 · ", kWarpsPerBlock, " blocks, got ", items);
-  if (x.dtype == DType::bf16)
-    launch<uint16_t>(block, p, grid, stream);
+  QuantizeParams p;
+  p.x = FloatRows::of(x);
+  p.xq = static_cast<uint8_t*>(xq.data);
+  p.xq_ld = xq.strides[0];
+  p.scale = ActScales::of(scale);
+  p.blocks_per_row = x.shape[1] / block;
+  const int64_t lanes = p.x.num_rows * x.shape[1] / kChunk;
+  if (lanes == 0) return;
+  const int64_t grid = (lanes + kThreads - 1) / kThreads;
+  if (grid > 0x7fffffff) fail(kOp, ": x: expected fewer than 2^31 · ", kThreads * kChunk, " elements, got ", lanes * kChunk);
+  // 16-byte loads need aligned x rows, 8-byte code stores aligned xq rows.
+  const bool vector = p.x.rows_aligned16() && reinterpret_cast<uintptr_t>(p.xq) % 8 == 0 && p.xq_ld % 8 == 0;
+  if (block == 64)
+    launch<64>(p, vector, grid, stream);
   else
-    launch<float>(block, p, grid, stream);
+    launch<128>(p, vector, grid, stream);
   check_launch(kOp);
 }
 

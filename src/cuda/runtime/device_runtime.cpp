@@ -18,17 +18,20 @@ PinnedBuffer::PinnedBuffer(size_t bytes) : size_(bytes) {
   data_ = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { cudaFreeHost(q); });
 }
 
-Event::Event() = default;
+Event::Event(bool timing) : timing_(timing) {}
 Event::~Event() {
   if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
 }
 Event::Event(Event&& other) noexcept
-    : event_(std::exchange(other.event_, nullptr)), recorded_(std::exchange(other.recorded_, false)) {}
+    : event_(std::exchange(other.event_, nullptr)),
+      recorded_(std::exchange(other.recorded_, false)),
+      timing_(other.timing_) {}
 Event& Event::operator=(Event&& other) noexcept {
   if (this != &other) {
     if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
     event_ = std::exchange(other.event_, nullptr);
     recorded_ = std::exchange(other.recorded_, false);
+    timing_ = other.timing_;
   }
   return *this;
 }
@@ -36,7 +39,8 @@ Event& Event::operator=(Event&& other) noexcept {
 void Event::record(Stream stream) {
   if (!event_) {
     cudaEvent_t e = nullptr;
-    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "Event", "cudaEventCreate");
+    check_cuda(cudaEventCreateWithFlags(&e, timing_ ? cudaEventDefault : cudaEventDisableTiming),
+               "Event", "cudaEventCreate");
     event_ = e;
   }
   check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(event_), stream), "Event", "cudaEventRecord");
@@ -52,6 +56,17 @@ void Event::make_wait(Stream stream) const {
   if (recorded_)
     check_cuda(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(event_), 0), "Event",
                "cudaStreamWaitEvent");
+}
+
+float Event::elapsed_ms(const Event& start, const Event& end) {
+  DSV4_CHECK(start.recorded_ && end.recorded_ && start.timing_ && end.timing_,
+             "Event::elapsed_ms: both events must be recorded timing events");
+  end.wait_host();
+  float ms = 0.0f;
+  check_cuda(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.event_),
+                                  static_cast<cudaEvent_t>(end.event_)),
+             "Event::elapsed_ms", "cudaEventElapsedTime");
+  return ms;
 }
 
 OwnedStream::OwnedStream() {

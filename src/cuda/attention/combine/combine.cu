@@ -20,15 +20,21 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) combine_kernel(const Comb
   const int lane = threadIdx.x % 32;
   const float* lse_in = p.partial_lse + row * p.num_splits;
 
+  // (batch, seq, head) of this row, once per warp: out and lse may be strided views.
+  const int64_t query_row = row / p.num_heads;
+  const int64_t head = row - query_row * p.num_heads;
+  const int64_t batch = query_row / p.s_q, seq = query_row - batch * p.s_q;
+  uint16_t* out = p.out + batch * p.out_b_stride + seq * p.out_s_stride + head * p.out_h_stride;
+  float* lse_out = p.lse + batch * p.lse_b_stride + seq * p.lse_s_stride + head * p.lse_h_stride;
+
   float m = -INFINITY;
   for (int s = 0; s < p.num_splits; ++s) m = fmaxf(m, lse_in[s]);
-  uint16_t* out = p.out + row * kDv;
   if (m == -INFINITY) {  // no valid key in any split
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       *reinterpret_cast<uint2*>(out + i * 128 + lane * 4) = make_uint2(0u, 0u);
     }
-    if (lane == 0) p.lse[row] = INFINITY;
+    if (lane == 0) *lse_out = INFINITY;
     return;
   }
   float sum = 0.0f;
@@ -52,14 +58,14 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) combine_kernel(const Comb
     }
   }
   // Sink σ: out · e^lse / (e^lse + e^σ) = out / (1 + e^(σ − lse)); σ = +inf → 0, −inf → 1.
-  const float factor = p.sink != nullptr ? 1.0f / (1.0f + expf(p.sink[row % p.num_heads] - lse)) : 1.0f;
+  const float factor = p.sink != nullptr ? 1.0f / (1.0f + expf(p.sink[head] - lse)) : 1.0f;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     *reinterpret_cast<uint2*>(out + i * 128 + lane * 4) =
         make_uint2(pack_bf16x2(acc[i].x * factor, acc[i].y * factor),
                    pack_bf16x2(acc[i].z * factor, acc[i].w * factor));
   }
-  if (lane == 0) p.lse[row] = lse;
+  if (lane == 0) *lse_out = lse;
 }
 
 }  // namespace

@@ -9,13 +9,18 @@
 namespace dsv4::cuda::combine {
 
 struct CombineParams {
-  const float* partial_o = nullptr;    // [rows·H, splits, 512]
-  const float* partial_lse = nullptr;  // [rows·H, splits], −inf = empty split
+  const float* partial_o = nullptr;    // [rows·H, splits, 512] contiguous
+  const float* partial_lse = nullptr;  // [rows·H, splits] contiguous, −inf = empty split
   const float* sink = nullptr;         // optional [H]
-  uint16_t* out = nullptr;             // bf16 [rows·H, 512]
-  float* lse = nullptr;                // [rows·H], natural log, without the sink
-  int64_t num_rows = 0;                // query rows × heads
-  int num_heads = 0, num_splits = 0;
+  // bf16 [b, s_q, H, 512]: element strides of b, s_q and H (multiples of 4: 8-byte stores),
+  // last dim dense.
+  uint16_t* out = nullptr;
+  int64_t out_b_stride = 0, out_s_stride = 0, out_h_stride = 0;
+  // [b, s_q, H] natural log, without the sink; element strides of b, s_q and H.
+  float* lse = nullptr;
+  int64_t lse_b_stride = 0, lse_s_stride = 0, lse_h_stride = 0;
+  int64_t num_rows = 0;                // query rows (b · s_q) × heads
+  int s_q = 1, num_heads = 0, num_splits = 0;
 };
 
 void launch_combine(const CombineParams& params, cudaStream_t stream);

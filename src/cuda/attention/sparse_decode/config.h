@@ -85,17 +85,28 @@ struct SmemPlan {
 // One index scope as the kernel reads it (validated by the host).
 struct DecodeScope {
   const uint8_t* cache = nullptr;   // block 0 of the paged cache
-  int64_t block_stride = 0;         // bytes between blocks
+  int64_t block_stride = 0;         // bytes between blocks (>= the layout's block bytes)
   int64_t num_slots = 0;            // indices >= this are invalid
-  const int32_t* indices = nullptr; // [rows, topk] contiguous
+  const int32_t* indices = nullptr; // [b, s_q, topk], the strides below (elements), last dim dense
+  int64_t indices_b_stride = 0, indices_s_stride = 0;
   const int32_t* topk_length = nullptr;  // optional [b]
   int block_size = 1;
   int topk = 0;
 };
 
+// Strides (elements) of a [b, s_q, H, ...] tensor over its first three dims; query row
+// `row` = batch · s_q + seq. Each CTA resolves its row once (row_offset), so the per-element
+// addressing stays one head offset plus a column.
+struct RowStrides {
+  int64_t b = 0, s = 0, h = 0;
+  __host__ __device__ int64_t row_offset(int batch, int seq) const {
+    return static_cast<int64_t>(batch) * b + static_cast<int64_t>(seq) * s;
+  }
+};
+
 struct DecodeParams {
-  const uint16_t* q = nullptr;  // bf16 bits, [rows, H, d_qk] with the strides below
-  int64_t q_row_stride = 0, q_head_stride = 0;  // elements
+  const uint16_t* q = nullptr;  // bf16 bits, [b, s_q, H, d_qk] with q_strides (last dim dense)
+  RowStrides q_strides;         // multiples of 8 elements: rows are copied in 16-byte chunks
   int num_rows = 0, s_q = 1, num_heads = 0;
   DecodeScope main, extra;      // extra.topk == 0: no extra scope
   int topk_total = 0, num_splits = 1, split_len = 0;
@@ -103,10 +114,13 @@ struct DecodeParams {
   // num_splits > 1: partial_o [rows, H, splits, 512] fp32, partial_lse [rows, H, splits].
   float* partial_o = nullptr;
   float* partial_lse = nullptr;
-  // num_splits == 1: the kernel finishes the row itself (out bf16 [rows, H, 512], lse [rows, H],
-  // optional sink [H]) and the combine is skipped.
+  // num_splits == 1: the kernel finishes the row itself (out bf16 [b, s_q, H, 512] with
+  // out_strides, multiples of 8 elements for its 16-byte stores; lse [b, s_q, H] with
+  // lse_strides; optional sink [H]) and the combine is skipped.
   uint16_t* out = nullptr;
+  RowStrides out_strides;
   float* lse = nullptr;
+  RowStrides lse_strides;
   const float* sink = nullptr;
 };
 

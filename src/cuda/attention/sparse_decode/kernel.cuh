@@ -50,25 +50,26 @@ namespace detail {
 struct RowLengths {
   int main, extra;
 };
-__device__ __forceinline__ RowLengths row_lengths(const DecodeParams& p, int row) {
-  const int b = row / p.s_q;
+__device__ __forceinline__ RowLengths row_lengths(const DecodeParams& p, int b) {
   return {p.main.topk_length != nullptr ? min(p.main.topk, __ldg(p.main.topk_length + b)) : p.main.topk,
           p.extra.topk_length != nullptr ? min(p.extra.topk, __ldg(p.extra.topk_length + b)) : p.extra.topk};
 }
 
-// The index at position `pos` of the concatenated list [main | extra] of query row `row`, or −1
-// (nothing read) when the position is past the split or past its scope's length. Not yet
+// The index at position `pos` of the concatenated list [main | extra] of query row (batch, seq),
+// or −1 (nothing read) when the position is past the split or past its scope's length. Not yet
 // range-checked: slot_in_cache() does that where the value is used, so issuing the read does
 // not wait for it. Scope fields are picked one by one with selects: a run-time choice of a whole
 // struct inside the kernel parameters could be copied to local memory.
-__device__ __forceinline__ int32_t raw_index(const DecodeParams& p, int row, int pos, int split_end,
-                                             const RowLengths& len) {
+__device__ __forceinline__ int32_t raw_index(const DecodeParams& p, int batch, int seq, int pos,
+                                             int split_end, const RowLengths& len) {
   if (pos >= split_end) return -1;
   const bool in_main = pos < p.main.topk;
   const int local = in_main ? pos : pos - p.main.topk;
   if (local >= (in_main ? len.main : len.extra)) return -1;
-  const int topk = in_main ? p.main.topk : p.extra.topk;
-  return __ldg((in_main ? p.main.indices : p.extra.indices) + static_cast<int64_t>(row) * topk + local);
+  const int64_t row_offset =
+      static_cast<int64_t>(batch) * (in_main ? p.main.indices_b_stride : p.extra.indices_b_stride) +
+      static_cast<int64_t>(seq) * (in_main ? p.main.indices_s_stride : p.extra.indices_s_stride);
+  return __ldg((in_main ? p.main.indices : p.extra.indices) + row_offset + local);
 }
 // The cache slot of index `idx` at position `pos`, or −1 when it is −1 or outside that scope's cache.
 __device__ __forceinline__ int32_t slot_in_cache(const DecodeParams& p, int pos, int32_t idx) {
@@ -218,9 +219,10 @@ __device__ __forceinline__ auto v_half(const uint8_t* stage, int half) {
                      SmemTileKTransposed<kTileKeys, kDv / 2>{});
 }
 
-// Where one CTA works: its query row, head block, split and rank in its cluster.
+// Where one CTA works: its query row (= batch · s_q + seq), head block, split and rank in its
+// cluster.
 struct CtaWork {
-  int row, head_block, split, split_begin, split_end, num_tiles, rank;
+  int row, batch, seq, head_block, split, split_begin, split_end, num_tiles, rank;
 };
 
 // Named barrier (0 is __syncthreads) of both consumer warpgroups (256 threads): Q loaded, and the
@@ -254,13 +256,13 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
   const bool records_peer = kCluster == 2 && my_sub == 1;
   const int my_pos = w.split_begin + my_key;  // my slot's position in tile 0
   const int peer_pos = w.split_begin + peer_key;
-  const RowLengths len = row_lengths(p, w.row);
+  const RowLengths len = row_lengths(p, w.batch);
   uint32_t peer_stages = 0, peer_full = 0;
   if constexpr (kCluster == 2) {
     peer_stages = ptx::map_to_cta(smem + S::kKv, 1 - w.rank);
     peer_full = ptx::map_to_cta(full, 1 - w.rank);
   }
-  auto index_at = [&](int pos) { return raw_index(p, w.row, pos, w.split_end, len); };
+  auto index_at = [&](int pos) { return raw_index(p, w.batch, w.seq, pos, w.split_end, len); };
 
   TileRegs<L, kCluster> regs[kBuffers];
   int32_t peer_index[kBuffers];
@@ -313,12 +315,12 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
 template <KvLayout L>
 __device__ __forceinline__ void load_q(const DecodeParams& p, const CtaWork& w, uint8_t* q_tile) {
   constexpr int kChunks = LayoutTraits<L>::kDqk / 8;
+  const uint16_t* q_row = p.q + p.q_strides.row_offset(w.batch, w.seq);
   for (int i = threadIdx.x; i < kHeadsPerCta * kChunks; i += kConsumerThreads) {
     const int r = i / kChunks, c = i - r * kChunks;
     const int h = w.head_block * kHeadsPerCta + r;
     const bool ok = h < p.num_heads;
-    const uint16_t* src = p.q + static_cast<int64_t>(w.row) * p.q_row_stride +
-                          static_cast<int64_t>(ok ? h : 0) * p.q_head_stride + c * 8;
+    const uint16_t* src = q_row + static_cast<int64_t>(ok ? h : 0) * p.q_strides.h + c * 8;
     ptx::cp_async_16_zfill(q_tile + sw128_chunk_offset<kHeadsPerCta>(r, c), src, ok);
   }
   ptx::cp_async_commit();
@@ -360,11 +362,11 @@ __device__ __forceinline__ void store_o_half(const DecodeParams& p, const CtaWor
                                              const float (&factor)[2]) {
   const int tid = threadIdx.x % 128;
   if (p.num_splits == 1) {
+    uint16_t* out_row = p.out + p.out_strides.row_offset(w.batch, w.seq) + kHalf * (kDv / 2);
     for_each_o_chunk(rO, factor, tid, [&](int r, int col, uint4 chunk) {
       const int h = w.head_block * kHeadsPerCta + acc_row(2 * r, tid);
       if (h >= p.num_heads) return;
-      const int64_t out_row = static_cast<int64_t>(w.row) * p.num_heads + h;
-      *reinterpret_cast<uint4*>(p.out + out_row * kDv + kHalf * (kDv / 2) + col) = chunk;
+      *reinterpret_cast<uint4*>(out_row + static_cast<int64_t>(h) * p.out_strides.h + col) = chunk;
     });
     return;
   }
@@ -455,11 +457,13 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
     const float lse = empty_row ? -INFINITY : (m_run[r] + log2f(l)) * 0.69314718055994531f;
     factor[r] = empty_row ? 0.0f : 1.0f / l;
     if (h < p.num_heads) {
-      const int64_t out_row = static_cast<int64_t>(w.row) * p.num_heads + h;
       if (p.num_splits == 1) {
         if (!empty_row && p.sink != nullptr) factor[r] /= 1.0f + expf(p.sink[h] - lse);
-        if (q4 == 0) p.lse[out_row] = empty_row ? INFINITY : lse;
+        if (q4 == 0)
+          p.lse[p.lse_strides.row_offset(w.batch, w.seq) + static_cast<int64_t>(h) * p.lse_strides.h] =
+              empty_row ? INFINITY : lse;
       } else if (q4 == 0) {
+        const int64_t out_row = static_cast<int64_t>(w.row) * p.num_heads + h;
         p.partial_lse[out_row * p.num_splits + w.split] = lse;
       }
     }
@@ -514,6 +518,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
   w.head_block = blockIdx.x % num_head_blocks;
   w.split = blockIdx.x / num_head_blocks;
   w.row = blockIdx.y;
+  w.batch = w.row / p.s_q;
+  w.seq = w.row - w.batch * p.s_q;
   w.split_begin = w.split * p.split_len;
   w.split_end = min(w.split_begin + p.split_len, p.topk_total);
   w.num_tiles = w.split_end > w.split_begin ? (w.split_end - w.split_begin + kTileKeys - 1) / kTileKeys : 0;

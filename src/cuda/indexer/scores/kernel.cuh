@@ -1,0 +1,337 @@
+// The FP8 tensor-core scores kernel of the C4A indexer (sm_90a). See config.h for the work split.
+//
+// Per CTA (kTokens consecutive tokens × one chunk of key tiles):
+//   setup    — thread 0 builds the token plan (visible counts, requests grouped into segments,
+//              tiles per segment); the math warpgroup turns weights and q_scale into one factor
+//              per (token, head) column.
+//   producer — Q of the kTokens tokens (heads padded with zero rows) into the B operand, then for
+//              every (segment, tile): wait for a free stage, gather the tile's 64 key rows through
+//              the block table (cp.async, rows of unmapped blocks zero-filled) and their scales
+//              (NaN for an unmapped key), arrive on the stage's `full` barrier.
+//   math     — per tile: C = K̂·Q̂ᵀ (wgmma m64 n{kCols} k32 × 4, fp32 accumulators), release the
+//              stage, then per key row: score = k_scale · Σ_h (w_h · q_scale_h) · ReLU(C[key, h])
+//              for each token of the segment (in-thread FMAs over the thread's head columns, then
+//              a quad butterfly), −inf past the token's visible count, stored to scores.
+// ReLU commutes with the positive power-of-two scales, so applying q_scale·k_scale after it is
+// the CPU's w · ReLU(dot · q_scale · k_scale) up to rounding order (indexer.h states the bound).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/common/check.h"
+#include "cuda/common/ptx.cuh"
+#include "cuda/common/smem_layout.cuh"
+#include "cuda/common/wgmma.cuh"
+#include "cuda/indexer/scores/config.h"
+#include "dsv4/indexer_key_cache.h"
+#include "dsv4/indexer_math.h"
+
+#if !defined(DSV4_HAVE_CUTLASS)
+#error "the indexer scores kernel needs CuTe (third_party/cutlass)"
+#endif
+
+namespace dsv4::cuda::indexer_scores_detail {
+
+// C[64 keys, kCols] += K̂ · Q̂ᵀ, both fp8 e4m3 K-major in shared memory, fp32 accumulators.
+template <int kCols>
+using MmaScores = decltype(cute::make_tiled_mma(
+    cute::GMMA::ss_op_selector<fp8_e4m3_t, fp8_e4m3_t, float,
+                               cute::Shape<cute::Int<kTileKeys>, cute::Int<kCols>, cute::_32>>()));
+
+// The scale a gathered key row gets when it has no key (request out of range, block unmapped):
+// its score becomes NaN, as the op documents. A global (fp32 NaN bits) so cp.async can copy it
+// like a real scale.
+__device__ const uint32_t kMissingKeyScale = 0x7fc00000u;
+
+// ReLU that keeps NaN (max.NaN), as indexer_math::head_term does.
+__device__ __forceinline__ float relu_keep_nan(float x) {
+  float y;
+  asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The block of key entry j of request `req`, or nullptr when the request row or the block is out
+// of range.
+__device__ __forceinline__ const uint8_t* key_block(const Params& p, int64_t req, int64_t j) {
+  if (req < 0) return nullptr;
+  const int64_t k = j / p.block_size;
+  if (k >= p.max_blocks) return nullptr;
+  const int32_t b = __ldg(p.table + req * p.table_stride0 + k * p.table_stride1);
+  if (b < 0 || b >= p.num_key_blocks) return nullptr;
+  return p.keys + b * p.key_stride0;
+}
+
+// ---------------------------------------------------------------- setup (thread 0)
+// The CTA's tokens (heaviest group first: later tokens of a prefill see more keys, and the
+// scheduler starts the long CTAs before the short ones), grouped by request into segments.
+template <int kTokens>
+__device__ void build_token_plan(const Params& p, TokenPlan<kTokens>& plan) {
+  const int64_t group = static_cast<int64_t>(gridDim.x) - 1 - blockIdx.x;
+  plan.chunk_begin = static_cast<int64_t>(blockIdx.y) * p.chunk_tiles * kTileKeys;
+  const int64_t chunk_end = plan.chunk_begin + static_cast<int64_t>(p.chunk_tiles) * kTileKeys;
+  plan.chunk_end = chunk_end < p.N ? chunk_end : p.N;
+  // All index reads first (independent loads in flight together), then the grouping.
+  int64_t position[kTokens], request[kTokens];
+#pragma unroll
+  for (int tau = 0; tau < kTokens; ++tau) {
+    const int64_t t = group * kTokens + tau;
+    position[tau] = t < p.num_tokens ? p.positions[t] : -1;
+    request[tau] = t < p.num_tokens ? p.token_to_req[t] : -1;
+  }
+  int64_t limit[kTokens];  // per segment: the largest visible count of its tokens
+  plan.num_segments = 0;
+#pragma unroll
+  for (int tau = 0; tau < kTokens; ++tau) {
+    const int64_t t = group * kTokens + tau;
+    plan.token[tau] = -1;
+    plan.segment[tau] = -1;
+    plan.visible[tau] = 0;
+    if (t >= p.num_tokens) continue;
+    const int64_t seen = indexer_math::visible_entries(position[tau], p.ratio);
+    const int64_t visible = seen < p.N ? seen : p.N;
+    int64_t req = request[tau];
+    if (req < 0 || req >= p.num_requests) req = -1;  // every key of the token scores NaN
+    int s = 0;
+    while (s < plan.num_segments && plan.request[s] != req) ++s;
+    if (s == plan.num_segments) {
+      plan.request[s] = req;
+      limit[s] = 0;
+      ++plan.num_segments;
+    }
+    limit[s] = visible > limit[s] ? visible : limit[s];
+    plan.token[tau] = t;
+    plan.segment[tau] = s;
+    plan.visible[tau] = visible;
+  }
+  plan.total_tiles = 0;
+  for (int s = 0; s < plan.num_segments; ++s) {
+    const int64_t end = limit[s] < plan.chunk_end ? limit[s] : plan.chunk_end;
+    plan.limit[s] = end;
+    plan.tiles[s] = end > plan.chunk_begin ? static_cast<int>((end - plan.chunk_begin + kTileKeys - 1) / kTileKeys) : 0;
+    plan.total_tiles += plan.tiles[s];
+  }
+}
+
+// ---------------------------------------------------------------- producer (one warp)
+// Copies one 128-byte row into row `row` of a K-major SW128 fp8 tile of kRows rows: 16-byte
+// chunks (lane % 8 of four rows per instruction) or 4-byte words (one row per instruction).
+// `src` null: the row is zero-filled and nothing is read.
+template <int kRows>
+__device__ __forceinline__ void copy_row_chunk16(uint8_t* tile, int row, int chunk, const uint8_t* src,
+                                                 const uint8_t* any_global) {
+  ptx::cp_async_16_zfill(tile + sw128_chunk_offset<kRows>(row, chunk), src != nullptr ? src + chunk * 16 : any_global,
+                         src != nullptr);
+}
+template <int kRows>
+__device__ __forceinline__ void copy_row_word(uint8_t* tile, int row, int word, const uint8_t* src,
+                                              const uint8_t* any_global) {
+  ptx::cp_async_4_zfill(tile + sw128_chunk_offset<kRows>(row, word / 4) + (word % 4) * 4,
+                        src != nullptr ? src + word * 4 : any_global, src != nullptr);
+}
+
+// Gathers kRows rows whose sources `row_src(r)` are resolved per lane: with 16-byte copies lane
+// l moves chunk l % 8 of rows l / 8, l / 8 + 4, ... (a warp instruction covers four whole rows).
+template <int kRows, class RowSrc>
+__device__ __forceinline__ void gather_rows(uint8_t* tile, bool chunk16, int lane, const uint8_t* any_global,
+                                            RowSrc&& row_src) {
+  if (chunk16) {
+#pragma unroll 4
+    for (int r = lane / 8; r < kRows; r += 4) copy_row_chunk16<kRows>(tile, r, lane % 8, row_src(r), any_global);
+  } else {
+#pragma unroll 4
+    for (int r = 0; r < kRows; ++r) copy_row_word<kRows>(tile, r, lane, row_src(r), any_global);
+  }
+}
+
+template <int kCols, int kHeadsPadded>
+__device__ void produce(const Params& p, SharedPlan<kCols, kCols / kHeadsPadded>& sp, int lane) {
+  constexpr int kTokens = kCols / kHeadsPadded;
+  const TokenPlan<kTokens>& plan = sp.plan;
+  const uint8_t* any_global = p.keys;
+
+  // Q: row (token tau, head h) of the B operand; padded heads and tokens past T are zero rows.
+  gather_rows<kCols>(sp.q, p.q_rows_16, lane, any_global, [&](int row) -> const uint8_t* {
+    const int tau = row / kHeadsPadded, h = row % kHeadsPadded;
+    const int64_t t = plan.token[tau];
+    return t >= 0 && h < p.num_heads ? p.q_fp8 + t * p.q_stride0 + h * p.q_stride1 : nullptr;
+  });
+  ptx::cp_async_arrive_noinc(&sp.q_full);
+
+  int it = 0;
+  for (int s = 0; s < plan.num_segments; ++s) {
+    const int64_t req = plan.request[s], limit = plan.limit[s];
+    for (int k = 0; k < plan.tiles[s]; ++k, ++it) {
+      const int stage = it % kStages;
+      if (it >= kStages) ptx::mbarrier_wait(&sp.empty[stage], ((it / kStages) - 1) & 1);
+      const int64_t j0 = plan.chunk_begin + static_cast<int64_t>(k) * kTileKeys;
+      // Lane l resolves keys j0 + l and j0 + l + 32 (one table read each); the others get the
+      // row addresses by shuffle.
+      const uint8_t* row_of_lane[2];
+      const float* scale_of_lane[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t j = j0 + lane + 32 * half;
+        const uint8_t* block = j < limit ? key_block(p, req, j) : nullptr;
+        const int off = static_cast<int>(j % p.block_size);
+        row_of_lane[half] = block != nullptr ? indexer_key_codes(block, off) : nullptr;
+        scale_of_lane[half] = block != nullptr ? reinterpret_cast<const float*>(
+                                                     block + indexer_key_scale_offset(p.block_size, off))
+                                               : reinterpret_cast<const float*>(&kMissingKeyScale);
+        ptx::cp_async_4_zfill(&sp.key_scale[stage][lane + 32 * half], scale_of_lane[half], true);
+      }
+      gather_rows<kTileKeys>(sp.keys[stage], p.key_rows_16, lane, any_global, [&](int row) {
+        const auto mine = reinterpret_cast<uintptr_t>(row < 32 ? row_of_lane[0] : row_of_lane[1]);
+        return reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, static_cast<unsigned long long>(mine), row % 32));
+      });
+      ptx::cp_async_arrive_noinc(&sp.full[stage]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- math (one warpgroup)
+// The scores of one tile from its accumulators: thread `tid` holds rows row0 and row0 + 8 of the
+// tile (keys j0 + row0 + 8r) and, per row, columns 8·v + 2·(lane % 4) + {0, 1} for v < kCols / 8.
+// Columns [tau·kHeadsPadded, (tau+1)·kHeadsPadded) are token tau's heads.
+template <int kCols, int kHeadsPadded, class Acc>
+__device__ __forceinline__ void store_tile_scores(const Params& p, const SharedPlan<kCols, kCols / kHeadsPadded>& sp,
+                                                  const Acc& acc, const float (&key_scale)[2], int segment,
+                                                  int64_t j0, int tid) {
+  constexpr int kTokens = kCols / kHeadsPadded;
+  constexpr int kGroupsPerToken = kHeadsPadded / 8;
+  const int quad = tid % 4;
+  float sum[kTokens][2];
+#pragma unroll
+  for (int tau = 0; tau < kTokens; ++tau) sum[tau][0] = sum[tau][1] = 0.0f;
+#pragma unroll
+  for (int v = 0; v < kCols / 8; ++v) {
+    const int tau = v / kGroupsPerToken;
+    const float2 f = *reinterpret_cast<const float2*>(&sp.head_factor[8 * v + 2 * quad]);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      sum[tau][r] = fmaf(f.x, relu_keep_nan(acc(4 * v + 2 * r)), sum[tau][r]);
+      sum[tau][r] = fmaf(f.y, relu_keep_nan(acc(4 * v + 2 * r + 1)), sum[tau][r]);
+    }
+  }
+  // The quad's four threads hold the same rows, disjoint columns: add them up.
+#pragma unroll
+  for (int tau = 0; tau < kTokens; ++tau)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      sum[tau][r] += __shfl_xor_sync(0xffffffffu, sum[tau][r], 1);
+      sum[tau][r] += __shfl_xor_sync(0xffffffffu, sum[tau][r], 2);
+    }
+  // Thread quad stores the (tau, r) with (2·tau + r) % 4 == quad.
+  const TokenPlan<kTokens>& plan = sp.plan;
+  const int row0 = acc_row(0, tid);
+#pragma unroll
+  for (int tau = 0; tau < kTokens; ++tau) {
+    if (plan.segment[tau] != segment) continue;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if ((2 * tau + r) % 4 != quad) continue;
+      const int64_t j = j0 + row0 + 8 * r;
+      if (j >= plan.chunk_end) continue;
+      p.scores[plan.token[tau] * p.scores_stride0 + j] =
+          j < plan.visible[tau] ? key_scale[r] * sum[tau][r] : -INFINITY;
+    }
+  }
+}
+
+template <int kCols, int kHeadsPadded>
+__device__ void compute(const Params& p, SharedPlan<kCols, kCols / kHeadsPadded>& sp, int tid) {
+  using namespace cute;
+  using Mma = MmaScores<kCols>;
+  constexpr int kTokens = kCols / kHeadsPadded;
+  const TokenPlan<kTokens>& plan = sp.plan;
+
+  // One factor per (token, head) column: w_h · q_scale_h (exact: q_scale is a power of two).
+  for (int col = tid; col < kCols; col += kMathThreads) {
+    const int tau = col / kHeadsPadded, h = col % kHeadsPadded;
+    const int64_t t = plan.token[tau];
+    sp.head_factor[col] = t >= 0 && h < p.num_heads
+                              ? p.weights[t * p.weights_stride0 + h] * p.q_scale[t * p.q_scale_stride0 + h]
+                              : 0.0f;
+  }
+  ptx::named_barrier_sync(1, kMathThreads);
+
+  if (plan.total_tiles > 0) {
+    ptx::mbarrier_wait(&sp.q_full, 0);
+    auto sQ = make_tensor(make_smem_ptr(reinterpret_cast<fp8_e4m3_t*>(sp.q)), SmemTileKFp8x128<kCols>{});
+    Tensor acc = partition_fragment_C(Mma{}, Shape<Int<kTileKeys>, Int<kCols>>{});
+    const int row0 = acc_row(0, tid);
+    int it = 0;
+    for (int s = 0; s < plan.num_segments; ++s) {
+      for (int k = 0; k < plan.tiles[s]; ++k, ++it) {
+        const int stage = it % kStages;
+        ptx::mbarrier_wait(&sp.full[stage], (it / kStages) & 1);
+        auto sK = make_tensor(make_smem_ptr(reinterpret_cast<fp8_e4m3_t*>(sp.keys[stage])),
+                              SmemTileKFp8x128<kTileKeys>{});
+        wgmma_ss(Mma{}, sK, sQ, acc, /*zero_init=*/true);
+        wgmma_commit();
+        const float key_scale[2] = {sp.key_scale[stage][row0], sp.key_scale[stage][row0 + 8]};
+        wgmma_wait<0>();
+        ptx::mbarrier_arrive(&sp.empty[stage]);  // products and scales read: the stage is free
+        store_tile_scores<kCols, kHeadsPadded>(p, sp, acc, key_scale, s,
+                                               plan.chunk_begin + static_cast<int64_t>(k) * kTileKeys, tid);
+      }
+    }
+  }
+  // Columns of the chunk past every computed tile: −inf (nothing visible there).
+#pragma unroll 1
+  for (int tau = 0; tau < kTokens; ++tau) {
+    if (plan.token[tau] < 0) continue;
+    float* row = p.scores + plan.token[tau] * p.scores_stride0;
+    const int64_t from = plan.chunk_begin + static_cast<int64_t>(plan.tiles[plan.segment[tau]]) * kTileKeys;
+    for (int64_t j = from + tid; j < plan.chunk_end; j += kMathThreads) row[j] = -INFINITY;
+  }
+}
+
+// ---------------------------------------------------------------- entry
+template <int kCols>
+inline constexpr int kMinCtasPerSm = kCols >= 256 ? 2 : kCols >= 128 ? 3 : 4;
+
+template <int kCols, int kHeadsPadded>
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kCols>) scores_kernel(const __grid_constant__ Params p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  static_assert(kHeadsPadded % 64 == 0 && kCols % kHeadsPadded == 0 && kCols <= kMaxCols, "bad tile shape");
+  using Plan = SharedPlan<kCols, kCols / kHeadsPadded>;
+  extern __shared__ uint8_t smem_raw[];
+  Plan& sp = *reinterpret_cast<Plan*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  if (threadIdx.x == 0) {
+    build_token_plan(p, sp.plan);
+    ptx::mbarrier_init(&sp.q_full, kProducerThreads);
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(&sp.full[s], kProducerThreads);  // one cp.async arrival per producer lane
+      ptx::mbarrier_init(&sp.empty[s], kMathThreads);
+    }
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x < kMathThreads) {
+    compute<kCols, kHeadsPadded>(p, sp, threadIdx.x);
+  } else if (sp.plan.total_tiles > 0) {
+    produce<kCols, kHeadsPadded>(p, sp, threadIdx.x % 32);
+  }
+#endif
+}
+
+template <int kCols, int kHeadsPadded>
+void launch_scores(const Params& params, int chunks, cudaStream_t stream) {
+  constexpr int kTokens = kCols / kHeadsPadded;
+  constexpr int kSmem = kSmemBytes<kCols, kTokens>;
+  static const bool attribute_set = [] {
+    DSV4_CUDA_CHECK("indexer_scores", cudaFuncSetAttribute(scores_kernel<kCols, kHeadsPadded>,
+                                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    return true;
+  }();
+  (void)attribute_set;
+  const int64_t groups = (params.num_tokens + kTokens - 1) / kTokens;
+  const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>(chunks));
+  scores_kernel<kCols, kHeadsPadded><<<grid, kThreads, kSmem, stream>>>(params);
+  check_launch("indexer_scores");
+}
+
+}  // namespace dsv4::cuda::indexer_scores_detail

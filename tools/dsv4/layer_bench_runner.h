@@ -1,0 +1,54 @@
+// The cases of `dsv4 bench layer` and how they run on one layer: the layer is built with pools
+// sized for its cases, contexts are built by untimed steps, each case's steps are timed (wall clock,
+// and per op through the layer's OpTimer hook), and the layer is freed before the next one.
+//
+// Decode and MTP cases share one pool of requests built to the context once per layer; each timed
+// step advances its requests, so later cases run a little past the nominal context (reported as
+// context_range). Prefill cases use fresh requests per timed step; a continuing case builds every
+// set's context first, then idles, then times the sets back to back.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dsv4/config.h"
+#include "layer_bench_report.h"
+
+namespace dsv4::bench {
+
+// How a case's wall time is taken: forward() + stream sync, host planning and the step upload
+// included. graph (CUDA default): the layer replays its CUDA graph for decode-only steps
+// (AttentionOptions::cuda_graphs; MTP and prefill steps run eagerly either way). eager: graphs off.
+// Per-op GPU times always come from an eager, serial pass with the op timer active.
+enum class WallMode { eager, graph };
+
+struct CaseSpec {
+  std::string name;   // "prefill-8x2048", "prefill-4x4096@8192", "decode-128", "mtp-128x2"
+  std::string phase;  // "prefill", "decode", "mtp"
+  int64_t requests = 0, new_tokens = 0, context = 0;
+  bool shares_pool() const { return phase != "prefill"; }
+};
+
+struct LayerBenchSettings {
+  bool cuda = false;
+  int64_t prefill_tokens = 16384, context = 4096, mtp_requests = 128, build_chunk = 16384;
+  std::vector<int64_t> decode_requests{1, 32, 128, 256};
+  int warmup = 2, reps = 20, prefill_reps = 5, cooldown_ms = 1000;
+  bool fp8_weights = true;
+  WallMode wall = WallMode::graph;  // the CLI defaults to eager on the CPU (no graphs there)
+  uint64_t seed = 1;
+};
+
+// prefill-8x(P/8), prefill-4x(P/4)@(P/2), decode-N for each N, mtp-Mx2 (P = prefill_tokens).
+std::vector<CaseSpec> layer_bench_cases(const LayerBenchSettings& s);
+
+// Builds `layer` of `cfg` (random weights, the settings' backend), runs `cases` on it (decode /
+// MTP first, fewest requests first, then prefill), frees it; appends one report per case and
+// calls on_case after each.
+void run_layer_cases(const ModelConfig& cfg, int layer, const std::vector<CaseSpec>& cases,
+                     const LayerBenchSettings& s, const Ceilings& ceil, std::vector<CaseReport>& out,
+                     const std::function<void(const CaseReport&)>& on_case);
+
+}  // namespace dsv4::bench

@@ -1,0 +1,95 @@
+// Per-op timing of a layer forward for `dsv4 bench layer`, through the layer's OpTimer hook
+// (include/dsv4/layer.h): the layer calls begin(op) before each op's launches and end() after
+// the last, so op i lasts from its begin to the next begin (or end).
+//
+// Two clocks per op:
+//   gpu_us  — CUDA backend: the stream time between CUDA events recorded at those points. It is
+//             the op's kernels plus any time the GPU sat idle waiting for the host inside that
+//             span (a forward that synchronizes, or whose host work outruns the kernels, shows
+//             it here; a device-resident forward does not). CPU backend: the host clock (the CPU
+//             ops run synchronously).
+//   host_us — the host time between the same calls: planning, uploads and launch overhead (the
+//             part graph replay removes).
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "dsv4/layer.h"
+
+namespace dsv4::bench {
+
+struct OpTime {
+  std::string name;
+  double gpu_us = 0;
+  double host_us = 0;
+};
+
+// The ops of one forward, in the order the layer first marked them (a name marked twice in one
+// forward adds up).
+struct ForwardTimes {
+  std::vector<OpTime> ops;
+  double gpu_us = 0;   // first begin → end
+  double host_us = 0;
+};
+
+class TimingOpTimer : public OpTimer {
+ public:
+  // While disabled, begin/end record nothing (a forward timed for its wall clock only).
+  void set_enabled(bool on) { enabled_ = on; }
+  bool enabled() const { return enabled_; }
+  bool active() const override { return enabled_; }
+  // The last completed forward's times (waits for its events on CUDA). Throws dsv4::Error if
+  // no forward was marked since the last collect(), or it did not reach end().
+  virtual ForwardTimes collect() = 0;
+  // Forgets whatever was marked since the last collect() (a warm-up forward, or one that threw).
+  virtual void reset() = 0;
+
+ protected:
+  using Clock = std::chrono::steady_clock;
+  bool enabled_ = true;
+};
+
+// Host clocks only (the CPU backend).
+class HostOpTimer final : public TimingOpTimer {
+ public:
+  void begin(const char* op, Stream stream) override;
+  void end(Stream stream) override;
+  ForwardTimes collect() override;
+  void reset() override;
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<Clock::time_point> marks_;  // one per begin, then the end
+  bool ended_ = false;
+};
+
+// CUDA events on the layer's stream (the CUDA backend); host clocks beside them.
+class CudaEventOpTimer final : public TimingOpTimer {
+ public:
+  CudaEventOpTimer();
+  ~CudaEventOpTimer() override;
+  CudaEventOpTimer(const CudaEventOpTimer&) = delete;
+  CudaEventOpTimer& operator=(const CudaEventOpTimer&) = delete;
+
+  void begin(const char* op, Stream stream) override;
+  void end(Stream stream) override;
+  ForwardTimes collect() override;
+  void reset() override;
+
+ private:
+  void record(Stream stream);
+  std::vector<void*> events_;  // cudaEvent_t pool, reused by every forward
+  size_t used_ = 0;            // events recorded in the current forward
+  std::vector<std::string> names_;
+  std::vector<Clock::time_point> host_marks_;
+  bool ended_ = false;
+};
+
+// Folds repeated forwards: per op the median over forwards (ops in first-seen order), and the
+// median of the forward totals.
+ForwardTimes median_times(const std::vector<ForwardTimes>& runs);
+double median(std::vector<double> v);
+
+}  // namespace dsv4::bench

@@ -3,13 +3,16 @@ torch GEMMs), against the native layer on the CPU (the C++ reference ops, same w
 batches) and the float64 reference layer, for every layer kind of the tiny config; the backend
 selection (argument, DSV4_BACKEND); AttentionStack on the Triton backend.
 
-Tolerance (per token, |y - y_ref| / max|y_ref|): the Triton kernels, like the CUDA ones, feed
-bf16 softmax weights to P.V (2^-9 relative per weight), and the output path quantizes o to FP8
-before wo_a, where such a perturbation moves a few elements across an FP8 rounding boundary (one
-FP8 step, up to 1/16 of an element). The bound is the CUDA layer's against the CPU
-(test_layer.py test_cuda_layer_matches_cpu): max < 5e-2, median < 1.5e-2 (measured in the
-interpreter: max 1.8e-2, median 1e-2). A wrong position, head, window or entry moves every token
-by O(1e-1).
+Tolerance (per token, |y - y_ref| / max|y_ref|). With P kept in fp32 the Triton layer matches
+the native CPU layer to ~5e-8 (same FP8 caches, same FP8 GEMM inputs; measured in the
+interpreter): what remains is that the Triton kernels, like the CUDA ones, feed bf16 softmax
+weights to P.V (2^-9 relative per weight; the interpreter rounds them exactly as a GPU does).
+  fp8_activations=False: that perturbation reaches y directly: measured over 40 rows of SWA and
+    C4A, median 1.9e-3, max 3.5e-3; bound: every row < 1e-2, median < 5e-3.
+  fp8_activations=True (production): o and then z are quantized to FP8 before wo_a and wo_b, where
+    a 2^-9 perturbation moves a few elements by a whole FP8 step (up to 1/16 of an element):
+    measured median 1.9e-2, p90 2.9e-2, max 4.2e-2; bound: every row < 8e-2, median < 3e-2.
+A wrong position, head, window or entry moves every token by O(1e-1).
 """
 import pytest
 import torch
@@ -31,20 +34,24 @@ def row_rel_err(got, want):
     return (got - want).abs().amax(1) / want.abs().amax(1)
 
 
-def layers(layer):
-    kw = dict(seed=SEED, swa_blocks=64, compressed_blocks=64, state_blocks=64)
+def layers(layer, **options):
+    kw = dict(seed=SEED, swa_blocks=64, compressed_blocks=64, state_blocks=64, **options)
     return (dsv4attn.Attention(TINY, layer, backend="triton", device=DEVICE, **kw),
             dsv4attn.Attention(TINY, layer, backend="native", **kw))
 
 
+BOUNDS = {False: (1e-2, 5e-3), True: (8e-2, 3e-2)}  # fp8_activations -> (max, median)
+
+
+@pytest.mark.parametrize("fp8_activations", [False, True], ids=["bf16act", "fp8act"])
 @pytest.mark.parametrize("layer", KINDS)
-def test_layer_matches_native_cpu_layer(layer):
+def test_layer_matches_native_cpu_layer(layer, fp8_activations):
     """A prompt (prefill), then a step with a decode of it beside a new request's prefill listed
     first (reordered to decodes first and back), then a chunked-prefill continuation: every
     step's output against the native CPU layer fed the same batches. On a GPU the prompt is 300
     tokens (past the window, 75 ratio-4 entries so the indexer's top-16 selects, two ratio-128
     windows); in the interpreter 8 (two ratio-4 windows emitted) and no continuation step."""
-    tri, nat = layers(layer)
+    tri, nat = layers(layer, fp8_activations=fp8_activations)
     L = gpu_or(8, 300)
     steps = [(dsv4attn.BatchDescription([7], [0], [L]), hidden(L, 7)),
              (dsv4attn.BatchDescription([9, 7], [0, L], [gpu_or(2, 5), 1]),
@@ -58,7 +65,8 @@ def test_layer_matches_native_cpu_layer(layer):
         want = nat.forward(batch, x)
         errs += row_rel_err(y, want).tolist()
     errs.sort()
-    assert errs[-1] < 5e-2 and errs[len(errs) // 2] < 1.5e-2, errs
+    bound_max, bound_median = BOUNDS[fp8_activations]
+    assert errs[-1] < bound_max and errs[len(errs) // 2] < bound_median, errs
 
 
 @pytest.mark.skipif(not ON_GPU, reason="in the interpreter the comparison with the native CPU "
@@ -73,7 +81,7 @@ def test_layer_matches_float64_reference(layer):
     want = dsv4attn.reference_attention_layer(TINY, layer, tri.weights, x)
     err = row_rel_err(y, want)
     assert not err.isnan().any()
-    assert err.max() < 5e-2 and err.median() < 1.5e-2, err
+    assert err.max() < BOUNDS[True][0] and err.median() < BOUNDS[True][1], err
 
 
 def test_layer_release_and_bad_batches():
@@ -128,4 +136,4 @@ def test_stack_matches_native_cpu_stack():
                       (dsv4attn.BatchDescription([4], [200], [1]), hidden(1, 6))):
         errs += row_rel_err(tri.forward(batch, xx), nat.forward(batch, xx)).tolist()
     errs.sort()
-    assert errs[-1] < 1.5e-1 and errs[len(errs) // 2] < 4.5e-2, errs
+    assert errs[-1] < 3 * BOUNDS[True][0] and errs[len(errs) // 2] < 3 * BOUNDS[True][1], errs

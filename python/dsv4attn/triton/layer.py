@@ -12,9 +12,13 @@ The step's plan (positions, slots, block tables, lengths) is built on the host a
 once per step (pinned, asynchronous on CUDA); temporaries come from torch's caching allocator.
 Decode steps are not captured as CUDA graphs here (the host plan changes shape every step).
 
-Numerics follow the CUDA layer: GEMM weights as bf16 on a GPU (FP8 weights dequantized once,
+Numerics follow the native layer: GEMM weights as bf16 on a GPU (FP8 weights dequantized once,
 exact for UE8M0 scales), fp32 on the CPU (the interpreter path, closest to the CPU reference);
-bf16 activations between ops; fp32 accumulation everywhere.
+bf16 activations between ops; fp32 accumulation everywhere. With fp8_activations, the input of
+every projection whose checkpoint weight is FP8 is quantized to FP8 (1 x 128, UE8M0) first, as
+DeepSeek's Linear and the native layer do (x for wq_a / wkv, the normed q for wq_b and the
+indexer's wq_b, z for wo_b), and o before wo_a; the GEMM then multiplies the exact dequantized
+values in bf16 / fp32 (no FP8 tensor cores on this backend).
 """
 from __future__ import annotations
 
@@ -59,6 +63,9 @@ class _Weights:
             return tensors[prefix + name].to(device).contiguous()
 
         G, L = config.o_groups, config.o_lora_rank
+        # Which projections the checkpoint stores in FP8 (their inputs are quantized too).
+        self.fp8 = {n: prefix + n + ".scale" in tensors
+                    for n in ("wq_a", "wq_b", "wkv", "wo_a", "wo_b", "indexer.wq_b")}
         self.wq_a, self.wq_b, self.wkv, self.wo_b = (gemm(n) for n in ("wq_a", "wq_b", "wkv",
                                                                        "wo_b"))
         self.wo_a = gemm("wo_a").view(G, L, -1)
@@ -80,6 +87,8 @@ class _Weights:
     def bytes(self) -> int:
         total = 0
         for v in vars(self).values():
+            if v is self.fp8:
+                continue
             items = v.values() if isinstance(v, dict) else [v]
             for t in items:
                 if isinstance(t, dict):
@@ -177,6 +186,25 @@ class TritonAttention:
         return {"weights": self.w.bytes(),
                 "caches": sum(c.storage.numel() for c in self.caches.all())}
 
+    def _fp8_input(self, weight: str) -> bool:
+        """Whether projection `weight` takes FP8-quantized inputs (FP8 weight, fp8_activations)."""
+        return self.fp8_activations and self.w.fp8[weight]
+
+    def _gemm_input(self, x: torch.Tensor, weight: str) -> torch.Tensor:
+        """x as the projection `weight` takes it: FP8-rounded (1 x 128, UE8M0; exact values in
+        x's dtype) when _fp8_input(weight), else x."""
+        return self._fp8_round(x) if self._fp8_input(weight) else x
+
+    def _fp8_round(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, K] through quantize_act_fp8 (block 128) and back: the FP8 values, exactly."""
+        T, K = x.shape
+        xq = torch.empty((T, K), dtype=torch.float8_e4m3fn, device=self.device)
+        scale = torch.empty((T, K // 128), dtype=torch.float32, device=self.device)
+        op("quantize_act_fp8")(x, 128, xq, scale)
+        out = torch.empty_like(x)
+        op("dequantize_fp8_blocks")(xq, scale, 1, 128, out)
+        return out
+
     def _upload(self, t: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cuda":
             return t.pin_memory().to(self.device, non_blocking=True)
@@ -268,16 +296,18 @@ class TritonAttention:
         act = torch.bfloat16 if dev.type != "cpu" else torch.float32
         xin = x.to(act)
 
-        # 1-3. Projections and norms.
-        qr = matmul_f32(xin, w.wq_a)
-        kv_raw = matmul_f32(xin, w.wkv)
+        # 1-3. Projections and norms (x quantized once for both FP8 projections reading it).
+        x8 = self._fp8_round(xin) if self._fp8_input("wq_a") or self._fp8_input("wkv") else xin
+        qr = matmul_f32(x8 if self._fp8_input("wq_a") else xin, w.wq_a)
+        kv_raw = matmul_f32(x8 if self._fp8_input("wkv") else xin, w.wkv)
         qr_n = torch.empty((T, cfg.q_lora_rank), dtype=torch.bfloat16, device=dev)
         kv = torch.empty((T, D), dtype=torch.bfloat16, device=dev)
         op("fused_qkv_rms_norm")(qr, w.q_norm, kv_raw, w.kv_norm, eps, qr_n, kv)
         # 6. The compressed half: request-local compressed entries per token.
         local, K = self._compressed(p, up, xin, qr_n, positions, t2r, cos_sin) if self.ratio \
             else (None, 0)
-        q = matmul_f32(qr_n.to(act), w.wq_b).to(torch.bfloat16).view(T, H, D)
+        q = matmul_f32(self._gemm_input(qr_n.to(act), "wq_b"), w.wq_b)
+        q = q.to(torch.bfloat16).view(T, H, D)
         # 4-5. q head-norm + RoPE; kv RoPE + quant + insert into the SWA slots.
         swa = self.caches.swa
         op("qnorm_rope_kv_insert")(q, kv, positions, cos_sin, eps, swa.storage, self.layout,
@@ -321,8 +351,8 @@ class TritonAttention:
         q_scale = torch.empty((T, HI), dtype=torch.float32, device=dev)
         weights = torch.empty((T, HI), dtype=torch.float32, device=dev)
         act = x.dtype
-        op("indexer_query")(qr_n.to(act), iw["wq_b"], None, x, iw["weights_proj"], positions,
-                            cos_sin, q_fp8, q_scale, weights)
+        op("indexer_query")(self._gemm_input(qr_n.to(act), "indexer.wq_b"), iw["wq_b"], None, x,
+                            iw["weights_proj"], positions, cos_sin, q_fp8, q_scale, weights)
         scores = torch.empty((T, p["score_cols"]), dtype=torch.float32, device=dev)
         op("indexer_scores")(q_fp8, q_scale, weights, positions, t2r,
                              caches.indexer_keys.storage, caches.indexer_keys.block_size,
@@ -401,5 +431,8 @@ class TritonAttention:
         act = w.wo_a.dtype
         z = matmul_f32(o2.to(act).view(T, G, HD // G).transpose(0, 1), w.wo_a)  # [G, T, L]
         z = z.transpose(0, 1).reshape(T, G * L)
-        # The CUDA layer keeps the low-rank z in bf16 (its GEMMs take bf16); the CPU in fp32.
+        # z is bf16 on a GPU (its GEMMs take bf16) and wherever an FP8 wo_b's input is quantized
+        # from it (as DeepSeek's inference code stores it); fp32 on the CPU otherwise.
+        if self._fp8_input("wo_b"):
+            z = self._fp8_round(z.to(torch.bfloat16))
         y.copy_(matmul_f32(z.to(act), w.wo_b))

@@ -109,5 +109,43 @@ int main() {
     printf("cfg %d: supported (status %d), max rel err as y %.3e, as y^T %.3e\n", cfg, (int)st, err / den, err_t / den);
     if (cfg == 3) CK(cudaMemcpy(dws, ws.data(), ws.size() * 4, cudaMemcpyHostToDevice));
   }
+  // Variations of cfg 0 (the orientation the library uses): which preference / type breaks it.
+  for (int var = 0; var < 6; ++var) {
+    const int Tv = var == 5 ? 1 : T;
+    cublasLtMatmulDesc_t desc;
+    CK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    int32_t am = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, bm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof(am)));
+    CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof(bm)));
+    CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dws, sizeof(dws)));
+    CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dxs, sizeof(dxs)));
+    cublasLtMatrixLayout_t la, lb, lc;
+    CK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, K, N, K));
+    CK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, K, Tv, K));
+    CK(cublasLtMatrixLayoutCreate(&lc, var == 3 ? CUDA_R_32F : CUDA_R_16BF, N, Tv, N));
+    cublasLtMatmulPreference_t pref;
+    CK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t wsb = var == 2 ? 0 : (32 << 20);
+    CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
+    if (var == 0) {
+      uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+      CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof(mask)));
+    }
+    if (var == 1) {
+      uint32_t al = 256;
+      for (auto a : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+        CK(cublasLtMatmulPreferenceSetAttribute(pref, a, &al, sizeof(al)));
+    }
+    cublasLtMatmulHeuristicResult_t res{};
+    int got = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, 1, &res, &got);
+    const char* what[] = {"reduction mask without INPLACE", "alignment prefs 256", "workspace 0",
+                          "D fp32", "(unused)", "T = 1"};
+    printf("cfg 0 + %s: %s (status %d, %d algos)\n", what[var], st == 0 && got > 0 ? "supported" : "NOT supported", (int)st, got);
+  }
   return 0;
 }

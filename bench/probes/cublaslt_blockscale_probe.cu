@@ -147,5 +147,35 @@ int main() {
                           "D fp32", "(unused)", "T = 1"};
     printf("cfg 0 + %s: %s (status %d, %d algos)\n", what[var], st == 0 && got > 0 ? "supported" : "NOT supported", (int)st, got);
   }
+  // Which token counts T does each orientation take (default preferences, 32 MiB workspace)?
+  for (int cfg = 0; cfg < 2; ++cfg) {
+    printf("cfg %d T:", cfg);
+    for (int Tv : {1, 2, 3, 4, 5, 8, 12, 15, 16, 17, 24, 32, 100, 227, 228, 256}) {
+      cublasLtMatmulDesc_t desc;
+      CK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+      CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+      CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+      int32_t blk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, vec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+      CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, cfg == 0 ? &blk : &vec, 4));
+      CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, cfg == 0 ? &vec : &blk, 4));
+      CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, cfg == 0 ? &dws : &dxs, sizeof(void*)));
+      CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, cfg == 0 ? &dxs : &dws, sizeof(void*)));
+      const int m = cfg == 0 ? N : Tv, n = cfg == 0 ? Tv : N;
+      cublasLtMatrixLayout_t la, lb, lc;
+      CK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, K, m, K));
+      CK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, K, n, K));
+      CK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, m, n, m));
+      cublasLtMatmulPreference_t pref;
+      CK(cublasLtMatmulPreferenceCreate(&pref));
+      size_t wsb = 32 << 20;
+      CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
+      cublasLtMatmulHeuristicResult_t res{};
+      int got = 0;
+      cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, 1, &res, &got);
+      printf(" %d:%s", Tv, st == 0 && got > 0 ? "ok" : "NO");
+    }
+    printf("\n");
+  }
   return 0;
 }

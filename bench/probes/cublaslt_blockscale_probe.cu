@@ -177,5 +177,35 @@ int main() {
     }
     printf("\n");
   }
+  // Small N / K (the tiny test config's projections), bf16 and fp32 outputs, T = 128.
+  for (int dt = 0; dt < 2; ++dt) {
+    printf("cfg 0 T=128 y %s N,K:", dt ? "fp32" : "bf16");
+    for (auto [Nv, Kv] : {std::pair{128, 128}, {128, 256}, {256, 128}, {256, 256}, {64, 256}, {128, 512}, {512, 128}}) {
+      cublasLtMatmulDesc_t desc;
+      CK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+      CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+      CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+      int32_t blk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, vec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+      CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &blk, 4));
+      CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec, 4));
+      CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dws, sizeof(void*)));
+      CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dxs, sizeof(void*)));
+      cublasLtMatrixLayout_t la, lb, lc;
+      CK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, Kv, Nv, Kv));
+      CK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, Kv, 128, Kv));
+      CK(cublasLtMatrixLayoutCreate(&lc, dt ? CUDA_R_32F : CUDA_R_16BF, Nv, 128, Nv));
+      for (size_t wsb : {size_t{0}, size_t{32} << 20}) {
+        cublasLtMatmulPreference_t pref;
+        CK(cublasLtMatmulPreferenceCreate(&pref));
+        CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
+        cublasLtMatmulHeuristicResult_t res{};
+        int got = 0;
+        cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, 1, &res, &got);
+        printf(" %dx%d/ws%d:%s", Nv, Kv, wsb ? 1 : 0, st == 0 && got > 0 ? "ok" : "NO");
+      }
+    }
+    printf("\n");
+  }
   return 0;
 }

@@ -65,12 +65,7 @@ macro(_dsv4_cutlass_from_python)
                           "${_dsv4_cutlass_found}; the kernels need ${DSV4_CUTLASS_HEADER_VERSION} "
                           "(pip install nvidia-cutlass==${DSV4_CUTLASS_PIN}, or pass DSV4_CUTLASS_DIR)")
     endif()
-    # Copied into the build tree: pip builds in a fresh temporary environment each time, and
-    # an include path that changes with it would make every rebuild recompile every kernel.
-    set(DSV4_CUTLASS_INCLUDE_DIR "${CMAKE_BINARY_DIR}/_deps/cutlass-${_dsv4_cutlass_found}/include")
-    if(NOT EXISTS "${DSV4_CUTLASS_INCLUDE_DIR}/cute/tensor.hpp")
-      file(COPY "${_dsv4_cutlass_pkg}/source/include/" DESTINATION "${DSV4_CUTLASS_INCLUDE_DIR}")
-    endif()
+    set(DSV4_CUTLASS_INCLUDE_DIR "${_dsv4_cutlass_pkg}/source/include")
   endif()
 endmacro()
 

@@ -9,6 +9,8 @@
 #           is found, and that is checked), then `pip wheel .` installed into a second fresh
 #           environment; in each, the examples of examples/python run from outside the source
 #           tree, and the process exits with nothing on stderr.
+# Each pip build compiles the library from scratch (scikit-build-core starts a new CMake cache in
+# every isolated build environment): the two pip builds are most of this script's time.
 # Versions: `dsv4 --version`, the C++ dsv4::version(), dsv4attn.__version__ and the wheel's
 # metadata must all be CMakeLists.txt's project version.
 #

@@ -1,12 +1,13 @@
 # dsv4attn — the two commands:
 #   make run    set up, build, run the main job (`dsv4 run` over every layer kind)
-#   make test   set up, build, run every test (C++ via ctest, Python via pytest)
+#   make test   set up, build, run every test (C++ via ctest, Python via pytest, then the
+#               packages as users install them: scripts/test_package.sh)
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_ARGS ?=
 DSV4_CUDA ?= AUTO
 
-.PHONY: run test setup configure build clean
+.PHONY: run test package-test setup configure build clean
 # The main job: real V4-Flash layer shapes, one layer of each kind (SWA, C4A, C128A), chunked
 # prefill of four requests then decode, with request 0 re-checked against the float64 reference.
 RUN_ARGS ?= --model v4-flash --layers 0,2,3 --requests 4 --prompt-len 160,256,192,128 \
@@ -18,6 +19,12 @@ run: build
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
 	$(MAKE) --no-print-directory pytest
+	$(MAKE) --no-print-directory package-test
+
+# `cmake --install` + examples/cpp against it (static, then shared); `pip install .` and
+# `pip wheel .` into fresh venvs + examples/python, from outside the source tree.
+package-test: build
+	DSV4_CUDA=$(DSV4_CUDA) ./scripts/test_package.sh $(BUILD) $(VENV_PYTHON)
 
 setup:
 	DSV4_CUDA=$(DSV4_CUDA) DSV4_VENV=$(VENV) ./scripts/setup.sh

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # One-time set-up on a fresh Debian machine: installs what is missing, nothing more.
 #   - Debian packages: cmake, ninja, g++, GoogleTest, nlohmann-json
-#   - when nvcc is present: the pinned CUTLASS/CuTe headers from the nvidia-cutlass wheel
+#   - when nvcc is present: the pinned CUTLASS/CuTe headers (cmake/cutlass_version.txt) from the
+#     nvidia-cutlass wheel, into third_party/cutlass (`pip install .` needs no such step: there
+#     the wheel is a build requirement)
 # Idempotent: a second run does nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CUTLASS_VERSION=4.2.0.0
+CUTLASS_VERSION=$(cat cmake/cutlass_version.txt)
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 for p in cmake ninja-build g++ make libgtest-dev nlohmann-json3-dev unzip python3-pip; do
@@ -28,7 +30,8 @@ fi
 
 nvcc_bin=$(command -v nvcc || true)
 [ -z "$nvcc_bin" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc_bin=/usr/local/cuda/bin/nvcc
-if [ -n "$nvcc_bin" ] && [ "${DSV4_CUDA:-AUTO}" != OFF ] && [ ! -f third_party/cutlass/include/cute/tensor.hpp ]; then
+if [ -n "$nvcc_bin" ] && [ "${DSV4_CUDA:-AUTO}" != OFF ] &&
+   [ "$(cat third_party/cutlass/VERSION 2>/dev/null)" != "$CUTLASS_VERSION" ]; then
   echo "setup: fetching CUTLASS ${CUTLASS_VERSION} headers (nvidia-cutlass wheel)"
   tmp=$(mktemp -d)
   python3 -m pip download -q --no-deps "nvidia-cutlass==${CUTLASS_VERSION}" -d "$tmp"

@@ -29,6 +29,14 @@ for step in "$@"; do
     pytest)
       log python tests
       timeout 300 $PY -m pytest -q -x tests/python 2>&1 | tee "$OUT/pytest.log" | tail -15 ;;
+    layer)
+      log dsv4 bench layer
+      timeout "${LAYER_TIMEOUT:-300}" ./build/dsv4 bench layer ${LAYER_ARGS:---model v4-flash} --json "$OUT/layer.json" 2>&1 |
+        tee "$OUT/layer.log" | tail -40 ;;
+    serve)
+      log dsv4 run throughput
+      timeout 300 ./build/dsv4 run --backend cuda --model v4-flash --layers 0,2,3 --requests 256 \
+        --prompt-len 512 --decode-steps 64 --chunk 8192 --json "$OUT/run.json" 2>&1 | tee "$OUT/serve.log" | tail -14 ;;
     run)
       log dsv4 run on the GPU
       timeout 200 ./build/dsv4 run --backend cuda --model v4-flash --layers 0,2,3 --requests 4 \

@@ -59,6 +59,9 @@ void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
             const TensorView& w_scale, const TensorView& y, const TensorView& workspace,
             Stream stream);
 inline constexpr int64_t kGemmWorkspaceBytes = int64_t{32} << 20;
+// CUDA FP8 block-scaled GEMMs (linear, grouped_wo_a with FP8 operands) take row counts T that are
+// multiples of this: cuBLASLt reads the [K/128, T] activation scales with 16-byte aligned rows.
+inline constexpr int64_t kFp8GemmRowMultiple = 4;
 
 // Row stride (in scales) of an FP8 weight's 128×128 block scales as the CUDA GEMMs take them:
 // ceil(K/128) rounded up to a multiple of 4 (16 bytes), K the weight's columns.

@@ -5,6 +5,7 @@
 #include <nanobind/nanobind.h>
 
 #include "dsv4/status.h"
+#include "dsv4/version.h"
 
 namespace nb = nanobind;
 
@@ -32,6 +33,7 @@ void set_error_type(nb::handle cls) {
 
 NB_MODULE(_C, m) {
   m.doc() = "dsv4attn C++ ops (DeepSeek-V4 sparse attention) over DLPack tensors";
+  m.attr("__version__") = dsv4::version();
   m.def("_set_error_type", &set_error_type, nb::arg("cls"));
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {

@@ -36,7 +36,7 @@ from .layer import (  # noqa: E402
     Attention, AttentionStack, AttentionWeights, BatchDescription, reference_attention_layer)
 
 with_cuda: bool = _C.with_cuda
-__version__ = "0.1.0"
+__version__: str = _C.__version__  # the library's: CMakeLists.txt's project(VERSION)
 
 __all__ = [
     "Attention", "AttentionStack", "AttentionWeights", "BatchDescription", "Error", "ModelConfig",

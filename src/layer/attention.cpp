@@ -133,7 +133,11 @@ struct Attention::Impl {
     // Everything the launch's shapes depend on: equal keys → the same kernels and arguments.
     std::vector<int64_t> shape_key() const;
   };
-  StepPlan plan_step(const BatchPlan& plan, int64_t rows, bool round);
+  // rows >= the plan's tokens. Padding tokens of a graph bucket (`graph`) are one-token decode
+  // requests of their own with no blocks; other padding tokens (rounding an eager step up to a
+  // whole number of FP8 GEMM row groups) belong to no request. Either way nothing is read or
+  // written for them but their own rows. `graph` also rounds data-dependent widths to 2^k.
+  StepPlan plan_step(const BatchPlan& plan, int64_t rows, bool graph);
   // Enqueues every kernel of the step on `stream`: x [T, dim] (bf16 on CUDA), y [T, dim] fp32,
   // both on the layer's device. Reads only device views and shapes (graph-capturable).
   void launch(const StepPlan& sp, const TensorView& x, const TensorView& y, Stream stream);
@@ -313,8 +317,10 @@ Attention::Impl::WorkspaceBound Attention::Impl::workspace_bound(int64_t max_tok
                                                                  int64_t max_context) const {
   // Every temporary launch() takes (and padding of graph buckets, and power-of-two rounding of
   // the data-dependent widths), counted generously: a test checks it covers what steps use.
-  const int64_t T = std::max(max_tokens, DecodeGraphs::bucket(std::min(max_tokens, kMaxGraphTokens)));
-  const int64_t R = std::max<int64_t>(max_requests, DecodeGraphs::bucket(std::min<int64_t>(max_requests, kMaxGraphTokens)));
+  const int64_t T4 = (max_tokens + kFp8GemmRowMultiple - 1) / kFp8GemmRowMultiple * kFp8GemmRowMultiple;
+  const int64_t T = std::max({T4, kFp8GemmRowMultiple, DecodeGraphs::bucket(std::min(max_tokens, kMaxGraphTokens))});
+  const int64_t R = std::max<int64_t>({max_requests, kFp8GemmRowMultiple,
+                                       DecodeGraphs::bucket(std::min<int64_t>(max_requests, kMaxGraphTokens))});
   const int64_t H = cfg.n_heads, D = cfg.head_dim, HD = H * D, W = cfg.window_size;
   const int ratio = compressed ? compressed->ratio() : 0;
   const int64_t visible = ratio ? 2 * (max_context / ratio) + 1 : 0;  // rounded up to 2^k
@@ -365,6 +371,7 @@ Attention::Impl::WorkspaceBound Attention::Impl::workspace_bound(int64_t max_tok
   add(2 * T * HD);                              // o dequantized (bf16 GEMM path)
   add(4 * T * cfg.dim);                         // y on the device for a host y
   add(2 * T * cfg.dim);                         // x staged from the host
+  add(6 * T * cfg.dim);                         // x / y rows of a padded step
   WorkspaceBound b;
   b.scratch_bytes = bytes + 256 * (tensors + 8);
   // The upload: per token positions, slots, token_to_req; per request context, lengths and the
@@ -406,13 +413,15 @@ std::vector<int64_t> Attention::Impl::StepPlan::shape_key() const {
 }
 
 Attention::Impl::StepPlan Attention::Impl::plan_step(const BatchPlan& plan, int64_t rows,
-                                                     bool round) {
+                                                     bool graph) {
+  const bool round = graph;
   const int R = plan.num_requests();
   const int64_t T = plan.num_tokens();
   StepPlan sp;
   sp.T = rows;
-  sp.R = static_cast<int>(R + (rows - T));  // padding tokens are one-token requests of their own
-  sp.nd = static_cast<int>(plan.num_decodes + (rows - T));
+  const int64_t pad_requests = graph ? rows - T : 0;
+  sp.R = static_cast<int>(R + pad_requests);
+  sp.nd = static_cast<int>(plan.num_decodes + pad_requests);
   upload.begin();
 
   std::vector<int64_t> req_ids;
@@ -421,7 +430,8 @@ Attention::Impl::StepPlan Attention::Impl::plan_step(const BatchPlan& plan, int6
   std::vector<int64_t> positions(plan.positions), slots(static_cast<size_t>(rows), -1);
   std::vector<int32_t> token_to_req(plan.token_to_req);
   positions.resize(static_cast<size_t>(rows), 0);
-  for (int64_t t = T; t < rows; ++t) token_to_req.push_back(static_cast<int32_t>(R + (t - T)));
+  for (int64_t t = T; t < rows; ++t)
+    token_to_req.push_back(graph ? static_cast<int32_t>(R + (t - T)) : -1);
   for (int r = 0; r < R; ++r) {
     const RequestStep& s = plan.requests[r];
     const std::vector<int64_t> new_slots = caches.swa->append(s.req_id, s.num_new);
@@ -499,14 +509,19 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, con
       cached[s.req_id] = 0;
     }
 
+  // CUDA steps run over a multiple of kFp8GemmRowMultiple token rows (the FP8 GEMMs' rule); a
+  // decode graph's bucket is one already.
   const bool graph = graph_step(plan);
-  const int64_t rows = graph ? DecodeGraphs::bucket(T) : T;
-  const StepPlan sp = plan_step(plan, rows, /*round=*/graph);
+  const int64_t rows =
+      graph ? std::max(kFp8GemmRowMultiple, DecodeGraphs::bucket(T))
+            : device == Device::cuda ? (T + kFp8GemmRowMultiple - 1) / kFp8GemmRowMultiple * kFp8GemmRowMultiple
+                                     : T;
+  const StepPlan sp = plan_step(plan, rows, graph);
   upload.commit(stream);
   for (const RequestStep& s : plan.requests) cached[s.req_id] = s.context + s.num_new;
 
   const TensorView x = stage_input(x_in);
-  if (!graph) {
+  if (!graph && rows == T) {
     if (y.device == device) {
       launch(sp, x, y, stream);
     } else {
@@ -514,6 +529,23 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, con
       launch(sp, x, y_dev, stream);
       scratch.download(y_dev, y);
     }
+    return;
+  }
+  if (!graph) {
+    // Padded eager step: x's rows and zero padding rows in, the first T rows of y out.
+    const TensorView x_rows = scratch.tensor(DType::bf16, {rows, cfg.dim});
+    const TensorView y_rows = scratch.tensor(DType::fp32, {rows, cfg.dim});
+    const size_t row_bytes = static_cast<size_t>(cfg.dim) * dtype_size(DType::bf16);
+    rt::copy_device_to_device_async(x_rows.data, x.data, T * row_bytes, stream);
+    rt::memset_device_async(static_cast<uint8_t*>(x_rows.data) + T * row_bytes, 0,
+                            (rows - T) * row_bytes, stream);
+    launch(sp, x_rows, y_rows, stream);
+    const TensorView y_real = y_rows.slice0(0, T);
+    if (y.device == Device::cuda)
+      rt::copy_device_to_device_async(y.data, y_real.data,
+                                      static_cast<size_t>(T * cfg.dim) * sizeof(float), stream);
+    else
+      scratch.download(y_real, y);
     return;
   }
 

@@ -10,14 +10,12 @@
 #include "dsv4/config.h"
 #include "dsv4/kv_layout.h"
 #include "dsv4/status.h"
+#include "dsv4/version.h"
 
 #ifdef DSV4_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
 
-#ifndef DSV4_VERSION_STR
-#define DSV4_VERSION_STR "unknown"
-#endif
 #ifndef DSV4_CUDA_ARCHS_STR
 #define DSV4_CUDA_ARCHS_STR ""
 #endif
@@ -45,7 +43,7 @@ std::vector<FlagSpec> flags_with_model_names() {
 }
 
 void print_build() {
-  std::printf("dsv4attn %s\n", DSV4_VERSION_STR);
+  std::printf("dsv4attn %s\n", dsv4::version());
 #if defined(__clang__)
   std::printf("compiler      clang %s\n", __clang_version__);
 #elif defined(__GNUC__)

@@ -5,11 +5,12 @@
 
 #include "commands.h"
 #include "dsv4/status.h"
+#include "dsv4/version.h"
 
 namespace {
 void usage() {
   std::puts(
-      "usage: dsv4 <command> [options]\n"
+      "usage: dsv4 <command> [options]  |  dsv4 --version\n"
       "  info    build, backends and device; --config PATH, --layouts [--block-size B]\n"
       "  run     serving simulation through a model's attention stack (the main job)\n"
       "  bench   kernel benchmarks (PERF.md configs); `bench layer`: layer steps against their floors\n"
@@ -23,6 +24,10 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string cmd = argv[1];
+  if (cmd == "--version" || cmd == "-V") {
+    std::printf("dsv4attn %s\n", dsv4::version());
+    return 0;
+  }
   dsv4::cli::Args args(argv + 2, argv + argc);
   try {
     if (cmd == "info") return dsv4::cli::cmd_info(args);

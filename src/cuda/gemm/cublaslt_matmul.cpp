@@ -118,6 +118,13 @@ void matmul_xwT(const char* where, const MatmulXwT& p, Stream stream) {
   if (p.ab_dtype == DType::fp8_e4m3) {
     DSV4_CHECK(p.batch == 1 && p.x_scale != nullptr && p.w_scale != nullptr, where,
                ": FP8 matmuls take both scales and no batch");
+    // cuBLASLt (13.1, sm90) reads the 1x128 activation scales [K/128, T] with rows T apart and
+    // offers no algorithm unless those rows are 16-byte aligned (measured: T = 4, 8, 12, 16, 228
+    // run; 1, 2, 3, 5, 15, 17, 227 do not; bench/probes/cublaslt_blockscale_probe.cu).
+    if (p.T % kFp8GemmRowMultiple != 0)
+      fail(where, ": ", p.x_name, ".shape[0]: expected a multiple of ", kFp8GemmRowMultiple,
+           " rows for an FP8 block-scaled GEMM on CUDA (cuBLASLt needs the 1x128 activation "
+           "scales' rows 16-byte aligned); pad the rows (the layer pads its steps), got ", p.T);
     if (reinterpret_cast<uintptr_t>(p.x_scale) % 16 != 0 || reinterpret_cast<uintptr_t>(p.w_scale) % 16 != 0)
       fail(where, ": the block scales of ", p.x_name, " and ", p.w_name,
            ": expected 16-byte aligned addresses on CUDA (cuBLASLt reads them as vectors), got ", p.x_scale,

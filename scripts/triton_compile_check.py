@@ -145,7 +145,9 @@ def _intercept(targets, only):
     _launch.launch = launch_all
     for mod in (sparse_decode, sparse_prefill):
         mod.launch = launch_all
-    _checks.interpreting = lambda: True  # CPU tensors stand in for device ones here
+    # CPU tensors stand in for device ones here (the launch configs stay the GPU's: the
+    # interpreter is off, so e.g. heads_per_program picks its GPU value).
+    _checks.same_device = lambda op, named: next(t.device for _, t in named if t is not None)
 
 
 def sweep():

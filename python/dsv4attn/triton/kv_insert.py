@@ -47,25 +47,27 @@ def _qnorm_rope_kv_insert_kernel(
         first = (D - R) // 2
         if hb * HB < H:
             # Heads [hb*HB, hb*HB + HB): [HB, NBP, 32] tiles.
+            # (The two branches use distinct names: Triton merges same-named values after an if.)
             h = hb * HB + tl.arange(0, HB)[:, None, None]
             m = (h < H) & inrow
-            row = q_ptr + t.to(tl.int64) * q_s0 + h * q_s1
-            even = tl.load(row + dims, mask=m, other=0.0).to(tl.float32)
-            odd = tl.load(row + dims + 1, mask=m, other=0.0).to(tl.float32)
-            inv = rms_inverse(even, odd, D, eps)[:, None, None]
-            even, odd = rope_rotate(even * inv, odd * inv, pair, cs_row, first, R // 2, False)
-            tl.store(row + dims, round_bf16(even).to(tl.bfloat16), mask=m)
-            tl.store(row + dims + 1, round_bf16(odd).to(tl.bfloat16), mask=m)
+            q_row = q_ptr + t.to(tl.int64) * q_s0 + h * q_s1
+            q_even = tl.load(q_row + dims, mask=m, other=0.0).to(tl.float32)
+            q_odd = tl.load(q_row + dims + 1, mask=m, other=0.0).to(tl.float32)
+            inv = rms_inverse(q_even, q_odd, D, eps)[:, None, None]
+            q_even, q_odd = rope_rotate(q_even * inv, q_odd * inv, pair, cs_row, first, R // 2,
+                                        False)
+            tl.store(q_row + dims, round_bf16(q_even).to(tl.bfloat16), mask=m)
+            tl.store(q_row + dims + 1, round_bf16(q_odd).to(tl.bfloat16), mask=m)
         else:
-            row = kv_ptr + t.to(tl.int64) * kv_s0
-            even = tl.load(row + dims, mask=inrow, other=0.0).to(tl.float32)
-            odd = tl.load(row + dims + 1, mask=inrow, other=0.0).to(tl.float32)
+            kv_row = kv_ptr + t.to(tl.int64) * kv_s0
+            even = tl.load(kv_row + dims, mask=inrow, other=0.0).to(tl.float32)
+            odd = tl.load(kv_row + dims + 1, mask=inrow, other=0.0).to(tl.float32)
             even, odd = rope_rotate(even, odd, pair, cs_row, first, R // 2, False)
             slot = tl.load(slot_ptr + t).to(tl.int64)
             even, odd = store_kv_token(even, odd, slot, u8, bf, f32, block_stride, block_size,
                                        num_blocks, tensor_scale, inv_tensor_scale, D, NBP, LAYOUT)
-            tl.store(row + dims, round_bf16(even).to(tl.bfloat16), mask=inrow)
-            tl.store(row + dims + 1, round_bf16(odd).to(tl.bfloat16), mask=inrow)
+            tl.store(kv_row + dims, round_bf16(even).to(tl.bfloat16), mask=inrow)
+            tl.store(kv_row + dims + 1, round_bf16(odd).to(tl.bfloat16), mask=inrow)
 
 
 @op("qnorm_rope_kv_insert", "q head-norm + RoPE, kv RoPE + quantized paged insert, kv <- cached")

@@ -25,7 +25,7 @@ namespace dsv4::bench {
 
 namespace {
 
-std::string gemm_how(const char* dtypes, int n, int reps) {
+[[maybe_unused]] std::string gemm_how(const char* dtypes, int n, int reps) {  // CUDA builds only
   return detail::concat("cuBLASLt ", n, "x", n, "x", n, " ", dtypes, " (TN, fp32 accumulate), median of ", reps);
 }
 

@@ -123,9 +123,9 @@ class TritonAttention:
         self.cached: Dict[int, int] = {}
         self._rope = config.rope_for_layer(layer)
         self._cos_sin = torch.empty((0, config.rope_head_dim), dtype=torch.float32, device=device)
-        if self.ratio:
-            self.main = CompressorConfig.attention(config, self.ratio)
-            self.index = CompressorConfig.indexer(config) if self.ratio == 4 else None
+        self.compressor_cfg = CompressorConfig.attention(config, self.ratio) if self.ratio \
+            else None
+        self.indexer_cfg = CompressorConfig.indexer(config) if self.ratio == 4 else None
 
     # ---------------------------------------------------------------- bookkeeping
     def _rope_table(self, length: int) -> torch.Tensor:
@@ -166,8 +166,8 @@ class TritonAttention:
             need(self.caches.compressed, grow)
             if self.caches.indexer_keys is not None:
                 need(self.caches.indexer_keys, grow)
-            for cache, cfg in ((self.caches.compressor_state, self.main),
-                               (self.caches.indexer_state, self.index)):
+            for cache, cfg in ((self.caches.compressor_state, self.compressor_cfg),
+                               (self.caches.indexer_state, self.indexer_cfg)):
                 if cache is None:
                     continue
                 fresh = sum(1 for rid in ids if rid not in self.cached)
@@ -224,9 +224,9 @@ class TritonAttention:
         for rid in ids:
             if rid not in self.cached:
                 self.caches.add_request(rid)
-                for cache, ccfg in ((self.caches.compressor_state, getattr(self, "main", None)),
-                                    (self.caches.indexer_state, getattr(self, "index", None))):
-                    if cache is not None:
+                for cache, ccfg in ((self.caches.compressor_state, self.compressor_cfg),
+                                    (self.caches.indexer_state, self.indexer_cfg)):
+                    if cache is not None:  # the compressor rings, reserved once
                         cache.append(rid, ccfg.ring_rows)
                 self.cached[rid] = 0
         plan = self._plan(ids, ctx, new)
@@ -334,8 +334,8 @@ class TritonAttention:
                 state.storage.view(torch.float32).view(-1, ccfg.state_width), state_table,
                 state.block_size, out.storage, out_table, out.block_size, layout)
 
-        compress(self.main, self.w.compressor, caches.compressor_state, caches.compressed,
-                 up["state_table"], up["out_table"], self.layout)
+        compress(self.compressor_cfg, self.w.compressor, caches.compressor_state,
+                 caches.compressed, up["state_table"], up["out_table"], self.layout)
         K = p["topk"]
         local = torch.empty((T, max(K, 1)), dtype=torch.int32, device=dev)[:, :K]
         lens = torch.empty((T,), dtype=torch.int32, device=dev)
@@ -344,7 +344,7 @@ class TritonAttention:
                 op("compressed_prefix_indices")(positions, self.ratio, local, lens)
             return local, K
         iw = self.w.indexer
-        compress(self.index, iw["compressor"], caches.indexer_state, caches.indexer_keys,
+        compress(self.indexer_cfg, iw["compressor"], caches.indexer_state, caches.indexer_keys,
                  up["index_state_table"], up["index_key_table"], "model1_fp8")
         HI = cfg.index_n_heads
         q_fp8 = torch.empty((T, HI, cfg.index_head_dim), dtype=torch.float8_e4m3fn, device=dev)

@@ -17,7 +17,7 @@ for step in "$@"; do
   case "$step" in
     graphs)
       log graph tests
-      timeout 240 ./build/dsv4_gpu_tests --gtest_filter='*Graph*:*CudaLayerTest*' 2>&1 | tee "$OUT/graph_tests.log" |
+      timeout 240 ./build/dsv4_gpu_tests --gtest_filter="${GPU_FILTER:-*Graph*:*CudaLayerTest*}" 2>&1 | tee "$OUT/graph_tests.log" |
         grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[==========\]|median|Failure|error" | tail -30 ;;
     quick)
       log layer quick timing
@@ -28,7 +28,7 @@ for step in "$@"; do
         grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[==========\]" | tail -12 ;;
     pytest)
       log python tests
-      timeout 300 $PY -m pytest -q -x tests/python 2>&1 | tee "$OUT/pytest.log" | tail -15 ;;
+      timeout 300 $PY -m pytest -q -x ${PYTEST_ARGS:-tests/python} 2>&1 | tee "$OUT/pytest.log" | tail -15 ;;
     layer)
       log dsv4 bench layer
       timeout "${LAYER_TIMEOUT:-300}" ./build/dsv4 bench layer ${LAYER_ARGS:---model v4-flash} --json "$OUT/layer.json" 2>&1 |

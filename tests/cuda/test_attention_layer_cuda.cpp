@@ -118,14 +118,24 @@ class CudaLayerTest : public ::testing::TestWithParam<LayerCase> {
   ModelConfig cfg = ModelConfig::builtin("tiny");
 };
 
+// FP8 projection weights add (g): the FP8 tensor cores' short accumulator (the FP8 GEMM test
+// measures up to 5.2e-4 of Σ|x·w| per 128-deep slice) is large against |y| wherever the terms
+// cancel (|y| ~ Σ|x·w| / sqrt(K)): about 1e-2 relative at K = 1024, and each of the four FP8
+// inputs it feeds (qr, z, the cached kv) then rounds on a different side for a share of its
+// elements. Measured on the H100 (2026-11-25, all three kinds): median 2.6e-2, max 5.0e-2 per
+// token, for the CPU backend and the float64 reference alike. So with FP8 weights every token
+// < 8e-2 and the median < 4e-2; a semantic error still moves every token by O(1).
+constexpr double kFp8WeightsWorst = 8e-2, kFp8WeightsMedian = 4e-2;
+
 // `top_k_selects`: the layer's indexer picks a top-k subset (C4A), see (e) above.
-void expect_close(const std::vector<double>& errs_in, bool fp8_act, bool top_k_selects, const char* what) {
+void expect_close(const std::vector<double>& errs_in, bool fp8_act, bool top_k_selects, const char* what,
+                  bool fp8_weights = false) {
   std::vector<double> errs = errs_in;
   ASSERT_FALSE(errs.empty());
   for (double e : errs) ASSERT_FALSE(std::isnan(e)) << what;
   std::sort(errs.begin(), errs.end());
   const double median = errs[errs.size() / 2], worst = errs.back();
-  const double bound = fp8_act ? 5e-2 : 2e-2;
+  const double bound = fp8_weights ? kFp8WeightsWorst : fp8_act ? 5e-2 : 2e-2;
   const size_t above = static_cast<size_t>(errs.end() - std::upper_bound(errs.begin(), errs.end(), bound));
   std::printf("  %s: median %.3e, max %.3e over %zu tokens (%zu above %.0e)\n", what, median, worst,
               errs.size(), above, bound);
@@ -138,7 +148,7 @@ void expect_close(const std::vector<double>& errs_in, bool fp8_act, bool top_k_s
   } else {
     EXPECT_LT(worst, bound) << what;
   }
-  EXPECT_LT(median, fp8_act ? 1.5e-2 : 4e-3) << what;
+  EXPECT_LT(median, fp8_weights ? kFp8WeightsMedian : fp8_act ? 1.5e-2 : 4e-3) << what;
 }
 
 TEST_P(CudaLayerTest, MatchesCpuBackendOverMixedBatches) {
@@ -151,7 +161,7 @@ TEST_P(CudaLayerTest, MatchesCpuBackendOverMixedBatches) {
   std::vector<double> errs;
   for (const auto& [key, row] : want)
     errs.push_back(row_rel_err(got.at(key), std::vector<double>(row.begin(), row.end())));
-  expect_close(errs, GetParam().fp8_act, selects(GetParam()), "cuda vs cpu");
+  expect_close(errs, GetParam().fp8_act, selects(GetParam()), "cuda vs cpu", GetParam().fp8_weights);
 }
 
 TEST_P(CudaLayerTest, DeviceAndHostTensorsGiveTheSameBits) {
@@ -183,7 +193,8 @@ TEST_P(CudaLayerTest, MatchesFloat64Reference) {
   for (int p = 0; p < L; ++p)
     errs.push_back(row_rel_err(got.at({1, p}), std::vector<double>(ref.begin() + int64_t{p} * cfg.dim,
                                                                ref.begin() + int64_t{p + 1} * cfg.dim)));
-  expect_close(errs, GetParam().fp8_act, selects(GetParam()), "cuda vs float64 reference");
+  expect_close(errs, GetParam().fp8_act, selects(GetParam()), "cuda vs float64 reference",
+               GetParam().fp8_weights);
 }
 
 // Rejected input changes nothing: afterwards the layer gives the bits of one that never saw it.

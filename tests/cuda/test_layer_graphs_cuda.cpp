@@ -160,13 +160,14 @@ TEST(GraphStackTest, DeviceResidualMatchesHostIoAndCpu) {
   std::sort(errs.begin(), errs.end());
   std::printf("  stack cuda vs cpu: median %.3e, max %.3e over %zu tokens\n", errs[errs.size() / 2],
               errs.back(), errs.size());
-  // Each of the three layers differs from its CPU twin within the CudaLayerTest bounds (5e-2 per
-  // token, median 1.5e-2), and feeds the next layer through the residual, which carries the
-  // differences forward (the GPU stack also hands the layers bf16 inputs where the CPU's are
-  // fp32): at most additive over the layers, so 3x those bounds. Measured on the H100: median
-  // 2.2e-2. A residual-stream error (a missed add, a stale row) is O(1).
-  EXPECT_LT(errs.back(), 1.5e-1);
-  EXPECT_LT(errs[errs.size() / 2], 4.5e-2);
+  // Each of the three layers differs from its CPU twin within the CudaLayerTest bounds for FP8
+  // weights (8e-2 per token, median 4e-2), and feeds the next layer through the residual, which
+  // carries the differences forward (the GPU stack also hands the layers bf16 inputs where the
+  // CPU's are fp32): at most additive over the layers, so 3x those bounds. Measured on the H100
+  // (2026-11-25): median 4.8e-2, max 7.3e-2. A residual-stream error (a missed add, a stale row)
+  // is O(1).
+  EXPECT_LT(errs.back(), 2.4e-1);
+  EXPECT_LT(errs[errs.size() / 2], 1.2e-1);
 }
 
 }  // namespace

@@ -354,8 +354,10 @@ def test_cuda_layer_matches_cpu(layer):
     # request order (a decode after a prefill chunk: the wrapper reorders rows for the GPU).
     # Tolerance as tests/cuda/test_attention_layer_cuda.cpp: the kernels' bf16 softmax weights and
     # bf16 z move o / z by ~2^-9, which the FP8 quantization of o before wo_a turns into whole-step
-    # flips of a few % of its elements (measured on the H100: median 7e-3, max 1.4e-2): every row
-    # < 5e-2, median < 1.5e-2; a semantic error moves every row by O(1).
+    # flips of a few % of its elements, and with FP8 weights the FP8 tensor cores' short accumulator
+    # flips the FP8 rounding of the GEMM inputs too (measured on the H100 with FP8 weights: median
+    # 2.4e-2, max 3.9e-2): every row < 8e-2, median < 4e-2 (the C++ test's FP8-weight bounds); a
+    # semantic error moves every row by O(1).
     cpu, gpu = small_layer(layer), small_layer(layer, device="cuda")
     x = hidden(40, 3).bfloat16().float()
     steps = [(dsv4attn.BatchDescription([1, 2], [0, 0], [20, 12]), x[:32]),
@@ -369,7 +371,7 @@ def test_cuda_layer_matches_cpu(layer):
         assert not got.isnan().any()
         errs += ((got - want).abs().amax(1) / want.abs().amax(1)).tolist()
     errs.sort()
-    assert errs[-1] < 5e-2 and errs[len(errs) // 2] < 1.5e-2, errs
+    assert errs[-1] < 8e-2 and errs[len(errs) // 2] < 4e-2, errs
     with pytest.raises(dsv4attn.Error, match="x.device: expected cpu"):
         cpu.forward(dsv4attn.BatchDescription([9], [0], [2]), x[:2].cuda())
 

@@ -4,7 +4,7 @@ graphs are used, and AttentionStack keeps its residual stream on the GPU.
 
 Tolerances: the captured step runs exactly the eager step's kernels on the same shapes, so a
 replay is compared bit for bit with an eager twin layer. The stack's GPU result is compared with
-the CPU stack per token by max |diff| / max |ref| < 1.5e-1 (3 layers x the CUDA-vs-CPU layer bound of
+the CPU stack per token by max |diff| / max |ref| < 2.4e-1 (3 layers x the FP8-weight CUDA-vs-CPU layer bound of
 tests/cuda/test_attention_layer_cuda.cpp, from bf16 P and FP8 rounding flips)."""
 import pytest
 import torch
@@ -84,4 +84,4 @@ def test_stack_residual_on_gpu_matches_cpu_stack():
         assert y_gpu.device.type == "cuda"
         y_cpu = cpu.forward(step, x.cpu())
         err = ((y_gpu.cpu() - y_cpu).abs().amax(dim=1) / y_cpu.abs().amax(dim=1)).max().item()
-        assert err < 1.5e-1, f"step {i}: {err}"
+        assert err < 2.4e-1, f"step {i}: {err}"

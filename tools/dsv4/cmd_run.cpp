@@ -34,7 +34,7 @@ const std::vector<FlagSpec> kFlags = {
     {"backend", true, "cpu | cuda | auto (default auto)", "B"},
     {"check", false, "re-run a sample of requests through the float64 reference; exit 3 if off"},
     {"check-requests", true, "requests to check with --check (default 1)", "N"},
-    {"tolerance", true, "--check tolerance, max|y-ref|/max|ref| per token (default 3e-2 cpu, 5e-2 cuda)", "T"},
+    {"tolerance", true, "--check tolerance, max|y-ref|/max|ref| per token (default 3e-2 cpu, 8e-2 cuda)", "T"},
     {"json", true, "write the report as JSON to FILE", "FILE"},
     {"quiet", false, "no progress lines"},
     {"help", false, "this help"},
@@ -143,11 +143,13 @@ int cmd_run(const Args& raw) {
   sc.chunk = a.get_int("chunk", 256, 1, INT32_MAX);
   sc.seed = so.seed;
   sc.check_requests = a.has("check") ? static_cast<int>(a.get_int("check-requests", 1, 0, sc.requests)) : 0;
-  // The CUDA kernels feed the softmax weights to the P·V MMA as bf16 (as FlashMLA does) and keep
-  // the low-rank z in bf16; the FP8 quantization of o before wo_a amplifies those 2^-9 moves into
-  // whole-FP8-step flips of a few % of o's elements: measured up to 3.6e-2 per token on v4-flash
-  // layers 0/2/3 (H100, 2026-11-23). Semantic errors are O(1), so 5e-2 still separates them.
-  sc.check_tolerance = a.get_positive_double("tolerance", use_cuda ? 5e-2 : 3e-2);
+  // The CUDA kernels feed the softmax weights to the P·V MMA as bf16 (as FlashMLA does), and the
+  // FP8 projections accumulate on FP8 tensor cores with a short accumulator (about 1e-2 of |y|
+  // where the terms cancel); the FP8 quantizations of the GEMM inputs and of o amplify those
+  // moves into whole-FP8-step flips of a share of the elements: measured up to 4.1e-2 per token
+  // on v4-flash layers 0/2/3 (H100, 2026-11-25; 3.6e-2 before the FP8 GEMMs). Semantic errors
+  // are O(1), so 8e-2 still separates them.
+  sc.check_tolerance = a.get_positive_double("tolerance", use_cuda ? 8e-2 : 3e-2);
   const int64_t max_running = a.get_int("max-running", 0);
   if (max_running < 0 || max_running > INT32_MAX)
     fail_expected("run", "--max-running", "0..2147483647 (0: no limit)", max_running);

@@ -37,6 +37,10 @@ for step in "$@"; do
       log dsv4 run throughput
       timeout 300 ./build/dsv4 run --backend cuda --model v4-flash --layers 0,2,3 --requests 256 \
         --prompt-len 512 --decode-steps 64 --chunk 8192 --json "$OUT/run.json" 2>&1 | tee "$OUT/serve.log" | tail -14 ;;
+    triton)
+      log triton bench
+      timeout "${TRITON_TIMEOUT:-120}" $PY bench/scripts/bench_triton.py --json "$OUT/triton.json" 2>&1 |
+        tee "$OUT/triton.log" | tail -40 ;;
     run)
       log dsv4 run on the GPU
       timeout 200 ./build/dsv4 run --backend cuda --model v4-flash --layers 0,2,3 --requests 4 \

@@ -254,9 +254,10 @@ def test_indexer_scores():
     q8[(q8 & 0x7F) == 0x7F] = 0
     qs = torch.exp2(torch.randint(-4, 4, (T, HI)).float())
     w = torch.randn(T, HI)
-    keys = key_cache(60, B, 0)
     blocks = -(-N // B)
-    table = torch.randperm(60)[:3 * blocks].view(3, blocks).to(I32)
+    pool = max(60, 3 * blocks)   # enough key blocks for three requests' tables at any N
+    keys = key_cache(pool, B, 0)
+    table = torch.randperm(pool)[:3 * blocks].view(3, blocks).to(I32)
     t2r = torch.randint(0, 2, (T,), dtype=I32)
     t2r[2] = 2                    # request 2: token 2 alone
     pos = torch.randint(0, N * ratio, (T,))

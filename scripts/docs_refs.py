@@ -110,7 +110,8 @@ class Checker:
         problems = []
         for pattern in LEGACY:
             for m in pattern.finditer(line):
-                problems.append(f"old spelling '{m.group(0)}' (scripts/docs_refs.py --fix rewrites it)")
+                problems.append(f"'{m.group(0)}' is outside the repository or an old spelling"
+                                " (--fix rewrites the old spellings)")
         for m in REPO_PATH.finditer(line):
             path = m.group(1).rstrip(".")
             if not self.exists(path):

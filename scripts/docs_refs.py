@@ -8,7 +8,8 @@ every such reference in the files git tracks (plus untracked files it does not i
   - a "§N" after a docs/ path (up to the next ")" or the end of the line) is a numbered heading
     ("## N. ...") of that file;
   - a relative Markdown link [text](path) in a .md file points at something that exists;
-  - "git show <commit>:<path>" names a file of that commit (checked where the history is at hand);
+  - "<commit>:<path>" (as in "git show dbbe5ad:bench/logs/x.log") names a file or folder of that
+    commit, checked where git has the commit (a clone without that history skips it);
   - no spelling from before the docs moved into the repository is left (the shared spec, design
     and performance files, and the design notes that used to live in bench/).
 
@@ -41,7 +42,9 @@ REPO_PATH = re.compile(r"(?<![\w/.:~$-])((?:docs|bench)/[\w./-]*)(?![\w./<{*-])"
 SECTION = re.compile(r"§(\d+(?:\.\d+)*)")
 NUMBERED_HEADING = re.compile(r"^#{1,6}\s+(\d+(?:\.\d+)*)\.?\s", re.M)
 MD_LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
-GIT_SHOW = re.compile(r"git show ([0-9a-f]{7,40}):([\w./-]+)")
+# A file as it was at a commit, as git names it ("git show dbbe5ad:bench/logs/x.log"); a name
+# followed by "*", "…" or "{" is a pattern and is left alone.
+AT_COMMIT = re.compile(r"(?<![\w/])([0-9a-f]{7,40}):((?:[\w.-]+/)+[\w.-]*)(?![\w*{…-])")
 
 # Text files that may cite documents (data files, pictures and archives never do).
 TEXT_SUFFIXES = (".md", ".txt", ".cpp", ".h", ".hpp", ".cu", ".cuh", ".cc", ".c", ".py", ".pyi",
@@ -134,8 +137,8 @@ class Checker:
                     continue
                 if not self.exists(os.path.normpath(os.path.join(base, target))):
                     problems.append(f"link target '{m.group(1)}' does not exist")
-        for m in GIT_SHOW.finditer(line):
-            if self.in_history(m.group(1), m.group(2)) is False:
+        for m in AT_COMMIT.finditer(line):
+            if self.in_history(m.group(1), m.group(2).rstrip(".").rstrip("/")) is False:
                 problems.append(f"'{m.group(1)}:{m.group(2)}' is not in git history")
         return problems
 

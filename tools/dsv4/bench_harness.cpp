@@ -123,8 +123,8 @@ int run_bench_cli(const std::vector<std::string>& args) {
   bool list = false;
   int warmup = 5, reps = 30;
   // Back to back, the tensor-heavy prefill cases hold the H100 at its 700 W cap and the SM clock
-  // fell to 1275-1600 MHz for the cases after them (20 ms nvidia-smi samples, bench/RESULTS.md,
-  // "Sparse prefill v9"), so a case's number depended on its place in the sweep. The power
+  // fell to 1275-1600 MHz for the cases after them (20 ms nvidia-smi samples, docs/notes/history.md,
+  // "Sparse attention v9"), so a case's number depended on its place in the sweep. The power
   // controller reacts within ~100 ms; a second of idle gives every case the same start.
   int cooldown_ms = 1000;
   for (size_t i = 0; i < args.size(); ++i) {

@@ -111,11 +111,19 @@ class Checker:
 
     def check_line(self, name, line):
         problems = []
-        for pattern in LEGACY:
-            for m in pattern.finditer(line):
-                problems.append(f"'{m.group(0)}' is outside the repository or an old spelling"
-                                " (--fix rewrites the old spellings)")
+        # Old spellings, each span once (the longest of those starting at a place).
+        legacy = sorted((m.span() for pattern in LEGACY for m in pattern.finditer(line)),
+                        key=lambda span: (span[0], -span[1]))
+        reported = []
+        for start, end in legacy:
+            if reported and start < reported[-1][1]:
+                continue
+            reported.append((start, end))
+            problems.append(f"'{line[start:end]}' is outside the repository or an old spelling"
+                            " (--fix rewrites the old spellings)")
         for m in REPO_PATH.finditer(line):
+            if any(start < m.end() and m.start() < end for start, end in reported):
+                continue
             path = m.group(1).rstrip(".")
             if not self.exists(path):
                 problems.append(f"'{path}' does not exist")

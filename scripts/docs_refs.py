@@ -4,7 +4,8 @@
 Code, tests, tools and prose cite the layer's specification, design and benchmark notes by their
 path inside the repository, e.g. "docs/spec.md §6" or "docs/notes/prefill.md". This script finds
 every such reference in the files git tracks (plus untracked files it does not ignore) and checks:
-  - a path under docs/ or bench/ names a file or folder that exists;
+  - a path under docs/ or bench/ names a file or folder that exists, and so does, in Markdown, a
+    path under any top-level folder (src/, tests/, ...);
   - a "§N" after a docs/ path (up to the next ")" or the end of the line) is a numbered heading
     ("## N. ...") of that file;
   - a relative Markdown link [text](path) in a .md file points at something that exists;
@@ -15,6 +16,9 @@ every such reference in the files git tracks (plus untracked files it does not i
 
   scripts/docs_refs.py --check   list what does not resolve; exit status 1 if anything
   scripts/docs_refs.py --fix     rewrite the old spellings into docs/ paths, then --check
+  scripts/docs_refs.py --fix --renames-since REV
+                                 also rewrite the paths of files git sees renamed since REV
+                                 (after a branch that moves files is merged: REV = the merge base)
 
 --fix is idempotent, so it can be rerun after files move or branches merge.
 """
@@ -36,9 +40,17 @@ LEGACY_REWRITES = [
 # repository that --fix cannot know a replacement for).
 LEGACY = [pattern for pattern, _ in LEGACY_REWRITES] + [re.compile(r"\.\./shared/|/work/shared/")]
 
-# A path inside the repository: docs/… or bench/…, not part of a longer path or URL. A path
-# followed by "<", "{" or "*" is a pattern (bench/results/layer-<date>.json), not a file.
-REPO_PATH = re.compile(r"(?<![\w/.:~$-])((?:docs|bench)/[\w./-]*)(?![\w./<{*-])")
+# A path inside the repository, not part of a longer path or URL: docs/… or bench/… in any file,
+# and in Markdown a path under any top-level folder. A path followed by "<", "{" or "*" is a
+# pattern (bench/results/layer-<date>.json), not a file.
+def _paths_under(roots):
+    return re.compile(rf"(?<![\w/.:~$-])((?:{roots})/[\w./-]*)(?![\w./<{{*-])")
+
+
+DOC_PATH = _paths_under("docs|bench")
+ANY_PATH = _paths_under("docs|bench|src|include|tools|tests|python|scripts|examples|cmake")
+# Files of other repositories that the documents cite by their own path (FlashMLA's tests).
+FOREIGN_PATHS = {"tests/ref.py", "tests/lib.py", "tests/quant.py"}
 SECTION = re.compile(r"§(\d+(?:\.\d+)*)")
 NUMBERED_HEADING = re.compile(r"^#{1,6}\s+(\d+(?:\.\d+)*)\.?\s", re.M)
 MD_LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
@@ -121,10 +133,12 @@ class Checker:
             reported.append((start, end))
             problems.append(f"'{line[start:end]}' is outside the repository or an old spelling"
                             " (--fix rewrites the old spellings)")
-        for m in REPO_PATH.finditer(line):
+        for m in (ANY_PATH if name.endswith(".md") else DOC_PATH).finditer(line):
             if any(start < m.end() and m.start() < end for start, end in reported):
                 continue
             path = m.group(1).rstrip(".")
+            if path in FOREIGN_PATHS:
+                continue
             if not self.exists(path):
                 problems.append(f"'{path}' does not exist")
                 continue
@@ -159,13 +173,28 @@ class Checker:
         return problems
 
 
-def fix(root):
+def renames_since(root, rev):
+    """(old path, new path) of every file git sees renamed between `rev` and the working tree."""
+    out = subprocess.run(["git", "diff", "-z", "-M", "--name-status", "--diff-filter=R", rev],
+                         cwd=root, capture_output=True, check=True, text=True).stdout.split("\0")
+    # Records: "R<score>", old, new.
+    return [(out[i + 1], out[i + 2]) for i in range(0, len(out) - 2, 3) if out[i].startswith("R")]
+
+
+def rename_rewrites(renames):
+    return [(re.compile(rf"(?<![\w/.:~$-]){re.escape(old)}(?![\w/-]|\.\w)"), new)
+            for old, new in sorted(renames, key=lambda r: -len(r[0]))]
+
+
+def fix(root, rewrites=()):
     changed = []
     for name in repo_files(root):
         path = os.path.join(root, name)
         with open(path, encoding="utf-8", errors="surrogateescape") as f:
             text = f.read()
         new = fix_text(text)
+        for pattern, replacement in rewrites:
+            new = pattern.sub(replacement, new)
         if new != text:
             with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:
                 f.write(new)
@@ -178,12 +207,17 @@ def main(argv=None):
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--check", action="store_true", help="report references that do not resolve")
     mode.add_argument("--fix", action="store_true", help="rewrite old spellings, then check")
+    parser.add_argument("--renames-since", metavar="REV",
+                        help="with --fix: also rewrite paths of files git sees renamed since REV")
     parser.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."),
                         help="the repository (default: the one holding this script)")
     args = parser.parse_args(argv)
     root = os.path.abspath(args.root)
+    if args.renames_since and not args.fix:
+        parser.error("--renames-since goes with --fix")
     if args.fix:
-        for name in fix(root):
+        rewrites = rename_rewrites(renames_since(root, args.renames_since)) if args.renames_since else ()
+        for name in fix(root, rewrites):
             print(f"rewrote {name}")
     problems = Checker(root).check()
     for p in problems:

@@ -103,3 +103,29 @@ def test_commit_citations_are_checked_against_history(tmp_path):
     write(root, {"bench/RESULTS.md": f"`git show {sha}:bench/logs/old.log`, {sha}:bench/logs/, "
                                      f"{sha}:bench/logs/new.log, 1234567:bench/unknown-commit.log\n"})
     assert check(root) == [f"bench/RESULTS.md:1: '{sha}:bench/logs/new.log' is not in git history"]
+
+
+def test_markdown_checks_paths_under_every_top_level_folder(tmp_path):
+    root = tree(tmp_path, {
+        "src/cpu/a.cpp": "// src/cpu/gone.h: code is checked only for documents and results\n",
+        "docs/notes/x.md": "src/cpu/a.cpp, src/cpu/*.h, FlashMLA's tests/ref.py; src/cpu/gone.h\n",
+    })
+    assert check(root) == ["docs/notes/x.md:1: 'src/cpu/gone.h' does not exist"]
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_fix_follows_renames_since_a_commit(tmp_path):
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    body = "".join(f"int f{i}() {{ return {i}; }}\n" for i in range(20))  # enough for -M to pair
+    root = tree(tmp_path, {"src/cpu/norm_math.h": body, "src/cpu/norm_math.hpp": "other\n",
+                           "docs/notes/n.md": "see src/cpu/norm_math.h (and src/cpu/norm_math.hpp)\n",
+                           "src/b.cpp": "// shared with src/cpu/norm_math.h.\n"})
+    subprocess.run(git + ["init", "-q"], cwd=root, check=True)
+    subprocess.run(git + ["add", "-A"], cwd=root, check=True)
+    subprocess.run(git + ["commit", "-qm", "c"], cwd=root, check=True)
+    os.makedirs(root / "src/math")
+    subprocess.run(["git", "mv", "src/cpu/norm_math.h", "src/math/norm.h"], cwd=root, check=True)
+    assert check(root) == ["docs/notes/n.md:1: 'src/cpu/norm_math.h' does not exist"]
+    assert docs_refs.main(["--fix", "--renames-since", "HEAD", "--root", str(root)]) == 0
+    assert open(root / "docs/notes/n.md").read() == "see src/math/norm.h (and src/cpu/norm_math.hpp)\n"
+    assert open(root / "src/b.cpp").read() == "// shared with src/math/norm.h.\n"

@@ -76,7 +76,8 @@ def repo_files(root):
     except (OSError, subprocess.CalledProcessError):
         names = []
         for d, dirs, files in os.walk(root):
-            dirs[:] = [x for x in dirs if x not in (".git", "third_party", "build")]
+            # Not hidden folders (.git, .venv), vendored code or build trees.
+            dirs[:] = [x for x in dirs if not x.startswith((".", "build")) and x != "third_party"]
             names += [os.path.relpath(os.path.join(d, f), root) for f in files]
     for name in names:
         name = name.replace(os.sep, "/")
@@ -109,9 +110,12 @@ class Checker:
     def in_history(self, commit, path):
         """True / False where git has the commit; None where this tree has no such history."""
         if commit not in self.commits:
-            r = subprocess.run(["git", "cat-file", "-e", commit + "^{commit}"], cwd=self.root,
-                               capture_output=True)
-            self.commits[commit] = r.returncode == 0
+            try:
+                r = subprocess.run(["git", "cat-file", "-e", commit + "^{commit}"], cwd=self.root,
+                                   capture_output=True)
+                self.commits[commit] = r.returncode == 0
+            except OSError:  # no git on this machine
+                self.commits[commit] = False
         if not self.commits[commit]:
             return None
         r = subprocess.run(["git", "cat-file", "-e", f"{commit}:{path}"], cwd=self.root,

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Timing of every Triton-backend op (python/dsv4attn/triton) on a CUDA / ROCm GPU at V4-Flash
-shapes (and the V3.2 attention cases of PERF.md), beside the native Hopper kernel of the same op
+shapes (and the V3.2 attention cases of docs/performance.md), beside the native Hopper kernel of the same op
 where one exists (torch.ops.dsv4.*, when the extension was built with CUDA).
 
     PYTHONPATH=build/python .venv/bin/python bench/scripts/bench_triton.py [--json out.json]
         [--only REGEX] [--n 20] [--layer]
 
 Per case: median of --n CUDA-event timings after warm-up (the first call compiles), L2 flushed
-before each timed call (a 256 MB write), µs; TFLOP/s by PERF.md's counting (sparse attention:
+before each timed call (a 256 MB write), µs; TFLOP/s by docs/performance.md's counting (sparse attention:
 2 * H * s_q_total * topk_total * (d_qk + d_v), every slot counted); GB/s over the bytes the op
 must move (each KV row read once, outputs written once). --layer adds whole-layer steps
 (dsv4attn.Attention, backend triton vs native): a 16384-token prefill (128 x 128) and a

@@ -3,12 +3,14 @@
 // buffer the call could write may change.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "dsv4/compressor.h"
 #include "dsv4/indexer.h"
 #include "dsv4/ops.h"
 #include "dsv4/status.h"
@@ -81,6 +83,63 @@ TEST(FuzzRegressions, NegativeDimSyntheticHidden) {
   bad.shape[1] = -1;
   expect_rejected([&] { dsv4::synthetic_hidden(req, pos, 771, bad); },
                   "synthetic_hidden: out.shape[1]: expected a size >= 0, got -1", {&out});
+}
+
+// check_indexer_key_cache accepted any base address and block stride, but the scores read (and
+// the compressor writes) each entry's fp32 scale in place: a key cache one byte off its
+// allocation was read through misaligned float loads (UBSan: undefined behaviour).
+TEST(FuzzRegressions, IndexerKeyCacheMisaligned) {
+  const int64_t T = 2, HI = 2, bs = 4;
+  const HostTensor q = HostTensor::zeros(DType::fp8_e4m3, {T, HI, 128});
+  const HostTensor q_scale = HostTensor::zeros(DType::fp32, {T, HI});
+  const HostTensor weights = HostTensor::zeros(DType::fp32, {T, HI});
+  const HostTensor positions = HostTensor::zeros(DType::int32, {T});
+  const HostTensor token_to_req = HostTensor::zeros(DType::int32, {T});
+  const HostTensor table = HostTensor::zeros(DType::int32, {1, 1});
+  const HostTensor keys = HostTensor::zeros(DType::uint8, {1 * bs * 132 + 1});
+  HostTensor scores = poisoned(DType::fp32, {T, 2});
+  const TensorView shifted(keys.data<uint8_t>() + 1, DType::uint8, {1, bs * 132});
+  expect_rejected(
+      [&] {
+        dsv4::indexer_scores(q, q_scale, weights, positions, token_to_req, {shifted, bs}, table, 4,
+                             scores);
+      },
+      "indexer_scores: keys.data pointer: expected 4-byte aligned", {&scores});
+  // Blocks closer than a block's bytes overlap: refused too.
+  const HostTensor two = HostTensor::zeros(DType::uint8, {2 * bs * 132});
+  TensorView overlapping(two.data<uint8_t>(), DType::uint8, {2, bs * 132});
+  overlapping.strides[0] = 4;
+  expect_rejected(
+      [&] {
+        dsv4::indexer_scores(q, q_scale, weights, positions, token_to_req, {overlapping, bs}, table,
+                             4, scores);
+      },
+      "indexer_scores: keys.data.stride(0) (block stride, bytes): expected >= 528", {&scores});
+}
+
+// compressor_update_and_emit sized the ring's block table as (ring_rows + state.block_size - 1)
+// in int: state.block_size = INT32_MAX overflowed (UBSan), the minimum went negative and a table
+// with no columns passed, to be read past its end.
+TEST(FuzzRegressions, CompressorStateBlockSizeOverflow) {
+  const dsv4::CompressorConfig cfg{128, 4, 64, 1e-6f, dsv4::CompressorTarget::indexer_keys};
+  const int64_t W = cfg.proj_width();
+  const HostTensor kv_rows = HostTensor::zeros(DType::fp32, {1, W});
+  const HostTensor score_rows = HostTensor::zeros(DType::fp32, {1, W});
+  const HostTensor zero64 = HostTensor::zeros(DType::int64, {1});
+  const HostTensor req = HostTensor::zeros(DType::int32, {1});
+  const HostTensor norm = HostTensor::zeros(DType::fp32, {cfg.head_dim});
+  const HostTensor cos_sin = dsv4::build_rope_cache(dsv4::RopeConfig{}, 8);
+  HostTensor state = poisoned(DType::fp32, {8, cfg.state_width()});
+  const HostTensor state_table = HostTensor::zeros(DType::int32, {1, 0});
+  HostTensor keys = poisoned(DType::uint8, {1, dsv4::indexer_keys::kEntryBytes});
+  const HostTensor key_table = HostTensor::zeros(DType::int32, {1, 1});
+  expect_rejected(
+      [&] {
+        dsv4::compressor_update_and_emit(cfg, kv_rows, score_rows, {zero64, req, zero64}, norm,
+                                         cos_sin, {state, state_table, INT32_MAX},
+                                         {{}, {keys, 1}, key_table});
+      },
+      "compressor_update_and_emit: state.block_table.shape[1]: expected >= 1", {&state, &keys});
 }
 
 }  // namespace

@@ -113,6 +113,10 @@ int64_t case_bytes(const Case& c) {
   for (size_t k = 0; k < c.args.size(); ++k) {
     const Arg& a = c.args[k];
     if (!a.defined) continue;
+    // A view misaligned for its own dtype (a dtype changed after an alias or a shift) is the
+    // caller's undefined behaviour, which no op can check portably: not drawn.
+    const int64_t lead = (a.alias_of >= 0 ? a.alias_byte_offset : 0) + a.base_shift_bytes;
+    if (lead % static_cast<int64_t>(dtype_size(a.dtype)) != 0) return -1;
     const int r = root_of(c, static_cast<int>(k));
     if (r < 0 || !c.args[r].defined) return -1;
     size[r] = std::max(size[r], place(a).end);

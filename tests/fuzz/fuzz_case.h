@@ -133,8 +133,8 @@ class Materialized {
   std::vector<TensorView> views_;
 };
 
-// Bytes all of a case's buffers need, or -1 when a view is inconsistent (e.g. an alias whose
-// target is undefined).
+// Bytes all of a case's buffers need, or -1 when a view is inconsistent (an alias whose target
+// is undefined, a base misaligned for the view's dtype).
 int64_t case_bytes(const Case& c);
 
 }  // namespace dsv4::fuzz

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -115,6 +116,30 @@ TEST(FuzzRegressions, IndexerKeyCacheMisaligned) {
                              4, scores);
       },
       "indexer_scores: keys.data.stride(0) (block stride, bytes): expected >= 528", {&scores});
+}
+
+// indexer_scores sized per-request buffers by key_block_table's rows: a broadcast table
+// [2^40, max_blocks] (stride 0, a few bytes of memory) made it allocate 2^40 vectors
+// (std::bad_alloc, not dsv4::Error). It now sizes them by the requests the batch's tokens name,
+// and the call succeeds.
+TEST(FuzzRegressions, IndexerScoresBroadcastTable) {
+  const int64_t T = 2, HI = 1, bs = 4;
+  const HostTensor q = HostTensor::zeros(DType::fp8_e4m3, {T, HI, 128});
+  const HostTensor q_scale = HostTensor::zeros(DType::fp32, {T, HI});
+  const HostTensor weights = HostTensor::zeros(DType::fp32, {T, HI});
+  HostTensor positions = HostTensor::zeros(DType::int32, {T});
+  positions.data<int32_t>()[1] = 7;  // sees entries 0 and 1
+  HostTensor token_to_req = HostTensor::zeros(DType::int32, {T});
+  token_to_req.data<int32_t>()[1] = 1;
+  const HostTensor row = HostTensor::zeros(DType::int32, {1});  // every request: block 0
+  TensorView table(row.data<int32_t>(), DType::int32, {int64_t{1} << 40, 1});
+  table.strides[0] = 0;
+  const HostTensor keys = HostTensor::zeros(DType::uint8, {1, bs * 132});
+  HostTensor scores = poisoned(DType::fp32, {T, 2});
+  dsv4::indexer_scores(q, q_scale, weights, positions, token_to_req, {keys, bs}, table, 4, scores);
+  EXPECT_EQ(scores.get(0), -INFINITY);  // token 0 (position 0) sees nothing
+  EXPECT_EQ(scores.get(2), 0.0f);       // token 1: zero keys score 0
+  EXPECT_EQ(scores.get(3), 0.0f);
 }
 
 // compressor_update_and_emit sized the ring's block table as (ring_rows + state.block_size - 1)

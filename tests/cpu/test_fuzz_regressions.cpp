@@ -86,36 +86,38 @@ TEST(FuzzRegressions, NegativeDimSyntheticHidden) {
                   "synthetic_hidden: out.shape[1]: expected a size >= 0, got -1", {&out});
 }
 
+// The arguments of an indexer_scores call over zero queries (2 tokens, 1 head, ratio 4) but the
+// keys and the key block table, which each test sets.
+struct ScoresCall {
+  static constexpr int64_t T = 2, HI = 1, bs = 4;
+  HostTensor q = HostTensor::zeros(DType::fp8_e4m3, {T, HI, 128});
+  HostTensor q_scale = HostTensor::zeros(DType::fp32, {T, HI});
+  HostTensor weights = HostTensor::zeros(DType::fp32, {T, HI});
+  HostTensor positions = HostTensor::zeros(DType::int32, {T});
+  HostTensor token_to_req = HostTensor::zeros(DType::int32, {T});
+  HostTensor scores = poisoned(DType::fp32, {T, 2});
+  void run(const TensorView& keys, const TensorView& table) {
+    dsv4::indexer_scores(q, q_scale, weights, positions, token_to_req, {keys, bs}, table, 4, scores);
+  }
+};
+
 // check_indexer_key_cache accepted any base address and block stride, but the scores read (and
 // the compressor writes) each entry's fp32 scale in place: a key cache one byte off its
 // allocation was read through misaligned float loads (UBSan: undefined behaviour).
 TEST(FuzzRegressions, IndexerKeyCacheMisaligned) {
-  const int64_t T = 2, HI = 2, bs = 4;
-  const HostTensor q = HostTensor::zeros(DType::fp8_e4m3, {T, HI, 128});
-  const HostTensor q_scale = HostTensor::zeros(DType::fp32, {T, HI});
-  const HostTensor weights = HostTensor::zeros(DType::fp32, {T, HI});
-  const HostTensor positions = HostTensor::zeros(DType::int32, {T});
-  const HostTensor token_to_req = HostTensor::zeros(DType::int32, {T});
+  ScoresCall c;
+  const int64_t block_bytes = ScoresCall::bs * 132;
   const HostTensor table = HostTensor::zeros(DType::int32, {1, 1});
-  const HostTensor keys = HostTensor::zeros(DType::uint8, {1 * bs * 132 + 1});
-  HostTensor scores = poisoned(DType::fp32, {T, 2});
-  const TensorView shifted(keys.data<uint8_t>() + 1, DType::uint8, {1, bs * 132});
-  expect_rejected(
-      [&] {
-        dsv4::indexer_scores(q, q_scale, weights, positions, token_to_req, {shifted, bs}, table, 4,
-                             scores);
-      },
-      "indexer_scores: keys.data pointer: expected 4-byte aligned", {&scores});
+  const HostTensor keys = HostTensor::zeros(DType::uint8, {2 * block_bytes + 1});
+  const TensorView shifted(keys.data<uint8_t>() + 1, DType::uint8, {1, block_bytes});
+  expect_rejected([&] { c.run(shifted, table); },
+                  "indexer_scores: keys.data pointer: expected 4-byte aligned", {&c.scores});
   // Blocks closer than a block's bytes overlap: refused too.
-  const HostTensor two = HostTensor::zeros(DType::uint8, {2 * bs * 132});
-  TensorView overlapping(two.data<uint8_t>(), DType::uint8, {2, bs * 132});
+  TensorView overlapping(keys.data<uint8_t>(), DType::uint8, {2, block_bytes});
   overlapping.strides[0] = 4;
-  expect_rejected(
-      [&] {
-        dsv4::indexer_scores(q, q_scale, weights, positions, token_to_req, {overlapping, bs}, table,
-                             4, scores);
-      },
-      "indexer_scores: keys.data.stride(0) (block stride, bytes): expected >= 528", {&scores});
+  expect_rejected([&] { c.run(overlapping, table); },
+                  "indexer_scores: keys.data.stride(0) (block stride, bytes): expected >= 528",
+                  {&c.scores});
 }
 
 // indexer_scores sized per-request buffers by key_block_table's rows: a broadcast table
@@ -123,23 +125,17 @@ TEST(FuzzRegressions, IndexerKeyCacheMisaligned) {
 // (std::bad_alloc, not dsv4::Error). It now sizes them by the requests the batch's tokens name,
 // and the call succeeds.
 TEST(FuzzRegressions, IndexerScoresBroadcastTable) {
-  const int64_t T = 2, HI = 1, bs = 4;
-  const HostTensor q = HostTensor::zeros(DType::fp8_e4m3, {T, HI, 128});
-  const HostTensor q_scale = HostTensor::zeros(DType::fp32, {T, HI});
-  const HostTensor weights = HostTensor::zeros(DType::fp32, {T, HI});
-  HostTensor positions = HostTensor::zeros(DType::int32, {T});
-  positions.data<int32_t>()[1] = 7;  // sees entries 0 and 1
-  HostTensor token_to_req = HostTensor::zeros(DType::int32, {T});
-  token_to_req.data<int32_t>()[1] = 1;
+  ScoresCall c;
+  c.positions.data<int32_t>()[1] = 7;  // sees entries 0 and 1
+  c.token_to_req.data<int32_t>()[1] = 1;
   const HostTensor row = HostTensor::zeros(DType::int32, {1});  // every request: block 0
   TensorView table(row.data<int32_t>(), DType::int32, {int64_t{1} << 40, 1});
   table.strides[0] = 0;
-  const HostTensor keys = HostTensor::zeros(DType::uint8, {1, bs * 132});
-  HostTensor scores = poisoned(DType::fp32, {T, 2});
-  dsv4::indexer_scores(q, q_scale, weights, positions, token_to_req, {keys, bs}, table, 4, scores);
-  EXPECT_EQ(scores.get(0), -INFINITY);  // token 0 (position 0) sees nothing
-  EXPECT_EQ(scores.get(2), 0.0f);       // token 1: zero keys score 0
-  EXPECT_EQ(scores.get(3), 0.0f);
+  const HostTensor keys = HostTensor::zeros(DType::uint8, {1, ScoresCall::bs * 132});
+  c.run(keys, table);
+  EXPECT_EQ(c.scores.get(0), -INFINITY);  // token 0 (position 0) sees nothing
+  EXPECT_EQ(c.scores.get(2), 0.0f);       // token 1: zero keys score 0
+  EXPECT_EQ(c.scores.get(3), 0.0f);
 }
 
 // compressor_update_and_emit sized the ring's block table as (ring_rows + state.block_size - 1)

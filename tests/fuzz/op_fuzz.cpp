@@ -134,7 +134,13 @@ struct Runner {
       } catch (...) {
         failure = "threw something that is not a std::exception";
       }
-      if (failure.empty()) failure = check_memory(m, before, rejected);
+      if (failure.empty()) {
+        try {
+          failure = check_memory(m, before, rejected);
+        } catch (const dsv4::Error& e) {  // copying device buffers back failed
+          failure = std::string("reading the buffers back after the call failed (a CUDA fault?): ") + e.what();
+        }
+      }
     }
     if (failure.empty() && rejected && c.mutations.empty() && !on_cuda)
       failure = "the valid case was rejected: " + error;

@@ -8,6 +8,9 @@
 #                        cpu), a seeded 30-second run. Without sanitizer support (DSV4_FUZZ_SANITIZE
 #                        OFF), Fuzz.Ops runs dsv4_fuzz instead.
 # Longer runs: ./build/dsv4_fuzz_sanitized --seconds 600 --seed 7 (README, "Testing").
+# CI cost (measured at 71d7a89, GCC 12, no ccache hits): the sanitized library and fuzzer are 41
+# objects, 124 CPU-seconds to compile (about a minute of wall time on 2 cores), plus the 30 s run;
+# the plain dsv4_fuzz adds 8 objects. With ccache, rebuilds cost only what changed.
 file(GLOB DSV4_FUZZ_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/fuzz/*.cpp)
 
 add_executable(dsv4_fuzz ${DSV4_FUZZ_SOURCES})

@@ -25,7 +25,8 @@ struct IndexerKeyCacheView {
   int block_size = 64;
   int64_t num_slots() const { return data.ndim == 2 ? data.shape[0] * block_size : 0; }
 };
-// Validates dtype uint8, 2-d, rows of block_size * 132 bytes, block_size >= 1.
+// Validates dtype uint8, 2-d, rows of block_size * 132 bytes, block_size >= 1, a 4-byte aligned
+// base and, with more than one block, a block stride >= the block's bytes and a multiple of 4.
 void check_indexer_key_cache(const char* where, const char* name, const IndexerKeyCacheView& cache);
 
 // Byte offsets inside a block of `block_size` entries.

@@ -71,7 +71,7 @@ void swa_window_indices(const TensorView& positions, const TensorView& token_to_
 // p = seq_lens[r] - (query_start_loc[r+1] - t); its combined indices are its top-k compressed
 // entries (topk [T, K] local entry numbers, -1 padded; K may be 0) followed by its SWA window,
 // all as workspace rows, packed: out [T, K + W] int32, -1 padded; out_lens [T] int32.
-// Validation: every top-k entry must be < N and < (p + 1) / ratio when ratio > 0 (causality),
+// Validation: every top-k entry must be < N and < (p + 1) / ratio (causality; ratio 0 sees none),
 // the window must lie inside the gathered range.
 // CUDA (no checks on data): a top-k entry the CPU rejects (< -1, >= N, or not causal — every
 // entry when ratio == 0) is left out like -1; the kept ones stay packed in order. A row gets all

@@ -70,10 +70,19 @@ void check_dtype(const char* where, const char* name, const TensorView& t, DType
   if (t.dtype != expected)
     fail_expected(where, std::string(name) + ".dtype", dtype_name(expected), dtype_name(t.dtype));
 }
+// A negative dim is no size at all (a view whose sizes the ops multiply and loop over): every
+// shape check refuses it, whatever size it expects.
+static void check_sizes(const char* where, const char* name, const TensorView& t) {
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] < 0)
+      fail_expected(where, std::string(name) + ".shape[" + std::to_string(d) + "]", "a size >= 0",
+                    t.shape[d]);
+}
 void check_ndim(const char* where, const char* name, const TensorView& t, int expected) {
   if (t.ndim != expected)
     fail_expected(where, std::string(name) + ".ndim", expected,
                   std::to_string(t.ndim) + " (shape " + t.shape_str() + ")");
+  check_sizes(where, name, t);
 }
 void check_dim(const char* where, const char* name, const TensorView& t, int dim,
                int64_t expected) {
@@ -89,6 +98,7 @@ void check_shape(const char* where, const char* name, const TensorView& t,
     if (ok && e >= 0 && t.shape[d] != e) ok = false;  // -1: any size
     ++d;
   }
+  if (ok) check_sizes(where, name, t);
   if (!ok) {
     std::ostringstream os;
     os << '[';
@@ -107,6 +117,7 @@ void check_contiguous(const char* where, const char* name, const TensorView& t) 
          " with non-row-major strides");
 }
 void check_inner_contiguous(const char* where, const char* name, const TensorView& t) {
+  check_sizes(where, name, t);
   if (t.ndim > 0 && t.shape[t.ndim - 1] > 1 && t.strides[t.ndim - 1] != 1)
     fail_expected(where, std::string(name) + ".stride(-1)", 1, t.strides[t.ndim - 1]);
 }

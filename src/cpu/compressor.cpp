@@ -370,7 +370,7 @@ void compressor_update_and_emit(const CompressorConfig& cfg, const TensorView& k
   cpu::check_row_strided(kEmitOp, "state.rows", state.rows);
   if (state.block_size < 1) fail_expected(kEmitOp, "state.block_size", ">= 1", state.block_size);
   check_block_table("state.block_table", state.block_table, R,
-                    (K + state.block_size - 1) / state.block_size);
+                    (int64_t{K} + state.block_size - 1) / state.block_size);  // no int overflow
   check_output(cfg, out, R);
   if (entries.defined()) {
     check_dtype(kEmitOp, "entries", entries, DType::fp32);

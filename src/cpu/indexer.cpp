@@ -275,14 +275,26 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
   // key is mapped. Also collects how many keys of each request the batch reads.
   const int64_t N = scores.size(1), R = key_block_table.size(0), B = keys.block_size;
   check_visible_fit(kOp, "scores.shape[1]", positions, ratio, N);
-  std::vector<int64_t> keys_needed(static_cast<size_t>(R), 0);
+  // Per-request work is sized by the requests the batch's tokens belong to (each once, sorted),
+  // not by the table's rows: a broadcast (stride 0) table may have any number of them.
+  std::vector<int64_t> batch_reqs;
   for (int64_t t = 0; t < T; ++t) {
     const int64_t q = cpu::load_index(token_to_req, t);
     if (q < 0 || q >= R)
       fail_expected(kOp, detail::concat("token_to_req[", t, "]"),
                     detail::concat("in [0, ", R, ") (rows of key_block_table)"), q);
-    keys_needed[q] =
-        std::max(keys_needed[q], visible_entries(cpu::load_index(positions, t), ratio));
+    batch_reqs.push_back(q);
+  }
+  std::sort(batch_reqs.begin(), batch_reqs.end());
+  batch_reqs.erase(std::unique(batch_reqs.begin(), batch_reqs.end()), batch_reqs.end());
+  auto slot_of = [&](int64_t q) {
+    return static_cast<size_t>(std::lower_bound(batch_reqs.begin(), batch_reqs.end(), q) -
+                               batch_reqs.begin());
+  };
+  std::vector<int64_t> keys_needed(batch_reqs.size(), 0);
+  for (int64_t t = 0; t < T; ++t) {
+    int64_t& needed = keys_needed[slot_of(cpu::load_index(token_to_req, t))];
+    needed = std::max(needed, visible_entries(cpu::load_index(positions, t), ratio));
   }
   auto key_block = [&](int64_t q, int64_t j) -> int64_t {  // block id, or -1 if unmapped
     const int64_t k = j / B;
@@ -292,8 +304,8 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
             .ptr<int32_t>()[q * key_block_table.stride(0) + k * key_block_table.stride(1)];
     return (b < 0 || b >= keys.data.size(0)) ? -1 : b;
   };
-  for (int64_t q = 0; q < R; ++q)
-    for (int64_t j = 0; j < keys_needed[q]; j += B)
+  for (size_t s = 0; s < batch_reqs.size(); ++s)
+    for (int64_t j = 0, q = batch_reqs[s]; j < keys_needed[s]; j += B)
       if (key_block(q, j) < 0)
         fail(kOp, ": key_block_table: entry ", j, " of request ", q,
              " is visible but its block is not mapped to the key cache (", keys.data.size(0),
@@ -301,24 +313,25 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
 
   // Decode each request's visible keys once: fp8 codes as floats + the entry scale.
   const float* fp8 = cpu::fp8_e4m3_table();
-  std::vector<std::vector<float>> key_codes(static_cast<size_t>(R));
-  std::vector<std::vector<float>> key_scales(static_cast<size_t>(R));
-  for (int64_t q = 0; q < R; ++q) {
-    key_codes[q].resize(static_cast<size_t>(keys_needed[q] * kKeyDim));
-    key_scales[q].resize(static_cast<size_t>(keys_needed[q]));
+  std::vector<std::vector<float>> key_codes(batch_reqs.size());
+  std::vector<std::vector<float>> key_scales(batch_reqs.size());
+  for (size_t s = 0; s < batch_reqs.size(); ++s) {
+    const int64_t q = batch_reqs[s];
+    key_codes[s].resize(static_cast<size_t>(keys_needed[s] * kKeyDim));
+    key_scales[s].resize(static_cast<size_t>(keys_needed[s]));
 #pragma omp parallel for schedule(static)
-    for (int64_t j = 0; j < keys_needed[q]; ++j) {
+    for (int64_t j = 0; j < keys_needed[s]; ++j) {
       const uint8_t* block = keys.data.ptr<uint8_t>() + key_block(q, j) * keys.data.stride(0);
       const int off = static_cast<int>(j % B);
       const uint8_t* codes = indexer_key_codes(block, off);
-      for (int d = 0; d < kKeyDim; ++d) key_codes[q][j * kKeyDim + d] = fp8[codes[d]];
-      key_scales[q][j] = indexer_key_scale(block, keys.block_size, off);
+      for (int d = 0; d < kKeyDim; ++d) key_codes[s][j * kKeyDim + d] = fp8[codes[d]];
+      key_scales[s][j] = indexer_key_scale(block, keys.block_size, off);
     }
   }
 
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t q = cpu::load_index(token_to_req, t);
+    const size_t q = slot_of(cpu::load_index(token_to_req, t));
     const int64_t visible = visible_entries(cpu::load_index(positions, t), ratio);
     std::vector<float> qf(static_cast<size_t>(H * kKeyDim));
     for (int64_t h = 0; h < H; ++h) {

@@ -29,10 +29,11 @@ void inv_rope_fp8_quant(const TensorView& o, const TensorView& positions, const 
     fail_expected(kOp, "o.shape[2] (head dim D)",
                   "a multiple of block = " + std::to_string(block) + " (a block never spans two heads)", D);
   cpu::check_act_quant_outputs(kOp, "o_fp8", o_fp8, "o_scale", o_scale, T, H * D, block);
-  cpu::check_disjoint(kOp, "o_fp8", o_fp8, "o", o);
-  cpu::check_disjoint(kOp, "o_scale", o_scale, "o", o);
   cpu::check_index_vector(kOp, "positions", positions, T);
   const int64_t R = cpu::check_rope_table(kOp, cos_sin, D);
+  // Positions and the table are read while the outputs are written: none may lie inside them.
+  cpu::check_outputs_disjoint(kOp, {{"o_fp8", o_fp8}, {"o_scale", o_scale}},
+                              {{"o", o}, {"positions", positions}, {"cos_sin", cos_sin}});
   if (cpu::common_device(kOp, {{"o", o}, {"positions", positions}, {"cos_sin", cos_sin},
                                {"o_fp8", o_fp8}, {"o_scale", o_scale}}) == Device::cuda) {
     // Position values live on the device: the kernel leaves a token with an invalid one unwritten.

@@ -30,49 +30,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Per-layer pool sizes: the largest set of requests resident at once, over the phases of the
-// layer's cases (the decode pool; each prefill case's requests). Each request is sized for the
-// largest chunk it holds (SWA blocks stay mapped until its next append recycles them) plus the
-// next chunk it appends: the layer's capacity check counts no block that recycling would free.
-LayerCacheOptions cache_options(const ModelConfig& cfg, LayerKind kind, const std::vector<CaseSpec>& cases,
-                                const LayerBenchSettings& s) {
-  const int64_t W = cfg.window_size, B = CacheDefaults::kSwaBlock;
-  const int r = kind == LayerKind::c4a ? 4 : kind == LayerKind::c128a ? 128 : 0;
-  int64_t swa = 0, compressed = 0, state = 0;
-  auto resident = [&](int64_t requests, int64_t held_chunk, int64_t next_chunk, int64_t max_len) {
-    const int64_t swa_each = (held_chunk + W + B - 1) / B + (next_chunk + B - 1) / B + 2;
-    const int64_t cblock = r > 0 ? CacheDefaults::compressed_block(r) : 1;
-    const int64_t compressed_each = r > 0 ? (max_len / r + cblock - 1) / cblock + 2 : 0;
-    swa = std::max(swa, requests * swa_each);
-    compressed = std::max(compressed, requests * compressed_each);
-    state = std::max(state, requests * 3);  // a ring is coff <= 2 blocks
-  };
-  int64_t pool = 0, pool_growth = 0, pool_step = 1;
-  for (const CaseSpec& c : cases) {
-    if (c.shares_pool()) {
-      pool = std::max(pool, c.requests);
-      pool_step = std::max(pool_step, c.new_tokens);
-      pool_growth += (s.warmup + 2 * s.reps + 2) * c.new_tokens;  // warm-up, op-timed and wall-clock steps
-      continue;
-    }
-    // Continuing cases build every set first (in chunks of at most --build-chunk), then time them.
-    // A context longer than the build chunk arrives in several chunks: the next one may be a whole
-    // build chunk too.
-    const int64_t sets = c.context > 0 ? 1 + s.prefill_reps : 1;
-    const int64_t split = c.context > s.build_chunk ? s.build_chunk : 0;
-    resident(sets * c.requests, std::min(c.context, s.build_chunk), std::max(c.new_tokens, split),
-             c.context + c.new_tokens);
-  }
-  const int64_t split = s.context > s.build_chunk ? s.build_chunk : 0;
-  if (pool > 0)
-    resident(pool, std::min(s.context, s.build_chunk), std::max(pool_step, split), s.context + pool_growth);
-  LayerCacheOptions o;
-  o.swa_blocks = static_cast<int32_t>(std::max<int64_t>(swa, 8));
-  o.compressed_blocks = static_cast<int32_t>(std::max<int64_t>(compressed, 8));
-  o.state_blocks = static_cast<int32_t>(std::max<int64_t>(state, 8));
-  return o;
-}
-
 // ---- one layer under test ---------------------------------------------------------------------
 
 struct StepTimes {
@@ -334,6 +291,49 @@ void run_prefill_case(LayerRunner& runner, const ModelConfig& cfg, int layer, La
 }
 
 }  // namespace
+
+// Per-layer pool sizes: the largest set of requests resident at once, over the phases of the
+// layer's cases (the decode pool; each prefill case's requests). Each request is sized for the
+// largest chunk it holds (SWA blocks stay mapped until its next append recycles them) plus the
+// next chunk it appends: the layer's capacity check counts no block that recycling would free.
+LayerCacheOptions cache_options(const ModelConfig& cfg, LayerKind kind, const std::vector<CaseSpec>& cases,
+                                const LayerBenchSettings& s) {
+  const int64_t W = cfg.window_size, B = CacheDefaults::kSwaBlock;
+  const int r = kind == LayerKind::c4a ? 4 : kind == LayerKind::c128a ? 128 : 0;
+  int64_t swa = 0, compressed = 0, state = 0;
+  auto resident = [&](int64_t requests, int64_t held_chunk, int64_t next_chunk, int64_t max_len) {
+    const int64_t swa_each = (held_chunk + W + B - 1) / B + (next_chunk + B - 1) / B + 2;
+    const int64_t cblock = r > 0 ? CacheDefaults::compressed_block(r) : 1;
+    const int64_t compressed_each = r > 0 ? (max_len / r + cblock - 1) / cblock + 2 : 0;
+    swa = std::max(swa, requests * swa_each);
+    compressed = std::max(compressed, requests * compressed_each);
+    state = std::max(state, requests * 3);  // a ring is coff <= 2 blocks
+  };
+  int64_t pool = 0, pool_growth = 0, pool_step = 1;
+  for (const CaseSpec& c : cases) {
+    if (c.shares_pool()) {
+      pool = std::max(pool, c.requests);
+      pool_step = std::max(pool_step, c.new_tokens);
+      pool_growth += (s.warmup + 2 * s.reps + 2) * c.new_tokens;  // warm-up, op-timed and wall-clock steps
+      continue;
+    }
+    // Continuing cases build every set first (in chunks of at most --build-chunk), then time them.
+    // A context longer than the build chunk arrives in several chunks: the next one may be a whole
+    // build chunk too.
+    const int64_t sets = c.context > 0 ? 1 + s.prefill_reps : 1;
+    const int64_t split = c.context > s.build_chunk ? s.build_chunk : 0;
+    resident(sets * c.requests, std::min(c.context, s.build_chunk), std::max(c.new_tokens, split),
+             c.context + c.new_tokens);
+  }
+  const int64_t split = s.context > s.build_chunk ? s.build_chunk : 0;
+  if (pool > 0)
+    resident(pool, std::min(s.context, s.build_chunk), std::max(pool_step, split), s.context + pool_growth);
+  LayerCacheOptions o;
+  o.swa_blocks = static_cast<int32_t>(std::max<int64_t>(swa, 8));
+  o.compressed_blocks = static_cast<int32_t>(std::max<int64_t>(compressed, 8));
+  o.state_blocks = static_cast<int32_t>(std::max<int64_t>(state, 8));
+  return o;
+}
 
 std::vector<CaseSpec> layer_bench_cases(const LayerBenchSettings& s) {
   const int64_t P = s.prefill_tokens;

@@ -243,7 +243,7 @@ void Attention::forward(const BatchPlan& plan, const TensorView& x, const Tensor
 void Attention::Impl::check_inputs(const BatchPlan& plan, const TensorView& x,
                                    const TensorView& y) const {
   const int64_t T = plan.num_tokens();
-  const std::string host_or_layer =
+  const char* host_or_layer =
       device == Device::cuda ? "cpu or cuda (the layer's backend)" : "cpu";
   if (x.device != Device::cpu && x.device != device)
     fail_expected(kWhere, "x.device", host_or_layer, "cuda");

@@ -8,13 +8,6 @@ namespace dsv4 {
 
 namespace {
 constexpr const char* kWhere = "Attention::forward";
-
-// Block-table columns that cover every request's table in `cache` (at least 1).
-int64_t table_width(const PagedCache& cache, const std::vector<int64_t>& reqs, bool round) {
-  int64_t w = 1;
-  for (int64_t req : reqs) w = std::max<int64_t>(w, static_cast<int64_t>(cache.block_table(req).size()));
-  return round ? round_up_pow2(w) : w;
-}
 }  // namespace
 
 int64_t round_up_pow2(int64_t v) {
@@ -55,29 +48,35 @@ StepPlanner::StepPlanner(const ModelConfig& cfg, int layer, LayerCaches& caches,
 }
 
 void StepPlanner::check(const BatchPlan& plan) const {
+  bool new_requests = false;
+  std::vector<std::pair<int64_t, int64_t>> growth;  // per request: entries before / after
+  growth.reserve(plan.requests.size());
   for (const RequestStep& s : plan.requests) {
     auto it = cached_.find(s.req_id);
     const int64_t have = it == cached_.end() ? 0 : it->second;
+    new_requests = new_requests || it == cached_.end();
     if (s.context != have)
       fail_expected(kWhere, "context of request " + std::to_string(s.req_id),
                     std::to_string(have) + " (tokens this layer has cached)", s.context);
     if (s.context + s.num_new > cfg_.max_position)
       fail_expected(kWhere, "sequence length of request " + std::to_string(s.req_id),
                     "<= max_position " + std::to_string(cfg_.max_position), s.context + s.num_new);
+    growth.push_back({s.context, s.context + s.num_new});
   }
   // Capacity: exhaustion is reported before any state changes.
-  std::vector<std::pair<int64_t, int64_t>> growth;
-  for (const RequestStep& s : plan.requests) growth.push_back({s.context, s.context + s.num_new});
   require_blocks_for_growth(kWhere, *caches_.swa, growth);
-  if (ratio_) check_compressed_capacity(plan);
+  if (ratio_) check_compressed_capacity(plan, new_requests, growth);
 }
 
-void StepPlanner::check_compressed_capacity(const BatchPlan& plan) const {
-  std::vector<std::pair<int64_t, int64_t>> growth;  // emitted entries before / after the step
-  for (const RequestStep& st : plan.requests)
-    growth.push_back({st.context / ratio_, (st.context + st.num_new) / ratio_});
+void StepPlanner::check_compressed_capacity(const BatchPlan& plan, bool new_requests,
+                                            std::vector<std::pair<int64_t, int64_t>>& growth) const {
+  for (size_t r = 0; r < growth.size(); ++r) {  // emitted entries before / after the step
+    const RequestStep& st = plan.requests[r];
+    growth[r] = {st.context / ratio_, (st.context + st.num_new) / ratio_};
+  }
   require_blocks_for_growth(kWhere, *caches_.compressed, growth);
   if (caches_.indexer_keys) require_blocks_for_growth(kWhere, *caches_.indexer_keys, growth);
+  if (!new_requests) return;  // compressor rings are reserved once, for new requests
   auto need_state = [&](const PagedCache* c, int rows) {
     if (!c) return;
     int64_t blocks = 0;
@@ -108,6 +107,17 @@ void StepPlanner::release(int64_t req) {
   cached_.erase(it);
 }
 
+StepUpload::Array StepPlanner::put_tables(const PagedCache& cache, int64_t rows, bool round,
+                                          StepUpload& upload) {
+  tables_.clear();
+  int64_t width = 1;
+  for (int64_t id : req_ids_) {
+    tables_.push_back(&cache.block_table(id));
+    width = std::max<int64_t>(width, static_cast<int64_t>(tables_.back()->size()));
+  }
+  return upload.tables(tables_, rows, round ? round_up_pow2(width) : width, cache.spec().name.c_str());
+}
+
 StepPlan StepPlanner::plan(const BatchPlan& plan, int64_t rows, bool graph, StepUpload& upload) {
   const bool round = graph;
   const int R = plan.num_requests();
@@ -118,27 +128,27 @@ StepPlan StepPlanner::plan(const BatchPlan& plan, int64_t rows, bool graph, Step
   sp.R = static_cast<int>(R + pad_requests);
   sp.nd = static_cast<int>(plan.num_decodes + pad_requests);
 
-  std::vector<int64_t> req_ids;
-  for (const RequestStep& s : plan.requests) req_ids.push_back(s.req_id);
-  // Padding rows: position 0 of an empty request (no blocks: nothing is read or written for it).
-  std::vector<int64_t> positions(plan.positions), slots(static_cast<size_t>(rows), -1);
-  std::vector<int32_t> token_to_req(plan.token_to_req);
-  positions.resize(static_cast<size_t>(rows), 0);
-  for (int64_t t = T; t < rows; ++t)
-    token_to_req.push_back(graph ? static_cast<int32_t>(R + (t - T)) : -1);
+  req_ids_.clear();
+  for (const RequestStep& s : plan.requests) req_ids_.push_back(s.req_id);
+  // Per token: position, SWA slot, request. Padding rows: position 0 of an empty request (no
+  // blocks: nothing is read or written for it).
+  sp.positions = upload.put_uninit(DType::int64, {rows});
+  sp.slot_mapping = upload.put_uninit(DType::int64, {rows});
+  sp.token_to_req = upload.put_uninit(DType::int32, {rows});
+  int64_t* positions = upload.host_data<int64_t>(sp.positions);
+  int64_t* slots = upload.host_data<int64_t>(sp.slot_mapping);
+  int32_t* token_to_req = upload.host_data<int32_t>(sp.token_to_req);
+  std::copy(plan.positions.begin(), plan.positions.end(), positions);
+  std::fill(positions + T, positions + rows, 0);
+  std::copy(plan.token_to_req.begin(), plan.token_to_req.end(), token_to_req);
+  for (int64_t t = T; t < rows; ++t) token_to_req[t] = graph ? static_cast<int32_t>(R + (t - T)) : -1;
+  std::fill(slots + T, slots + rows, -1);
   for (int r = 0; r < R; ++r) {
     const RequestStep& s = plan.requests[r];
-    const std::vector<int64_t> new_slots = caches_.swa->append(s.req_id, s.num_new);
-    std::copy(new_slots.begin(), new_slots.end(), slots.begin() + plan.query_start_loc[r]);
+    caches_.swa->append(s.req_id, s.num_new, slots + plan.query_start_loc[r]);
   }
-  sp.positions = upload.put<int64_t>({rows}, positions);
-  sp.slot_mapping = upload.put<int64_t>({rows}, slots);
-  sp.token_to_req = upload.put<int32_t>({rows}, token_to_req);
-  int64_t swa_width = 1;
-  for (int64_t id : req_ids)
-    swa_width = std::max<int64_t>(swa_width, static_cast<int64_t>(caches_.swa->block_table(id).size()));
-  sp.swa_table = upload.tables(*caches_.swa, req_ids, sp.R, round ? round_up_pow2(swa_width) : swa_width);
-  if (ratio_) sp.compressed = plan_compressed(plan, req_ids, sp.R, upload, round);
+  sp.swa_table = put_tables(*caches_.swa, sp.R, round, upload);
+  if (ratio_) sp.compressed = plan_compressed(plan, sp.R, upload, round);
 
   // Prefill requests in groups of at most prefill_group_requests: the gather workspace holds one
   // group, so its size does not grow with the batch.
@@ -176,12 +186,13 @@ StepPlan StepPlanner::plan(const BatchPlan& plan, int64_t rows, bool graph, Step
   return sp;
 }
 
-CompressedPlan StepPlanner::plan_compressed(const BatchPlan& plan,
-                                            const std::vector<int64_t>& req_ids, int64_t rows,
+CompressedPlan StepPlanner::plan_compressed(const BatchPlan& plan, int64_t rows,
                                             StepUpload& upload, bool round) {
   const int R = plan.num_requests();
   CompressedPlan out;
-  std::vector<int64_t> context(static_cast<size_t>(rows), 0);
+  out.context = upload.put_uninit(DType::int64, {rows});
+  int64_t* context = upload.host_data<int64_t>(out.context);
+  std::fill(context + R, context + rows, 0);
   int64_t max_visible = 0;
   for (int r = 0; r < R; ++r) {
     const RequestStep& s = plan.requests[r];
@@ -190,21 +201,17 @@ CompressedPlan StepPlanner::plan_compressed(const BatchPlan& plan,
     const int64_t n = compressor_entries_after(ratio_, s.context + s.num_new) -
                       compressor_entries_after(ratio_, s.context);
     if (n > 0) {
-      caches_.compressed->append(s.req_id, n);
-      if (ratio_ == 4) caches_.indexer_keys->append(s.req_id, n);
+      caches_.compressed->append(s.req_id, n, nullptr);
+      if (ratio_ == 4) caches_.indexer_keys->append(s.req_id, n, nullptr);
     }
   }
-  out.context = upload.put<int64_t>({rows}, context);
-  auto tables = [&](const PagedCache& c) {
-    return upload.tables(c, req_ids, rows, table_width(c, req_ids, round));
-  };
-  out.state_table = tables(*caches_.compressor_state);
-  out.out_table = tables(*caches_.compressed);
+  out.state_table = put_tables(*caches_.compressor_state, rows, round, upload);
+  out.out_table = put_tables(*caches_.compressed, rows, round, upload);
   if (ratio_ == 128) {
     out.topk = static_cast<int>(round ? round_up_pow2(max_visible) : max_visible);
   } else {
-    out.index_state_table = tables(*caches_.indexer_state);
-    out.index_key_table = tables(*caches_.indexer_keys);
+    out.index_state_table = put_tables(*caches_.indexer_state, rows, round, upload);
+    out.index_key_table = put_tables(*caches_.indexer_keys, rows, round, upload);
     out.topk = cfg_.index_topk;
     const int64_t cols = std::max<int64_t>(max_visible, 1);
     out.score_cols = round ? round_up_pow2(cols) : cols;

@@ -5,12 +5,15 @@
 // the host but the StepPlan's shapes, so a decode step's launch can be a replayed CUDA graph.
 //
 // It needs no GPU and no weights (only the config and the layer's caches), so its cost per step
-// is measured on any machine (`dsv4 bench plan`). For a replayed decode step it is the host time
-// that stands between the caller and the graph launch.
+// is measured on any machine (`dsv4 bench layer --host-only`). For a replayed decode step it is
+// the host time that stands between the caller and the graph launch, so a step copies nothing
+// twice (arrays are written straight into the upload's packed bytes; plan()'s per-step lists are
+// members, reused), looks each request up once per cache, and never rescans released blocks.
 #pragma once
 
 #include <cstdint>
-#include <map>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "dsv4/batch.h"
@@ -73,16 +76,23 @@ class StepPlanner {
   void release(int64_t req);
 
  private:
-  void check_compressed_capacity(const BatchPlan& plan) const;
-  CompressedPlan plan_compressed(const BatchPlan& plan, const std::vector<int64_t>& req_ids,
-                                 int64_t rows, StepUpload& upload, bool round);
+  // `growth`: scratch of one pair per request (overwritten).
+  void check_compressed_capacity(const BatchPlan& plan, bool new_requests,
+                                 std::vector<std::pair<int64_t, int64_t>>& growth) const;
+  CompressedPlan plan_compressed(const BatchPlan& plan, int64_t rows, StepUpload& upload, bool round);
+  // The block tables of this step's requests in `cache` as int32 [rows, width] (width: the
+  // longest table, rounded up to 2^k when `round`).
+  StepUpload::Array put_tables(const PagedCache& cache, int64_t rows, bool round, StepUpload& upload);
 
   const ModelConfig& cfg_;
   LayerCaches& caches_;
   int ratio_ = 0;
   int prefill_group_requests_ = 4;
   CompressorConfig main_, indexer_;   // the compressors' configs (ratio > 0)
-  std::map<int64_t, int64_t> cached_;  // tokens cached per request
+  std::unordered_map<int64_t, int64_t> cached_;  // tokens cached per request
+  // Per-step lists of plan(), kept to reuse their storage.
+  std::vector<int64_t> req_ids_;
+  std::vector<const std::vector<int32_t>*> tables_;
 };
 
 // The smallest power of two >= v (v <= 0 → v): the rounding of graph-bucketed widths.

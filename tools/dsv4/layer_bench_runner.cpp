@@ -34,6 +34,7 @@ using Clock = std::chrono::steady_clock;
 
 struct StepTimes {
   double wall_us = 0;
+  double forward_us = 0;  // host time until forward() returned (planning + enqueue / replay launch)
   ForwardTimes ops;  // empty when timed without the op timer
 };
 
@@ -78,8 +79,10 @@ class LayerRunner {
     timer_->set_enabled(op_timing);
     const auto t0 = Clock::now();
     layer_.forward(plan, x, y);
+    const auto returned = Clock::now();
     sync();
     StepTimes out;
+    out.forward_us = std::chrono::duration<double, std::micro>(returned - t0).count();
     out.wall_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
     if (op_timing) out.ops = timer_->collect();
     return out;
@@ -167,7 +170,7 @@ void cooldown(const LayerBenchSettings& s) {
 // Folds a case's timed steps into its report (ops priced on the first timed step's plan).
 CaseReport make_report(const ModelConfig& cfg, int layer, LayerKind kind, const CaseSpec& c, const LayerBenchSettings& s,
                        const Ceilings& ceil, const BatchPlan& first_plan, const std::vector<StepTimes>& timed,
-                       const std::vector<double>& wall_us, int64_t ctx_min, int64_t ctx_max) {
+                       const std::vector<StepTimes>& wall_steps, int64_t ctx_min, int64_t ctx_max) {
   CaseReport r;
   r.model = cfg.name;
   r.layer = layer;
@@ -184,7 +187,13 @@ CaseReport make_report(const ModelConfig& cfg, int layer, LayerKind kind, const 
   std::vector<ForwardTimes> runs;
   for (const StepTimes& t : timed) runs.push_back(t.ops);
   const ForwardTimes med = median_times(runs);
+  std::vector<double> wall_us, forward_us;
+  for (const StepTimes& t : wall_steps) {
+    wall_us.push_back(t.wall_us);
+    forward_us.push_back(t.forward_us);
+  }
   r.wall_us = median(wall_us);
+  r.forward_us = median(forward_us);
   r.gpu_us = med.gpu_us;
   r.host_us = med.host_us;
   const StepShape shape = StepShape::make(cfg, kind, first_plan, s.fp8_weights);
@@ -227,7 +236,7 @@ void run_pool_cases(LayerRunner& runner, const ModelConfig& cfg, int layer, Laye
     }
     cooldown(s);
     std::vector<StepTimes> timed;
-    std::vector<double> wall;
+    std::vector<StepTimes> wall;
     int64_t ctx_min = INT64_MAX, ctx_max = 0;
     BatchPlan first_plan;
     for (int pass = 0; pass < 2; ++pass) {  // 0: op timing, 1: wall clock without the timer
@@ -248,7 +257,7 @@ void run_pool_cases(LayerRunner& runner, const ModelConfig& cfg, int layer, Laye
         StepTimes t = runner.step(steps, pass == 0);
         advance(steps);
         if (pass == 0) timed.push_back(std::move(t));
-        else wall.push_back(t.wall_us);
+        else wall.push_back(std::move(t));
       }
     }
     out.push_back(make_report(cfg, layer, kind, c, s, ceil, first_plan, timed, wall, ctx_min, ctx_max));
@@ -275,7 +284,7 @@ void run_prefill_case(LayerRunner& runner, const ModelConfig& cfg, int layer, La
   }
   cooldown(s);
   std::vector<StepTimes> timed;
-  std::vector<double> wall;
+  std::vector<StepTimes> wall;
   BatchPlan first_plan;
   for (int i = 0; i < sets; ++i) {
     std::vector<RequestStep> steps;
@@ -284,7 +293,7 @@ void run_prefill_case(LayerRunner& runner, const ModelConfig& cfg, int layer, La
     for (int64_t id : ids[i]) runner.release(id);
     if (i < warmup) continue;
     if (timed.empty()) first_plan = BatchPlan::make(steps);
-    wall.push_back(t.wall_us);
+    wall.push_back(t);
     timed.push_back(std::move(t));
   }
   out.push_back(make_report(cfg, layer, kind, c, s, ceil, first_plan, timed, wall, c.context, c.context));

@@ -12,13 +12,16 @@
 
 namespace dsv4 {
 
+// The code of one value of a block quantized with exponent k: fp8(v / 2^k). (Kernels that spread
+// a block over threads take the block's amax — exact in any order — and call this per value.)
+DSV4_HD uint8_t fp8_encode_value(float v, int32_t k) { return float_to_fp8_e4m3(ieee_mul(v, exp2_int(-k))); }
+
 // Writes fp8 codes q[i] = fp8(v[i] / 2^k) and returns the exponent k (value = fp8 * 2^k).
 DSV4_HD int32_t fp8_quantize_block(const float* v, int n, uint8_t* q) {
   float amax = 0.0f;
   for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(v[i]));
   const int32_t k = ue8m0_exponent_for_amax(amax);
-  const float inv = exp2_int(-k);
-  for (int i = 0; i < n; ++i) q[i] = float_to_fp8_e4m3(ieee_mul(v[i], inv));
+  for (int i = 0; i < n; ++i) q[i] = fp8_encode_value(v[i], k);
   return k;
 }
 

@@ -35,11 +35,21 @@ DSV4_HD int64_t indexer_key_scale_offset(int block_size, int offset) {
   return int64_t{block_size} * indexer_keys::kDim + int64_t{offset} * indexer_keys::kScaleBytes;
 }
 
+// The key's scale 2^k, for the exponent k of its block (fp8_quantize_block).
+DSV4_HD void indexer_key_encode_scale(uint8_t* block, int block_size, int offset, int32_t k) {
+  *reinterpret_cast<float*>(block + indexer_key_scale_offset(block_size, offset)) = exp2_int(k);
+}
+
+// Code i of the key quantized with exponent k (for encoders that spread a key over threads).
+DSV4_HD void indexer_key_encode_value(uint8_t* block, int offset, int i, float value, int32_t k) {
+  block[indexer_key_data_offset(offset) + i] = fp8_encode_value(value, k);
+}
+
 // Quantizes one key (values[0..128), float) into the block starting at `block`.
 DSV4_HD void indexer_key_encode(uint8_t* block, int block_size, int offset, const float* values) {
   const int32_t k =
       fp8_quantize_block(values, indexer_keys::kDim, block + indexer_key_data_offset(offset));
-  *reinterpret_cast<float*>(block + indexer_key_scale_offset(block_size, offset)) = exp2_int(k);
+  indexer_key_encode_scale(block, block_size, offset, k);
 }
 
 // The fp8 codes and the scale of the entry at `offset`.

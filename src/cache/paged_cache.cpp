@@ -128,17 +128,27 @@ int64_t releasable_prefix(int64_t entries, int64_t retain, int block_size) {
 }  // namespace
 
 void PagedCache::release_old_blocks(Request& r) {
-  const int64_t prefix = releasable_prefix(r.entries, spec_.retain, spec_.block_size);
-  for (int64_t k = 0; k < prefix && k < static_cast<int64_t>(r.table.size()); ++k) {
+  const int64_t prefix = std::min<int64_t>(releasable_prefix(r.entries, spec_.retain, spec_.block_size),
+                                           static_cast<int64_t>(r.table.size()));
+  for (int64_t k = r.released; k < prefix; ++k) {
     int32_t& b = r.table[static_cast<size_t>(k)];
     if (b >= 0) {
       pool_.free(b);
       b = -1;
     }
   }
+  r.released = std::max(r.released, prefix);
 }
 
 std::vector<int64_t> PagedCache::append(int64_t req, int64_t count) {
+  if (count < 0)
+    fail_expected("PagedCache(" + spec_.name + ")::append", "count", ">= 0", count);
+  std::vector<int64_t> slots(static_cast<size_t>(count));
+  append(req, count, slots.data());
+  return slots;
+}
+
+void PagedCache::append(int64_t req, int64_t count, int64_t* slots) {
   if (count < 0)
     fail_expected("PagedCache(" + spec_.name + ")::append", "count", ">= 0", count);
   auto it = requests_.find(req);
@@ -154,7 +164,7 @@ std::vector<int64_t> PagedCache::append(int64_t req, int64_t count) {
   // releases) can supply every new block.
   int64_t released = 0;
   const int64_t prefix = releasable_prefix(first, spec_.retain, spec_.block_size);
-  for (int64_t k = 0; k < prefix && k < static_cast<int64_t>(r.table.size()); ++k)
+  for (int64_t k = r.released; k < prefix && k < static_cast<int64_t>(r.table.size()); ++k)
     released += r.table[static_cast<size_t>(k)] >= 0;
   if (blocks_needed > pool_.num_free() + released)
     fail("PagedCache(", spec_.name, ")::append: pool exhausted: request ", req, " needs ",
@@ -165,10 +175,9 @@ std::vector<int64_t> PagedCache::append(int64_t req, int64_t count) {
   for (int64_t k = 0; k < blocks_needed; ++k) r.table.push_back(pool_.allocate());
   r.entries = total;
 
-  std::vector<int64_t> slots(static_cast<size_t>(count));
+  if (slots == nullptr) return;
   for (int64_t i = first; i < total; ++i)
-    slots[static_cast<size_t>(i - first)] = int64_t{r.table[static_cast<size_t>(i / bs)]} * bs + i % bs;
-  return slots;
+    slots[i - first] = int64_t{r.table[static_cast<size_t>(i / bs)]} * bs + i % bs;
 }
 
 int64_t PagedCache::slot_of(int64_t req, int64_t entry) const {

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 
 #include "dsv4/device_tensor.h"
 #include "dsv4/indexer.h"
@@ -23,6 +22,7 @@
 #include "layer/gemm_input.h"
 #include "layer/layer_weights.h"
 #include "layer/scratch.h"
+#include "layer/step_planner.h"
 #include "layer/step_upload.h"
 #include "runtime/device_runtime.h"
 
@@ -69,14 +69,13 @@ struct Attention::Impl {
   HostTensor cos_sin;                 // [rows, R] for positions [0, rows); grown on demand
   DeviceTensor cos_sin_device;        // its copy on the GPU (CUDA backend)
   uint64_t rope_generation = 0;       // changes when the table moves
-  std::map<int64_t, int64_t> cached;  // tokens cached per request
+  std::unique_ptr<StepPlanner> planner;         // the host half of every step
   std::unique_ptr<CompressedScope> compressed;  // ratio > 0 layers
   DecodeGraphs graphs;                // CUDA: captured decode steps per shape bucket
   std::unique_ptr<rt::OwnedStream> side_stream;  // CUDA: the compressed half of a step
   rt::Event side_fork, side_join;                // its fork from / join into the layer's stream
 
   void check_inputs(const BatchPlan& plan, const TensorView& x, const TensorView& y) const;
-  void check_plan(const BatchPlan& plan) const;  // contexts, lengths, cache capacity
   // Grows the cos/sin table (doubling, up to max_position) to cover positions [0, len). A table
   // for all of max_position (1M for v4-flash) would cost 256 MB and seconds per layer.
   void ensure_rope(int64_t len) {
@@ -113,31 +112,7 @@ struct Attention::Impl {
     return scratch.generation() + upload.generation() + rope_generation;
   }
 
-  // ---- a step: planned on the host, then launched -------------------------------------------
-  // A group of prefill requests gathered into one bounded workspace.
-  struct PrefillGroup {
-    int r0 = 0, r1 = 0;            // requests [r0, r1) of the plan (all prefills)
-    int64_t t0 = 0, t1 = 0;        // their tokens
-    int64_t compressed_rows = 0;   // N: compressed entries gathered per request
-    int64_t rows_per_request = 0;  // M = N + the longest SWA gather
-    StepUpload::Array query_start, seq_lens, gather_lens, compressed_lens;
-  };
-  struct StepPlan {
-    int64_t T = 0;   // token rows (a graph bucket pads decode rows with empty requests)
-    int R = 0;       // request rows
-    int nd = 0;      // decode rows [0, nd)
-    StepUpload::Array positions, slot_mapping, token_to_req;  // [T]
-    StepUpload::Array swa_table;                             // [R, width]
-    CompressedPlan compressed;
-    std::vector<PrefillGroup> prefill_groups;
-    // Everything the launch's shapes depend on: equal keys → the same kernels and arguments.
-    std::vector<int64_t> shape_key() const;
-  };
-  // rows >= the plan's tokens. Padding tokens of a graph bucket (`graph`) are one-token decode
-  // requests of their own with no blocks; other padding tokens (rounding an eager step up to a
-  // whole number of FP8 GEMM row groups) belong to no request. Either way nothing is read or
-  // written for them but their own rows. `graph` also rounds data-dependent widths to 2^k.
-  StepPlan plan_step(const BatchPlan& plan, int64_t rows, bool graph);
+  // ---- a step: planned on the host (StepPlanner), then launched ----------------------------
   // Enqueues every kernel of the step on `stream`: x [T, dim] (bf16 on CUDA), y [T, dim] fp32,
   // both on the layer's device. Reads only device views and shapes (graph-capturable).
   void launch(const StepPlan& sp, const TensorView& x, const TensorView& y, Stream stream);
@@ -197,10 +172,11 @@ Attention::Attention(const ModelConfig& cfg, int layer, AttentionWeights weights
   if (m.device == Device::cuda) check_cuda_fp8_inputs(m.weights->views(), opts);
   m.scratch = Scratch(m.device, opts.stream);
   m.upload = StepUpload(m.device);
+  m.planner = std::make_unique<StepPlanner>(m.cfg, layer, m.caches, opts.prefill_group_requests);
   m.rope = cfg.rope_for_layer(layer);
   m.ensure_rope(4096);
   if (m.kind != LayerKind::swa)
-    m.compressed = std::make_unique<CompressedScope>(cfg, layer, m.weights->views(), m.caches);
+    m.compressed = std::make_unique<CompressedScope>(m.cfg, layer, m.weights->views(), m.caches);
 }
 
 Attention::~Attention() = default;
@@ -253,14 +229,10 @@ LayerMemory Attention::reserve(int64_t max_tokens, int max_requests, int64_t max
 }
 
 void Attention::release(int64_t req_id) {
-  auto it = impl_->cached.find(req_id);
-  if (it == impl_->cached.end()) fail("Attention::release: unknown request ", req_id);
-  impl_->caches.remove_request(req_id);
-  if (impl_->compressed) impl_->compressed->release(req_id);
-  impl_->cached.erase(it);
+  impl_->planner->release(req_id);
 }
 
-void Attention::check_plan(const BatchPlan& plan) const { impl_->check_plan(plan); }
+void Attention::check_plan(const BatchPlan& plan) const { impl_->planner->check(plan); }
 
 void Attention::forward(const BatchPlan& plan, const TensorView& x, const TensorView& y) {
   impl_->check_inputs(plan, x, y);
@@ -271,7 +243,7 @@ void Attention::forward(const BatchPlan& plan, const TensorView& x, const Tensor
 void Attention::Impl::check_inputs(const BatchPlan& plan, const TensorView& x,
                                    const TensorView& y) const {
   const int64_t T = plan.num_tokens();
-  const std::string host_or_layer =
+  const char* host_or_layer =
       device == Device::cuda ? "cpu or cuda (the layer's backend)" : "cpu";
   if (x.device != Device::cpu && x.device != device)
     fail_expected(kWhere, "x.device", host_or_layer, "cuda");
@@ -286,25 +258,7 @@ void Attention::Impl::check_inputs(const BatchPlan& plan, const TensorView& x,
   check_shape(kWhere, "y", y, {T, cfg.dim});
   check_dtype(kWhere, "y", y, DType::fp32);
   check_contiguous(kWhere, "y", y);
-  check_plan(plan);
-}
-
-void Attention::Impl::check_plan(const BatchPlan& plan) const {
-  for (const RequestStep& s : plan.requests) {
-    auto it = cached.find(s.req_id);
-    const int64_t have = it == cached.end() ? 0 : it->second;
-    if (s.context != have)
-      fail_expected(kWhere, "context of request " + std::to_string(s.req_id),
-                    std::to_string(have) + " (tokens this layer has cached)", s.context);
-    if (s.context + s.num_new > cfg.max_position)
-      fail_expected(kWhere, "sequence length of request " + std::to_string(s.req_id),
-                    "<= max_position " + std::to_string(cfg.max_position), s.context + s.num_new);
-  }
-  // Capacity: exhaustion is reported before any state changes.
-  std::vector<std::pair<int64_t, int64_t>> growth;
-  for (const RequestStep& s : plan.requests) growth.push_back({s.context, s.context + s.num_new});
-  require_blocks_for_growth(kWhere, *caches.swa, growth);
-  if (compressed) compressed->check_capacity(plan);
+  planner->check(plan);
 }
 
 TensorView Attention::Impl::stage_input(const TensorView& x) {
@@ -394,93 +348,6 @@ bool Attention::Impl::graph_step(const BatchPlan& plan) const {
          !rt::is_capturing(opts.stream);
 }
 
-std::vector<int64_t> Attention::Impl::StepPlan::shape_key() const {
-  std::vector<int64_t> key{T, R, nd, compressed.topk, compressed.score_cols};
-  auto add = [&](const StepUpload::Array& a) {
-    key.push_back(a.offset);
-    key.insert(key.end(), a.shape.begin(), a.shape.end());
-    key.push_back(-1);
-  };
-  for (const auto* a : {&positions, &slot_mapping, &token_to_req, &swa_table, &compressed.context,
-                        &compressed.state_table, &compressed.out_table,
-                        &compressed.index_state_table, &compressed.index_key_table})
-    add(*a);
-  for (const PrefillGroup& g : prefill_groups) {
-    key.insert(key.end(), {g.r0, g.r1, g.t0, g.t1, g.compressed_rows, g.rows_per_request});
-    for (const auto* a : {&g.query_start, &g.seq_lens, &g.gather_lens, &g.compressed_lens}) add(*a);
-  }
-  return key;
-}
-
-Attention::Impl::StepPlan Attention::Impl::plan_step(const BatchPlan& plan, int64_t rows,
-                                                     bool graph) {
-  const bool round = graph;
-  const int R = plan.num_requests();
-  const int64_t T = plan.num_tokens();
-  StepPlan sp;
-  sp.T = rows;
-  const int64_t pad_requests = graph ? rows - T : 0;
-  sp.R = static_cast<int>(R + pad_requests);
-  sp.nd = static_cast<int>(plan.num_decodes + pad_requests);
-  upload.begin();
-
-  std::vector<int64_t> req_ids;
-  for (const RequestStep& s : plan.requests) req_ids.push_back(s.req_id);
-  // Padding rows: position 0 of an empty request (no blocks: nothing is read or written for it).
-  std::vector<int64_t> positions(plan.positions), slots(static_cast<size_t>(rows), -1);
-  std::vector<int32_t> token_to_req(plan.token_to_req);
-  positions.resize(static_cast<size_t>(rows), 0);
-  for (int64_t t = T; t < rows; ++t)
-    token_to_req.push_back(graph ? static_cast<int32_t>(R + (t - T)) : -1);
-  for (int r = 0; r < R; ++r) {
-    const RequestStep& s = plan.requests[r];
-    const std::vector<int64_t> new_slots = caches.swa->append(s.req_id, s.num_new);
-    std::copy(new_slots.begin(), new_slots.end(), slots.begin() + plan.query_start_loc[r]);
-  }
-  sp.positions = upload.put<int64_t>({rows}, positions);
-  sp.slot_mapping = upload.put<int64_t>({rows}, slots);
-  sp.token_to_req = upload.put<int32_t>({rows}, token_to_req);
-  int64_t swa_width = 1;
-  for (int64_t id : req_ids)
-    swa_width = std::max<int64_t>(swa_width, static_cast<int64_t>(caches.swa->block_table(id).size()));
-  sp.swa_table = upload.tables(*caches.swa, req_ids, sp.R, round ? round_up_pow2(swa_width) : swa_width);
-  if (compressed) sp.compressed = compressed->plan(plan, req_ids, sp.R, upload, round);
-
-  // Prefill requests in groups of at most prefill_group_requests: the gather workspace holds one
-  // group, so its size does not grow with the batch.
-  const int W = cfg.window_size;
-  const int group = std::max(1, opts.prefill_group_requests);
-  for (int g0 = plan.num_decodes; g0 < R; g0 += group) {
-    PrefillGroup g;
-    g.r0 = g0;
-    g.r1 = std::min(R, g0 + group);
-    g.t0 = plan.query_start_loc[g.r0];
-    g.t1 = plan.query_start_loc[g.r1];
-    std::vector<int32_t> qsl, seq, gather, cseq;
-    int64_t max_gather = 0;
-    for (int r = g.r0; r < g.r1; ++r) {
-      const RequestStep& s = plan.requests[r];
-      qsl.push_back(static_cast<int32_t>(plan.query_start_loc[r] - g.t0));
-      seq.push_back(static_cast<int32_t>(plan.seq_len(r)));
-      gather.push_back(static_cast<int32_t>(std::min<int64_t>(plan.seq_len(r), s.num_new + W - 1)));
-      max_gather = std::max<int64_t>(max_gather, gather.back());
-      if (compressed) {
-        cseq.push_back(static_cast<int32_t>(plan.seq_len(r) / compressed->ratio()));
-        g.compressed_rows = std::max<int64_t>(g.compressed_rows, cseq.back());
-      }
-    }
-    qsl.push_back(static_cast<int32_t>(g.t1 - g.t0));
-    g.rows_per_request = g.compressed_rows + max_gather;
-    const int64_t n = g.r1 - g.r0;
-    g.query_start = upload.put<int32_t>({n + 1}, qsl);
-    g.seq_lens = upload.put<int32_t>({n}, seq);
-    g.gather_lens = upload.put<int32_t>({n}, gather);
-    if (compressed) g.compressed_lens = upload.put<int32_t>({n}, cseq);
-    sp.prefill_groups.push_back(std::move(g));
-  }
-  return sp;
-}
-
 void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, const TensorView& y) {
   const int64_t T = plan.num_tokens();
   const Stream stream = opts.stream;
@@ -502,12 +369,7 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, con
   ensure_rope(longest);
 
   // Register new requests (check_inputs verified the others' context).
-  for (const RequestStep& s : plan.requests)
-    if (!cached.count(s.req_id)) {
-      caches.add_request(s.req_id);  // every cache of the layer
-      if (compressed) compressed->add_request(s.req_id);
-      cached[s.req_id] = 0;
-    }
+  planner->add_requests(plan);
 
   // CUDA steps run over a multiple of kFp8GemmRowMultiple token rows (the FP8 GEMMs' rule); a
   // decode graph's bucket is one already.
@@ -516,9 +378,9 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, con
       graph ? std::max(kFp8GemmRowMultiple, DecodeGraphs::bucket(T))
             : device == Device::cuda ? (T + kFp8GemmRowMultiple - 1) / kFp8GemmRowMultiple * kFp8GemmRowMultiple
                                      : T;
-  const StepPlan sp = plan_step(plan, rows, graph);
+  upload.begin();
+  const StepPlan sp = planner->plan(plan, rows, graph, upload);
   upload.commit(stream);
-  for (const RequestStep& s : plan.requests) cached[s.req_id] = s.context + s.num_new;
 
   const TensorView x = stage_input(x_in);
   if (!graph && rows == T) {

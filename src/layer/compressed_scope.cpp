@@ -7,22 +7,6 @@
 
 namespace dsv4 {
 
-int64_t round_up_pow2(int64_t v) {
-  if (v <= 0) return v;
-  int64_t p = 1;
-  while (p < v) p *= 2;
-  return p;
-}
-
-namespace {
-// Block-table columns that cover every request's table in `cache` (at least 1).
-int64_t table_width(const PagedCache& cache, const std::vector<int64_t>& reqs, bool round) {
-  int64_t w = 1;
-  for (int64_t req : reqs) w = std::max<int64_t>(w, static_cast<int64_t>(cache.block_table(req).size()));
-  return round ? round_up_pow2(w) : w;
-}
-}  // namespace
-
 CompressedScope::CompressedScope(const ModelConfig& cfg, int layer, const LayerWeightViews& weights,
                                  LayerCaches& caches)
     : cfg_(cfg), w_(weights), caches_(caches), ratio_(cfg.compress_ratio(layer)) {
@@ -33,65 +17,6 @@ CompressedScope::CompressedScope(const ModelConfig& cfg, int layer, const LayerW
     DSV4_CHECK(w_.indexer.has_value(), "CompressedScope: C4A layer ", layer, " has no indexer weights");
     indexer_ = CompressorConfig::indexer(cfg);
   }
-}
-
-void CompressedScope::add_request(int64_t req) {
-  compressor_state_init(*caches_.compressor_state, main_, req);
-  if (ratio_ == 4) compressor_state_init(*caches_.indexer_state, indexer_, req);
-}
-
-void CompressedScope::check_capacity(const BatchPlan& plan) const {
-  std::vector<std::pair<int64_t, int64_t>> growth;  // emitted entries before / after the step
-  for (const RequestStep& st : plan.requests)
-    growth.push_back({st.context / ratio_, (st.context + st.num_new) / ratio_});
-  require_blocks_for_growth("Attention::forward", *caches_.compressed, growth);
-  if (caches_.indexer_keys) require_blocks_for_growth("Attention::forward", *caches_.indexer_keys, growth);
-  auto need_state = [&](const PagedCache* c, int rows) {
-    if (!c) return;
-    int64_t blocks = 0;
-    for (const RequestStep& s : plan.requests)
-      if (!c->has_request(s.req_id)) blocks += (rows + c->spec().block_size - 1) / c->spec().block_size;
-    if (blocks > c->pool().num_free())
-      fail("Attention::forward: ", c->spec().name, " cache exhausted: new requests need ", blocks,
-           " blocks, ", c->pool().num_free(), " are free");
-  };
-  need_state(caches_.compressor_state.get(), main_.ring_rows());
-  if (ratio_ == 4) need_state(caches_.indexer_state.get(), indexer_.ring_rows());
-}
-
-CompressedPlan CompressedScope::plan(const BatchPlan& plan, const std::vector<int64_t>& req_ids,
-                                     int64_t rows, StepUpload& upload, bool round) {
-  const int R = plan.num_requests();
-  CompressedPlan out;
-  std::vector<int64_t> context(static_cast<size_t>(rows), 0);
-  int64_t max_visible = 0;
-  for (int r = 0; r < R; ++r) {
-    const RequestStep& s = plan.requests[r];
-    context[r] = s.context;
-    max_visible = std::max<int64_t>(max_visible, plan.seq_len(r) / ratio_);
-    const int64_t n = compressor_entries_after(ratio_, s.context + s.num_new) -
-                      compressor_entries_after(ratio_, s.context);
-    if (n > 0) {
-      caches_.compressed->append(s.req_id, n);
-      if (ratio_ == 4) caches_.indexer_keys->append(s.req_id, n);
-    }
-  }
-  out.context = upload.put<int64_t>({rows}, context);
-  auto tables = [&](const PagedCache& c) {
-    return upload.tables(c, req_ids, rows, table_width(c, req_ids, round));
-  };
-  out.state_table = tables(*caches_.compressor_state);
-  out.out_table = tables(*caches_.compressed);
-  if (ratio_ == 128) {
-    out.topk = static_cast<int>(round ? round_up_pow2(max_visible) : max_visible);
-  } else {
-    out.index_state_table = tables(*caches_.indexer_state);
-    out.index_key_table = tables(*caches_.indexer_keys);
-    out.topk = cfg_.index_topk;
-    const int64_t cols = std::max<int64_t>(max_visible, 1);
-    out.score_cols = round ? round_up_pow2(cols) : cols;
-  }
-  return out;
 }
 
 void CompressedScope::compress(const CompressorConfig& ccfg, const CompressorWeightViews& w,

@@ -12,28 +12,36 @@ int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
 void StepUpload::begin() { host_.clear(); }
 
-StepUpload::Array StepUpload::put(DType dtype, std::vector<int64_t> shape, const void* data) {
+StepUpload::Array StepUpload::put_uninit(DType dtype, std::vector<int64_t> shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   const int64_t bytes = n * static_cast<int64_t>(dtype_size(dtype));
   Array a{round_up(static_cast<int64_t>(host_.size()), kAlign), dtype, std::move(shape)};
   host_.resize(static_cast<size_t>(a.offset + bytes));
-  if (bytes > 0) std::memcpy(host_.data() + a.offset, data, static_cast<size_t>(bytes));
   return a;
 }
 
-StepUpload::Array StepUpload::tables(const PagedCache& cache, const std::vector<int64_t>& reqs,
-                                     int64_t rows, int64_t width) {
-  DSV4_CHECK(rows >= static_cast<int64_t>(reqs.size()), "StepUpload::tables: ", rows, " rows for ",
-             reqs.size(), " requests");
-  std::vector<int32_t> packed(static_cast<size_t>(rows * width), -1);
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    const std::vector<int32_t>& t = cache.block_table(reqs[i]);
-    DSV4_CHECK(static_cast<int64_t>(t.size()) <= width, "StepUpload::tables: ", cache.spec().name,
-               " table of ", t.size(), " blocks exceeds the width ", width);
-    std::copy(t.begin(), t.end(), packed.begin() + static_cast<int64_t>(i) * width);
+StepUpload::Array StepUpload::put(DType dtype, std::vector<int64_t> shape, const void* data) {
+  Array a = put_uninit(dtype, std::move(shape));
+  const size_t bytes = host_.size() - static_cast<size_t>(a.offset);
+  if (bytes > 0) std::memcpy(host_.data() + a.offset, data, bytes);
+  return a;
+}
+
+StepUpload::Array StepUpload::tables(const std::vector<const std::vector<int32_t>*>& tables,
+                                     int64_t rows, int64_t width, const char* name) {
+  DSV4_CHECK(rows >= static_cast<int64_t>(tables.size()), "StepUpload::tables: ", rows,
+             " rows for ", tables.size(), " requests");
+  const Array a = put_uninit(DType::int32, {rows, width});
+  int32_t* packed = host_data<int32_t>(a);
+  std::fill(packed, packed + rows * width, -1);
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const std::vector<int32_t>& t = *tables[i];
+    DSV4_CHECK(static_cast<int64_t>(t.size()) <= width, "StepUpload::tables: ", name, " table of ",
+               t.size(), " blocks exceeds the width ", width);
+    std::copy(t.begin(), t.end(), packed + static_cast<int64_t>(i) * width);
   }
-  return put<int32_t>({rows, width}, packed);
+  return a;
 }
 
 void StepUpload::grow_device(int64_t bytes) {

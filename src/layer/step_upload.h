@@ -24,7 +24,6 @@
 
 #include "dsv4/device_tensor.h"
 #include "dsv4/ops.h"
-#include "dsv4/paged_cache.h"
 #include "dsv4/tensor.h"
 #include "runtime/device_runtime.h"
 
@@ -48,10 +47,17 @@ class StepUpload {
   Array put(std::vector<int64_t> shape, const std::vector<T>& values) {
     return put(dtype_of<T>(), std::move(shape), values.data());
   }
-  // The block tables of `reqs` (in order) as int32 [rows, width], -1 padded: rows beyond
-  // reqs.size() (padding requests of a graph bucket) are all -1. width must cover every table.
-  Array tables(const PagedCache& cache, const std::vector<int64_t>& reqs, int64_t rows,
-               int64_t width);
+  // Appends room for dtype [shape], to be filled through host_data() (no staging vector).
+  Array put_uninit(DType dtype, std::vector<int64_t> shape);
+  // The host bytes of an array put since begin(), valid until the next put.
+  template <class T>
+  T* host_data(const Array& a) {
+    return reinterpret_cast<T*>(host_.data() + a.offset);
+  }
+  // Block tables (in order) as int32 [rows, width], -1 padded: rows beyond tables.size()
+  // (padding requests of a graph bucket) are all -1. width must cover every table.
+  Array tables(const std::vector<const std::vector<int32_t>*>& tables, int64_t rows, int64_t width,
+               const char* name);
 
   // Sends everything put since begin() on `stream` (CPU: nothing to do).
   void commit(Stream stream);

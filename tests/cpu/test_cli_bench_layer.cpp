@@ -47,6 +47,8 @@ TEST(CliBenchLayer, CpuTinyReportHasEveryKindPhaseAndConsistentFloors) {
               c["requests"].get<int64_t>() * (c["phase"] == "prefill" ? (c["requests"] == 8 ? 4 : 8)
                                                                        : c["phase"] == "mtp" ? 2 : 1));
     EXPECT_GT(c["wall_us"].get<double>(), 0);
+    EXPECT_GT(c["forward_us"].get<double>(), 0);
+    EXPECT_LE(c["forward_us"].get<double>(), c["wall_us"].get<double>());
     EXPECT_GT(c["gpu_us"].get<double>(), 0);
     EXPECT_TRUE(c["floor_complete"].get<bool>()) << c["unmodeled_ops"];
     EXPECT_EQ(c["wall_mode"], "eager");
@@ -75,6 +77,21 @@ TEST(CliBenchLayer, CpuTinyReportHasEveryKindPhaseAndConsistentFloors) {
   EXPECT_EQ(kinds, (std::set<std::string>{"SWA", "C4A", "C128A"}));
   EXPECT_EQ(names, (std::set<std::string>{"prefill-8x4", "prefill-4x8@16", "decode-1", "decode-2", "mtp-2x2"}));
   EXPECT_NE(r.output.find("floor"), std::string::npos);
+}
+
+TEST(CliBenchLayer, HostOnlyTimesThePlanningOfDecodeAndMtpStepsWithoutWeights) {
+  // V4-Flash's geometry without its weights or compute: a line per kind and pool case.
+  const Result r = dsv4_test::run_cli(
+      "bench layer --host-only --model v4-flash --context 512 --decode-requests 1,8 --mtp-requests 4 "
+      "--reps 3 --warmup 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  size_t lines = 0;
+  for (size_t at = r.output.find("host planning"); at != std::string::npos; at = r.output.find("host planning", at + 1))
+    ++lines;
+  EXPECT_EQ(lines, 3u * 3u) << r.output;  // SWA, C4A, C128A x decode-1, decode-8, mtp-4x2
+  for (const char* name : {"decode-1", "decode-8", "mtp-4x2", "C4A", "C128A", "SWA"})
+    EXPECT_NE(r.output.find(name), std::string::npos) << name << "\n" << r.output;
+  EXPECT_EQ(r.output.find("prefill-"), std::string::npos) << r.output;
 }
 
 TEST(CliBenchLayer, ListAndFiltersSelectCases) {

@@ -208,6 +208,40 @@ TEST(PagedCache, ReleaseHappensBeforeAllocationInOneAppend) {
   EXPECT_EQ(cache.block_table(0), (std::vector<int32_t>{-1, 1, 0}));
 }
 
+TEST(PagedCache, AppendIntoSlotsMatchesTheVectorFormAndReleasesEveryOldBlock) {
+  // Two caches, one fed through append(req, n) and one through append(req, n, slots), several
+  // requests with random chunk sizes: same slots, tables and pool state throughout; and after
+  // every append the released blocks are exactly those wholly older than entries - retain (counted
+  // before the append), however the appends were chunked.
+  constexpr int kB = 4, kRetain = 9, kBlocks = 64;
+  PagedCache a(spec_of(kB, kBlocks, kRetain)), b(spec_of(kB, kBlocks, kRetain));
+  std::mt19937 rng(7);
+  std::vector<int64_t> entries(3, 0);
+  for (int64_t r = 0; r < 3; ++r) {
+    a.add_request(r);
+    b.add_request(r);
+  }
+  for (int step = 0; step < 600; ++step) {
+    const int64_t r = static_cast<int64_t>(rng() % 3);
+    const int64_t n = rng() % 4 == 0 ? 1 + static_cast<int64_t>(rng() % 11) : 1;
+    const std::vector<int64_t> want = a.append(r, n);
+    std::vector<int64_t> got(static_cast<size_t>(n), -7);
+    b.append(r, n, got.data());
+    ASSERT_EQ(got, want) << "step " << step;
+    ASSERT_EQ(a.block_table(r), b.block_table(r));
+    ASSERT_EQ(a.pool().num_free(), b.pool().num_free());
+    const int64_t before = entries[static_cast<size_t>(r)];
+    entries[static_cast<size_t>(r)] += n;
+    const int64_t released = before > kRetain ? (before - kRetain) / kB : 0;
+    const auto& table = b.block_table(r);
+    for (int64_t k = 0; k < static_cast<int64_t>(table.size()); ++k)
+      ASSERT_EQ(table[static_cast<size_t>(k)] < 0, k < released) << "step " << step << " block " << k;
+  }
+  b.append(0, 3, nullptr);  // slots not wanted
+  EXPECT_EQ(b.num_entries(0), entries[0] + 3);
+  EXPECT_THROW(b.append(0, -1, nullptr), dsv4::Error);
+}
+
 TEST(PagedCache, SpecValidationAndViews) {
   EXPECT_THROW(PagedCache(spec_of(0, 4)), dsv4::Error);
   EXPECT_THROW(PagedCache(spec_of(4, -1)), dsv4::Error);

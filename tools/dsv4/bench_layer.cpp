@@ -45,6 +45,8 @@ const std::vector<FlagSpec> kFlags = {
     {"phase", true, "phases: prefill,decode,mtp (default all)", "LIST"},
     {"case", true, "keep cases whose name contains one of these (e.g. decode-128,4x4096)", "LIST"},
     {"list", false, "print the selected model / layer / case list and exit"},
+    {"host-only", false, "time only the host planning of the decode / MTP steps (no GPU, no weights; "
+                         "sizes default to the GPU cases')"},
     {"backend", true, "cuda | cpu | auto (default auto: cuda where a GPU is visible)", "B"},
     {"prefill-tokens", true, "new tokens of each prefill case (default 16384; cpu 64)", "N"},
     {"context", true, "context of the decode and MTP cases (default 4096; cpu 144)", "N"},
@@ -150,19 +152,21 @@ LayerBenchSettings parse_settings(const ParsedArgs& a) {
   const std::string backend = a.get_string("backend", "auto");
   if (backend != "cpu" && backend != "cuda" && backend != "auto")
     fail_expected("bench layer", "--backend", "cpu, cuda or auto", backend);
-  s.cuda = backend == "cuda" || (backend == "auto" && cuda_available());
+  s.cuda = !a.has("host-only") && (backend == "cuda" || (backend == "auto" && cuda_available()));
+  // Host-only timing runs the GPU cases' sizes (it needs neither a GPU nor the compute).
+  const bool gpu_sizes = s.cuda || a.has("host-only");
   if (s.cuda && !cuda_available())
     fail("bench layer: --backend cuda: ", cuda_built() ? "no CUDA device is visible" : "this build has no CUDA backend",
          "; use --backend cpu");
-  s.prefill_tokens = a.get_int("prefill-tokens", s.cuda ? 16384 : 64);
-  s.context = a.get_int("context", s.cuda ? 4096 : 144);
-  s.decode_requests = a.get_int_list("decode-requests", s.cuda ? std::vector<int64_t>{1, 32, 128, 256}
+  s.prefill_tokens = a.get_int("prefill-tokens", gpu_sizes ? 16384 : 64);
+  s.context = a.get_int("context", gpu_sizes ? 4096 : 144);
+  s.decode_requests = a.get_int_list("decode-requests", gpu_sizes ? std::vector<int64_t>{1, 32, 128, 256}
                                                                : std::vector<int64_t>{1, 4});
-  s.mtp_requests = a.get_int("mtp-requests", s.cuda ? 128 : 4);
+  s.mtp_requests = a.get_int("mtp-requests", gpu_sizes ? 128 : 4);
   s.build_chunk = a.get_int("build-chunk", 16384);
   s.warmup = static_cast<int>(a.get_int("warmup", 2));
-  s.reps = static_cast<int>(a.get_int("reps", s.cuda ? 20 : 3));
-  s.prefill_reps = static_cast<int>(a.get_int("prefill-reps", s.cuda ? 5 : 2));
+  s.reps = static_cast<int>(a.get_int("reps", gpu_sizes ? 20 : 3));
+  s.prefill_reps = static_cast<int>(a.get_int("prefill-reps", gpu_sizes ? 5 : 2));
   s.cooldown_ms = static_cast<int>(a.get_int("cooldown-ms", s.cuda ? 1000 : 0));
   s.seed = static_cast<uint64_t>(a.get_int("seed", 1));
   const std::string weights = a.get_string("weights", "fp8");
@@ -213,7 +217,7 @@ Selection select(const ParsedArgs& a, const LayerBenchSettings& s) {
     if (keep) sel.cases.push_back(c);
   }
   if (sel.cases.empty()) fail("bench layer: no case matches --phase / --case");
-  const std::vector<std::string> models = split_list(a.get_string("model", s.cuda ? "v4-flash,v4-pro" : "tiny"));
+  const std::vector<std::string> models = split_list(a.get_string("model", s.cuda || a.has("host-only") ? "v4-flash,v4-pro" : "tiny"));
   if (models.empty()) fail_expected("bench layer", "--model", "a model name", "''");
   for (const std::string& m : models) {
     ModelConfig cfg = ModelConfig::builtin(m);
@@ -263,6 +267,11 @@ int run_layer_bench_cli(const std::vector<std::string>& raw) {
   const Selection sel = select(a, s);
   if (a.has("list")) {
     print_list(sel);
+    return 0;
+  }
+  if (a.has("host-only")) {
+    for (const auto& [cfg, layers] : sel.layers)
+      for (int layer : layers) run_host_plan_cases(cfg, layer, sel.cases, s);
     return 0;
   }
 

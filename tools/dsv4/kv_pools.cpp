@@ -217,7 +217,7 @@ int64_t StackKvCapacity::free_blocks(int pool) const { return pools_[pool].cache
 int64_t StackKvCapacity::step_blocks(int pool, int64_t context, int64_t num_new) const {
   const Pool& p = pools_[pool];
   // State rings: reserved once, when a request the cache does not hold first runs
-  // (CompressedScope::check_capacity).
+  // (StepPlanner::check).
   if (p.ring_blocks > 0) return context == 0 ? p.ring_blocks : 0;
   // Growing caches: every block the new entries start, without credit for blocks the step
   // recycles (require_blocks_for_growth).

@@ -2,7 +2,7 @@
 // beside their floors (layer_cost_model.h), and the whole run as a table and as JSON:
 //   {"device", "commit", "date", "backend", "ceilings": {...}, "settings": {...}, "errors": [...],
 //    "cases": [{"model", "layer", "kind", "case", "phase", "requests", "tokens", "context",
-//               "context_range", "wall_us", "wall_mode", "gpu_us", "host_us", "floor_us",
+//               "context_range", "wall_us", "wall_mode", "forward_us", "gpu_us", "host_us", "floor_us",
 //               "floor_complete", "unmodeled_ops", "reps",
 //               "ops": [{"name", "gpu_us", "host_us", "floor_us", "flop", "flop_fp8",
 //                        "flop_bf16", "bytes", "bound", "modeled"}]}]}
@@ -38,6 +38,9 @@ struct CaseReport {
   int64_t context = 0;                   // the case's nominal context per request
   int64_t context_min = 0, context_max = 0;  // contexts of the timed steps' requests
   double wall_us = 0, gpu_us = 0, host_us = 0;  // medians over the timed steps
+  // Host time of the wall-clock steps' forward() until it returned (median): the step's planning
+  // and enqueue (a decode graph's replay launch included), which the GPU waits for.
+  double forward_us = 0;
   std::string wall_mode = "eager";       // "eager" or "graph" (replay)
   int reps = 0;
   std::vector<OpReport> ops;

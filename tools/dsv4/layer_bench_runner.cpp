@@ -30,53 +30,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Per-layer pool sizes: the largest set of requests resident at once, over the phases of the
-// layer's cases (the decode pool; each prefill case's requests). Each request is sized for the
-// largest chunk it holds (SWA blocks stay mapped until its next append recycles them) plus the
-// next chunk it appends: the layer's capacity check counts no block that recycling would free.
-LayerCacheOptions cache_options(const ModelConfig& cfg, LayerKind kind, const std::vector<CaseSpec>& cases,
-                                const LayerBenchSettings& s) {
-  const int64_t W = cfg.window_size, B = CacheDefaults::kSwaBlock;
-  const int r = kind == LayerKind::c4a ? 4 : kind == LayerKind::c128a ? 128 : 0;
-  int64_t swa = 0, compressed = 0, state = 0;
-  auto resident = [&](int64_t requests, int64_t held_chunk, int64_t next_chunk, int64_t max_len) {
-    const int64_t swa_each = (held_chunk + W + B - 1) / B + (next_chunk + B - 1) / B + 2;
-    const int64_t cblock = r > 0 ? CacheDefaults::compressed_block(r) : 1;
-    const int64_t compressed_each = r > 0 ? (max_len / r + cblock - 1) / cblock + 2 : 0;
-    swa = std::max(swa, requests * swa_each);
-    compressed = std::max(compressed, requests * compressed_each);
-    state = std::max(state, requests * 3);  // a ring is coff <= 2 blocks
-  };
-  int64_t pool = 0, pool_growth = 0, pool_step = 1;
-  for (const CaseSpec& c : cases) {
-    if (c.shares_pool()) {
-      pool = std::max(pool, c.requests);
-      pool_step = std::max(pool_step, c.new_tokens);
-      pool_growth += (s.warmup + 2 * s.reps + 2) * c.new_tokens;  // warm-up, op-timed and wall-clock steps
-      continue;
-    }
-    // Continuing cases build every set first (in chunks of at most --build-chunk), then time them.
-    // A context longer than the build chunk arrives in several chunks: the next one may be a whole
-    // build chunk too.
-    const int64_t sets = c.context > 0 ? 1 + s.prefill_reps : 1;
-    const int64_t split = c.context > s.build_chunk ? s.build_chunk : 0;
-    resident(sets * c.requests, std::min(c.context, s.build_chunk), std::max(c.new_tokens, split),
-             c.context + c.new_tokens);
-  }
-  const int64_t split = s.context > s.build_chunk ? s.build_chunk : 0;
-  if (pool > 0)
-    resident(pool, std::min(s.context, s.build_chunk), std::max(pool_step, split), s.context + pool_growth);
-  LayerCacheOptions o;
-  o.swa_blocks = static_cast<int32_t>(std::max<int64_t>(swa, 8));
-  o.compressed_blocks = static_cast<int32_t>(std::max<int64_t>(compressed, 8));
-  o.state_blocks = static_cast<int32_t>(std::max<int64_t>(state, 8));
-  return o;
-}
-
 // ---- one layer under test ---------------------------------------------------------------------
 
 struct StepTimes {
   double wall_us = 0;
+  double forward_us = 0;  // host time until forward() returned (planning + enqueue / replay launch)
   ForwardTimes ops;  // empty when timed without the op timer
 };
 
@@ -121,8 +79,10 @@ class LayerRunner {
     timer_->set_enabled(op_timing);
     const auto t0 = Clock::now();
     layer_.forward(plan, x, y);
+    const auto returned = Clock::now();
     sync();
     StepTimes out;
+    out.forward_us = std::chrono::duration<double, std::micro>(returned - t0).count();
     out.wall_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
     if (op_timing) out.ops = timer_->collect();
     return out;
@@ -210,7 +170,7 @@ void cooldown(const LayerBenchSettings& s) {
 // Folds a case's timed steps into its report (ops priced on the first timed step's plan).
 CaseReport make_report(const ModelConfig& cfg, int layer, LayerKind kind, const CaseSpec& c, const LayerBenchSettings& s,
                        const Ceilings& ceil, const BatchPlan& first_plan, const std::vector<StepTimes>& timed,
-                       const std::vector<double>& wall_us, int64_t ctx_min, int64_t ctx_max) {
+                       const std::vector<StepTimes>& wall_steps, int64_t ctx_min, int64_t ctx_max) {
   CaseReport r;
   r.model = cfg.name;
   r.layer = layer;
@@ -227,7 +187,13 @@ CaseReport make_report(const ModelConfig& cfg, int layer, LayerKind kind, const 
   std::vector<ForwardTimes> runs;
   for (const StepTimes& t : timed) runs.push_back(t.ops);
   const ForwardTimes med = median_times(runs);
+  std::vector<double> wall_us, forward_us;
+  for (const StepTimes& t : wall_steps) {
+    wall_us.push_back(t.wall_us);
+    forward_us.push_back(t.forward_us);
+  }
   r.wall_us = median(wall_us);
+  r.forward_us = median(forward_us);
   r.gpu_us = med.gpu_us;
   r.host_us = med.host_us;
   const StepShape shape = StepShape::make(cfg, kind, first_plan, s.fp8_weights);
@@ -270,7 +236,7 @@ void run_pool_cases(LayerRunner& runner, const ModelConfig& cfg, int layer, Laye
     }
     cooldown(s);
     std::vector<StepTimes> timed;
-    std::vector<double> wall;
+    std::vector<StepTimes> wall;
     int64_t ctx_min = INT64_MAX, ctx_max = 0;
     BatchPlan first_plan;
     for (int pass = 0; pass < 2; ++pass) {  // 0: op timing, 1: wall clock without the timer
@@ -291,7 +257,7 @@ void run_pool_cases(LayerRunner& runner, const ModelConfig& cfg, int layer, Laye
         StepTimes t = runner.step(steps, pass == 0);
         advance(steps);
         if (pass == 0) timed.push_back(std::move(t));
-        else wall.push_back(t.wall_us);
+        else wall.push_back(std::move(t));
       }
     }
     out.push_back(make_report(cfg, layer, kind, c, s, ceil, first_plan, timed, wall, ctx_min, ctx_max));
@@ -318,7 +284,7 @@ void run_prefill_case(LayerRunner& runner, const ModelConfig& cfg, int layer, La
   }
   cooldown(s);
   std::vector<StepTimes> timed;
-  std::vector<double> wall;
+  std::vector<StepTimes> wall;
   BatchPlan first_plan;
   for (int i = 0; i < sets; ++i) {
     std::vector<RequestStep> steps;
@@ -327,13 +293,56 @@ void run_prefill_case(LayerRunner& runner, const ModelConfig& cfg, int layer, La
     for (int64_t id : ids[i]) runner.release(id);
     if (i < warmup) continue;
     if (timed.empty()) first_plan = BatchPlan::make(steps);
-    wall.push_back(t.wall_us);
+    wall.push_back(t);
     timed.push_back(std::move(t));
   }
   out.push_back(make_report(cfg, layer, kind, c, s, ceil, first_plan, timed, wall, c.context, c.context));
 }
 
 }  // namespace
+
+// Per-layer pool sizes: the largest set of requests resident at once, over the phases of the
+// layer's cases (the decode pool; each prefill case's requests). Each request is sized for the
+// largest chunk it holds (SWA blocks stay mapped until its next append recycles them) plus the
+// next chunk it appends: the layer's capacity check counts no block that recycling would free.
+LayerCacheOptions cache_options(const ModelConfig& cfg, LayerKind kind, const std::vector<CaseSpec>& cases,
+                                const LayerBenchSettings& s) {
+  const int64_t W = cfg.window_size, B = CacheDefaults::kSwaBlock;
+  const int r = kind == LayerKind::c4a ? 4 : kind == LayerKind::c128a ? 128 : 0;
+  int64_t swa = 0, compressed = 0, state = 0;
+  auto resident = [&](int64_t requests, int64_t held_chunk, int64_t next_chunk, int64_t max_len) {
+    const int64_t swa_each = (held_chunk + W + B - 1) / B + (next_chunk + B - 1) / B + 2;
+    const int64_t cblock = r > 0 ? CacheDefaults::compressed_block(r) : 1;
+    const int64_t compressed_each = r > 0 ? (max_len / r + cblock - 1) / cblock + 2 : 0;
+    swa = std::max(swa, requests * swa_each);
+    compressed = std::max(compressed, requests * compressed_each);
+    state = std::max(state, requests * 3);  // a ring is coff <= 2 blocks
+  };
+  int64_t pool = 0, pool_growth = 0, pool_step = 1;
+  for (const CaseSpec& c : cases) {
+    if (c.shares_pool()) {
+      pool = std::max(pool, c.requests);
+      pool_step = std::max(pool_step, c.new_tokens);
+      pool_growth += (s.warmup + 2 * s.reps + 2) * c.new_tokens;  // warm-up, op-timed and wall-clock steps
+      continue;
+    }
+    // Continuing cases build every set first (in chunks of at most --build-chunk), then time them.
+    // A context longer than the build chunk arrives in several chunks: the next one may be a whole
+    // build chunk too.
+    const int64_t sets = c.context > 0 ? 1 + s.prefill_reps : 1;
+    const int64_t split = c.context > s.build_chunk ? s.build_chunk : 0;
+    resident(sets * c.requests, std::min(c.context, s.build_chunk), std::max(c.new_tokens, split),
+             c.context + c.new_tokens);
+  }
+  const int64_t split = s.context > s.build_chunk ? s.build_chunk : 0;
+  if (pool > 0)
+    resident(pool, std::min(s.context, s.build_chunk), std::max(pool_step, split), s.context + pool_growth);
+  LayerCacheOptions o;
+  o.swa_blocks = static_cast<int32_t>(std::max<int64_t>(swa, 8));
+  o.compressed_blocks = static_cast<int32_t>(std::max<int64_t>(compressed, 8));
+  o.state_blocks = static_cast<int32_t>(std::max<int64_t>(state, 8));
+  return o;
+}
 
 std::vector<CaseSpec> layer_bench_cases(const LayerBenchSettings& s) {
   const int64_t P = s.prefill_tokens;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dsv4/config.h"
+#include "dsv4/paged_cache.h"
 #include "layer_bench_report.h"
 
 namespace dsv4::bench {
@@ -43,6 +44,17 @@ struct LayerBenchSettings {
 
 // prefill-8x(P/8), prefill-4x(P/4)@(P/2), decode-N for each N, mtp-Mx2 (P = prefill_tokens).
 std::vector<CaseSpec> layer_bench_cases(const LayerBenchSettings& s);
+
+// Pool sizes for `cases` on a layer of `kind`: the largest set of requests resident at once.
+LayerCacheOptions cache_options(const ModelConfig& cfg, LayerKind kind, const std::vector<CaseSpec>& cases,
+                                const LayerBenchSettings& s);
+
+// `--host-only`: the host half of the shared-pool cases' steps (decode, MTP) on `layer` — the
+// layer's StepPlanner (checks, cache bookkeeping, block tables into the step upload, the graph
+// key), which is all that stands between a caller and a replayed decode graph. Needs no GPU and
+// no weights. Prints one line per case: host µs per step (median, p90) and the upload's bytes.
+void run_host_plan_cases(const ModelConfig& cfg, int layer, const std::vector<CaseSpec>& cases,
+                         const LayerBenchSettings& s);
 
 // Builds `layer` of `cfg` (random weights, the settings' backend), runs `cases` on it (decode /
 // MTP first, fewest requests first, then prefill), frees it; appends one report per case and

@@ -2,8 +2,11 @@
 // complete a window (position (j+1)·r − 1) pool it, normalize, rotate and store entry j. The
 // per-element math is the CPU op's (cpu/compressor_math.h, norm_math.h, rope_common.h,
 // fp8_block.h, kv_layout.h, indexer_key_cache.h) in the CPU op's order, so the entries are
-// bit-identical; every reduction whose order matters (softmax over rows, RMSNorm's sum, the
-// encoders' block maxima) runs sequentially in one thread, exactly like the CPU loop.
+// bit-identical. Nothing runs serially over the entry's dims: the window's present rows are
+// compacted by warp ballots (window order kept), RMSNorm's sum runs in one warp in the lane order
+// norm_math.h defines for the CPU too, and the encoders' FP8 blocks are one thread each (KV cache:
+// blocks of 64) or one block maximum over the block's threads (indexer keys: fmax is exact in any
+// order) — where one thread used to pool the window, sum 512 squares and encode the whole entry.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +16,7 @@
 #include "cuda/common/float_rows.cuh"
 #include "cuda/common/rope_table.cuh"
 #include "cuda/compressor/update_params.cuh"
+#include "cuda/norm/warp_rms.cuh"
 #include "dsv4/compressor.h"
 #include "dsv4/fp8_block.h"
 #include "dsv4/indexer_key_cache.h"
@@ -22,6 +26,7 @@ namespace dsv4::cuda::compressor {
 
 constexpr int kMaxDim = 512;        // D: 512 (kv_cache) or 128 (indexer_keys); blockDim.x == D
 constexpr int kMaxRingRows = 128;   // K = coff·r: 8 (r = 4) or 128 (r = 128); K <= D
+constexpr int kMaxWarps = kMaxDim / 32;
 
 // Window rows: absent (position < 0: kv = 0, s = −inf, no term), present, or invalid (the row is
 // not where the contract puts it: not in this batch's run, or its ring row unmapped).
@@ -48,16 +53,15 @@ __device__ __forceinline__ void hadamard_rotate_block(float* v, int n, float sca
 __global__ void __launch_bounds__(kMaxDim) emit_entries_kernel(const UpdateParams p) {
   namespace cm = cpu::compressor_math;
   __shared__ float e[kMaxDim];
-  __shared__ const float* window_kv[kMaxRingRows];
-  __shared__ const float* window_s[kMaxRingRows];
-  __shared__ int window_state[kMaxRingRows];
   __shared__ const float* pooled_kv[kMaxRingRows];  // the present rows, in window order
   __shared__ const float* pooled_s[kMaxRingRows];
-  __shared__ int num_pooled;  // -1: skip the entry
+  __shared__ int present_before[kMaxWarps + 1];  // present window rows of the warps before w
   __shared__ float inv_rms;
+  __shared__ float amax_of_warp[kMaxWarps];
 
   const int64_t t = blockIdx.x;
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int warps = static_cast<int>(blockDim.x) / 32;  // D is a multiple of 32
 
   // Does token t emit, and where to? Every thread evaluates the same loads, so the early returns
   // are uniform (before any barrier).
@@ -73,11 +77,11 @@ __global__ void __launch_bounds__(kMaxDim) emit_entries_kernel(const UpdateParam
   if (slot < 0) return;
 
   // Where each of the K rows of the window (positions pos−K+1 .. pos) lives.
+  int state = kRowAbsent;
+  const float* kv = nullptr;
+  const float* s = nullptr;
   if (tid < p.K) {
     const int64_t row_pos = pos - p.K + 1 + tid;
-    int state = kRowAbsent;
-    const float* kv = nullptr;
-    const float* s = nullptr;
     if (row_pos >= 0) {
       // Overlap (r = 4): the previous window's rows use dims [0, D), the current one's [D, 2D).
       const int64_t col = (p.coff == 2 && tid >= p.r) ? p.D : 0;
@@ -101,32 +105,36 @@ __global__ void __launch_bounds__(kMaxDim) emit_entries_kernel(const UpdateParam
         }
       }
     }
-    window_state[tid] = state;
-    window_kv[tid] = kv;
-    window_s[tid] = s;
   }
-  __syncthreads();
+  // The present rows in window order (= thread order): an invalid row skips the entry.
+  const unsigned present = __ballot_sync(0xffffffffu, state == kRowPresent);
+  if (lane == 0) present_before[warp + 1] = __popc(present);
+  if (__syncthreads_or(state == kRowInvalid)) return;  // uniform
   if (tid == 0) {
-    int n = 0;
-    for (int i = 0; i < p.K && n >= 0; ++i) {
-      if (window_state[i] == kRowInvalid) n = -1;
-      else if (window_state[i] == kRowPresent) {
-        pooled_kv[n] = window_kv[i];
-        pooled_s[n] = window_s[i];
-        ++n;
-      }
-    }
-    num_pooled = n;
+    present_before[0] = 0;
+    for (int w = 0; w < warps; ++w) present_before[w + 1] += present_before[w];
   }
   __syncthreads();
-  const int n = num_pooled;
-  if (n <= 0) return;  // uniform: read after the barrier
+  if (state == kRowPresent) {
+    const int i = present_before[warp] + __popc(present & ((1u << lane) - 1u));
+    pooled_kv[i] = kv;
+    pooled_s[i] = s;
+  }
+  const int n = present_before[warps];
+  __syncthreads();
+  if (n == 0) return;  // uniform: read after the barrier
 
-  // Pool (one thread per dim), RMSNorm (the sum in one thread, index order), RoPE (one thread
-  // per pair): compute_entry of the CPU op.
+  // Pool (one thread per dim), RMSNorm (the sum in warp 0, norm_math.h's lane order), RoPE (one
+  // thread per pair): compute_entry of the CPU op.
   if (tid < p.D) e[tid] = cm::pool_dim(pooled_kv, pooled_s, n, tid);
   __syncthreads();
-  if (tid == 0) inv_rms = cpu::rms_inverse(e, p.D, p.eps);
+  if (warp == 0) {
+    float partial = 0.0f;
+    for (int c = lane; c * cpu::kRmsChunk < p.D; c += cpu::kRmsLanes)
+      partial = rms_accumulate_chunk(partial, e + c * cpu::kRmsChunk, min(cpu::kRmsChunk, p.D - c * cpu::kRmsChunk));
+    const float total = warp_rms_total(partial);
+    if (lane == 0) inv_rms = cpu::rms_inverse_of_sum(total, p.D, p.eps);
+  }
   __syncthreads();
   if (tid < p.D) e[tid] = cpu::rms_apply(e[tid], inv_rms, load_float(p.norm_weight, p.norm_bf16, tid));
   __syncthreads();
@@ -150,9 +158,26 @@ __global__ void __launch_bounds__(kMaxDim) emit_entries_kernel(const UpdateParam
         tid < (p.D - p.rope_dims) / model1::kQuantBlock)
       fp8_round_block(e + tid * model1::kQuantBlock, model1::kQuantBlock);
     __syncthreads();
-    if (tid == 0) kv_encode_token(p.geometry, block, offset, e, p.tensor_scale);
-  } else if (tid == 0) {
-    indexer_key_encode(block, p.out_table.block_size, offset, e);
+    // kv_encode_token, its pieces in parallel (scale blocks, padding and plain dims touch
+    // disjoint bytes).
+    const KvGeometry& g = p.geometry;
+    const int num_scale_blocks = kv_num_scale_blocks(g.layout);
+    if (tid < num_scale_blocks) kv_encode_scale_block(g, block, offset, tid, e);
+    if (tid == num_scale_blocks) kv_encode_padding(g, block, offset);
+    const float inv_tensor_scale = ieee_div(1.0f, p.tensor_scale);
+    if (tid >= kv_plain_begin(g.layout) && tid < g.dim)
+      kv_encode_plain_value(g, block, offset, tid, e[tid], inv_tensor_scale);
+  } else {
+    // indexer_key_encode with one thread per dim: the block maximum over the block's warps,
+    // then every code and the scale.
+    float amax = tid < p.D ? fabsf(e[tid]) : 0.0f;
+    for (int off = 16; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    if (lane == 0) amax_of_warp[warp] = amax;
+    __syncthreads();
+    for (int w = 0; w < warps; ++w) amax = fmaxf(amax, amax_of_warp[w]);
+    const int32_t k = ue8m0_exponent_for_amax(amax);
+    if (tid < p.D) indexer_key_encode_value(block, offset, tid, e[tid], k);
+    if (tid == 0) indexer_key_encode_scale(block, p.out_table.block_size, offset, k);
   }
 }
 

@@ -1,8 +1,13 @@
 // Host side of the CUDA grouped_wo_a: the CUDA-only dtype and scale-layout rules, then one
 // strided-batched cuBLASLt matmul over the G groups (bf16 / fp32), or one block-scaled FP8 matmul
-// per group.
+// per group (matmul_xwT runs block-scaled FP8 one matrix per call) with the G of them side by side
+// on fanned-out streams: at decode sizes one group's GEMM (T × o_lora_rank outputs) fills only a
+// few SMs, so back to back the eight of V4 cost eight GEMM latencies.
 #include "cuda/gemm/grouped_wo_a.h"
 
+#include <algorithm>
+
+#include "cuda/common/stream_fanout.h"
 #include "cuda/gemm/cublaslt_matmul.h"
 
 namespace dsv4::cuda {
@@ -41,15 +46,21 @@ void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorVi
                             wo_a_scale.strides[1], wo_a_scale.strides[2], Dg);
   // Group g's activation scales are blocks [g·Dg/128, (g+1)·Dg/128) of o_scale's T-major layout:
   // a T-major block of their own, g·(Dg/128)·T floats in.
+  // Each stream of the fan-out gets its own slice of the cuBLASLt workspace (256-byte aligned).
   const int64_t scale_blocks = Dg / 128;
-  for (int64_t g = 0; g < G; ++g) {
-    p.x = {static_cast<const char*>(o.data) + g * Dg * ab, o.strides[0], 0};
-    p.x_scale = static_cast<const float*>(o_scale.data) + g * scale_blocks * o_scale.strides[1];
-    p.w = {static_cast<const char*>(wo_a.data) + g * wo_a.strides[0] * ab, wo_a.strides[1], 0};
-    p.w_scale = static_cast<const float*>(wo_a_scale.data) + g * wo_a_scale.strides[0];
-    p.y = static_cast<char*>(z.data) + g * L * zb;
-    matmul_xwT(kOp, p, stream);
-  }
+  const int64_t streams = std::min<int64_t>(G, kMaxFanout);
+  const int64_t slice = workspace_bytes / streams / 256 * 256;
+  run_fanned_out(kOp, stream, static_cast<int>(G), [&](int g, Stream group_stream) {
+    MatmulXwT q = p;
+    q.x = {static_cast<const char*>(o.data) + g * Dg * ab, o.strides[0], 0};
+    q.x_scale = static_cast<const float*>(o_scale.data) + g * scale_blocks * o_scale.strides[1];
+    q.w = {static_cast<const char*>(wo_a.data) + g * wo_a.strides[0] * ab, wo_a.strides[1], 0};
+    q.w_scale = static_cast<const float*>(wo_a_scale.data) + g * wo_a_scale.strides[0];
+    q.y = static_cast<char*>(z.data) + g * L * zb;
+    q.workspace = slice > 0 ? static_cast<char*>(workspace.data) + (g % streams) * slice : nullptr;
+    q.workspace_bytes = slice;
+    matmul_xwT(kOp, q, group_stream);
+  });
 }
 
 }  // namespace dsv4::cuda

@@ -1,0 +1,101 @@
+// StepPlanner: the host half of one layer step. It checks a BatchPlan against what the layer has
+// cached, books the step's new entries in the paged caches (SWA slots, compressed entries) and
+// puts every array the step's kernels read — positions, slots, block tables, per-request lengths
+// — into the step's StepUpload. The launch (dsv4::Attention, CompressedScope) reads nothing from
+// the host but the StepPlan's shapes, so a decode step's launch can be a replayed CUDA graph.
+//
+// It needs no GPU and no weights (only the config and the layer's caches), so its cost per step
+// is measured on any machine (`dsv4 bench layer --host-only`). For a replayed decode step it is
+// the host time that stands between the caller and the graph launch, so a step copies nothing
+// twice (arrays are written straight into the upload's packed bytes; plan()'s per-step lists are
+// members, reused), looks each request up once per cache, and never rescans released blocks.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "dsv4/batch.h"
+#include "dsv4/compressor.h"
+#include "dsv4/config.h"
+#include "dsv4/paged_cache.h"
+#include "layer/step_upload.h"
+
+namespace dsv4 {
+
+// The compressed half of a step (C4A / C128A): shapes and the arrays CompressedScope::launch reads.
+struct CompressedPlan {
+  int topk = 0;             // compressed slots per token (C4A: index_topk; C128A: visible bound)
+  int64_t score_cols = 0;   // C4A: indexer score columns (>= every token's visible entries)
+  StepUpload::Array context;                       // [rows] int64: positions consumed so far
+  StepUpload::Array state_table, out_table;        // main compressor: ring and entry tables
+  StepUpload::Array index_state_table, index_key_table;  // C4A: the indexer's compressor
+};
+
+// A group of prefill requests gathered into one bounded workspace.
+struct PrefillGroup {
+  int r0 = 0, r1 = 0;            // requests [r0, r1) of the plan (all prefills)
+  int64_t t0 = 0, t1 = 0;        // their tokens
+  int64_t compressed_rows = 0;   // N: compressed entries gathered per request
+  int64_t rows_per_request = 0;  // M = N + the longest SWA gather
+  StepUpload::Array query_start, seq_lens, gather_lens, compressed_lens;
+};
+
+struct StepPlan {
+  int64_t T = 0;   // token rows (a graph bucket pads decode rows with empty requests)
+  int R = 0;       // request rows
+  int nd = 0;      // decode rows [0, nd)
+  StepUpload::Array positions, slot_mapping, token_to_req;  // [T]
+  StepUpload::Array swa_table;                             // [R, width]
+  CompressedPlan compressed;
+  std::vector<PrefillGroup> prefill_groups;
+  // Everything the launch's shapes depend on: equal keys → the same kernels and arguments.
+  std::vector<int64_t> shape_key() const;
+};
+
+class StepPlanner {
+ public:
+  // `caches` must outlive the planner (they are the layer's). prefill_group_requests: prefill
+  // requests per gather group (AttentionOptions::prefill_group_requests).
+  StepPlanner(const ModelConfig& cfg, int layer, LayerCaches& caches, int prefill_group_requests);
+
+  int ratio() const { return ratio_; }  // 0 for SWA layers
+  // Contexts, sequence lengths and cache capacity of `plan`; throws before any state changes.
+  void check(const BatchPlan& plan) const;
+  // Registers the plan's new requests in every cache of the layer (their compressor rings too).
+  void add_requests(const BatchPlan& plan);
+  // Books the step in the caches and puts its arrays into `upload` (after upload.begin()), for
+  // `rows` >= the plan's token rows. Padding tokens of a graph bucket (`graph`) are one-token
+  // decode requests of their own with no blocks; other padding tokens (rounding an eager step up
+  // to a whole number of FP8 GEMM row groups) belong to no request. Either way nothing is read
+  // or written for them but their own rows. `graph` also rounds data-dependent widths to 2^k.
+  // Marks the plan's tokens as cached.
+  StepPlan plan(const BatchPlan& plan, int64_t rows, bool graph, StepUpload& upload);
+  // Forgets the request (its cache blocks are freed).
+  void release(int64_t req);
+
+ private:
+  // `growth`: scratch of one pair per request (overwritten).
+  void check_compressed_capacity(const BatchPlan& plan, bool new_requests,
+                                 std::vector<std::pair<int64_t, int64_t>>& growth) const;
+  CompressedPlan plan_compressed(const BatchPlan& plan, int64_t rows, StepUpload& upload, bool round);
+  // The block tables of this step's requests in `cache` as int32 [rows, width] (width: the
+  // longest table, rounded up to 2^k when `round`).
+  StepUpload::Array put_tables(const PagedCache& cache, int64_t rows, bool round, StepUpload& upload);
+
+  const ModelConfig& cfg_;
+  LayerCaches& caches_;
+  int ratio_ = 0;
+  int prefill_group_requests_ = 4;
+  CompressorConfig main_, indexer_;   // the compressors' configs (ratio > 0)
+  std::unordered_map<int64_t, int64_t> cached_;  // tokens cached per request
+  // Per-step lists of plan(), kept to reuse their storage.
+  std::vector<int64_t> req_ids_;
+  std::vector<const std::vector<int32_t>*> tables_;
+};
+
+// The smallest power of two >= v (v <= 0 → v): the rounding of graph-bucketed widths.
+int64_t round_up_pow2(int64_t v);
+
+}  // namespace dsv4

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,18 +18,29 @@
 namespace dsv4::test {
 namespace {
 
+// Runs with the two variables cleared and puts back whatever the run was given (a cross-build
+// check of the other tests must not lose its environment here).
 class OutputDigest : public ::testing::Test {
  protected:
+  static constexpr const char* kVars[2] = {"DSV4_OUTPUT_DIGESTS_RECORD", "DSV4_OUTPUT_DIGESTS_EXPECT"};
   void SetUp() override {
+    for (int i = 0; i < 2; ++i) {
+      const char* v = std::getenv(kVars[i]);
+      saved_[i] = v ? std::optional<std::string>(v) : std::nullopt;
+      unsetenv(kVars[i]);
+    }
     dir_ = std::filesystem::temp_directory_path() / ("dsv4_digest_test_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override {
-    unsetenv("DSV4_OUTPUT_DIGESTS_RECORD");
-    unsetenv("DSV4_OUTPUT_DIGESTS_EXPECT");
+    for (int i = 0; i < 2; ++i) {
+      if (saved_[i]) setenv(kVars[i], saved_[i]->c_str(), 1);
+      else unsetenv(kVars[i]);
+    }
     std::filesystem::remove_all(dir_);
   }
   std::filesystem::path dir_;
+  std::optional<std::string> saved_[2];
 };
 
 TEST_F(OutputDigest, RecordedOutputsMatchAndOthersFail) {
@@ -53,6 +65,15 @@ TEST_F(OutputDigest, DoesNothingWithoutTheEnvironment) {
   check_output_digest_as("case", {{&x, 4}});
   check_output_digest({{&x, 4}});
   EXPECT_TRUE(std::filesystem::is_empty(dir_));
+}
+
+TEST_F(OutputDigest, NamesCallsByTestAndNumber) {
+  setenv("DSV4_OUTPUT_DIGESTS_RECORD", dir_.c_str(), 1);
+  const uint32_t x = 7;
+  check_output_digest({{&x, 4}});
+  check_output_digest({{&x, 4}});
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "OutputDigest.NamesCallsByTestAndNumber.0"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "OutputDigest.NamesCallsByTestAndNumber.1"));
 }
 
 TEST(OutputDigestHash, DependsOnEveryByteAndItsPlace) {

@@ -79,7 +79,7 @@ struct SharedPlan {
   float row_scale[kHeadsPerCta];   // the tile's O factor, from warpgroup 0 to warpgroup 1
   float out_scale[kHeadsPerCta];   // 1 / row sum (and the sink), from warpgroup 0 to warpgroup 1
   uint8_t key_valid[2][kTileKeys]; // per stage: whether key k's slot was valid (else S = −inf)
-  // mbarriers (arrival counts: the kernel's init_barriers)
+  // mbarriers (their arrival counts: sparse_decode_kernel, kernel.cuh)
   uint64_t full[2];   // stage filled: every producer thread (+ the peer's st.async bytes)
   uint64_t empty[2];  // stage consumed: every consumer warp of the cluster
   uint64_t p_ready;   // P and row_scale of the tile published by warpgroup 0

@@ -1,5 +1,5 @@
 // Float64 reference of one layer for one request (see include/dsv4/reference.h). Written from
-// SPEC.md on its own, sharing no layer code with the batched path, so that the two check each
+// docs/spec.md on its own, sharing no layer code with the batched path, so that the two check each
 // other. Single-threaded loops over positions, parallel over output rows where it is cheap.
 #include "dsv4/reference.h"
 
@@ -79,7 +79,7 @@ void rmsnorm(double* v, int64_t n, const std::vector<double>* weight, double eps
   for (int64_t i = 0; i < n; ++i) v[i] *= inv * (weight ? (*weight)[i] : 1.0);
 }
 
-// SPEC §3 frequencies, computed here independently of the ops' RoPE.
+// docs/spec.md §3 frequencies, computed here independently of the ops' RoPE.
 std::vector<double> frequencies(const RopeConfig& rc) {
   const int R = rc.rope_dims;
   std::vector<double> f(R / 2);
@@ -154,7 +154,7 @@ void hadamard(double* v, int n) {
   for (int i = 0; i < n; ++i) v[i] *= s;
 }
 
-// A compressor's projections of every position and its emitted entries (SPEC §4).
+// A compressor's projections of every position and its emitted entries (docs/spec.md §4).
 struct Compressor {
   int r = 0, coff = 1, hd = 0;
   Mat kv, score;  // [L, coff*hd]: x·wkvᵀ and x·wgateᵀ + ape[p mod r]

@@ -183,7 +183,7 @@ struct MathWarpgroup {
     }
     // The remote P·V is issued and waited for BEFORE the own S so that buffer of tile t-1 is
     // released as early as possible — not after S_t has waited for tile t's gather, which put
-    // one whole gather per tile on the critical path (bench/NOTES-prefill.md, v2 and v8).
+    // one whole gather per tile on the critical path (docs/notes/prefill.md, v2 and v8).
     for (; t < n; t += 2) {
       wgmma_wait<0>();  // A: own P·V of tile t-2 done
       release_own_tile(t);

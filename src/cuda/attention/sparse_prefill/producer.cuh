@@ -6,7 +6,7 @@
 // KV: gathered with cp.async by all 128 threads — thread (group = tid/8, lane8 = tid%8) copies
 // chunk lane8 of every 64-column block of rows group, group+16, ...; a warp moves 4 rows × 128
 // contiguous bytes per instruction; invalid rows are zero-filled without a read. (One-row TMA
-// boxes gather correctly but ran 6.5x slower: bench/NOTES-prefill.md, v5.)
+// boxes gather correctly but ran 6.5x slower: docs/notes/prefill.md, v5.)
 // O of an item leaves through its last tile's buffer: the math WGs stage it there (the out map's
 // box layout) and free the buffer as for any tile; before the next gather into that buffer — or
 // at the end — this WG TMA-stores it, so no math thread waits on global stores.

@@ -2,7 +2,9 @@
 # One device call for a development round (logs under $OUT): build the C++ library, GPU tests, CLI
 # and Python extension for the device's python3; then the steps named on the command line, in
 # order: graphs (the layer graph/residual GPU tests), quick (bench/scripts/layer_quick.py),
-# gputests (the whole GPU suite), pytest (the Python tests), run (dsv4 run --backend cuda --check).
+# gputests (the whole GPU suite), pytest (the Python tests), run (dsv4 run --backend cuda --check),
+# kernels (the sparse kernels against a base tree's: see kernels_step). BUILD_TARGETS overrides the
+# targets built first (default: dsv4_gpu_tests dsv4 _C).
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 log() { echo "== $(date +%T) $*"; }
@@ -10,9 +12,83 @@ PY=$(command -v python3)
 export PYTHONPATH="$PWD/third_party/pylib${PYTHONPATH:+:$PYTHONPATH}"
 log configure+build
 cmake -S . -B build -G Ninja -DDSV4_CUDA=ON -DDSV4_PYTHON=ON -DPython_EXECUTABLE="$PY" >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
-cmake --build build -j16 --target dsv4_gpu_tests dsv4 _C >"$OUT/build.log" 2>&1 || { grep -B5 -A20 -E "error" "$OUT/build.log" | head -80; exit 1; }
+cmake --build build -j16 --target ${BUILD_TARGETS:-dsv4_gpu_tests dsv4 _C} >"$OUT/build.log" 2>&1 || { grep -B5 -A20 -E "error" "$OUT/build.log" | head -80; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 export PYTHONPATH="$PWD/build/python:$PYTHONPATH"
+
+# The sparse attention kernels of this tree against a base's (bit-identical outputs, speed), for a
+# kernel change that must not change results or lose time. BASE_SRC (default .bench-base) holds
+# the base's src/cuda/attention/sparse_prefill and sparse_decode folders, e.g. made locally with
+#   rm -rf .bench-base && mkdir .bench-base && git archive main src/cuda/attention | tar -x -C .bench-base
+# and carried to the device (ignored by git). Those folders are swapped into this tree, the base
+# binaries built (only what includes them recompiles) and this tree's folders and binaries put
+# back (fresh mtimes: the next build recompiles them). Then: the base's sparse GPU tests record their outputs'
+# digests (tests/cuda/output_digest.h), this tree's sparse GPU tests must match them bit for bit
+# (and pass); then every sparse anchor of `dsv4 bench` (prefill *_sink, whose filter also takes
+# *_sink_len; decode) runs with this tree's binary and the base's back to back, the order
+# alternating per case, and a side-by-side table goes to $OUT/kernels_side_by_side.txt.
+# Without a base: this tree's sparse tests and anchors only.
+kernels_step() {
+  local base=${BASE_SRC:-.bench-base} attn=src/cuda/attention bins=/tmp/kernels-bins
+  rm -rf "$bins" && mkdir -p "$bins" "$OUT/kernels" || return 1
+  cp build/dsv4 "$bins/dsv4-new" && cp build/dsv4_gpu_tests "$bins/tests-new" || return 1
+  local have_base=0
+  if [ -d "$base/$attn/sparse_prefill" ] && [ -d "$base/$attn/sparse_decode" ]; then
+    log base build of the sparse kernels
+    local keep; keep=$(mktemp -d)
+    cp -r "$attn/sparse_prefill" "$attn/sparse_decode" "$keep/"
+    rm -rf "$attn/sparse_prefill" "$attn/sparse_decode"
+    cp -r "$base/$attn/sparse_prefill" "$base/$attn/sparse_decode" "$attn/"
+    if cmake --build build -j16 --target dsv4_gpu_tests dsv4 >"$OUT/build_base.log" 2>&1; then
+      cp build/dsv4 "$bins/dsv4-base" && cp build/dsv4_gpu_tests "$bins/tests-base" && have_base=1
+    else
+      grep -B5 -A20 -E "error" "$OUT/build_base.log" | head -60
+    fi
+    rm -rf "$attn/sparse_prefill" "$attn/sparse_decode"
+    cp -r "$keep/sparse_prefill" "$keep/sparse_decode" "$attn/" && rm -rf "$keep"
+    cp "$bins/dsv4-new" build/dsv4 && cp "$bins/tests-new" build/dsv4_gpu_tests  # for later steps
+  fi
+  local filter=${GPU_FILTER:-*Sparse*} digests="$OUT/kernels/digests-base"
+  if [ $have_base = 1 ]; then
+    log "base sparse tests (recording output digests)"
+    mkdir -p "$digests"
+    DSV4_OUTPUT_DIGESTS_RECORD="$digests" timeout 150 "$bins/tests-base" --gtest_filter="$filter" \
+      >"$OUT/kernels/tests_base.log" 2>&1
+    grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[==========\]" "$OUT/kernels/tests_base.log" | tail -5
+    log "sparse tests (outputs must match the base's bit for bit)"
+    DSV4_OUTPUT_DIGESTS_EXPECT="$digests" timeout 150 "$bins/tests-new" --gtest_filter="$filter" \
+      >"$OUT/kernels/tests_new.log" 2>&1
+  else
+    log sparse tests
+    timeout 150 "$bins/tests-new" --gtest_filter="$filter" >"$OUT/kernels/tests_new.log" 2>&1
+  fi
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[==========\]|differ from|no recorded" "$OUT/kernels/tests_new.log" | tail -20
+  log sparse anchors
+  local cases i=0
+  cases=$("$bins/dsv4-new" bench --list | awk '$1 == "prefill" && $2 ~ /_sink$/ || $1 == "decode" && $2 ~ /_sq2_/ {print $2}')
+  for c in $cases; do
+    local order="new base"
+    [ $((i % 2)) = 1 ] && order="base new"
+    for v in $order; do
+      [ -x "$bins/dsv4-$v" ] || continue
+      timeout 60 "$bins/dsv4-$v" bench --filter "$c" --json "$OUT/kernels/bench-$v-$i.json" 2>&1 |
+        grep -E "^(prefill|decode)_" | sed "s/^/$v  /"
+    done
+    i=$((i + 1))
+  done | tee "$OUT/kernels/bench.log"
+  python3 - "$OUT/kernels" <<'PY' | tee "$OUT/kernels_side_by_side.txt"
+import glob, json, os, sys
+runs = {"new": {}, "base": {}}
+for path in glob.glob(os.path.join(sys.argv[1], "bench-*.json")):
+    v = os.path.basename(path).split("-")[1]
+    for r in json.load(open(path))["results"]:
+        runs[v][r["name"]] = r["median_us"]
+print(f"{'case':48} {'new us':>9} {'base us':>9} {'new/base':>9}")
+for name, us in runs["new"].items():
+    b = runs["base"].get(name)
+    print(f"{name:48} {us:9.1f} " + (f"{b:9.1f} {us / b:9.3f}" if b else f"{'-':>9} {'-':>9}"))
+PY
+}
 for step in "$@"; do
   case "$step" in
     graphs)
@@ -41,6 +117,8 @@ for step in "$@"; do
       log triton bench
       timeout "${TRITON_TIMEOUT:-120}" $PY bench/scripts/bench_triton.py ${TRITON_ARGS:-} --json "$OUT/triton.json" 2>&1 |
         tee "$OUT/triton.log" | tail -40 ;;
+    kernels)
+      kernels_step ;;
     run)
       log dsv4 run on the GPU
       timeout 200 ./build/dsv4 run --backend cuda --model v4-flash --layers 0,2,3 --requests 4 \

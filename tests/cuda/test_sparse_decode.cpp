@@ -23,6 +23,7 @@
 
 #include "cuda/attention/sparse_decode.h"
 #include "cuda/gpu_test_util.h"
+#include "cuda/output_digest.h"
 #include "dsv4/dtype.h"
 #include "dsv4/kv_layout.h"
 #include "dsv4/ops.h"
@@ -268,6 +269,9 @@ DeviceResult run_cuda(const Problem& pb) {
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   res.out = out.download();
   res.lse = lse.download();
+  const std::vector<uint8_t> partials = ws.download();  // the split kernel's own output (splits > 1)
+  test::check_output_digest({{res.out.data(), res.out.size() * 2}, {res.lse.data(), res.lse.size() * 4},
+                             {partials.data(), partials.size()}});
   return res;
 }
 

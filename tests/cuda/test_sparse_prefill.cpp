@@ -21,6 +21,7 @@
 #include "cuda/attention/sparse_prefill.h"
 #include "dsv4/status.h"
 #include "gpu_test_util.h"
+#include "output_digest.h"
 
 namespace {
 
@@ -150,7 +151,10 @@ Result run_cuda(const Problem& p) {
         break;
       }
   }
-  return {dense, max_logits.download(), lse.download()};
+  Result r{dense, max_logits.download(), lse.download()};
+  dsv4::test::check_output_digest({{r.out.data(), r.out.size() * 2}, {r.max_logits.data(), r.max_logits.size() * 4},
+                                   {r.lse.data(), r.lse.size() * 4}});
+  return r;
 }
 
 void expect_close_scalar(const char* what, float got, double want, size_t i) {

@@ -65,22 +65,30 @@ struct LayoutTraits<KvLayout::v32_fp8> {
 template <KvLayout L, int kCluster>
 inline constexpr int kFp8ChunksPerThread = LayoutTraits<L>::kNope / 16 / kThreadsPerKey<kCluster>;
 
-// Shared-memory plan of one CTA (bytes). Q and two KV stages are bf16 K-major SW128 tiles
-// (smem_layout.cuh): the tensor cores multiply one stage while the threads fill the other.
+// Shared-memory plan of one CTA. Q and the two KV stages are bf16 K-major SW128 tiles
+// (smem_layout.cuh) at multiples of 1024 bytes (the swizzle atom): the tensor cores multiply one
+// stage while the producer fills the other. The dynamic shared-memory size is sizeof(SharedPlan).
 template <KvLayout L>
-struct SmemPlan {
+struct SharedPlan {
   static constexpr int kRowBytes = LayoutTraits<L>::kDqk * 2;
-  static constexpr int kQ = 0;
-  static constexpr int kKv = kQ + kHeadsPerCta * kRowBytes;         // [2] stages
-  static constexpr int kKvStage = kTileKeys * kRowBytes;
-  static constexpr int kP = kKv + 2 * kKvStage;                     // bf16 [64 heads × 64 keys]
-  static constexpr int kRowScale = kP + kHeadsPerCta * kPRowBytes;  // float [64]: O factor of a tile
-  static constexpr int kOutScale = kRowScale + kHeadsPerCta * 4;    // float [64]: 1 / row sum
-  static constexpr int kKeyValid = kOutScale + kHeadsPerCta * 4;    // uint8 [2][64]
-  static constexpr int kBars = kKeyValid + 2 * kTileKeys;  // uint64 full[2], empty[2], p_ready, p_free
-  static constexpr int kBytes = kBars + 6 * 8;
-  static_assert(kBytes <= 227 * 1024, "shared-memory plan exceeds the sm_90 limit");
+  static constexpr int kStageBytes = kTileKeys * kRowBytes;
+
+  alignas(1024) uint8_t q[kHeadsPerCta * kRowBytes];
+  alignas(1024) uint8_t kv[2][kStageBytes];         // the KV stages: K, and V = their first 512 dims
+  alignas(1024) uint8_t p[kHeadsPerCta * kPRowBytes];  // bf16 P of the tile [64 heads × 64 keys]
+  float row_scale[kHeadsPerCta];   // the tile's O factor, from warpgroup 0 to warpgroup 1
+  float out_scale[kHeadsPerCta];   // 1 / row sum (and the sink), from warpgroup 0 to warpgroup 1
+  uint8_t key_valid[2][kTileKeys]; // per stage: whether key k's slot was valid (else S = −inf)
+  // mbarriers (their arrival counts: sparse_decode_kernel, kernel.cuh)
+  uint64_t full[2];   // stage filled: every producer thread (+ the peer's st.async bytes)
+  uint64_t empty[2];  // stage consumed: every consumer warp of the cluster
+  uint64_t p_ready;   // P and row_scale of the tile published by warpgroup 0
+  uint64_t p_free;    // warpgroup 1 is done reading them
 };
+template <KvLayout L>
+inline constexpr int kSmemBytes = static_cast<int>(sizeof(SharedPlan<L>));
+static_assert(kSmemBytes<KvLayout::model1_fp8> <= 227 * 1024 && kSmemBytes<KvLayout::v32_fp8> <= 227 * 1024,
+              "shared-memory plan exceeds the sm_90 limit");
 
 // One index scope as the kernel reads it (validated by the host).
 struct DecodeScope {

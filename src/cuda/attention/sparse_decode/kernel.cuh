@@ -227,11 +227,9 @@ struct CtaWork {
 
 // Named barrier (0 is __syncthreads) of both consumer warpgroups (256 threads): Q loaded, and the
 // output factors written. The per-tile hand-off between them goes through two mbarriers instead
-// (p_ready: P and the tile's O factor published by warpgroup 0; p_free: warpgroup 1 has read
-// them), whose release/acquire racecheck models (a named-barrier arrive it does not).
+// (SharedPlan::p_ready: P and the tile's O factor published by warpgroup 0; p_free: warpgroup 1
+// has read them), whose release/acquire racecheck models (a named-barrier arrive it does not).
 inline constexpr int kBarConsumers = 1;
-__device__ __forceinline__ uint64_t* p_ready_bar(uint8_t* bars) { return reinterpret_cast<uint64_t*>(bars) + 4; }
-__device__ __forceinline__ uint64_t* p_free_bar(uint8_t* bars) { return reinterpret_cast<uint64_t*>(bars) + 5; }
 
 // Warpgroup 2: per tile t, this thread's slot (my_key) is loaded into registers kBuffers tiles
 // ahead of its dequantization (two buffers when a cluster halves a thread's share, so a tile's
@@ -241,15 +239,12 @@ __device__ __forceinline__ uint64_t* p_free_bar(uint8_t* bars) { return reinterp
 // stage's key-valid flags cover the whole tile in every CTA: in a cluster thread `sub` 1 of each
 // key also records the peer's key at the same place.
 template <KvLayout L, int kCluster>
-__device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w, uint8_t* smem) {
-  using S = SmemPlan<L>;
+__device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w, SharedPlan<L>& plan) {
+  using Plan = SharedPlan<L>;
   constexpr int kStep = kThreadsPerKey<kCluster>;
   constexpr int kKeysPerCta = kTileKeys / kCluster;
   constexpr int kBuffers = kProducerBuffers<L, kCluster>;
-  constexpr uint32_t kPeerBytes = kKeysPerCta * S::kRowBytes;  // what the peer writes into a stage
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBars);
-  uint64_t* empty = full + 2;
-  uint8_t* key_valid = smem + S::kKeyValid;
+  constexpr uint32_t kPeerBytes = kKeysPerCta * Plan::kRowBytes;  // what the peer writes into a stage
   const int tid = threadIdx.x - kConsumerThreads;
   const int my_key = w.rank * kKeysPerCta + tid / kStep, my_sub = tid % kStep;
   const int peer_key = (1 - w.rank) * kKeysPerCta + tid / kStep;  // kCluster == 2 only
@@ -259,8 +254,8 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
   const RowLengths len = row_lengths(p, w.batch);
   uint32_t peer_stages = 0, peer_full = 0;
   if constexpr (kCluster == 2) {
-    peer_stages = ptx::map_to_cta(smem + S::kKv, 1 - w.rank);
-    peer_full = ptx::map_to_cta(full, 1 - w.rank);
+    peer_stages = ptx::map_to_cta(plan.kv[0], 1 - w.rank);
+    peer_full = ptx::map_to_cta(&plan.full[0], 1 - w.rank);
   }
   auto index_at = [&](int pos) { return raw_index(p, w.batch, w.seq, pos, w.split_end, len); };
 
@@ -284,20 +279,20 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
       const int t = t0 + b;
       if (t >= w.num_tiles) break;
       const int stage = t & 1;
-      if (t >= 2) ptx::mbarrier_wait(&empty[stage], ((t >> 1) + 1) & 1);  // tile t-2 consumed
-      const StageTargets to{smem + S::kKv + stage * S::kKvStage, peer_stages + stage * S::kKvStage,
-                            peer_full + stage * 8u};
+      if (t >= 2) ptx::mbarrier_wait(&plan.empty[stage], ((t >> 1) + 1) & 1);  // tile t-2 consumed
+      const StageTargets to{plan.kv[stage], peer_stages + stage * Plan::kStageBytes,
+                            peer_full + stage * static_cast<uint32_t>(sizeof(uint64_t))};
       store_slot<L, kCluster>(regs[b], my_key, my_sub, to);
-      if (my_sub == 0) key_valid[stage * kTileKeys + my_key] = regs[b].valid;
+      if (my_sub == 0) plan.key_valid[stage][my_key] = regs[b].valid;
       if (records_peer) {
         const int pos = peer_pos + t * kTileKeys;
-        key_valid[stage * kTileKeys + peer_key] = slot_in_cache(p, pos, peer_index[b]) >= 0;
+        plan.key_valid[stage][peer_key] = slot_in_cache(p, pos, peer_index[b]) >= 0;
       }
       ptx::fence_proxy_async_smem();  // the stage is read by wgmma
       if (kCluster == 2 && tid == 0) {
-        ptx::mbarrier_arrive_expect_tx(&full[stage], kPeerBytes);  // + the peer's st.async bytes
+        ptx::mbarrier_arrive_expect_tx(&plan.full[stage], kPeerBytes);  // + the peer's st.async bytes
       } else {
-        ptx::mbarrier_arrive(&full[stage]);
+        ptx::mbarrier_arrive(&plan.full[stage]);
       }
       // Refill this buffer with tile t + kBuffers (−1 past the split: nothing loaded).
       const int pos = my_pos + (t + kBuffers) * kTileKeys;
@@ -332,25 +327,22 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const CtaWork& w, 
 // A consumer waits for stage t%2; in a cluster half of it was written by the peer's st.async
 // (generic proxy) and is about to be read by wgmma (async proxy).
 template <KvLayout L, int kCluster>
-__device__ __forceinline__ const uint8_t* wait_stage(uint8_t* smem, int t) {
-  using S = SmemPlan<L>;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBars);
-  ptx::mbarrier_wait(&full[t & 1], (t >> 1) & 1);
+__device__ __forceinline__ const uint8_t* wait_stage(SharedPlan<L>& plan, int t) {
+  ptx::mbarrier_wait(&plan.full[t & 1], (t >> 1) & 1);
   ptx::fence_proxy_async_smem();
-  return smem + S::kKv + (t & 1) * S::kKvStage;
+  return plan.kv[t & 1];
 }
 
 // A consumer warp is done with stage t%2 (its wgmma reads completed): one arrival per warp on
 // the stage's `empty` barrier of this CTA and, in a cluster, of the peer (whose producer also
 // writes this CTA's stage).
 template <KvLayout L, int kCluster>
-__device__ __forceinline__ void release_stage(uint8_t* smem, uint32_t peer_empty, int t) {
-  using S = SmemPlan<L>;
-  uint64_t* empty = reinterpret_cast<uint64_t*>(smem + S::kBars) + 2;
+__device__ __forceinline__ void release_stage(SharedPlan<L>& plan, uint32_t peer_empty, int t) {
   __syncwarp();
   if (threadIdx.x % 32 == 0) {
-    ptx::mbarrier_arrive(&empty[t & 1]);
-    if constexpr (kCluster == 2) ptx::mbarrier_arrive_cluster(peer_empty + (t & 1) * 8u);
+    ptx::mbarrier_arrive(&plan.empty[t & 1]);
+    if constexpr (kCluster == 2)
+      ptx::mbarrier_arrive_cluster(peer_empty + (t & 1) * static_cast<uint32_t>(sizeof(uint64_t)));
   }
 }
 
@@ -386,19 +378,14 @@ __device__ __forceinline__ void store_o_half(const DecodeParams& p, const CtaWor
 // Warpgroup 0: S, online softmax, P → shared memory, its P·V half; then the row's lse and the
 // factor both halves of O are scaled by.
 template <KvLayout L, int kCluster>
-__device__ __forceinline__ void consume_softmax(const DecodeParams& p, const CtaWork& w, uint8_t* smem,
+__device__ __forceinline__ void consume_softmax(const DecodeParams& p, const CtaWork& w, SharedPlan<L>& plan,
                                                 uint32_t peer_empty) {
   using namespace cute;
-  using S = SmemPlan<L>;
-  uint8_t* p_smem = smem + S::kP;
-  float* row_scale = reinterpret_cast<float*>(smem + S::kRowScale);
-  float* out_scale = reinterpret_cast<float*>(smem + S::kOutScale);
-  const uint8_t* key_valid = smem + S::kKeyValid;
   const int tid = threadIdx.x % 128, q4 = tid % 4;
   const int row0 = acc_row(0, tid);  // this thread's rows: row0, row0 + 8
 
-  load_q<L>(p, w, smem + S::kQ);
-  const auto sQ = k_major_tile<kHeadsPerCta, L>(smem + S::kQ);
+  load_q<L>(p, w, plan.q);
+  const auto sQ = k_major_tile<kHeadsPerCta, L>(plan.q);
   Tensor rO = partition_fragment_C(MmaPvRegs{}, Shape<Int<kHeadsPerCta>, Int<kDv / 2>>{});
   Tensor rS = partition_fragment_C(MmaS{}, Shape<Int<kHeadsPerCta>, Int<kTileKeys>>{});
   Tensor rP = make_tensor<bf16_t>(partition_shape_A(MmaPvRegs{}, Shape<Int<kHeadsPerCta>, Int<kTileKeys>>{}));
@@ -408,11 +395,11 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
   float l_run[2] = {0.0f, 0.0f};            // this thread's share of the row sums
 
   for (int t = 0; t < w.num_tiles; ++t) {
-    const uint8_t* stage = wait_stage<L, kCluster>(smem, t);
+    const uint8_t* stage = wait_stage<L, kCluster>(plan, t);
     wgmma_ss(MmaS{}, sQ, k_major_tile<kTileKeys, L>(stage), rS, /*zero_init=*/true);
     wgmma_commit();
     // Validity of this thread's 16 key columns (8·j + 2·q4 + e) while S is in flight.
-    const uint8_t* valid = key_valid + (t & 1) * kTileKeys;
+    const uint8_t* valid = plan.key_valid[t & 1];
     uint32_t valid_bits = 0;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -422,26 +409,26 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
     }
     wgmma_wait<0>();
     warpgroup_fence_operand(rS);
-    if (t > 0) ptx::mbarrier_wait(p_free_bar(smem + S::kBars), (t - 1) & 1);  // warpgroup 1 is done with P
+    if (t > 0) ptx::mbarrier_wait(&plan.p_free, (t - 1) & 1);  // warpgroup 1 is done with P
 
     // ---- masked online softmax (base 2), P and the tile's O factor for warpgroup 1 ------------
     float scale[2];
     online_softmax_tile(rS, rP, valid_bits, p.scale_log2, m_run, l_run, scale, kLazyRescaleSlack);
     if (q4 == 0) {
-      row_scale[row0] = scale[0];
-      row_scale[row0 + 8] = scale[1];
+      plan.row_scale[row0] = scale[0];
+      plan.row_scale[row0 + 8] = scale[1];
     }
-    store_p_tile<kHeadsPerCta>(rP, p_smem, tid);
+    store_p_tile<kHeadsPerCta>(rP, plan.p, tid);
     rescale_o_rows(rO, scale);
     ptx::fence_proxy_async_smem();  // P is read by warpgroup 1's wgmma
-    ptx::mbarrier_arrive(p_ready_bar(smem + S::kBars));
+    ptx::mbarrier_arrive(&plan.p_ready);
 
     // ---- O[:, 0:256] += P·V, P from registers ---------------------------------------------------
     wgmma_rs(MmaPvRegs{}, rP, v_half(stage, 0), rO, /*zero_init=*/false);
     wgmma_commit();
     wgmma_wait<0>();
     warpgroup_fence_operand(rO);
-    release_stage<L, kCluster>(smem, peer_empty, t);
+    release_stage<L, kCluster>(plan, peer_empty, t);
   }
 
   // ---- finish: full row sums, lse, the factor of both O halves ---------------------------------
@@ -467,7 +454,7 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
         p.partial_lse[out_row * p.num_splits + w.split] = lse;
       }
     }
-    if (q4 == 0) out_scale[hr] = factor[r];
+    if (q4 == 0) plan.out_scale[hr] = factor[r];
   }
   ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);  // out_scale written
   store_o_half<0>(p, w, rO, factor);
@@ -475,35 +462,32 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
 
 // Warpgroup 1: O[:, 256:512] += P·V per tile with P and the tile's O factor from warpgroup 0.
 template <KvLayout L, int kCluster>
-__device__ __forceinline__ void consume_pv(const DecodeParams& p, const CtaWork& w, uint8_t* smem,
+__device__ __forceinline__ void consume_pv(const DecodeParams& p, const CtaWork& w, SharedPlan<L>& plan,
                                            uint32_t peer_empty) {
   using namespace cute;
-  using S = SmemPlan<L>;
-  const float* row_scale = reinterpret_cast<const float*>(smem + S::kRowScale);
-  const float* out_scale = reinterpret_cast<const float*>(smem + S::kOutScale);
   const int tid = threadIdx.x % 128;
   const int row0 = acc_row(0, tid);
 
-  load_q<L>(p, w, smem + S::kQ);
-  const auto sP = make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(smem + S::kP)),
+  load_q<L>(p, w, plan.q);
+  const auto sP = make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(plan.p)),
                               SmemTileK<kHeadsPerCta, kTileKeys>{});
   Tensor rO = partition_fragment_C(MmaPvSmem{}, Shape<Int<kHeadsPerCta>, Int<kDv / 2>>{});
   clear(rO);
 #pragma unroll 1
   for (int t = 0; t < w.num_tiles; ++t) {
-    const uint8_t* stage = wait_stage<L, kCluster>(smem, t);
-    ptx::mbarrier_wait(p_ready_bar(smem + S::kBars), t & 1);  // P and row_scale of tile t
-    const float scale[2] = {row_scale[row0], row_scale[row0 + 8]};
+    const uint8_t* stage = wait_stage<L, kCluster>(plan, t);
+    ptx::mbarrier_wait(&plan.p_ready, t & 1);  // P and row_scale of tile t
+    const float scale[2] = {plan.row_scale[row0], plan.row_scale[row0 + 8]};
     rescale_o_rows(rO, scale);
     wgmma_ss(MmaPvSmem{}, sP, v_half(stage, 1), rO, /*zero_init=*/false);
     wgmma_commit();
     wgmma_wait<0>();
     warpgroup_fence_operand(rO);
-    release_stage<L, kCluster>(smem, peer_empty, t);
-    if (t + 1 < w.num_tiles) ptx::mbarrier_arrive(p_free_bar(smem + S::kBars));
+    release_stage<L, kCluster>(plan, peer_empty, t);
+    if (t + 1 < w.num_tiles) ptx::mbarrier_arrive(&plan.p_free);
   }
   ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);  // out_scale written by warpgroup 0
-  const float factor[2] = {out_scale[row0], out_scale[row0 + 8]};
+  const float factor[2] = {plan.out_scale[row0], plan.out_scale[row0 + 8]};
   store_o_half<1>(p, w, rO, factor);
 }
 
@@ -511,8 +495,8 @@ __device__ __forceinline__ void consume_pv(const DecodeParams& p, const CtaWork&
 
 template <KvLayout L, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid_constant__ DecodeParams p) {
-  using S = SmemPlan<L>;
   extern __shared__ __align__(1024) uint8_t smem[];
+  SharedPlan<L>& plan = *reinterpret_cast<SharedPlan<L>*>(smem);
   detail::CtaWork w;
   const int num_head_blocks = (p.num_heads + kHeadsPerCta - 1) / kHeadsPerCta;
   w.head_block = blockIdx.x % num_head_blocks;
@@ -525,29 +509,28 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
   w.num_tiles = w.split_end > w.split_begin ? (w.split_end - w.split_begin + kTileKeys - 1) / kTileKeys : 0;
   w.rank = kCluster == 2 ? static_cast<int>(ptx::cluster_ctarank()) : 0;
 
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
   if (threadIdx.x == 0) {
-    ptx::mbarrier_init(&bars[0], kProducerThreads);  // full[2]: every producer thread arrives
-    ptx::mbarrier_init(&bars[1], kProducerThreads);
-    ptx::mbarrier_init(&bars[2], 8 * kCluster);       // empty[2]: every consumer warp of the cluster
-    ptx::mbarrier_init(&bars[3], 8 * kCluster);
-    ptx::mbarrier_init(&bars[4], 128);                // p_ready: warpgroup 0's threads
-    ptx::mbarrier_init(&bars[5], 128);                // p_free: warpgroup 1's threads
+    ptx::mbarrier_init(&plan.full[0], kProducerThreads);  // every producer thread arrives
+    ptx::mbarrier_init(&plan.full[1], kProducerThreads);
+    ptx::mbarrier_init(&plan.empty[0], 8 * kCluster);     // every consumer warp of the cluster
+    ptx::mbarrier_init(&plan.empty[1], 8 * kCluster);
+    ptx::mbarrier_init(&plan.p_ready, 128);               // warpgroup 0's threads
+    ptx::mbarrier_init(&plan.p_free, 128);                // warpgroup 1's threads
     ptx::fence_barrier_init();
   }
   // The last block-wide barrier (cluster-wide: the peer arrives on these barriers): the roles
   // below sync among themselves.
   if constexpr (kCluster == 2) ptx::cluster_sync(); else __syncthreads();
-  const uint32_t peer_empty = kCluster == 2 ? ptx::map_to_cta(&bars[2], 1 - w.rank) : 0u;
+  const uint32_t peer_empty = kCluster == 2 ? ptx::map_to_cta(&plan.empty[0], 1 - w.rank) : 0u;
   if (threadIdx.x >= kConsumerThreads) {
     ptx::warpgroup_regs_decrease<kProducerRegs>();
-    detail::produce<L, kCluster>(p, w, smem);
+    detail::produce<L, kCluster>(p, w, plan);
   } else if (threadIdx.x >= 128) {
     ptx::warpgroup_regs_decrease<kPvRegs>();
-    detail::consume_pv<L, kCluster>(p, w, smem, peer_empty);
+    detail::consume_pv<L, kCluster>(p, w, plan, peer_empty);
   } else {
     ptx::warpgroup_regs_increase<kSoftmaxRegs>();
-    detail::consume_softmax<L, kCluster>(p, w, smem, peer_empty);
+    detail::consume_softmax<L, kCluster>(p, w, plan, peer_empty);
   }
   // No CTA of a cluster exits while its peer may still write its stages or arrive on its barriers.
   if constexpr (kCluster == 2) ptx::cluster_sync();
@@ -556,7 +539,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
 namespace detail {
 template <KvLayout L, int kCluster>
 void launch_with_cluster(const DecodeParams& params, cudaStream_t stream) {
-  constexpr int kSmem = SmemPlan<L>::kBytes;
+  constexpr int kSmem = kSmemBytes<L>;
   static const cudaError_t attr_status = cudaFuncSetAttribute(
       sparse_decode_kernel<L, kCluster>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   check_cuda(attr_status, "sparse_decode", "cudaFuncSetAttribute(max dynamic shared memory)");

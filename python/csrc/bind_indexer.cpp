@@ -13,11 +13,12 @@ namespace {
 using nb::arg;
 using Release = nb::call_guard<nb::gil_scoped_release>;
 
-void indexer_query_op(const TensorArg& qr, const TensorArg& qr_scale, const TensorArg& wq_b,
-                      const TensorArg& wq_b_scale, const TensorArg& x,
-                      const TensorArg& weights_proj, const TensorArg& positions,
-                      const TensorArg& cos_sin, const TensorArg& q_fp8, const TensorArg& q_scale,
-                      const TensorArg& weights, const TensorArg& workspace, uintptr_t stream) {
+// The argument order is the Python ops' (torch.ops.dsv4, the Triton backend): qr_scale last.
+void indexer_query_op(const TensorArg& qr, const TensorArg& wq_b, const TensorArg& wq_b_scale,
+                      const TensorArg& x, const TensorArg& weights_proj,
+                      const TensorArg& positions, const TensorArg& cos_sin,
+                      const TensorArg& q_fp8, const TensorArg& q_scale, const TensorArg& weights,
+                      const TensorArg& workspace, const TensorArg& qr_scale, uintptr_t stream) {
   constexpr const char* k = "indexer_query";
   indexer_query(tensor_arg(k, "qr", qr), optional_tensor_arg(k, "qr_scale", qr_scale),
                 tensor_arg(k, "wq_b", wq_b), optional_tensor_arg(k, "wq_b_scale", wq_b_scale),
@@ -71,10 +72,9 @@ void compressed_prefix_indices_op(const TensorArg& positions, const IntArg& rati
 
 void bind_indexer(nb::module_& m) {
   const auto any = [](const char* name) { return arg(name).none(); };
-  m.def("indexer_query", &indexer_query_op, any("qr"), any("qr_scale"), any("wq_b"),
-        any("wq_b_scale"), any("x"), any("weights_proj"), any("positions"), any("cos_sin"),
-        any("q_fp8"), any("q_scale"), any("weights"), any("workspace"), arg("stream") = 0,
-        Release());
+  m.def("indexer_query", &indexer_query_op, any("qr"), any("wq_b"), any("wq_b_scale"), any("x"),
+        any("weights_proj"), any("positions"), any("cos_sin"), any("q_fp8"), any("q_scale"),
+        any("weights"), any("workspace"), any("qr_scale"), arg("stream") = 0, Release());
   m.def("indexer_query_workspace_bytes", &indexer_query_workspace_bytes_op, any("tokens"),
         any("index_heads"));
   m.def("indexer_scores", &indexer_scores_op, any("q_fp8"), any("q_scale"), any("weights"),

@@ -200,33 +200,33 @@ def compressor_update_and_emit(head_dim: int, ratio: int, rope_dims: int, eps: f
                                target: str, kv_rows: Tensor, score_rows: Tensor,
                                positions: Tensor, token_to_req: Tensor, context_lens: Tensor,
                                norm_weight: Tensor, cos_sin: Tensor, state_rows: Tensor,
-                               state_block_table: Tensor, state_block_size: int,
-                               out_cache: Tensor, out_layout: str, out_block_size: int,
-                               out_tensor_scale: float, out_block_table: Tensor,
-                               entries: Optional[Tensor]) -> None:
+                               state_table: Tensor, state_block_size: int, out_cache: Tensor,
+                               out_block_table: Tensor, out_block_size: int, out_layout: str,
+                               out_tensor_scale: float, entries: Optional[Tensor]) -> None:
     """Emits the entries the batch completes into out_cache (a KV cache of out_layout, or the
     indexer key cache uint8 [blocks, out_block_size·132] for target "indexer_keys"), then saves
-    the ring rows (state_rows fp32 [slots, 2·coff·head_dim] through state_block_table)."""
+    the ring rows (state_rows fp32 [slots, 2·coff·head_dim] through state_table)."""
     with device_guard(kv_rows):
         _C.compressor_update_and_emit(head_dim, ratio, rope_dims, eps, target, kv_rows,
                                       score_rows, positions, token_to_req, context_lens,
-                                      norm_weight, cos_sin, state_rows, state_block_table,
-                                      state_block_size, out_cache, out_layout, out_block_size,
-                                      out_tensor_scale, out_block_table, entries,
+                                      norm_weight, cos_sin, state_rows, state_table,
+                                      state_block_size, out_cache, out_block_table,
+                                      out_block_size, out_layout, out_tensor_scale, entries,
                                       stream_handle(kv_rows))
 
 
 # ---------------------------------------------------------------- indexer (indexer.h)
 @_op("indexer_query", ("q_fp8", "q_scale", "weights", "workspace"))
-def indexer_query(qr: Tensor, qr_scale: Optional[Tensor], wq_b: Tensor,
-                  wq_b_scale: Optional[Tensor], x: Tensor, weights_proj: Tensor,
-                  positions: Tensor, cos_sin: Tensor, q_fp8: Tensor, q_scale: Tensor,
-                  weights: Tensor, workspace: Optional[Tensor]) -> None:
+def indexer_query(qr: Tensor, wq_b: Tensor, wq_b_scale: Optional[Tensor], x: Tensor,
+                  weights_proj: Tensor, positions: Tensor, cos_sin: Tensor, q_fp8: Tensor,
+                  q_scale: Tensor, weights: Tensor, workspace: Optional[Tensor],
+                  qr_scale: Optional[Tensor]) -> None:
     """Indexer queries: q_fp8 [T, H_I, 128] (RoPE, Hadamard, FP8 per head row), q_scale [T, H_I],
-    weights [T, H_I]; workspace uint8 [>= indexer_query_workspace_bytes] on CUDA (None on CPU)."""
+    weights [T, H_I]; workspace uint8 [>= _C.indexer_query_workspace_bytes(T, H_I)] on CUDA (None
+    on CPU); qr_scale: the 1 x 128 block scales of an FP8 qr (None for bf16 / fp32 qr)."""
     with device_guard(qr):
-        _C.indexer_query(qr, qr_scale, wq_b, wq_b_scale, x, weights_proj, positions, cos_sin,
-                         q_fp8, q_scale, weights, workspace, stream_handle(qr))
+        _C.indexer_query(qr, wq_b, wq_b_scale, x, weights_proj, positions, cos_sin, q_fp8,
+                         q_scale, weights, workspace, qr_scale, stream_handle(qr))
 
 
 @_op("indexer_scores", ("scores",))

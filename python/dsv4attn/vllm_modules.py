@@ -57,6 +57,28 @@ class CompressorMetadata:
     state_block_table: torch.Tensor
     block_table: torch.Tensor
 
+    @classmethod
+    def from_query_start_loc(cls, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                             state_block_table: torch.Tensor, block_table: torch.Tensor,
+                             num_tokens: int) -> "CompressorMetadata":
+        """From vLLM's attention metadata: query_start_loc [R + 1] (tokens of request r are
+        rows query_start_loc[r] - query_start_loc[0] .. of this step), seq_lens [R] (positions
+        after the step). Device-side torch ops only (no host synchronization); tokens outside
+        every request get request -1, which the ops skip (CUDA) or reject (CPU)."""
+        where = "CompressorMetadata.from_query_start_loc"
+        qsl = tensor_arg(where, "query_start_loc", query_start_loc)
+        seq_lens = tensor_arg(where, "seq_lens", seq_lens)
+        num_tokens = int_arg(where, "num_tokens", num_tokens, 0, 2**31 - 1)
+        if qsl.dim() != 1 or qsl.shape[0] < 1 or list(seq_lens.shape) != [qsl.shape[0] - 1]:
+            raise Error(f"{where}: query_start_loc / seq_lens: expected [R + 1] / [R], got "
+                        f"{list(qsl.shape)} / {list(seq_lens.shape)}")
+        q = qsl.to(torch.int64)
+        token = q[0] + torch.arange(num_tokens, device=qsl.device)
+        req = torch.searchsorted(q[1:], token, right=True)
+        req = torch.where(req < q.shape[0] - 1, req, -1).to(torch.int32)
+        context_lens = (seq_lens.to(torch.int64) - (q[1:] - q[:-1])).to(torch.int32)
+        return cls(req, context_lens, state_block_table, block_table)
+
 
 def _weight(shape, dtype, device) -> torch.nn.Module:
     """A holder module with one frozen `weight` (vLLM's linear / norm layers expose `.weight`)."""
@@ -189,7 +211,7 @@ class DeepseekCompressor(torch.nn.Module):
         torch.ops.dsv4.compressor_update_and_emit(
             *cfg, kv_rows, score_rows, positions, metadata.token_to_req, metadata.context_lens,
             self.norm.weight, cos_sin, state_rows, metadata.state_block_table, state_block_size,
-            out_cache, "model1_fp8", block_size, 1.0, metadata.block_table, entries)
+            out_cache, metadata.block_table, block_size, "model1_fp8", 1.0, entries)
 
 
 class Indexer(torch.nn.Module):
@@ -268,9 +290,8 @@ class Indexer(torch.nn.Module):
         if dev.type == "cuda":
             workspace = torch.empty((_C.indexer_query_workspace_bytes(T, self.n_heads),),
                                     dtype=torch.uint8, device=dev)
-        torch.ops.dsv4.indexer_query(qr, None, w, None, x,
-                                     self.weights_proj.weight, positions, cos_sin, q_fp8,
-                                     q_scale, weights, workspace)
+        torch.ops.dsv4.indexer_query(qr, w, None, x, self.weights_proj.weight, positions,
+                                     cos_sin, q_fp8, q_scale, weights, workspace, None)
         scores = torch.empty((T, block_table.shape[1] * block_size), dtype=torch.float32,
                              device=dev)
         torch.ops.dsv4.indexer_scores(q_fp8, q_scale, weights, positions, metadata.token_to_req,

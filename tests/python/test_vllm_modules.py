@@ -32,23 +32,6 @@ F64, I32 = torch.float64, torch.int32
 HIDDEN, Q_LORA = 64, 128
 
 
-def rope_row(x, cs_row):
-    """GPT-J rotation of the last 64 dims of x [D] by one cos||sin table row, float64."""
-    x = x.clone()
-    c, s = cs_row[:32].to(F64), cs_row[32:].to(F64)
-    e, o = x[-64::2].clone(), x[-63::2].clone()
-    x[-64::2], x[-63::2] = e * c - o * s, e * s + o * c
-    return x
-
-
-def hadamard(n):
-    """The orthonormal Sylvester Hadamard matrix of order n, float64."""
-    i = torch.arange(n)
-    bits = i[:, None] & i[None, :]
-    sign = sum((bits >> b) & 1 for b in range(int(math.log2(n))))
-    return torch.where(sign % 2 == 0, 1.0, -1.0).to(F64) / math.sqrt(n)
-
-
 def random_compressor(ratio, target):
     head_dim = 128 if target == "indexer_keys" else 512
     comp = vllm_ops.DeepseekCompressor(ratio, HIDDEN, head_dim, target=target)
@@ -61,7 +44,7 @@ def random_compressor(ratio, target):
     return comp
 
 
-def expected_entry(comp, x_hist, j, cos_sin):
+def expected_entry(comp, x_hist, j):
     """Entry j of one request from its hidden-state history [positions, HIDDEN], float64."""
     D, r = comp.head_dim, comp.compress_ratio
     kv = x_hist.to(F64) @ comp.wkv.weight.to(F64).T
@@ -78,8 +61,8 @@ def expected_entry(comp, x_hist, j, cos_sin):
         rows_s.append(s[p, cur])
     e = (torch.softmax(torch.stack(rows_s), 0) * torch.stack(rows_kv)).sum(0)
     e = e * torch.rsqrt(e.pow(2).mean() + comp.eps) * comp.norm.weight.to(F64)
-    e = rope_row(e, cos_sin[j * r])
-    return hadamard(D) @ e if comp.target == "indexer_keys" else e
+    e = ref.rope(e[None], torch.tensor([j * r]))[0]
+    return ref.hadamard(D) @ e if comp.target == "indexer_keys" else e
 
 
 class PagedState:
@@ -162,7 +145,7 @@ def test_deepseek_compressor(device, ratio, target):
                 assert entries[t].isnan().all(), "rows of tokens that emit nothing: untouched"
                 continue
             j = (p + 1) // ratio - 1
-            want = expected_entry(ref_comp, hist[q][:p + 1], j, cos_sin)
+            want = expected_entry(ref_comp, hist[q][:p + 1], j)
             assert (entries[t].to(F64) - want).abs().max() <= 1e-4 * want.abs().max(), (q, j)
             check_cache_entry(comp, paged.cache, B, paged.slot(q, j), entries[t])
 
@@ -184,6 +167,18 @@ def test_deepseek_compressor_bad_input():
     with pytest.raises(dsv4attn.Error, match="compress_ratio"):
         vllm_ops.DeepseekCompressor(8, HIDDEN)
     assert torch.equal(paged.cache, cache_before) and torch.equal(paged.state, state_before)
+
+
+def test_metadata_from_query_start_loc(device):
+    """vLLM's query_start_loc / seq_lens (a batch slice starting at token 5) give each token's
+    request and each request's consumed positions."""
+    qsl = torch.tensor([5, 8, 8, 12], dtype=I32, device=device)
+    seq_lens = torch.tensor([10, 4, 4], dtype=I32, device=device)
+    table = torch.zeros(3, 1, dtype=I32, device=device)
+    meta = vllm_ops.CompressorMetadata.from_query_start_loc(qsl, seq_lens, table, table, 8)
+    assert meta.token_to_req.dtype == I32 and meta.token_to_req.device == device
+    assert meta.token_to_req.tolist() == [0, 0, 0, 2, 2, 2, 2, -1]  # token 7 lies beyond
+    assert meta.context_lens.tolist() == [7, 4, 0]
 
 
 def test_compressor_ops_bad_config():
@@ -229,7 +224,7 @@ def test_indexer(device):
        buf, counts)
     buf, counts, cache = buf.cpu(), counts.cpu(), paged.cache.cpu()
     assert (buf[T:] == 0x7F).all(), "rows beyond T untouched"
-    Hm = hadamard(128)
+    Hm = ref.hadamard(128)
     q = (qr.to(F64) @ ref_ix.wq_b.weight.to(F64).T).view(T, n_heads, 128)
     w = x.to(F64) @ ref_ix.weights_proj.weight.to(F64).T / math.sqrt(128 * n_heads)
     for t in range(T):
@@ -247,7 +242,7 @@ def test_indexer(device):
             scale = cache[blk, B * 128 + off * 4:B * 128 + off * 4 + 4].view(torch.float32)
             keys.append(codes * float(scale))
         k = torch.stack(keys)
-        qh = torch.stack([Hm @ rope_row(q[t, h], cos_sin[p]) for h in range(n_heads)])
+        qh = ref.rope(q[t][None], torch.tensor([p]))[0] @ Hm.T
         scores = (w[t][:, None] * torch.relu(qh @ k.T)).sum(0)
         kth = scores.sort(descending=True).values[n - 1]
         spread = float(scores.max() - scores.min()) + 1e-30

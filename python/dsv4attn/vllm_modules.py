@@ -96,12 +96,19 @@ def _rows_view(where: str, name: str, cache: torch.Tensor, width: int,
         raise Error(f"{where}: {name}: expected {dtype} [num_slots, {width}] or "
                     f"[num_blocks, block_size, {width}], got {cache.dtype} {list(cache.shape)}")
     if cache.dim() == 3:
-        if cache.shape[1] > 1 and cache.stride(1) != width or cache.stride(2) != 1 or \
-                cache.shape[0] > 1 and cache.stride(0) != cache.shape[1] * width:
+        if (cache.stride(2) != 1 or (cache.shape[1] > 1 and cache.stride(1) != width) or
+                (cache.shape[0] > 1 and cache.stride(0) != cache.shape[1] * width)):
             raise Error(f"{where}: {name}.stride(): expected dense blocks of {width}-wide rows "
                         f"(the ring is addressed as rows), got {tuple(cache.stride())}")
         cache = cache.view(-1, width)
     return cache
+
+
+def _metadata_arg(where: str, metadata) -> CompressorMetadata:
+    if not isinstance(metadata, CompressorMetadata):
+        raise Error(f"{where}: metadata: expected a CompressorMetadata, "
+                    f"got {type(metadata).__name__}")
+    return metadata
 
 
 def _key_blocks(where: str, k_cache: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -184,9 +191,7 @@ class DeepseekCompressor(torch.nn.Module):
         x = tensor_arg(where, "hidden_states", hidden_states)
         positions = tensor_arg(where, "positions", positions)
         cos_sin = tensor_arg(where, "cos_sin_cache", cos_sin_cache)
-        if not isinstance(metadata, CompressorMetadata):
-            raise Error(f"{where}: metadata: expected a CompressorMetadata, "
-                        f"got {type(metadata).__name__}")
+        metadata = _metadata_arg(where, metadata)
         state_block_size = int_arg(where, "state_block_size", state_block_size, 1, 2**31 - 1)
         block_size = int_arg(where, "block_size", block_size, 1, 2**31 - 1)
         entries = optional_tensor_arg(where, "entries", entries)
@@ -219,7 +224,8 @@ class Indexer(torch.nn.Module):
     the indexer key cache, then each token scores every visible key entry,
     score_j = Σ_h w_h · ReLU(q̂_h · k̂_j) (q̂: wq_b·qr, RoPE, Hadamard, FP8 per head;
     w = x·weights_projᵀ · (128·H_I)^-0.5), and its top-`topk` request-local entry numbers
-    (descending, ties to the lowest, −1 padded) go to `topk_indices_buffer`."""
+    (descending, ties to the lowest, −1 padded) go to `topk_indices_buffer`. Weights bf16 or
+    fp32 (an FP8 wq_b with FP8 queries: torch.ops.dsv4.indexer_query with qr_scale)."""
 
     def __init__(self, hidden_size: int, q_lora_rank: int, n_heads: int, topk: int,
                  head_dim: int = 128, rope_dim: int = 64, eps: float = 1e-6,
@@ -262,6 +268,7 @@ class Indexer(torch.nn.Module):
         if buf.dim() != 2 or buf.shape[0] < T or buf.shape[1] != self.topk:
             raise Error(f"{where}: topk_indices_buffer.shape: expected [>= {T}, {self.topk}], "
                         f"got {list(buf.shape)}")
+        metadata = _metadata_arg(where, metadata)
         block_table = tensor_arg(where, "metadata.block_table", metadata.block_table)
         if block_table.dim() != 2:
             raise Error(f"{where}: metadata.block_table.ndim: expected 2, got {block_table.dim()}")

@@ -164,6 +164,8 @@ def test_deepseek_compressor_bad_input():
         comp(x, pos, cs, paged.state, paged.cache, paged.metadata([0, 0, 1, 0], [0]), 4, 4)
     with pytest.raises(dsv4attn.Error, match="hidden_states"):
         comp(None, pos, cs, paged.state, paged.cache, meta, 4, 4)
+    with pytest.raises(dsv4attn.Error, match="metadata"):
+        comp(x, pos, cs, paged.state, paged.cache, {"token_to_req": meta.token_to_req}, 4, 4)
     with pytest.raises(dsv4attn.Error, match="compress_ratio"):
         vllm_ops.DeepseekCompressor(8, HIDDEN)
     assert torch.equal(paged.cache, cache_before) and torch.equal(paged.state, state_before)

@@ -69,12 +69,15 @@ void compressor_update_and_emit_op(
                                   int_arg(k, "state_block_size", state_block_size)};
   CompressorOutputView out;
   out.block_table = tensor_arg(k, "out_block_table", out_block_table);
+  const int block_size = int_arg(k, "out_block_size", out_block_size);
   if (cfg.target == CompressorTarget::kv_cache) {
-    out.kv_cache = cache_arg(k, "out_cache", out_cache, out_layout, out_block_size,
-                             out_tensor_scale);
+    out.kv_cache.data = tensor_arg(k, "out_cache", out_cache);
+    out.kv_cache.layout = parse_kv_layout(out_layout);
+    out.kv_cache.block_size = block_size;
+    out.kv_cache.tensor_scale = out_tensor_scale;
   } else {
     out.indexer_keys.data = tensor_arg(k, "out_cache", out_cache);
-    out.indexer_keys.block_size = int_arg(k, "out_block_size", out_block_size);
+    out.indexer_keys.block_size = block_size;
   }
   compressor_update_and_emit(cfg, tensor_arg(k, "kv_rows", kv_rows),
                              tensor_arg(k, "score_rows", score_rows), batch,

@@ -332,3 +332,40 @@ def test_modules_cuda_no_host_sync():
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     assert ((buf >= -1) & (buf < 5)).all()
+
+
+def test_new_ops_bad_input():
+    """The torch ops name the bad argument and write nothing (outputs poisoned beforehand)."""
+    from dsv4attn import ops
+    cpu = torch.device("cpu")
+    T, HI, B = 3, 4, 16
+    q8 = torch.zeros(T, HI, 128, dtype=torch.float8_e4m3fn)
+    qs, w, pos = torch.ones(T, HI), torch.ones(T, HI), torch.tensor([3, 7, 11])
+    t2r, table = torch.zeros(T, dtype=I32), torch.zeros(1, 1, dtype=I32)
+    scores = poisoned((T, 16), torch.float32, cpu)
+    with pytest.raises(dsv4attn.Error, match="indexer_scores: keys"):
+        ops.indexer_scores(q8, qs, w, pos, t2r, torch.zeros(1, B * 132 - 4, dtype=torch.uint8),
+                           B, table, 4, scores)
+    assert scores.isnan().all()
+    idx, lens = poisoned((T, 4), I32, cpu), poisoned((T,), I32, cpu)
+    with pytest.raises(dsv4attn.Error, match="compressed_prefix_indices: ratio"):
+        ops.compressed_prefix_indices(pos, 0, idx, lens)
+    with pytest.raises(dsv4attn.Error, match="indexer_topk: positions: expected a tensor"):
+        ops.indexer_topk(scores, None, 4, idx, lens)
+    assert (idx == 0x7F).all() and (lens == 0x7F).all()
+    q_scale, weights = poisoned((T, HI), torch.float32, cpu), poisoned((T, HI), torch.float32, cpu)
+    with pytest.raises(dsv4attn.Error, match="indexer_query: q_fp8: expected a tensor, got None"):
+        ops.indexer_query(torch.zeros(T, Q_LORA), torch.zeros(HI * 128, Q_LORA), None,
+                          torch.zeros(T, HIDDEN), torch.zeros(HI, HIDDEN), pos,
+                          dsv4attn.rope_cos_sin(16), None, q_scale, weights, None, None)
+    assert q_scale.isnan().all() and weights.isnan().all()
+    comp = random_compressor(4, "kv_cache")
+    paged = PagedState(comp, 1, 4, 4, cpu)
+    cache_before = paged.cache.clone()
+    rows = torch.zeros(T, 1024)
+    with pytest.raises(dsv4attn.Error, match="compressor_update_and_emit: out_block_size"):
+        ops.compressor_update_and_emit(
+            512, 4, 64, 1e-6, "kv_cache", rows, rows, pos, t2r, torch.zeros(1, dtype=I32),
+            torch.ones(512), dsv4attn.rope_cos_sin(16), paged.state.view(-1, 2048),
+            paged.state_table, 4, paged.cache, paged.table, 2**40, "model1_fp8", 1.0, None)
+    assert torch.equal(paged.cache, cache_before)

@@ -25,7 +25,7 @@ import torch
 import dsv4attn
 from dsv4attn import vllm_ops
 from dsv4attn.flash_mla import kv_cache_block_bytes
-from conftest import poisoned
+from conftest import poisoned, requires_cuda
 import reference as ref
 
 F64, I32 = torch.float64, torch.int32
@@ -307,8 +307,7 @@ def test_new_ops_fake_kernels():
                            torch.empty(3, 1024), torch.empty(3, 1024)), test_utils=utils)
 
 
-@pytest.mark.skipif(not (torch.cuda.is_available() and dsv4attn.with_cuda),
-                    reason="needs a GPU and the CUDA backend")
+@requires_cuda
 def test_modules_cuda_no_host_sync():
     """A compressor step and an indexer step on CUDA tensors synchronize nothing."""
     dev = torch.device("cuda")
@@ -369,3 +368,40 @@ def test_new_ops_bad_input():
             torch.ones(512), dsv4attn.rope_cos_sin(16), paged.state.view(-1, 2048),
             paged.state_table, 4, paged.cache, paged.table, 2**40, "model1_fp8", 1.0, None)
     assert torch.equal(paged.cache, cache_before)
+
+
+@requires_cuda
+def test_indexer_cuda_graph_replay():
+    """An Indexer step (its compressor, queries, scores, top-k) captured in a CUDA graph and
+    replayed from the same cache contents gives the eager step's indices and cache bytes."""
+    dev = torch.device("cuda")
+    ix = random_indexer(4, 4).to(dev)
+    paged = PagedState(ix.compressor, 1, 16, 8, dev)
+    state0, cache0 = paged.state.clone(), paged.cache.clone()
+    T = 20
+    x = torch.randn(T, HIDDEN, device=dev).bfloat16()
+    qr = torch.randn(T, Q_LORA, device=dev).bfloat16()
+    pos, cos_sin = torch.arange(T, device=dev), dsv4attn.rope_cos_sin(512).to(dev)
+    meta = paged.metadata([0] * T, [0])
+    buf = torch.full((T, 4), 7, dtype=I32, device=dev)
+
+    def step():
+        ix(x, qr, pos, cos_sin, paged.state, paged.cache, meta, paged.state_block_size, 8, buf)
+
+    step()
+    torch.cuda.synchronize()
+    want_buf, want_cache = buf.clone(), paged.cache.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch advises
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    paged.state.copy_(state0)
+    paged.cache.copy_(cache0)
+    buf.fill_(7)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(buf, want_buf) and torch.equal(paged.cache, want_cache)

@@ -29,7 +29,7 @@ import torch
 from . import Error
 from . import ops  # noqa: F401  (registers the torch.ops.dsv4.* used below)
 from . import _C
-from ._args import float_arg, int_arg, optional_tensor_arg, tensor_arg
+from ._args import INT32_MAX, float_arg, int_arg, optional_tensor_arg, tensor_arg
 from .flash_mla import block_bytes_view
 
 __all__ = ["CompressorMetadata", "DeepseekCompressor", "Indexer"]
@@ -68,7 +68,7 @@ class CompressorMetadata:
         where = "CompressorMetadata.from_query_start_loc"
         qsl = tensor_arg(where, "query_start_loc", query_start_loc)
         seq_lens = tensor_arg(where, "seq_lens", seq_lens)
-        num_tokens = int_arg(where, "num_tokens", num_tokens, 0, 2**31 - 1)
+        num_tokens = int_arg(where, "num_tokens", num_tokens, 0, INT32_MAX)
         if qsl.dim() != 1 or qsl.shape[0] < 1 or list(seq_lens.shape) != [qsl.shape[0] - 1]:
             raise Error(f"{where}: query_start_loc / seq_lens: expected [R + 1] / [R], got "
                         f"{list(qsl.shape)} / {list(seq_lens.shape)}")
@@ -116,6 +116,8 @@ def _key_blocks(where: str, k_cache: torch.Tensor, block_size: int) -> torch.Ten
     stride) or as vLLM's [num_blocks, block_size, 132] with dense blocks and any block stride."""
     k_cache = tensor_arg(where, "k_cache", k_cache)
     block_bytes = block_size * _INDEXER_KEY_BYTES
+    if k_cache.dim() not in (2, 3):
+        raise Error(f"{where}: k_cache.ndim: expected 2 or 3, got {k_cache.dim()}")
     if k_cache.dtype not in (torch.uint8, torch.int8, torch.float8_e4m3fn):
         raise Error(f"{where}: k_cache.dtype: expected uint8 (indexer key bytes), "
                     f"got {k_cache.dtype}")
@@ -173,16 +175,16 @@ class DeepseekCompressor(torch.nn.Module):
         return self.coff * self.compress_ratio
 
     def forward(self, hidden_states: torch.Tensor, positions: torch.Tensor,
-                cos_sin_cache: torch.Tensor, state_cache: torch.Tensor, kv_cache: torch.Tensor,
+                cos_sin_cache: torch.Tensor, state_cache: torch.Tensor, k_cache: torch.Tensor,
                 metadata: CompressorMetadata, state_block_size: int, block_size: int,
                 entries: Optional[torch.Tensor] = None) -> None:
-        """Compresses this step's tokens into `kv_cache` (entries a request completes) and
+        """Compresses this step's tokens into `k_cache` (entries a request completes) and
         `state_cache` (its ring).
 
         hidden_states [T, hidden_size] (the weights' dtype); positions [T] int32/int64;
         cos_sin_cache [max_pos, rope_dim] (fp32, else converted); state_cache fp32
         [num_slots, state_width] or [num_blocks, state_block_size, state_width];
-        kv_cache: MODEL1_FP8 bytes as vLLM holds them (target kv_cache: [num_blocks, B·584] or
+        k_cache: MODEL1_FP8 bytes as vLLM holds them (target kv_cache: [num_blocks, B·584] or
         [num_blocks, B, 584], any block stride) or the indexer key cache (target indexer_keys:
         [num_blocks, B·132] or [num_blocks, B, 132]) with B = block_size;
         entries (optional) fp32 [T, head_dim]: row t receives token t's emitted entry before
@@ -192,8 +194,8 @@ class DeepseekCompressor(torch.nn.Module):
         positions = tensor_arg(where, "positions", positions)
         cos_sin = tensor_arg(where, "cos_sin_cache", cos_sin_cache)
         metadata = _metadata_arg(where, metadata)
-        state_block_size = int_arg(where, "state_block_size", state_block_size, 1, 2**31 - 1)
-        block_size = int_arg(where, "block_size", block_size, 1, 2**31 - 1)
+        state_block_size = int_arg(where, "state_block_size", state_block_size, 1, INT32_MAX)
+        block_size = int_arg(where, "block_size", block_size, 1, INT32_MAX)
         entries = optional_tensor_arg(where, "entries", entries)
         if x.dim() != 2:
             raise Error(f"{where}: hidden_states.ndim: expected 2 ([T, hidden_size]), "
@@ -204,9 +206,9 @@ class DeepseekCompressor(torch.nn.Module):
                                 torch.float32)
         if self.target == "kv_cache":
             from .vllm_ops import _model1_blocks  # (vllm_ops re-exports this module's classes)
-            out_cache = _model1_blocks(where, kv_cache, block_size)
+            out_cache = _model1_blocks(where, k_cache, block_size)
         else:
-            out_cache = _key_blocks(where, kv_cache, block_size)
+            out_cache = _key_blocks(where, k_cache, block_size)
         width = self.coff * self.head_dim
         kv_rows = torch.empty((x.shape[0], width), dtype=torch.float32, device=x.device)
         score_rows = torch.empty_like(kv_rows)
@@ -283,7 +285,7 @@ class Indexer(torch.nn.Module):
                                       list(topk_lens.shape) != [T]):
             raise Error(f"{where}: topk_lens: expected int32 [{T}], got {topk_lens.dtype} "
                         f"{list(topk_lens.shape)}")
-        block_size = int_arg(where, "block_size", block_size, 1, 2**31 - 1)
+        block_size = int_arg(where, "block_size", block_size, 1, INT32_MAX)
         keys = _key_blocks(where, k_cache, block_size)
         self.compressor(x, positions, cos_sin_cache, state_cache, k_cache, metadata,
                         state_block_size, block_size)

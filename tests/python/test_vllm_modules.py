@@ -405,3 +405,21 @@ def test_indexer_cuda_graph_replay():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(buf, want_buf) and torch.equal(paged.cache, want_cache)
+
+
+def test_modules_load_checkpoint_tensors():
+    """The modules' state dicts are the checkpoint's compressor / indexer tensors, by name."""
+    cfg = dsv4attn.ModelConfig.builtin("tiny")
+    layer = [cfg.layer_kind(i) for i in range(cfg.n_layers)].index("C4A")
+    tensors = dsv4attn.AttentionWeights.random(cfg, layer, fp8=False).tensors(cfg)
+
+    def under(prefix):
+        return {name.split(prefix, 1)[1]: t for name, t in tensors.items()
+                if prefix in name and not (prefix == "compressor." and "indexer." in name)}
+
+    comp = vllm_ops.DeepseekCompressor(4, cfg.dim, cfg.head_dim, cfg.rope_head_dim, cfg.norm_eps)
+    comp.load_state_dict(under("compressor."), strict=True)
+    ix = vllm_ops.Indexer(cfg.dim, cfg.q_lora_rank, cfg.index_n_heads, cfg.index_topk,
+                          cfg.index_head_dim, cfg.rope_head_dim, cfg.norm_eps)
+    ix.load_state_dict(under("indexer."), strict=True)
+    assert torch.equal(ix.wq_b.weight, under("indexer.")["wq_b.weight"].to(ix.wq_b.weight.dtype))

@@ -273,14 +273,14 @@ def bench_compressed(args):
                 out = torch.zeros(otab.numel(), kv_geometry("model1_fp8", B)["block_bytes"],
                                   dtype=torch.uint8, device=DEV)
             w = torch.ones(ccfg.head_dim, device=DEV).bfloat16()
-            a = (ccfg, rows, srows, pos, t2r, ctxs, w, cs, state, stab, ccfg.ratio, out, otab, B)
+            a = (*ccfg.op_args(), rows, srows, pos, t2r, ctxs, w, cs, state, stab, ccfg.ratio, out, otab, B)
             case(args, "compressor_update_and_emit", f"{label} {R}x{n} ctx{ctx}",
                  lambda: dt.get("compressor_update_and_emit")(*a), None, 0,
                  rows.numel() * 8 + T // ccfg.ratio * ccfg.proj_width * 8 * ccfg.coff)
             x = torch.randn(T, cfg.dim, device=DEV).bfloat16()
             wkv = torch.randn(ccfg.proj_width, cfg.dim, device=DEV).bfloat16()
             ape = torch.randn(ccfg.ratio, ccfg.proj_width, device=DEV)
-            a2 = (ccfg, x, wkv, wkv, ape, pos, rows, srows)
+            a2 = (*ccfg.op_args(), x, wkv, wkv, ape, pos, rows, srows)
             case(args, "compressor_project", f"{label} T{T} (2 GEMMs + ape)",
                  lambda: dt.get("compressor_project")(*a2), None,
                  4 * T * cfg.dim * ccfg.proj_width, 0)

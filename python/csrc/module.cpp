@@ -13,6 +13,8 @@ namespace dsv4::python {
 void bind_ops(nb::module_& m);
 void bind_cache(nb::module_& m);
 void bind_layer(nb::module_& m);
+void bind_compressor(nb::module_& m);
+void bind_indexer(nb::module_& m);
 }  // namespace dsv4::python
 
 namespace {
@@ -50,4 +52,6 @@ NB_MODULE(_C, m) {
   dsv4::python::bind_ops(m);
   dsv4::python::bind_cache(m);
   dsv4::python::bind_layer(m);
+  dsv4::python::bind_compressor(m);
+  dsv4::python::bind_indexer(m);
 }

@@ -1,10 +1,10 @@
 """`torch.ops.dsv4.*`: the C++ ops registered with torch.library.
 
-Each op mirrors one function of include/dsv4/ops.h (or kv_layout.h / indexing.h): the caller
-allocates the outputs, which the op writes in place (declared in `mutates_args`, so
-torch.compile functionalizes them), and nothing is returned. Every op has a fake kernel, so
-`torch.compile` traces through it. CUDA tensors run on torch's current stream of their device;
-no op synchronizes the host.
+Each op mirrors one function of include/dsv4/ops.h (or kv_layout.h, indexing.h, compressor.h,
+indexer.h): the caller allocates the outputs, which the op writes in place (declared in
+`mutates_args`, so torch.compile functionalizes them), and nothing is returned. Every op has a
+fake kernel, so `torch.compile` traces through it. CUDA tensors run on torch's current stream of
+their device; no op synchronizes the host.
 
 Paged caches are passed as their byte tensor (uint8 [num_blocks, block_bytes], bytes dense within
 a block, any block stride >= block_bytes that is a multiple of 16) plus `layout`
@@ -180,6 +180,80 @@ def sparse_prefill(q: Tensor, kv: Tensor, indices: Tensor, topk_length: Optional
     with device_guard(q):
         _C.sparse_prefill(q, kv, indices, topk_length, attn_sink, softmax_scale, d_v, out,
                           max_logits, lse, stream_handle(q))
+
+
+# ---------------------------------------------------------------- compressor (compressor.h)
+# The CompressorConfig travels as its fields: head_dim (512 for target "kv_cache", 128 for
+# "indexer_keys"), ratio (4 or 128), rope_dims, eps.
+@_op("compressor_project", ("kv_rows", "score_rows"))
+def compressor_project(head_dim: int, ratio: int, rope_dims: int, eps: float, target: str,
+                       x: Tensor, wkv: Tensor, wgate: Tensor, ape: Tensor, positions: Tensor,
+                       kv_rows: Tensor, score_rows: Tensor) -> None:
+    """kv_rows = x·wkvᵀ, score_rows = x·wgateᵀ + ape[p mod ratio], fp32 [T, coff·head_dim]."""
+    with device_guard(x):
+        _C.compressor_project(head_dim, ratio, rope_dims, eps, target, x, wkv, wgate, ape,
+                              positions, kv_rows, score_rows, stream_handle(x))
+
+
+@_op("compressor_update_and_emit", ("state_rows", "out_cache", "entries"))
+def compressor_update_and_emit(head_dim: int, ratio: int, rope_dims: int, eps: float,
+                               target: str, kv_rows: Tensor, score_rows: Tensor,
+                               positions: Tensor, token_to_req: Tensor, context_lens: Tensor,
+                               norm_weight: Tensor, cos_sin: Tensor, state_rows: Tensor,
+                               state_table: Tensor, state_block_size: int, out_cache: Tensor,
+                               out_block_table: Tensor, out_block_size: int, out_layout: str,
+                               out_tensor_scale: float, entries: Optional[Tensor]) -> None:
+    """Emits the entries the batch completes into out_cache (a KV cache of out_layout, or the
+    indexer key cache uint8 [blocks, out_block_size·132] for target "indexer_keys"), then saves
+    the ring rows (state_rows fp32 [slots, 2·coff·head_dim] through state_table)."""
+    with device_guard(kv_rows):
+        _C.compressor_update_and_emit(head_dim, ratio, rope_dims, eps, target, kv_rows,
+                                      score_rows, positions, token_to_req, context_lens,
+                                      norm_weight, cos_sin, state_rows, state_table,
+                                      state_block_size, out_cache, out_block_table,
+                                      out_block_size, out_layout, out_tensor_scale, entries,
+                                      stream_handle(kv_rows))
+
+
+# ---------------------------------------------------------------- indexer (indexer.h)
+@_op("indexer_query", ("q_fp8", "q_scale", "weights", "workspace"))
+def indexer_query(qr: Tensor, wq_b: Tensor, wq_b_scale: Optional[Tensor], x: Tensor,
+                  weights_proj: Tensor, positions: Tensor, cos_sin: Tensor, q_fp8: Tensor,
+                  q_scale: Tensor, weights: Tensor, workspace: Optional[Tensor],
+                  qr_scale: Optional[Tensor]) -> None:
+    """Indexer queries: q_fp8 [T, H_I, 128] (RoPE, Hadamard, FP8 per head row), q_scale [T, H_I],
+    weights [T, H_I]; workspace uint8 [>= _C.indexer_query_workspace_bytes(T, H_I)] on CUDA (None
+    on CPU); qr_scale: the 1 x 128 block scales of an FP8 qr (None for bf16 / fp32 qr)."""
+    with device_guard(qr):
+        _C.indexer_query(qr, wq_b, wq_b_scale, x, weights_proj, positions, cos_sin, q_fp8,
+                         q_scale, weights, workspace, qr_scale, stream_handle(qr))
+
+
+@_op("indexer_scores", ("scores",))
+def indexer_scores(q_fp8: Tensor, q_scale: Tensor, weights: Tensor, positions: Tensor,
+                   token_to_req: Tensor, keys: Tensor, key_block_size: int,
+                   key_block_table: Tensor, ratio: int, scores: Tensor) -> None:
+    """scores [T, N] fp32 of every visible entry of the indexer key cache, −inf beyond."""
+    with device_guard(q_fp8):
+        _C.indexer_scores(q_fp8, q_scale, weights, positions, token_to_req, keys, key_block_size,
+                          key_block_table, ratio, scores, stream_handle(q_fp8))
+
+
+@_op("indexer_topk", ("indices", "lens"))
+def indexer_topk(scores: Tensor, positions: Tensor, ratio: int, indices: Tensor,
+                 lens: Optional[Tensor]) -> None:
+    """indices [T, K] int32: the best min(K, visible) request-local entries, descending, −1
+    padded; lens [T] their count."""
+    with device_guard(scores):
+        _C.indexer_topk(scores, positions, ratio, indices, lens, stream_handle(scores))
+
+
+@_op("compressed_prefix_indices", ("indices", "lens"))
+def compressed_prefix_indices(positions: Tensor, ratio: int, indices: Tensor,
+                              lens: Optional[Tensor]) -> None:
+    """C128A plan: indices [T, K] = 0 .. (p+1) div ratio − 1, then −1; lens [T] the count."""
+    with device_guard(positions):
+        _C.compressed_prefix_indices(positions, ratio, indices, lens, stream_handle(positions))
 
 
 # ---------------------------------------------------------------- index planning

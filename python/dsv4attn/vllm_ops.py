@@ -7,6 +7,7 @@
     compute_global_topk_indices_and_lens                 -> (global_indices, topk_lens)
     fused_inv_rope_fp8_quant                             -> (o_fp8 [T, G, D], o_scale [T, G, D/128])
     deepseek_v4_fp8_einsum                               z[t, g] = o_g · wo_a_gᵀ (FP8 blocks)
+    DeepseekCompressor, Indexer (vllm_modules.py)        vLLM's modules; caches written in place
 
 Differences from vLLM, by design: tensors may be CPU tensors (the reference backend); the
 UE8M0 scale floor is docs/spec.md §7's max(amax / 448, 1e-4) (vLLM's Triton kernel floors amax at 1e-10;
@@ -14,9 +15,10 @@ the two agree whenever a block's amax >= 0.0448); outputs are contiguous where v
 transposed views of TMA-friendly buffers (same shapes, same values), except
 fused_inv_rope_fp8_quant's scales, which are such a transposed view (the CUDA FP8 GEMMs' layout).
 The index utilities
-(combine_topk_swa_indices, compute_global_topk_indices_and_lens) run the validating C++ code on
-CPU tensors; on CUDA tensors they run as a few vectorized torch ops with the same results, which
-trust their inputs (no data-dependent checks: those would synchronize the host). The FP8 einsum
+(combine_topk_swa_indices, compute_global_topk_indices_and_lens) run the C++ ops on either
+device: on CPU tensors they validate every index value (include/dsv4/indexing.h); on CUDA
+tensors the kernels read no value on the host (no synchronization, CUDA-graph capturable) and
+turn what the CPU rejects into -1 entries (length 0 rows for bad request metadata) instead. The FP8 einsum
 runs on CUDA as block-scaled FP8 cuBLASLt GEMMs (one per group).
 Paged caches are MODEL1_FP8 byte caches: [num_blocks, block_bytes] or FlashMLA's
 [num_blocks, block_size, 584] view whose block stride is the padded MODEL1 block size.
@@ -33,6 +35,7 @@ from ._args import INT32_MAX, float_arg, int_arg, optional_tensor_arg, tensor_ar
 from .flash_mla import block_bytes_view, kv_cache_block_bytes
 
 __all__ = [
+    "CompressorMetadata", "DeepseekCompressor", "Indexer",
     "combine_topk_swa_indices", "compute_global_topk_indices_and_lens", "deepseek_v4_fp8_einsum",
     "dequantize_and_gather_k_cache", "fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert",
     "fused_inv_rope_fp8_quant", "fused_q_kv_rmsnorm",
@@ -157,47 +160,12 @@ def combine_topk_swa_indices(
     if requests * M > INT32_MAX:  # (Python ints: exact) every written row index is an int32
         raise Error(f"{where}: M: {requests} requests x {M} rows exceed the int32 index range")
     topk_cols = topk_indices[:, :topk] if topk > 0 else topk_indices.new_empty((T, 0))
-    if topk_indices.device.type != "cpu":
-        return _combine_topk_swa_torch(topk_cols, query_start_loc, seq_lens, gather_lens,
-                                       window_size, M, N)
     out = torch.empty((T, topk + window_size), dtype=torch.int32, device=topk_indices.device)
     lens = torch.empty((T,), dtype=torch.int32, device=topk_indices.device)
     ratio = compress_ratio if compress_ratio > 1 else 0  # vLLM writes 1 for SWA-only layers
     torch.ops.dsv4.combine_topk_swa_indices(topk_cols, query_start_loc, seq_lens, gather_lens,
                                             window_size, N, M, ratio, out, lens)
     return out, lens
-
-
-def _combine_topk_swa_torch(topk: torch.Tensor, query_start_loc: torch.Tensor,
-                            seq_lens: torch.Tensor, gather_lens: torch.Tensor, window: int,
-                            M: int, N: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """combine_topk_swa_indices as vectorized torch ops (any device, no host synchronization)."""
-    T, K = topk.shape
-    dev = topk.device
-    qsl = query_start_loc.to(torch.int64)
-    token = qsl[0] + torch.arange(T, device=dev)
-    req = torch.searchsorted(qsl[1:], token, right=True)             # request of each token
-    seq = seq_lens.to(torch.int64)[req]
-    pos = seq - (qsl[1:][req] - token)                                 # absolute position
-    base = req * M
-    # Valid top-k entries first, in their order (a stable sort on "invalid").
-    local = topk.to(torch.int64)
-    valid = local >= 0
-    order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
-    comp = torch.where(valid, base[:, None] + local, -1).gather(1, order)
-    n_comp = valid.sum(1)
-    # The window: positions max(0, p - W + 1) .. p, rows N + (pos - first gathered position).
-    swa_len = torch.minimum(pos + 1, torch.full_like(pos, window))
-    first_gathered = seq - gather_lens.to(torch.int64)[req]
-    j = torch.arange(window, device=dev)
-    win_pos = pos[:, None] - swa_len[:, None] + 1 + j[None, :]
-    win_rows = base[:, None] + N + (win_pos - first_gathered[:, None])
-    out = torch.full((T, K + window + 1), -1, dtype=torch.int64, device=dev)
-    out[:, :K] = comp
-    in_window = j[None, :] < swa_len[:, None]
-    cols = torch.where(in_window, n_comp[:, None] + j[None, :], K + window)  # spill column
-    out.scatter_(1, cols, torch.where(in_window, win_rows, -1))
-    return out[:, :K + window].to(torch.int32), (n_comp + swa_len).to(torch.int32)
 
 
 def compute_global_topk_indices_and_lens(
@@ -211,36 +179,16 @@ def compute_global_topk_indices_and_lens(
     topk_indices = tensor_arg(where, "topk_indices", topk_indices)
     block_size = int_arg(where, "block_size", block_size, 1, INT32_MAX)
     is_valid_token = optional_tensor_arg(where, "is_valid_token", is_valid_token)
-    if topk_indices.device.type != "cpu":
-        global_indices, lens = _local_to_global_torch(topk_indices, token_to_req_indices,
-                                                      block_table, block_size)
-    else:
-        global_indices = torch.empty_like(topk_indices, dtype=torch.int32)
-        lens = torch.empty((topk_indices.shape[0],), dtype=torch.int32,
-                           device=topk_indices.device)
-        torch.ops.dsv4.local_to_global_slots(topk_indices, token_to_req_indices, block_table,
-                                             block_size, global_indices, lens, False)
+    global_indices = torch.empty_like(topk_indices, dtype=torch.int32)
+    lens = torch.empty((topk_indices.shape[0],), dtype=torch.int32, device=topk_indices.device)
+    torch.ops.dsv4.local_to_global_slots(topk_indices, token_to_req_indices, block_table,
+                                         block_size, global_indices, lens, False)
     if is_valid_token is not None:
         valid = is_valid_token.to(torch.bool)
         global_indices = torch.where(valid[:, None], global_indices,
                                      torch.full_like(global_indices, -1))
         lens = torch.where(valid, lens, torch.zeros_like(lens))
     return global_indices, lens
-
-
-def _local_to_global_torch(local: torch.Tensor, token_to_req: torch.Tensor,
-                           block_table: torch.Tensor, block_size: int
-                           ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """local_to_global_slots as vectorized torch ops (any device, no host synchronization)."""
-    R, max_blocks = block_table.shape
-    i = local.to(torch.int64)
-    req = token_to_req.to(torch.int64)[:, None].expand_as(i)
-    blk = torch.div(i, block_size, rounding_mode="floor")
-    valid = (i >= 0) & (blk < max_blocks) & (req >= 0) & (req < R)
-    table = block_table.to(torch.int64)[req.clamp(0, max(R - 1, 0)), blk.clamp(0, max_blocks - 1)]
-    valid &= table >= 0
-    g = torch.where(valid, table * block_size + i % block_size, -1)
-    return g.to(torch.int32), valid.sum(1).to(torch.int32)
 
 
 def fused_inv_rope_fp8_quant(
@@ -350,3 +298,7 @@ def deepseek_v4_fp8_einsum(o_fp8: torch.Tensor, o_scale: torch.Tensor, wo_a: tor
         torch.ops.dsv4.grouped_wo_a(o2, o2_scale, w, ws, z_flat.view(T, G * L))
     if z_flat is not z:
         z.copy_(z_flat)
+
+
+# vLLM's compressor and indexer modules (they use _model1_blocks above, imported lazily).
+from .vllm_modules import CompressorMetadata, DeepseekCompressor, Indexer  # noqa: E402

@@ -105,3 +105,12 @@ def sparse_attention(q: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, s
     out = torch.where(empty[..., None], 0.0, out)
     lse = torch.where(empty, math.inf, lse)
     return out, lse, max_logits
+
+
+# ---------------------------------------------------------------- indexer rotation
+def hadamard(n: int) -> torch.Tensor:
+    """The orthonormal Sylvester-order Hadamard matrix of order n (a power of two), float64."""
+    i = torch.arange(n)
+    bits = i[:, None] & i[None, :]
+    sign = sum((bits >> b) & 1 for b in range(n.bit_length() - 1))
+    return torch.where(sign % 2 == 0, 1.0, -1.0).to(F64) * n ** -0.5

@@ -38,15 +38,6 @@ def rope64(x, cs_row):
     return x
 
 
-def hadamard(n):
-    i = torch.arange(n)
-    bits = (i[:, None] & i[None, :])
-    sign = torch.zeros_like(bits)
-    for b in range(int(math.log2(n))):
-        sign += (bits >> b) & 1
-    return torch.where(sign % 2 == 0, 1.0, -1.0).to(F64) / math.sqrt(n)
-
-
 class Ring:
     """A request ring in a paged state cache: K rows, blocks of `ratio` rows."""
 
@@ -110,7 +101,7 @@ def test_compressor_update_and_emit(ratio, target, layout):
         nbytes = dsv4attn._runtime.kv_geometry(layout, B)["block_bytes"]
         cache = to_dev(torch.zeros(nb, nbytes, dtype=torch.uint8))
     hist = {q: (torch.zeros(200, width), torch.zeros(200, width)) for q in range(R)}
-    H = hadamard(D)
+    H = ref.hadamard(D)
     for call in calls:
         pos, t2r, ctx = [], [], [0] * R
         for q, c, n in call:
@@ -123,8 +114,9 @@ def test_compressor_update_and_emit(ratio, target, layout):
             hist[q][0][p], hist[q][1][p] = kv_rows[t], s_rows[t]
         entries = poisoned((T, D), torch.float32)
         op("compressor_update_and_emit")(
-            ccfg, *to_dev(kv_rows, s_rows, torch.tensor(pos), torch.tensor(t2r, dtype=I32),
-                          torch.tensor(ctx), weight, cs),
+            *ccfg.op_args(),
+            *to_dev(kv_rows, s_rows, torch.tensor(pos), torch.tensor(t2r, dtype=I32),
+                    torch.tensor(ctx), weight, cs),
             ring.rows, to_dev(ring.table), ring.bs, cache, to_dev(out_table), B,
             layout or "model1_fp8", 1.0, entries)
         entries = entries.cpu()
@@ -177,7 +169,7 @@ def test_compressor_project():
     pos = torch.randint(0, 100, (T,))
     pos[-1] = -1
     kv, s = poisoned((T, width), torch.float32), poisoned((T, width), torch.float32)
-    op("compressor_project")(ccfg, *to_dev(x, wkv, wg, ape, pos), kv, s)
+    op("compressor_project")(*ccfg.op_args(), *to_dev(x, wkv, wg, ape, pos), kv, s)
     mag = x.to(F64).abs() @ wkv.to(F64).abs().T
     want = x.to(F64) @ wkv.to(F64).T
     assert ((kv.cpu().to(F64) - want).abs() <= 2.0 ** -20 * mag).all()
@@ -198,7 +190,7 @@ def test_compressor_skips_unmapped_output():
     entries = poisoned((4, 512), torch.float32)
     rows = torch.randn(4, ccfg.proj_width)
     op("compressor_update_and_emit")(
-        ccfg, *to_dev(rows, rows, torch.arange(4), torch.zeros(4, dtype=I32),
+        *ccfg.op_args(), *to_dev(rows, rows, torch.arange(4), torch.zeros(4, dtype=I32),
                       torch.zeros(1, dtype=I32), torch.ones(512), rope_table(64)),
         ring.rows, to_dev(ring.table), ring.bs, cache, to_dev(torch.full((1, 1), -1, dtype=I32)),
         4, "model1_fp8", 1.0, entries)
@@ -224,7 +216,7 @@ def test_indexer_query():
     qs, w = poisoned((T, HI), torch.float32), poisoned((T, HI), torch.float32)
     op("indexer_query")(*to_dev(qr, wq), None, *to_dev(x, wp, pos, cs), q8, qs, w)
     q = (qr.to(F64) @ wq.to(F64).T).view(T, HI, 128)
-    Hm = hadamard(128)
+    Hm = ref.hadamard(128)
     want = torch.stack([torch.stack([Hm @ rope64(q[t, h], cs[pos[t]]) for h in range(HI)])
                         for t in range(T)])
     deq_want, scale_want = ref.quantize_blocks(want, 128)

@@ -12,6 +12,7 @@ import dsv4attn
 from dsv4attn import vllm_ops
 from dsv4attn.flash_mla import kv_cache_block_bytes
 import reference as ref
+from conftest import requires_cuda
 
 
 def model1_cache(num_blocks, block_size, device):
@@ -101,56 +102,105 @@ def python_combine(topk_indices, qsl, seq_lens, gather_lens, W, topk, M, N):
     return rows, lens
 
 
-def test_combine_topk_swa_indices():
+def combine_inputs(device):
+    """Three prefill requests (the last shorter than the window) of a batch slice starting at
+    token 10, each token's top-k a random causal pick, -1 padded."""
     W, ratio, N, topk = 4, 4, 8, 3
-    seq_lens, gather_lens = [13, 7, 2], [6, 7, 2]  # the last request is shorter than W
+    seq_lens, gather_lens = [13, 7, 2], [6, 7, 2]
     qsl = [10, 13, 17, 19]  # a slice of a bigger batch: tokens 10.. (decodes before it)
-    M = N + W + 16
     T = qsl[-1] - qsl[0]
     topk_indices = torch.full((T, 5), -1, dtype=torch.int32)
     for r in range(3):
         for t in range(qsl[r], qsl[r + 1]):
             p = seq_lens[r] - (qsl[r + 1] - t)
-            n_avail = (p + 1) // ratio
-            picks = torch.randperm(n_avail)[:topk]
+            picks = torch.randperm((p + 1) // ratio)[:topk]
             topk_indices[t - qsl[0], :len(picks)] = picks.to(torch.int32)
     i32 = torch.int32
-    got, got_lens = vllm_ops.combine_topk_swa_indices(
-        topk_indices, torch.tensor(qsl, dtype=i32), torch.tensor(seq_lens, dtype=i32),
-        torch.tensor(gather_lens, dtype=i32), W, ratio, topk, M, N)
-    want, want_lens = python_combine(topk_indices.tolist(), qsl, seq_lens, gather_lens, W, topk,
-                                     M, N)
+    tensors = [topk_indices, torch.tensor(qsl, dtype=i32), torch.tensor(seq_lens, dtype=i32),
+               torch.tensor(gather_lens, dtype=i32)]
+    return [t.to(device) for t in tensors], (W, ratio, topk, N + W + 16, N)
+
+
+def test_combine_topk_swa_indices(device):
+    (topk_indices, qsl, seq_lens, gather_lens), (W, ratio, topk, M, N) = combine_inputs(device)
+    got, got_lens = vllm_ops.combine_topk_swa_indices(topk_indices, qsl, seq_lens, gather_lens,
+                                                      W, ratio, topk, M, N)
+    assert got.device == device and got_lens.device == device
+    want, want_lens = python_combine(topk_indices.tolist(), qsl.tolist(), seq_lens.tolist(),
+                                     gather_lens.tolist(), W, topk, M, N)
     assert got.tolist() == want and got_lens.tolist() == want_lens
-    # The torch implementation used for CUDA tensors gives the same result.
-    t_out, t_lens = vllm_ops._combine_topk_swa_torch(
-        topk_indices[:, :topk], torch.tensor(qsl, dtype=torch.int32),
-        torch.tensor(seq_lens, dtype=torch.int32), torch.tensor(gather_lens, dtype=torch.int32),
-        W, M, N)
-    assert t_out.tolist() == want and t_lens.tolist() == want_lens
 
 
-def test_compute_global_topk_indices_and_lens():
-    B = 4
-    local = torch.tensor([[0, 5, 9, -1], [3, -1, -1, -1], [1, 2, 40, -1]], dtype=torch.int32)
-    token_to_req = torch.tensor([1, 0, 1], dtype=torch.int32)
-    table = torch.tensor([[7, -1, 2], [4, 0, 6]], dtype=torch.int32)
-    valid = torch.tensor([True, True, False])
-    got, lens = vllm_ops.compute_global_topk_indices_and_lens(local, token_to_req, table, B, valid)
+def global_inputs(device):
+    """Random local entry numbers (some -1, some beyond the table or in unmapped blocks) of 6
+    tokens over 3 requests' tables."""
+    B, R, max_blocks, T, K = 4, 3, 5, 6, 7
+    table = torch.randperm(40)[:R * max_blocks].view(R, max_blocks).to(torch.int32)
+    table[0, 3] = -1
+    local = torch.randint(-1, B * max_blocks + 6, (T, K), dtype=torch.int32)
+    token_to_req = torch.randint(0, R, (T,), dtype=torch.int32)
+    valid = torch.rand(T) < 0.7
+    return [t.to(device) for t in (local, token_to_req, table, valid)], B
+
+
+def test_compute_global_topk_indices_and_lens(device):
+    (local, token_to_req, table, valid), B = global_inputs(device)
+    got, lens = vllm_ops.compute_global_topk_indices_and_lens(local, token_to_req, table, B,
+                                                              valid)
+    assert got.device == device and lens.device == device
+    tab = table.tolist()
 
     def g(r, i):
-        if i < 0 or i // B >= table.shape[1] or table[r, i // B] < 0:
+        if i < 0 or i // B >= len(tab[r]) or tab[r][i // B] < 0:
             return -1
-        return int(table[r, i // B]) * B + i % B
+        return tab[r][i // B] * B + i % B
 
-    want = [[g(int(token_to_req[t]), int(i)) for i in local[t]] for t in range(3)]
-    want[2] = [-1] * 4
+    want = [[g(int(r), int(i)) if v else -1 for i in row]
+            for row, r, v in zip(local.tolist(), token_to_req.tolist(), valid.tolist())]
     assert got.tolist() == want
     assert lens.tolist() == [sum(v >= 0 for v in row) for row in want]
-    # The torch implementation used for CUDA tensors gives the same result (before validity).
-    t_global, t_lens = vllm_ops._local_to_global_torch(local, token_to_req, table, B)
-    full = [[g(int(token_to_req[t]), int(i)) for i in local[t]] for t in range(3)]
-    assert t_global.tolist() == full
-    assert t_lens.tolist() == [sum(v >= 0 for v in row) for row in full]
+
+
+@requires_cuda
+def test_index_helpers_cuda_no_host_sync():
+    """On CUDA tensors both helpers run the C++ CUDA kernels without synchronizing the host
+    (torch raises on any synchronizing call in "error" mode) and give the CPU's results."""
+    dev = torch.device("cuda")
+    (topk_indices, qsl, seq_lens, gather_lens), scalars = combine_inputs(dev)
+    (local, token_to_req, table, valid), B = global_inputs(dev)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        combined = vllm_ops.combine_topk_swa_indices(topk_indices, qsl, seq_lens, gather_lens,
+                                                     *scalars)
+        global_ = vllm_ops.compute_global_topk_indices_and_lens(local, token_to_req, table, B,
+                                                                valid)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    want_combined = vllm_ops.combine_topk_swa_indices(
+        *(t.cpu() for t in (topk_indices, qsl, seq_lens, gather_lens)), *scalars)
+    want_global = vllm_ops.compute_global_topk_indices_and_lens(
+        *(t.cpu() for t in (local, token_to_req, table)), B, valid.cpu())
+    for got, want in zip(combined + global_, want_combined + want_global):
+        assert torch.equal(got.cpu(), want)
+
+
+@requires_cuda
+def test_combine_topk_swa_indices_cuda_drops_what_cpu_rejects():
+    """Data the CPU rejects (a non-causal top-k entry) is an error there; the CUDA kernel, which
+    reads no value on the host, leaves the entry out and keeps the row packed."""
+    (topk_indices, qsl, seq_lens, gather_lens), (W, ratio, topk, M, N) = combine_inputs("cpu")
+    bad = topk_indices.clone()
+    bad[0, 0] = N - 1  # token 0 sits at position 10 of request 0: it sees entries 0 and 1 only
+    with pytest.raises(dsv4attn.Error, match="combine_topk_swa_indices"):
+        vllm_ops.combine_topk_swa_indices(bad, qsl, seq_lens, gather_lens, W, ratio, topk, M, N)
+    got, lens = vllm_ops.combine_topk_swa_indices(
+        *(t.cuda() for t in (bad, qsl, seq_lens, gather_lens)), W, ratio, topk, M, N)
+    dropped = topk_indices.clone()
+    dropped[0, :topk] = torch.cat([topk_indices[0, 1:topk], torch.tensor([-1], dtype=torch.int32)])
+    want, want_lens = python_combine(dropped.tolist(), qsl.tolist(), seq_lens.tolist(),
+                                     gather_lens.tolist(), W, topk, M, N)
+    assert got.tolist() == want and lens.tolist() == want_lens
 
 
 @pytest.mark.parametrize("n_groups,heads_per_group", [(4, 4), (8, 8)])

@@ -75,6 +75,11 @@ class CompressorConfig:
         return CompressorConfig(config.index_head_dim, 4, config.rope_head_dim,
                                 float(config.norm_eps), INDEXER_KEYS)
 
+    def op_args(self) -> tuple:
+        """The leading arguments of the compressor ops (the config's fields, in order), as
+        torch.ops.dsv4.compressor_* take them."""
+        return dataclasses.astuple(self)
+
     def validate(self, op_name: str) -> None:
         if self.ratio not in (4, 128):
             C.fail(op_name, "cfg.ratio", "4 or 128", self.ratio)
@@ -105,12 +110,15 @@ def _add_ape_kernel(s_ptr, s_s0, ape_ptr, ape_s0, pos_ptr, W, RATIO: tl.constexp
 
 @op("compressor_project", "compressor projections (torch GEMMs) + the ape score bias",
     impl="triton+torch")
-def compressor_project(cfg: CompressorConfig, x: torch.Tensor, wkv: torch.Tensor,
-                       wgate: torch.Tensor, ape: torch.Tensor, positions: torch.Tensor,
-                       kv_rows: torch.Tensor, score_rows: torch.Tensor) -> None:
-    """x [T, dim] bf16/fp32, wkv / wgate [coff*D, dim] (x's dtype, or fp32), ape [r, coff*D]
-    fp32, positions [T] -> kv_rows, score_rows [T, coff*D] fp32."""
+def compressor_project(head_dim: int, ratio: int, rope_dims: int, eps: float, target: str,
+                       x: torch.Tensor, wkv: torch.Tensor, wgate: torch.Tensor,
+                       ape: torch.Tensor, positions: torch.Tensor, kv_rows: torch.Tensor,
+                       score_rows: torch.Tensor) -> None:
+    """The CompressorConfig's fields (CompressorConfig.op_args()), then x [T, dim] bf16/fp32,
+    wkv / wgate [coff*D, dim] (x's dtype, or fp32), ape [r, coff*D] fp32, positions [T] ->
+    kv_rows, score_rows [T, coff*D] fp32."""
     name = "compressor_project"
+    cfg = CompressorConfig(head_dim, ratio, rope_dims, eps, target)
     cfg.validate(name)
     width = cfg.proj_width
     C.tensor(name, "x", x, (torch.bfloat16, torch.float32), ndim=2)
@@ -312,7 +320,8 @@ def _save_kernel(kv_ptr, kv_s0, sc_ptr, sc_s0, pos_ptr, req_ptr, T, R,
 
 @op("compressor_update_and_emit", "compressor: emit completed entries (pool, norm, RoPE, quant)"
     " into the cache, then save the ring rows")
-def compressor_update_and_emit(cfg: CompressorConfig, kv_rows: torch.Tensor,
+def compressor_update_and_emit(head_dim: int, ratio: int, rope_dims: int, eps: float,
+                               target: str, kv_rows: torch.Tensor,
                                score_rows: torch.Tensor, positions: torch.Tensor,
                                token_to_req: torch.Tensor, context_lens: torch.Tensor,
                                norm_weight: torch.Tensor, cos_sin: torch.Tensor,
@@ -321,12 +330,13 @@ def compressor_update_and_emit(cfg: CompressorConfig, kv_rows: torch.Tensor,
                                out_block_table: torch.Tensor, out_block_size: int,
                                out_layout: str = "model1_fp8", out_tensor_scale: float = 1.0,
                                entries: Optional[torch.Tensor] = None) -> None:
-    """compressor.h compressor_update_and_emit, flattened: the batch (positions, token_to_req,
-    context_lens), the ring (state_rows fp32 [slots, 2*coff*D], state_table int32 [R, *],
+    """compressor.h compressor_update_and_emit, flattened: the config's fields, the batch
+    (positions, token_to_req, context_lens), the ring (state_rows fp32 [slots, 2*coff*D], state_table int32 [R, *],
     state_block_size), the output (out_cache uint8 [blocks, bytes]: a KV cache of out_layout
     for kv_cache, or the indexer key cache, [B x 128 fp8][B x 4 B fp32 scale] per block, for
     indexer_keys; out_block_table int32 [R, *]; out_block_size), entries optional fp32 [T, D]."""
     name = "compressor_update_and_emit"
+    cfg = CompressorConfig(head_dim, ratio, rope_dims, eps, target)
     cfg.validate(name)
     D, width = cfg.head_dim, cfg.proj_width
     C.tensor(name, "positions", positions, (torch.int32, torch.int64), ndim=1)

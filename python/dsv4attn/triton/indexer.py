@@ -73,12 +73,16 @@ def _query_kernel(q_ptr, q_s0, pos_ptr, cs_ptr, cs_s0, max_pos, codes_ptr, codes
 def indexer_query(qr: torch.Tensor, wq_b: torch.Tensor, wq_b_scale: Optional[torch.Tensor],
                   x: torch.Tensor, weights_proj: torch.Tensor, positions: torch.Tensor,
                   cos_sin: torch.Tensor, q_fp8: torch.Tensor, q_scale: torch.Tensor,
-                  weights: torch.Tensor, workspace: Optional[torch.Tensor] = None) -> None:
+                  weights: torch.Tensor, workspace: Optional[torch.Tensor] = None,
+                  qr_scale: Optional[torch.Tensor] = None) -> None:
     """indexer.h indexer_query: qr [T, q_lora], wq_b [H_I*128, q_lora] (bf16 / fp32, or fp8 with
     128x128 block scales), x [T, dim], weights_proj [H_I, dim], positions [T], cos_sin fp32
     [max_pos, 64] -> q_fp8 [T, H_I, 128] fp8_e4m3, q_scale [T, H_I] fp32, weights [T, H_I] fp32.
-    workspace: optional fp32 [>= T * H_I * 128] for the projection (else allocated)."""
+    workspace: optional fp32 [>= T * H_I * 128] for the projection (else allocated).
+    qr_scale: None (torch.ops.dsv4.indexer_query's FP8 qr is not taken here)."""
     name = "indexer_query"
+    if qr_scale is not None:
+        C.fail(name, "qr_scale", "None (this backend takes bf16 / fp32 qr)", type(qr_scale))
     C.tensor(name, "qr", qr, (torch.bfloat16, torch.float32), ndim=2)
     T, q_lora = qr.shape
     C.tensor(name, "wq_b", wq_b, (torch.bfloat16, torch.float32, _FP8), ndim=2)

@@ -327,10 +327,10 @@ class TritonAttention:
         def compress(ccfg, wts, state, out, state_table, out_table, layout):
             rows = torch.empty((T, ccfg.proj_width), dtype=torch.float32, device=dev)
             scores = torch.empty_like(rows)
-            op("compressor_project")(ccfg, x, wts["wkv"], wts["wgate"], wts["ape"], positions,
+            op("compressor_project")(*ccfg.op_args(), x, wts["wkv"], wts["wgate"], wts["ape"], positions,
                                      rows, scores)
             op("compressor_update_and_emit")(
-                ccfg, rows, scores, positions, t2r, up["context"], wts["norm"], cos_sin,
+                *ccfg.op_args(), rows, scores, positions, t2r, up["context"], wts["norm"], cos_sin,
                 state.storage.view(torch.float32).view(-1, ccfg.state_width), state_table,
                 state.block_size, out.storage, out_table, out.block_size, layout)
 

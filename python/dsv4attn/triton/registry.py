@@ -7,9 +7,9 @@ an op exists, so a caller dispatches by name alone:
     from dsv4attn.triton import registry
     registry.get("sparse_prefill")(q, kv, indices, topk_length, sink, scale, 512, out, ml, lse)
 
-Ops the C++ library exposes only in C++ (compressor, indexer) keep the C++ signatures of
-include/dsv4/compressor.h and indexer.h, in Python form. Every op writes caller-allocated outputs
-and returns nothing, like the torch ops. `rows()` is what issue 16's `dsv4 info --ops` table
+The compressor ops take the CompressorConfig's fields first (CompressorConfig.op_args()), as
+torch.ops.dsv4's do. Every op writes caller-allocated outputs and returns nothing, like the
+torch ops. `rows()` is what issue 16's `dsv4 info --ops` table
 will list for this backend.
 """
 from __future__ import annotations

@@ -13,6 +13,7 @@ namespace dsv4::python {
 void bind_ops(nb::module_& m);
 void bind_cache(nb::module_& m);
 void bind_layer(nb::module_& m);
+void bind_sparse_mla(nb::module_& m);
 }  // namespace dsv4::python
 
 namespace {
@@ -50,4 +51,5 @@ NB_MODULE(_C, m) {
   dsv4::python::bind_ops(m);
   dsv4::python::bind_cache(m);
   dsv4::python::bind_layer(m);
+  dsv4::python::bind_sparse_mla(m);
 }

@@ -185,26 +185,28 @@ def _plan_order_rows(batch: "BatchDescription", x: torch.Tensor):
     return ids, ctx, new, torch.cat([x[batch.rows(i)] for i in ids]), scatter
 
 
-def _load_weights(config, layer: int, weights: WeightsArg, seed: int,
-                  fp8_weights: bool) -> AttentionWeights:
+def _load_weights(config, layer: int, weights: WeightsArg, seed: int, fp8_weights: bool,
+                  weights_cls=AttentionWeights, where: str = "Attention"):
+    """A layer's weights from None (seeded random), a checkpoint path, a state dict or an
+    instance of `weights_cls` (AttentionWeights, or SparseMlaWeights for V3.2 layers)."""
     if weights is None:
-        return AttentionWeights.random(config, layer, seed, fp8_weights)
-    if isinstance(weights, AttentionWeights):
+        return weights_cls.random(config, layer, seed, fp8_weights)
+    if isinstance(weights, weights_cls):
         return weights
     if isinstance(weights, (str, os.PathLike)):
-        return AttentionWeights.from_checkpoint(os.fspath(weights), config, layer)
+        return weights_cls.from_checkpoint(os.fspath(weights), config, layer)
     if isinstance(weights, Mapping):
         # Detached views (no copies): the loader looks only at this layer's tensors, copying
         # them to the host; tensors elsewhere in the dict are never touched.
         tensors = {}
         for name, t in weights.items():
             if not isinstance(t, torch.Tensor):
-                raise Error(f"Attention: weights[{name!r}]: expected a torch.Tensor, got "
+                raise Error(f"{where}: weights[{name!r}]: expected a torch.Tensor, got "
                             f"{type(t).__name__}")
             tensors[name] = t.detach()
-        return AttentionWeights.from_state_dict(tensors, config, layer)
-    raise Error("Attention: weights: expected None (seeded random), a checkpoint path, a state "
-                f"dict or AttentionWeights, got {type(weights).__name__}")
+        return weights_cls.from_state_dict(tensors, config, layer)
+    raise Error(f"{where}: weights: expected None (seeded random), a checkpoint path, a state "
+                f"dict or {weights_cls.__name__}, got {type(weights).__name__}")
 
 
 class Attention:

@@ -12,6 +12,7 @@
 
 #include "dsv4/indexer.h"
 #include "dsv4/indexing.h"
+#include "dsv4/kv_rope_insert.h"
 #include "dsv4/ops.h"
 #include "dsv4/sparse_mla_indexer.h"
 #include "dsv4/status.h"
@@ -232,7 +233,7 @@ void SparseMlaAttention::Impl::forward(const BatchPlan& plan, const TensorView& 
   const HostTensor token_to_req = HostTensor::from_int32(plan.token_to_req);
   const auto [kv_slots, key_slots] = append_tokens(plan);
 
-  // Low-rank projections and their norms; RoPE on the last R dims of k_pe and of each q head.
+  // Low-rank projections and their norms; RoPE on the last R dims of each q head.
   const bool quantize = opts.fp8_gemm_activations;
   const ProjectionInput x_in(x, quantize);
   HostTensor qr(DType::bf16, {T, cfg.q_lora_rank}), kv_row(DType::bf16, {T, d_qk});
@@ -241,7 +242,6 @@ void SparseMlaAttention::Impl::forward(const BatchPlan& plan, const TensorView& 
   rms_norm(qr, w.q_norm, eps, qr);
   const TensorView latent = strided(kv_row, {T, c}, {d_qk, 1});
   rms_norm(latent, w.kv_norm, eps, latent);
-  apply_rope(kv_row, positions, cos_sin, false, kv_row);
   const ProjectionInput qr_in(qr, quantize);
   HostTensor q(DType::bf16, {T, H, n + R});
   qr_in.project(w.wq_b, strided(q, {T, H * (n + R)}, {H * (n + R), 1}));
@@ -258,9 +258,8 @@ void SparseMlaAttention::Impl::forward(const BatchPlan& plan, const TensorView& 
                   q.data<uint16_t>() + (t * H + h) * (n + R) + n, static_cast<size_t>(R) * 2);
   }
 
-  // The token's latent + k_pe into the V32_FP8 cache.
-  const KvCacheView kv_view = kv->kv_view();
-  kv_quantize(kv_view, kv_row, kv_slots);
+  // RoPE on k_pe, then the token's latent + k_pe into the V32_FP8 cache.
+  kv_rope_insert(kv_row, positions, cos_sin, kv->kv_view(), kv_slots);
 
   // The lightning indexer: FP8 queries and weights, the token's key into the key cache, scores
   // over the request's tokens up to itself, top-k (request-local token numbers).

@@ -209,7 +209,29 @@ def _load_weights(config, layer: int, weights: WeightsArg, seed: int, fp8_weight
                 f"dict or {weights_cls.__name__}, got {type(weights).__name__}")
 
 
-class Attention:
+class _LayerWrapper:
+    """What the layer classes share (Attention, SparseMlaAttention): `config` and the wrapped
+    layer `_layer`, which knows its index and weights."""
+
+    @classmethod
+    def from_checkpoint(cls, path: str, layer: int, **kw):
+        """The layer of a checkpoint directory (config.json + *.safetensors)."""
+        return cls(_C.ModelConfig.from_json_file(os.fspath(path)), layer, path, **kw)
+
+    @property
+    def layer(self) -> int:
+        return self._layer.layer
+
+    @property
+    def weights(self):
+        return self._layer.weights
+
+    def state_dict(self) -> dict:
+        """{checkpoint name: CPU tensor}: copies of the weights under the official names."""
+        return self.weights.tensors(self.config)
+
+
+class Attention(_LayerWrapper):
     """One attention layer with its weights and paged caches, on the CPU or a CUDA device.
 
     config: a ModelConfig (or the name of a built-in one, e.g. "tiny", "v4-flash").
@@ -268,27 +290,10 @@ class Attention:
     def _device_guard(self):
         return _device_guard(self.device)
 
-    @classmethod
-    def from_checkpoint(cls, path: str, layer: int, **kw) -> "Attention":
-        """The layer of a checkpoint directory (config.json + *.safetensors)."""
-        return cls(_C.ModelConfig.from_json_file(os.fspath(path)), layer, path, **kw)
-
-    @property
-    def layer(self) -> int:
-        return self._layer.layer
-
     @property
     def kind(self) -> str:
         """"SWA", "C4A" or "C128A"."""
         return self._layer.kind
-
-    @property
-    def weights(self) -> AttentionWeights:
-        return self._layer.weights
-
-    def state_dict(self) -> dict:
-        """{checkpoint name: CPU tensor}: copies of the weights under the official names."""
-        return self.weights.tensors(self.config)
 
     def reserve(self, max_tokens: int, max_requests: int, max_context: int) -> "_C.LayerMemory":
         """Sizes every workspace for steps of up to max_tokens tokens over max_requests requests

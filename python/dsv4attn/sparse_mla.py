@@ -25,7 +25,7 @@ import torch
 
 from . import Error, _C
 from ._args import int_arg, tensor_arg
-from .layer import BatchDescription, _load_weights
+from .layer import BatchDescription, _LayerWrapper, _load_weights
 
 __all__ = ["SparseMlaAttention", "SparseMlaWeights", "reference_sparse_mla_layer"]
 
@@ -37,7 +37,7 @@ def _config(config):
     return _C.ModelConfig.builtin(config) if isinstance(config, str) else config
 
 
-class SparseMlaAttention:
+class SparseMlaAttention(_LayerWrapper):
     """One DeepSeek-V3.2 sparse-MLA layer with its weights and paged caches (CPU).
 
     config: a V3.2 ModelConfig (or "v3.2" / "tiny-v3.2"). layer: the layer index.
@@ -56,27 +56,10 @@ class SparseMlaAttention:
         self._layer = _C.SparseMlaAttention(self.config, layer, w, cache_blocks, block_size,
                                             fp8_activations)
 
-    @classmethod
-    def from_checkpoint(cls, path: str, layer: int, **kw) -> "SparseMlaAttention":
-        """The layer of a checkpoint directory (config.json + *.safetensors)."""
-        return cls(_C.ModelConfig.from_json_file(os.fspath(path)), layer, path, **kw)
-
-    @property
-    def layer(self) -> int:
-        return self._layer.layer
-
     @property
     def padded_heads(self) -> int:
         """The head count the sparse kernels run (64 or 128)."""
         return self._layer.padded_heads
-
-    @property
-    def weights(self) -> SparseMlaWeights:
-        return self._layer.weights
-
-    def state_dict(self) -> dict:
-        """{checkpoint name: CPU tensor}: copies of the weights under the inference-code names."""
-        return self.weights.tensors(self.config)
 
     def forward(self, batch: BatchDescription, x: torch.Tensor) -> torch.Tensor:
         """x [T, dim] (float32 or bfloat16, CPU) → y [T, dim] float32, rows in batch order. Every

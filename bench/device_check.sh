@@ -8,7 +8,7 @@
 #   bench/device_check.sh memcheck-full / racecheck-full   the whole GPU test binary, nothing
 #                                filtered out (racecheck-full: ~6 min on the H100; all its hazards
 #                                listed by kernel function and by test)
-#   bench/device_check.sh bench  build (reused when warm); ceilings; `dsv4 bench` (all PERF.md cases)
+#   bench/device_check.sh bench  build (reused when warm); ceilings; `dsv4 bench` (all docs/performance.md cases)
 #   bench/device_check.sh layer  build (reused when warm); `dsv4 bench layer` (issue 14 item 7: one
 #                                layer of each kind, V4-Flash and V4-Pro, against its floor; ~2-4
 #                                min); LAYER_ARGS="--model v4-flash ..." narrows it; the picture is

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Timing of every Triton-backend op (python/dsv4attn/triton) on a CUDA / ROCm GPU at V4-Flash
-shapes (and the V3.2 attention cases of PERF.md), beside the native Hopper kernel of the same op
+shapes (and the V3.2 attention cases of docs/performance.md), beside the native Hopper kernel of the same op
 where one exists (torch.ops.dsv4.*, when the extension was built with CUDA).
 
     PYTHONPATH=build/python .venv/bin/python bench/scripts/bench_triton.py [--json out.json]
         [--only REGEX] [--n 20] [--layer]
 
 Per case: median of --n CUDA-event timings after warm-up (the first call compiles), L2 flushed
-before each timed call (a 256 MB write), µs; TFLOP/s by PERF.md's counting (sparse attention:
+before each timed call (a 256 MB write), µs; TFLOP/s by docs/performance.md's counting (sparse attention:
 2 * H * s_q_total * topk_total * (d_qk + d_v), every slot counted); GB/s over the bytes the op
 must move (each KV row read once, outputs written once). --layer adds whole-layer steps
 (dsv4attn.Attention, backend triton vs native): a 16384-token prefill (128 x 128) and a
@@ -20,6 +20,7 @@ import json
 import re
 import statistics
 import sys
+import time
 
 import torch
 
@@ -32,6 +33,8 @@ I32 = torch.int32
 _rows = []
 _l2 = None
 _SCALE = 1  # --scale: divides batch and token counts (a quick smoke run, not a measurement)
+_CEIL = {}  # ceilings measured in this run: copy_gbps, bf16_tflops (see measure_ceilings)
+_IDLE_S = 0.25  # idle before each case so a throttled H100 recovers (as `dsv4 bench` does)
 
 
 def sc(n: int, floor: int = 1) -> int:
@@ -58,9 +61,33 @@ def timed(fn, n):
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in events)
 
 
+def measure_ceilings():
+    """The ceilings each row's fraction is taken against, measured in the same run: a 1 GiB
+    device-to-device copy (bytes read + written) and a bf16 8192^3 matmul on the tensor cores.
+    The Triton ops run in bf16 / fp32, so the bf16 tensor ceiling, not the FP8 one, is theirs."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
+    dst = torch.empty_like(src)
+    _CEIL["copy_gbps"] = round(2 * src.numel() / timed(lambda: dst.copy_(src), 10) / 1e3, 1)
+    del src, dst
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=DEV)
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device=DEV)
+    _CEIL["bf16_tflops"] = round(2 * 8192**3 / timed(lambda: a @ b, 10) / 1e6, 1)
+    print(f"# ceilings measured now: copy {_CEIL['copy_gbps']} GB/s, "
+          f"bf16 tensor {_CEIL['bf16_tflops']} TFLOP/s")
+
+
+def fraction_of_ceiling(us, flops, nbytes):
+    """floor / time, floor = max(FLOPs / bf16 tensor ceiling, bytes / copy ceiling)."""
+    if not _CEIL or not (flops or nbytes):
+        return None
+    floor_us = max(flops / (_CEIL["bf16_tflops"] * 1e6), nbytes / (_CEIL["copy_gbps"] * 1e3))
+    return round(floor_us / us, 3)
+
+
 def case(args, op, name, triton_fn, native_fn=None, flops=0.0, nbytes=0.0):
     if args.only and not re.search(args.only, f"{op} {name}"):
         return
+    time.sleep(_IDLE_S)
     us = timed(triton_fn, args.n)
     native = None
     if native_fn is not None and dsv4attn.with_cuda:
@@ -71,12 +98,14 @@ def case(args, op, name, triton_fn, native_fn=None, flops=0.0, nbytes=0.0):
     row = {"op": op, "case": name, "triton_us": round(us, 2),
            "tflops": round(flops / us / 1e6, 1) if flops else None,
            "gbps": round(nbytes / us / 1e3, 1) if nbytes else None,
-           "native_us": round(native, 2) if isinstance(native, float) else native}
+           "native_us": round(native, 2) if isinstance(native, float) else native,
+           "of_ceiling": fraction_of_ceiling(us, flops, nbytes)}
     _rows.append(row)
     nat = f"{native:10.1f}" if isinstance(native, float) else f"{str(native or '-'):>10s}"
     print(f"{op:28s} {name:44s} {us:10.1f} {nat} "
           f"{row['tflops'] if row['tflops'] is not None else '-':>8} "
-          f"{row['gbps'] if row['gbps'] is not None else '-':>8}", flush=True)
+          f"{row['gbps'] if row['gbps'] is not None else '-':>8} "
+          f"{row['of_ceiling'] if row['of_ceiling'] is not None else '-':>8}", flush=True)
 
 
 def filled_cache(layout, block_size, num_blocks):
@@ -335,7 +364,7 @@ def bench_layer(args):
             if backend == "native" and not dsv4attn.with_cuda:
                 continue
             a = dsv4attn.Attention(cfg, layer, seed=1, device="cuda", backend=backend,
-                                   cuda_graphs=False, swa_blocks=R * 8 + 64,
+                                   cuda_graphs=False, swa_blocks=R * (ctx // 64 + 4) + 64,
                                    compressed_blocks=R * (ctx // 64 + 4) + 64,
                                    state_blocks=R * 8 + 64)
             ids = list(range(R))
@@ -390,8 +419,9 @@ def main():
     props = torch.cuda.get_device_properties(DEV)
     print(f"# {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, "
           f"triton {__import__('triton').__version__}, dsv4attn CUDA ops: {dsv4attn.with_cuda}")
+    measure_ceilings()
     print(f"{'op':28s} {'case':44s} {'triton µs':>10s} {'native µs':>10s} {'TFLOP/s':>8s} "
-          f"{'GB/s':>8s}")
+          f"{'GB/s':>8s} {'of ceil':>8s}")
     torch.manual_seed(0)
     for part in (bench_decode, bench_prefill, bench_rows, bench_compressed, bench_indexing):
         part(args)
@@ -399,7 +429,7 @@ def main():
         bench_layer(args)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": props.name, "rows": _rows}, f, indent=1)
+            json.dump({"device": props.name, "ceilings": _CEIL, "rows": _rows}, f, indent=1)
     return 0
 
 

@@ -39,7 +39,7 @@ for step in "$@"; do
         --prompt-len 512 --decode-steps 64 --chunk 8192 --json "$OUT/run.json" 2>&1 | tee "$OUT/serve.log" | tail -14 ;;
     triton)
       log triton bench
-      timeout "${TRITON_TIMEOUT:-120}" $PY bench/scripts/bench_triton.py --json "$OUT/triton.json" 2>&1 |
+      timeout "${TRITON_TIMEOUT:-120}" $PY bench/scripts/bench_triton.py ${TRITON_ARGS:-} --json "$OUT/triton.json" 2>&1 |
         tee "$OUT/triton.log" | tail -40 ;;
     run)
       log dsv4 run on the GPU

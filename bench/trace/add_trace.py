@@ -1,5 +1,5 @@
 # Development tool, not part of the build: inserts the buffered clock64 trace of
-# bench/NOTES-prefill.md (v8) into src/cuda/attention/sparse_prefill/kernel.cuh (a text patch of
+# docs/notes/prefill.md (v8) into src/cuda/attention/sparse_prefill/kernel.cuh (a text patch of
 # the kernel as of commit 6b104c3; run it in a scratch tree, build with -DDSV4_PREFILL_TRACE, set
 # DSV4_PREFILL_TRACE=<file> for `dsv4 bench`, summarise with trace_summary.py). Without the macro
 # every trace point compiles to nothing.

@@ -1,4 +1,4 @@
-// The KV compressor of C4A / C128A layers and of the C4A indexer (SPEC §4), as two ops on views
+// The KV compressor of C4A / C128A layers and of the C4A indexer (docs/spec.md §4), as two ops on views
 // so a CUDA twin can follow, plus the host bookkeeping for PagedCache-backed state.
 //
 // Per token at position p (one request):  kv = x·wkvᵀ,  s = x·wgateᵀ + ape[p mod r]   (fp32,

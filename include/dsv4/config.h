@@ -12,7 +12,7 @@ namespace dsv4 {
 enum class LayerKind : uint8_t { swa, c4a, c128a };
 std::string_view layer_kind_name(LayerKind k);  // "SWA", "C4A", "C128A"
 
-// RoPE frequencies of one layer (SPEC §3). yarn == false: plain theta^(-2i/R).
+// RoPE frequencies of one layer (docs/spec.md §3). yarn == false: plain theta^(-2i/R).
 struct RopeConfig {
   double theta = 10000.0;
   int rope_dims = 64;  // R: the LAST R dims of the head rotate, GPT-J interleaved pairs
@@ -60,7 +60,7 @@ struct ModelConfig {
   int nope_dim() const { return head_dim - rope_head_dim; }
   LayerKind layer_kind(int layer) const;   // throws for a layer out of range
   int compress_ratio(int layer) const;
-  RopeConfig rope_for_layer(int layer) const;  // SPEC §3: ratio > 0 → compress theta + YaRN
+  RopeConfig rope_for_layer(int layer) const;  // docs/spec.md §3: ratio > 0 → compress theta + YaRN
   RopeConfig rope_for_kind(LayerKind kind) const;
   // V3.2: the softmax scale of the absorbed attention, (qk_nope_head_dim + rope_head_dim)^-0.5
   // times mscale² with mscale = 0.1 · mscale_all_dim · ln(rope_factor) + 1 under YaRN (vLLM's

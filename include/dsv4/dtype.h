@@ -218,7 +218,7 @@ DSV4_HD float ue8m0_to_float(uint8_t b) {
   return bits_float(static_cast<uint32_t>(b) << 23);
 }
 
-// Exponent k of the power-of-two scale 2^k = 2^ceil(log2(max(amax / 448, 1e-4))) (SPEC §7),
+// Exponent k of the power-of-two scale 2^k = 2^ceil(log2(max(amax / 448, 1e-4))) (docs/spec.md §7),
 // computed exactly from the float's bits (no log2 rounding; the division is IEEE-rounded on the
 // device too, so a kernel picks the same scale as the CPU at power-of-two boundaries).
 DSV4_HD int32_t ue8m0_exponent_for_amax(float amax, float fmt_max = kFp8Max) {

@@ -1,5 +1,5 @@
 // FP8 e4m3 quantization of one block of values with one power-of-two scale (the UE8M0 rule of
-// SPEC §7: scale = 2^ceil(log2(max(amax / 448, 1e-4)))). Shared by the compressor (the nope dims
+// docs/spec.md §7: scale = 2^ceil(log2(max(amax / 448, 1e-4)))). Shared by the compressor (the nope dims
 // of an entry, blocks of 64, for caches that do not store FP8 themselves), the indexer key cache
 // (one block of 128 per entry) and the indexer queries (one block of 128 per head), on the host
 // and in CUDA kernels (DSV4_HD), so every path rounds identically.

@@ -1,4 +1,4 @@
-// Which compressed entries a query sees (SPEC §5): the C4A lightning indexer (query preparation,
+// Which compressed entries a query sees (docs/spec.md §5): the C4A lightning indexer (query preparation,
 // scores, top-k, as separate ops so GPU scoring can be judged by top-k recall against the
 // scores of this reference) and the C128A plan (every emitted entry, in order).
 //

@@ -1,4 +1,4 @@
-// The indexer key cache (SPEC §7 last line, vLLM's FP8 indexer cache): one entry per ratio-4
+// The indexer key cache (docs/spec.md §7 last line, vLLM's FP8 indexer cache): one entry per ratio-4
 // compressed entry, 128 fp8 e4m3 values and one fp32 scale (a power of two, UE8M0 rule), so the
 // key is fp8 · scale. A block of B entries is [B × 128 B keys][B × 4 B scales] (keys first, like
 // MODEL1_FP8; 132 B per entry). slot = block · B + offset, as for every paged cache.

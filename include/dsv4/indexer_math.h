@@ -1,4 +1,4 @@
-// Per-element math of the C4A indexer (SPEC §5): the visible-entry count and the total order of
+// Per-element math of the C4A indexer (docs/spec.md §5): the visible-entry count and the total order of
 // top-k as an unsigned key, shared by the CPU reference (src/cpu/indexer.cpp) and the CUDA kernels
 // (src/cuda/indexer/) so both select identically from the same scores; and the CPU's fixed
 // summation order of a query·key dot product and head term of a score (the CUDA scores run on FP8

@@ -1,4 +1,4 @@
-// Index planning utilities (SPEC §8): request-local → global slot conversion, SWA window indices
+// Index planning utilities (docs/spec.md §8): request-local → global slot conversion, SWA window indices
 // for decode and prefill tokens, and the prefill gather-workspace index rewrite.
 //
 // Like the ops (ops.h), each takes views and dispatches on where they live: all host → the CPU

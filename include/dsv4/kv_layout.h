@@ -1,4 +1,4 @@
-// Paged KV-cache layouts (SPEC §7): byte geometry, and per-token quantize / dequantize shared by
+// Paged KV-cache layouts (docs/spec.md §7): byte geometry, and per-token quantize / dequantize shared by
 // the CPU reference and CUDA kernels (DSV4_HD), so both produce and read identical bytes.
 //
 // A cache is an array of blocks, each `block_bytes` long, holding `block_size` tokens.

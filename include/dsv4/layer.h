@@ -1,4 +1,4 @@
-// dsv4::Attention — one DeepSeek-V4 attention layer (SPEC §2): weights, its paged caches and
+// dsv4::Attention — one DeepSeek-V4 attention layer (docs/spec.md §2): weights, its paged caches and
 // per-request state, and forward() over a mixed batch (decodes first, then prefill chunks that may
 // continue earlier context). The layer only sequences ops (include/dsv4/ops.h, compressor.h,
 // indexer.h); it never knows which backend runs them.

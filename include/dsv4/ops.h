@@ -1,4 +1,4 @@
-// The ops of the DeepSeek-V4 attention layer (SPEC §2–§8), one signature each.
+// The ops of the DeepSeek-V4 attention layer (docs/spec.md §2–§8), one signature each.
 //
 // Every op takes views (dsv4::TensorView), writes caller-provided outputs, never allocates device
 // memory and never synchronizes. The backend is chosen by where the tensors live: all CPU →
@@ -127,9 +127,9 @@ void residual_add_rms_norm(const TensorView& residual, const TensorView& delta,
 
 // ================================ RoPE =========================================================
 // cos/sin table for positions [0, max_pos): fp32 [max_pos, R] = [cos(p f_0..f_{R/2-1}) |
-// sin(...)], frequencies per SPEC §3 (YaRN when cfg.yarn). Host tensor.
+// sin(...)], frequencies per docs/spec.md §3 (YaRN when cfg.yarn). Host tensor.
 HostTensor build_rope_cache(const RopeConfig& cfg, int64_t max_pos);
-// The R/2 frequencies f_i (double) of SPEC §3.
+// The R/2 frequencies f_i (double) of docs/spec.md §3.
 void rope_frequencies(const RopeConfig& cfg, double* freqs /* [R/2] */);
 
 // GPT-J interleaved RoPE on the last R dims of each head: pairs (2i, 2i+1) rotate by p·f_i
@@ -172,7 +172,7 @@ void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const Tenso
                           const TensorView& slot_mapping, Stream stream = nullptr);
 
 // ================================ sparse attention ===========================================
-// Contract (SPEC §6): for each query row (b, s, h): over the valid gathered rows k_i,
+// Contract (docs/spec.md §6): for each query row (b, s, h): over the valid gathered rows k_i,
 //   P_i = scale · q·k_i,  lse = ln Σ exp(P_i),  out = Σ exp(P_i − lse) · k_i[:d_v];
 //   with a sink σ_h: out ← out · exp(lse) / (exp(lse) + exp(σ_h)). lse excludes the sink.
 //   No valid row: out = 0, lse = +inf.

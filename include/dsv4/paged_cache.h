@@ -1,4 +1,4 @@
-// Paged caches (SPEC §8): a block pool, per-request block tables, slot mapping for new entries,
+// Paged caches (docs/spec.md §8): a block pool, per-request block tables, slot mapping for new entries,
 // and the set of caches one attention layer owns (SWA, compressed, indexer keys, compressor
 // state) with the default block sizes.
 //
@@ -108,7 +108,7 @@ void require_blocks_for_growth(const char* where, const PagedCache& cache,
 // Packs block tables of `reqs` (in order) into int32 [reqs.size(), max_blocks] padded with -1.
 HostTensor pack_block_tables(const PagedCache& cache, const std::vector<int64_t>& reqs);
 
-// Block-size defaults of SPEC §8.
+// Block-size defaults of docs/spec.md §8.
 struct CacheDefaults {
   static constexpr int kSwaBlock = 64;          // tokens per SWA block
   static constexpr int kLogicalBlock = 256;     // tokens per compressed logical block

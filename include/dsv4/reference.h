@@ -1,4 +1,4 @@
-// The unbatched float64 reference of one attention layer (SPEC §2–§6): a second, deliberately
+// The unbatched float64 reference of one attention layer (docs/spec.md §2–§6): a second, deliberately
 // plain implementation used by `dsv4 run --check` and the layer tests to judge the batched path.
 //
 // It runs ONE request's tokens at positions 0..L-1 in double precision, straight from the

@@ -61,7 +61,7 @@ struct Weight {
   bool quantized() const { return scale.view().defined(); }
 };
 
-// A compressor (SPEC §4): the main one (head dim D) or the indexer's (head dim index_head_dim).
+// A compressor (docs/spec.md §4): the main one (head dim D) or the indexer's (head dim index_head_dim).
 struct CompressorWeights {
   Weight wkv;       // [coff*hd, dim]
   Weight wgate;     // [coff*hd, dim]
@@ -69,7 +69,7 @@ struct CompressorWeights {
   HostTensor norm;  // [hd]
 };
 
-// The C4A indexer (SPEC §5).
+// The C4A indexer (docs/spec.md §5).
 struct IndexerWeights {
   Weight wq_b;                   // [index_n_heads*index_head_dim, q_lora]
   Weight weights_proj;           // [index_n_heads, dim]
@@ -151,7 +151,7 @@ std::vector<int64_t> weight_scale_shape(const std::vector<int64_t>& value_shape)
 
 // fp8 e4m3 quantization of a float-like weight of >= 2 dims, per 128x128 block of each matrix
 // (see weight_scale_shape) with power-of-two scales 2^ceil(log2(max(amax/448, 1e-4)))
-// (SPEC §7), stored as ue8m0 or fp32 (scale_dtype).
+// (docs/spec.md §7), stored as ue8m0 or fp32 (scale_dtype).
 Weight quantize_weight_fp8(const HostTensor& w, DType scale_dtype = DType::ue8m0);
 // An fp32 copy of the weight (value's shape), block scales applied for fp8.
 HostTensor dequantize_weight(const Weight& w);

@@ -71,7 +71,7 @@ def rope_cos_sin(
     beta_slow: float = 1.0,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
-    """fp32 [max_pos, rope_dims] table [cos(p·f_0..f_{R/2-1}) | sin(...)] (SPEC §3).
+    """fp32 [max_pos, rope_dims] table [cos(p·f_0..f_{R/2-1}) | sin(...)] (docs/spec.md §3).
 
     The layout is vLLM's `rotary_emb.cos_sin_cache` (cos half, then sin half) for GPT-J
     interleaved pairs; YaRN frequencies when `yarn` is True.

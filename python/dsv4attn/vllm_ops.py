@@ -9,7 +9,7 @@
     deepseek_v4_fp8_einsum                               z[t, g] = o_g · wo_a_gᵀ (FP8 blocks)
 
 Differences from vLLM, by design: tensors may be CPU tensors (the reference backend); the
-UE8M0 scale floor is SPEC §7's max(amax / 448, 1e-4) (vLLM's Triton kernel floors amax at 1e-10;
+UE8M0 scale floor is docs/spec.md §7's max(amax / 448, 1e-4) (vLLM's Triton kernel floors amax at 1e-10;
 the two agree whenever a block's amax >= 0.0448); outputs are contiguous where vLLM returns
 transposed views of TMA-friendly buffers (same shapes, same values), except
 fused_inv_rope_fp8_quant's scales, which are such a transposed view (the CUDA FP8 GEMMs' layout).

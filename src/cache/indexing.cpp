@@ -1,4 +1,4 @@
-// Index planning utilities (SPEC §8): request-local → global slots, SWA window indices, and the
+// Index planning utilities (docs/spec.md §8): request-local → global slots, SWA window indices, and the
 // prefill gather-workspace index rewrite. Each public function validates every argument's shape,
 // dtype and device, then dispatches: host tensors → the CPU reference here, which also validates
 // every index (where documented) before writing any output; CUDA tensors → the kernels of

@@ -1,4 +1,4 @@
-// KV layouts (SPEC §7): names, byte geometry, cache validation and the validated bulk CPU
+// KV layouts (docs/spec.md §7): names, byte geometry, cache validation and the validated bulk CPU
 // quantize / dequantize built on the per-token functions of kv_layout.h.
 #include "dsv4/kv_layout.h"
 

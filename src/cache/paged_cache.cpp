@@ -1,4 +1,4 @@
-// Paged caches (SPEC §8): block pool, per-request block tables with SWA block recycling, and the
+// Paged caches (docs/spec.md §8): block pool, per-request block tables with SWA block recycling, and the
 // cache set of one attention layer.
 #include "dsv4/paged_cache.h"
 

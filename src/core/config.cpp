@@ -44,7 +44,7 @@ RopeConfig ModelConfig::rope_for_kind(LayerKind kind) const {
   RopeConfig rope;
   rope.rope_dims = rope_head_dim;
   // V4: SWA-only layers rotate with rope_theta and no YaRN; compressed layers use
-  // compress_rope_theta with YaRN (SPEC §3). V3.2 has one rope for every layer: rope_theta + YaRN.
+  // compress_rope_theta with YaRN (docs/spec.md §3). V3.2 has one rope for every layer: rope_theta + YaRN.
   const bool plain = family == "v4" && kind == LayerKind::swa;
   rope.theta = (family == "v4" && !plain) ? compress_rope_theta : rope_theta;
   if (!plain && original_seq_len > 0) {

@@ -1,6 +1,6 @@
 // The shared inner piece of the CPU sparse attention ops (decode, prefill, combine): an online
 // softmax over a stream of rows for all H heads of one query, and its finalisation with the
-// attention sink (SPEC §6). Internal to src/cpu.
+// attention sink (docs/spec.md §6). Internal to src/cpu.
 //
 // Rows arrive in tiles of kRowTile; each row is dequantized once into the tile and reused by
 // every head (the CPU analogue of the kernels' KV tile shared by a head group). Accumulation is
@@ -89,7 +89,7 @@ class HeadGroupSoftmax {
     for (int d = 0; d < d_v_; ++d) o[d] = acc[d] * inv;
   }
 
-  // The final output of head h (SPEC §6): out = acc / sum · exp(lse) / (exp(lse) + exp(sink)),
+  // The final output of head h (docs/spec.md §6): out = acc / sum · exp(lse) / (exp(lse) + exp(sink)),
   // written as bf16; lse_out excludes the sink. No valid row: out = 0, lse = +inf.
   // sink = −inf (or no sink) leaves out unchanged; sink = +inf gives out = 0.
   void write_output(int h, float sink, uint16_t* out_bf16, float* lse_out) const {

@@ -1,4 +1,4 @@
-// CPU reference of the KV compressor (SPEC §4): projection, per-request ring state, windowed
+// CPU reference of the KV compressor (docs/spec.md §4): projection, per-request ring state, windowed
 // softmax pooling, RMSNorm, RoPE at the window's first position, and the target's quantization
 // (KV cache layout, or Hadamard + FP8 indexer keys). One implementation for both compressors:
 // head dim, ratio and target are parameters (CompressorConfig).
@@ -256,7 +256,7 @@ int64_t ring_slot(const CompressorConfig& cfg, const CompressorStateView& state,
   return slot;
 }
 
-// The rows of the window that ends at position p (SPEC §4), in pooling order, into kv[0, n) /
+// The rows of the window that ends at position p (docs/spec.md §4), in pooling order, into kv[0, n) /
 // s[0, n); returns n. Rows come from this call's projections (positions >= context) or from the
 // ring; every ring row it reads was validated before the parallel region, so ring_slot cannot
 // throw here. Positions before 0 are absent (kv = 0, s = −inf: no contribution).
@@ -311,7 +311,7 @@ void store_entry(const CompressorConfig& cfg, const CompressorOutputView& out, i
   if (cfg.target == CompressorTarget::kv_cache) {
     const KvCacheView& cache = out.kv_cache;
     // MODEL1_FP8 stores the nope dims as FP8 blocks of 64 itself; other layouts get the model's
-    // FP8-rounded values (SPEC §4) and then apply their own encoding.
+    // FP8-rounded values (docs/spec.md §4) and then apply their own encoding.
     if (cache.layout != KvLayout::model1_fp8)
       for (int b = 0; b < cfg.head_dim - cfg.rope_dims; b += model1::kQuantBlock)
         fp8_round_block(v + b, model1::kQuantBlock);

@@ -1,4 +1,4 @@
-// The compressor's per-element math that no other op shares (SPEC §4), used by the CPU op
+// The compressor's per-element math that no other op shares (docs/spec.md §4), used by the CPU op
 // (src/cpu/compressor.cpp) and its CUDA kernels (src/cuda/compressor/) alike: the softmax
 // weights' exp and the per-dim pooling. Every operation is IEEE-rounded on its own (dtype.h
 // ieee_*: non-fused, non-flushing PTX on the device, plain operators on the host), so both
@@ -38,7 +38,7 @@ DSV4_HD float softmax_exp(float x) {
   return ieee_mul(y, exp2_int(static_cast<int32_t>(n)));
 }
 
-// Dim d of the pooled entry (SPEC §4): Σ_i softmax_i(s_i[d]) · kv_i[d] over the window's n
+// Dim d of the pooled entry (docs/spec.md §4): Σ_i softmax_i(s_i[d]) · kv_i[d] over the window's n
 // present rows, in row order: the max first, then weighted sum and normalizer in one pass.
 DSV4_HD float pool_dim(const float* const* kv, const float* const* s, int n, int d) {
   float m = -bits_float(0x7f800000u);

@@ -1,6 +1,6 @@
 // dequantize_and_gather: copies (dequantized, as bf16) the last g entries of each prefill
 // request's paged cache into a dense workspace row range, as vLLM's
-// dequantize_and_gather_k_cache does before the sparse prefill (SPEC §8).
+// dequantize_and_gather_k_cache does before the sparse prefill (docs/spec.md §8).
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -1,4 +1,4 @@
-// grouped_wo_a (SPEC §2 step 6): the grouped low-rank output projection. o [T, H·D] is viewed as
+// grouped_wo_a (docs/spec.md §2 step 6): the grouped low-rank output projection. o [T, H·D] is viewed as
 // G groups of H·D/G columns; group g is projected by its own wo_a[g] [L, H·D/G] into columns
 // [g·L, (g+1)·L) of z. All G GEMMs run as one batch of the shared CPU GEMM.
 #include <string>

@@ -1,4 +1,4 @@
-// Hadamard rotation of the indexer (SPEC §4/§5): v ← H_n · v · n^-0.5 with H_n the Sylvester
+// Hadamard rotation of the indexer (docs/spec.md §4/§5): v ← H_n · v · n^-0.5 with H_n the Sylvester
 // Hadamard matrix (H_2n = [[H_n, H_n], [H_n, −H_n]]; entry (i, k) = (−1)^popcount(i & k)), the
 // ordering of fast_hadamard_transform that DeepSeek's reference uses. The scale makes it
 // orthonormal, so dot products between rotated vectors are unchanged; it only spreads outliers

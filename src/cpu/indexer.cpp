@@ -1,4 +1,4 @@
-// CPU reference of entry selection (SPEC §5): the C4A indexer's queries, scores and top-k, and
+// CPU reference of entry selection (docs/spec.md §5): the C4A indexer's queries, scores and top-k, and
 // the C128A "every emitted entry" plan.
 #include "dsv4/indexer.h"
 

@@ -1,4 +1,4 @@
-// inv_rope_fp8_quant (SPEC §2 steps 5–6, production numerics): inverse RoPE on the rope dims of
+// inv_rope_fp8_quant (docs/spec.md §2 steps 5–6, production numerics): inverse RoPE on the rope dims of
 // each head of the attention output, rounded to bf16, then FP8 per 1×block of the flattened row —
 // apply_rope(inverse) into a bf16 o followed by quantize_act_fp8, in one pass over o.
 #include <string>

@@ -1,4 +1,4 @@
-// linear: y = x · Wᵀ (SPEC §2 projections) — validation, backend dispatch, CPU GEMM call.
+// linear: y = x · Wᵀ (docs/spec.md §2 projections) — validation, backend dispatch, CPU GEMM call.
 #include "cpu/backend.h"
 #include "cpu/gemm.h"
 #include "cpu/validate.h"

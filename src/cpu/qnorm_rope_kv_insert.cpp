@@ -1,4 +1,4 @@
-// qnorm_rope_kv_insert (SPEC §2 steps 1–2, vLLM fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert):
+// qnorm_rope_kv_insert (docs/spec.md §2 steps 1–2, vLLM fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert):
 // per token, q ← RoPE(rms_norm(q) per head), kv ← RoPE(kv), kv quantized into the paged cache at
 // its slot, and kv overwritten with the dequantized cache value so the caller attends to exactly
 // what later steps will read back. Per-token encode/decode is kv_layout.h's, shared with CUDA.

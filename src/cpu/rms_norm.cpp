@@ -1,4 +1,4 @@
-// rms_norm and fused_qkv_rms_norm (SPEC §2 steps 1–2): y = x · rsqrt(mean(x²) + eps) [· weight]
+// rms_norm and fused_qkv_rms_norm (docs/spec.md §2 steps 1–2): y = x · rsqrt(mean(x²) + eps) [· weight]
 // over the last dim, fp32 math, one rounding to the output type.
 #include <cmath>
 #include <string>

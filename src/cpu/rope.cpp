@@ -1,4 +1,4 @@
-// RoPE (SPEC §3): frequencies (plain and YaRN), the cos/sin table, and apply_rope (forward and
+// RoPE (docs/spec.md §3): frequencies (plain and YaRN), the cos/sin table, and apply_rope (forward and
 // inverse, GPT-J interleaved pairs on the last R dims).
 #include <algorithm>
 #include <cmath>
@@ -49,7 +49,7 @@ void rope_frequencies(const RopeConfig& cfg, double* freqs) {
   for (int i = 0; i < half; ++i) freqs[i] = std::pow(cfg.theta, -2.0 * i / R);
   if (!cfg.yarn) return;
   // Dims below `low` (fast rotations) keep their frequency, dims above `high` are slowed by
-  // `factor`, with a linear ramp between; both ends clamped to [0, R-1] (SPEC §3), and a
+  // `factor`, with a linear ramp between; both ends clamped to [0, R-1] (docs/spec.md §3), and a
   // degenerate range widened by 0.001 as DeepSeek's reference does.
   const double low = std::clamp(std::floor(yarn_correction_dim(cfg, cfg.beta_fast)), 0.0, R - 1.0);
   double high = std::clamp(std::ceil(yarn_correction_dim(cfg, cfg.beta_slow)), 0.0, R - 1.0);

@@ -1,5 +1,5 @@
 // sparse_attention_combine: merges split-KV partials (o_s, lse_s) into the final output with the
-// attention sink (SPEC §6). CPU reference + dispatch to the CUDA twin.
+// attention sink (docs/spec.md §6). CPU reference + dispatch to the CUDA twin.
 #include "cpu/sparse_combine.h"
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // sparse_decode: split-KV sparse attention of decode queries straight over the paged FP8 (or
-// BF16) caches through two index scopes (SPEC §6), and its shape-only split planner.
+// BF16) caches through two index scopes (docs/spec.md §6), and its shape-only split planner.
 // CPU reference: each (b, s_q, split) item attends its slice of the concatenated index list
 // into the workspace partials, then the shared combine merges the splits and applies the sink.
 #include <algorithm>
@@ -246,7 +246,7 @@ DecodeSchedule make_decode_schedule(int b, int s_q, int h, int topk_total, int n
   if (d_v < 1) fail_expected(kWhere, "d_v", ">= 1", d_v);
 
   // A kernel CTA handles one (b, s_q) row, one 64-head group and one split of the index list.
-  // Cost model (measured on H100 by the decode kernel's author, bench/NOTES-decode.md): a CTA
+  // Cost model (measured on H100 by the decode kernel's author, docs/notes/decode.md): a CTA
   // takes one fixed tile-time plus one per KV tile, CTAs run in waves of num_sms, and splitting
   // adds a combine pass. Pick the split count with the lowest cost (ties: fewer splits), never
   // more splits than tiles.

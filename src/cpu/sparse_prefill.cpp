@@ -1,5 +1,5 @@
 // sparse_prefill: sparse attention of prefill queries over a bf16 KV workspace (the gathered
-// compressed + SWA rows), FlashMLA sparse-prefill semantics (SPEC §6): indices -1 and >= s_kv
+// compressed + SWA rows), FlashMLA sparse-prefill semantics (docs/spec.md §6): indices -1 and >= s_kv
 // are masked (not errors), slots past topk_length are ignored; returns out, max_logits and lse
 // in natural units.
 #include <cstdint>

@@ -1,4 +1,4 @@
-// dsv4::Attention: sequences the ops of one layer over a mixed batch (SPEC §2).
+// dsv4::Attention: sequences the ops of one layer over a mixed batch (docs/spec.md §2).
 //
 //   x ─► wq_a, wkv ─► fused q/kv RMSNorm ─► wq_b ─► q head-norm + RoPE, kv RoPE + quant + insert
 //     ─► [compressor ─► compressed cache; C4A: indexer top-k; C128A: all entries]

@@ -1,4 +1,4 @@
-// The compressed half of a C4A / C128A layer's step (SPEC §4–§5): runs the compressor (and, for
+// The compressed half of a C4A / C128A layer's step (docs/spec.md §4–§5): runs the compressor (and, for
 // C4A, the indexer's compressor and the indexer) over a batch and returns, per token, the
 // request-local compressed entries it attends to. Owned by dsv4::Attention.
 //

@@ -1,5 +1,5 @@
 // Float64 reference of one layer for one request (see include/dsv4/reference.h). Written from
-// SPEC.md on its own, sharing no layer code with the batched path, so that the two check each
+// docs/spec.md on its own, sharing no layer code with the batched path, so that the two check each
 // other. Single-threaded loops over positions, parallel over output rows where it is cheap.
 #include "dsv4/reference.h"
 
@@ -32,7 +32,7 @@ void cache_round(double* v, int D, int R) {
   for (int i = D - R; i < D; ++i) v[i] = round_bf16(static_cast<float>(v[i]));
 }
 
-// A compressor's projections of every position and its emitted entries (SPEC §4).
+// A compressor's projections of every position and its emitted entries (docs/spec.md §4).
 struct Compressor {
   int r = 0, coff = 1, hd = 0;
   Mat kv, score;  // [L, coff*hd]: x·wkvᵀ and x·wgateᵀ + ape[p mod r]

@@ -1,7 +1,8 @@
 // Float64 building blocks of the layer references (reference_layer.cpp for V4,
 // sparse_mla/sparse_mla_reference.cpp for V3.2): dense double matrices and projections, RMSNorm,
-// SPEC §3 RoPE frequencies and rotation, the FP8 / bf16 roundings the production path stores, the
-// Hadamard transform — written from the formulas, sharing no code with the ops they judge.
+// docs/spec.md §3 RoPE frequencies and rotation, the FP8 / bf16 roundings the production path
+// stores, the Hadamard transform — written from the formulas, sharing no code with the ops they
+// judge.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +37,7 @@ Mat project(const Mat& X, const Mat& M);
 // v ← v · rsqrt(mean(v²) + eps) · weight (no weight when null).
 void rmsnorm(double* v, int64_t n, const std::vector<double>* weight, double eps);
 
-// SPEC §3 frequencies of a RopeConfig.
+// docs/spec.md §3 frequencies of a RopeConfig.
 std::vector<double> frequencies(const RopeConfig& rc);
 // GPT-J rotation of the last 2*freqs.size() dims of v[0..n) at position p (sign -1: inverse).
 void rotate(double* v, int64_t n, const std::vector<double>& freqs, double p, double sign = 1);

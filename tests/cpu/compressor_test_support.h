@@ -1,4 +1,4 @@
-// Test support for the compressor / indexer tests: float64 pieces written from SPEC §3–§5 on top
+// Test support for the compressor / indexer tests: float64 pieces written from docs/spec.md §3–§5 on top
 // of the dense tests' independent oracles (fp8 e4m3 / UE8M0 in dense_test_support.h, RoPE
 // frequencies with YaRN in rope_reference.h): a seeded random source, RoPE of one vector, the
 // Hadamard matrix, and the FP8 block round trip.
@@ -37,7 +37,7 @@ struct Rng {
   }
 };
 
-// RoPE (SPEC §3, the frequencies of `rope`) on the last rope.rope_dims of v[0..dim) at position p.
+// RoPE (docs/spec.md §3, the frequencies of `rope`) on the last rope.rope_dims of v[0..dim) at position p.
 inline void rope_f64(double* v, int dim, const RopeConfig& rope, int64_t p) {
   const std::vector<double> f = dense_test::reference_rope_freqs(rope);
   double* pairs = v + (dim - rope.rope_dims);
@@ -59,7 +59,7 @@ inline std::vector<double> hadamard_f64(const std::vector<double>& v) {
   return out;
 }
 
-// UE8M0 scale of a block with absolute maximum amax (SPEC §7), as a value.
+// UE8M0 scale of a block with absolute maximum amax (docs/spec.md §7), as a value.
 inline double ue8m0_scale_f64(double amax) {
   return std::ldexp(1.0, dense_test::ue8m0_exponent(amax));
 }

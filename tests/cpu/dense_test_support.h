@@ -1,6 +1,6 @@
 // Test support for the dense CPU ops: random data, poisoning, byte snapshots, and float64
 // oracles for the number formats (fp8 e4m3 rounding, UE8M0 scale rule, bf16 decode) written from
-// their definitions (SPEC §7, OCP FP8), independently of include/dsv4/dtype.h.
+// their definitions (docs/spec.md §7, OCP FP8), independently of include/dsv4/dtype.h.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -53,7 +53,7 @@ inline int fp8_encode(double v) {
 }
 inline double fp8_round(double v) { return fp8_value(fp8_encode(v)); }
 
-// SPEC §7: the UE8M0 scale exponent k, scale = 2^ceil(log2(max(amax / 448, 1e-4))).
+// docs/spec.md §7: the UE8M0 scale exponent k, scale = 2^ceil(log2(max(amax / 448, 1e-4))).
 inline int ue8m0_exponent(double amax) {
   return static_cast<int>(std::ceil(std::log2(std::max(amax / 448.0, 1e-4))));
 }

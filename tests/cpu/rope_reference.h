@@ -1,4 +1,4 @@
-// Float64 RoPE reference for the tests, written from SPEC §3: GPT-J pairs (2i, 2i+1) of the last
+// Float64 RoPE reference for the tests, written from docs/spec.md §3: GPT-J pairs (2i, 2i+1) of the last
 // R dims rotate by p·f_i, f_i = theta^(-2i/R), with the YaRN blend when enabled.
 #pragma once
 
@@ -30,7 +30,7 @@ inline std::vector<double> reference_rope_freqs(const dsv4::RopeConfig& c) {
   return f;
 }
 
-// The layer configs of SPEC §1/§3: SWA layers (theta 1e4, no YaRN) and compressed layers
+// The layer configs of docs/spec.md §1/§3: SWA layers (theta 1e4, no YaRN) and compressed layers
 // (theta 160000, YaRN factor 16 over 65536, beta 32/1).
 inline dsv4::RopeConfig swa_rope(int R = 64) {
   dsv4::RopeConfig c;

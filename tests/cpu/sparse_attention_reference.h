@@ -1,6 +1,6 @@
 // Test-side references for the sparse attention ops, written independently of src/: a paged KV
-// cache filled with random tokens byte by byte and decoded by hand (SPEC §7 byte layouts with
-// the scalar conversions of dtype.h), and the SPEC §6 attention formula in float64.
+// cache filled with random tokens byte by byte and decoded by hand (docs/spec.md §7 byte layouts with
+// the scalar conversions of dtype.h), and the docs/spec.md §6 attention formula in float64.
 #pragma once
 
 #include <algorithm>
@@ -19,7 +19,7 @@ namespace dsv4::test {
 
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Bytes per block, computed here from SPEC §7 (not with kv_geometry).
+// Bytes per block, computed here from docs/spec.md §7 (not with kv_geometry).
 inline int64_t spec_block_bytes(KvLayout layout, int block_size) {
   switch (layout) {
     case KvLayout::model1_fp8: return (int64_t{block_size} * 584 + 575) / 576 * 576;
@@ -159,7 +159,7 @@ class TestCache {
   HostTensor data_;
 };
 
-// SPEC §6 for one query head over gathered rows, in float64.
+// docs/spec.md §6 for one query head over gathered rows, in float64.
 struct HeadResult {
   std::vector<double> out;  // d_v
   double lse;               // natural log, without the sink; +inf when no row
@@ -183,7 +183,7 @@ inline HeadResult reference_head(const std::vector<double>& q, const std::vector
     const double p = std::exp(logits[i] - r.lse);
     for (int d = 0; d < d_v; ++d) r.out[d] += p * (*rows[i])[d];
   }
-  // out · exp(lse) / (exp(lse) + exp(sink)), written as SPEC §6 states it (sink −inf: ×1).
+  // out · exp(lse) / (exp(lse) + exp(sink)), written as docs/spec.md §6 states it (sink −inf: ×1).
   const double factor = std::isinf(sink) && sink > 0 ? 0.0 : std::exp(r.lse) / (std::exp(r.lse) + std::exp(sink));
   for (double& o : r.out) o *= factor;
   return r;

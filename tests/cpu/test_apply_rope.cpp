@@ -1,4 +1,4 @@
-// apply_rope against float64 rotations (SPEC §3, GPT-J pairs on the last R dims) over [T, D] and
+// apply_rope against float64 rotations (docs/spec.md §3, GPT-J pairs on the last R dims) over [T, D] and
 // [T, H, D] with H 16/64/128 and D 512/576, YaRN on/off, forward and inverse, in and out of place.
 // Tolerances, relative to the norm of each rotated pair (rotation preserves it): fp32 output
 // 1e-6 (the fp32 table's cos/sin carry ≤ 2^-25 each, plus two products and a sum in fp32 —

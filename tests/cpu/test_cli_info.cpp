@@ -14,7 +14,7 @@ using dsv4_test::run_cli;
 TEST(CliInfo, LayoutsPrintBytesPerTokenAndBlock) {
   const Result r = run_cli("info --layouts --block-size 64");
   ASSERT_EQ(r.status, 0) << r.output;
-  // Hand-computed (SPEC §7): MODEL1 584 B/token, 37440 B/block of 64; V32 656 / 41984;
+  // Hand-computed (docs/spec.md §7): MODEL1 584 B/token, 37440 B/block of 64; V32 656 / 41984;
   // BF16 1024 / 65536; FP8_PER_TENSOR 512 / 32768.
   for (const char* want : {"MODEL1_FP8", "584", "37440", "V32_FP8", "656", "41984", "BF16",
                            "65536", "FP8_PER_TENSOR", "32768"})

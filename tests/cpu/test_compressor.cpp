@@ -1,4 +1,4 @@
-// Compressor (SPEC §4): compressor_project and compressor_update_and_emit against an independent
+// Compressor (docs/spec.md §4): compressor_project and compressor_update_and_emit against an independent
 // float64 implementation, over ratios 4 and 128, both targets (KV cache layouts, indexer keys),
 // several requests per batch, prompts shorter than a window and chunk splits inside windows
 // (state carried across calls must give the same bytes as one call); plus bad input.
@@ -22,7 +22,7 @@ namespace {
 using test::Rng;
 
 constexpr int kHidden = 64;  // small hidden size keeps the projections cheap
-// The RoPE of compressed layers (SPEC §3): theta 160000 with YaRN (factor 16 over 65536).
+// The RoPE of compressed layers (docs/spec.md §3): theta 160000 with YaRN (factor 16 over 65536).
 const RopeConfig kRope = dense_test::yarn_rope(64);
 constexpr float kPoisonF = std::numeric_limits<float>::quiet_NaN();
 constexpr uint8_t kPoisonByte = 0xAB;

@@ -1,4 +1,4 @@
-// Model configs: built-ins, per-layer kinds and RoPE (SPEC §1, §3), loading real-style
+// Model configs: built-ins, per-layer kinds and RoPE (docs/spec.md §1, §3), loading real-style
 // config.json files (Hugging Face and inference ModelArgs naming) from a temp directory, and
 // rejection of invalid configs with an error naming the field.
 #include <gtest/gtest.h>

@@ -66,7 +66,7 @@ INSTANTIATE_TEST_SUITE_P(Grid, FusedQkvRmsNorm,
 
 // The FP8 q for an FP8 wq_b (block 128, any scale layout): the codes and scales are exactly
 // quantize_act_fp8 of q_out's values (bf16, or fp32), or of the normed row rounded to bf16 when
-// q_out is omitted — checked against the float64 norm + SPEC §7 block rule written here (the
+// q_out is omitted — checked against the float64 norm + docs/spec.md §7 block rule written here (the
 // float64 norm may round to a neighbouring bf16 value: one FP8 step at most) and bit for bit
 // against the two-op composition. kv is unaffected by the FP8 output.
 using Fp8Params = std::tuple<DType /*q_out*/, bool /*with q_out*/, DType /*scale*/, bool /*transposed*/>;

@@ -1,4 +1,4 @@
-// Entry selection (SPEC §5): indexer_query, indexer_scores, indexer_topk and
+// Entry selection (docs/spec.md §5): indexer_query, indexer_scores, indexer_topk and
 // compressed_prefix_indices against independent float64 / std::stable_sort references; causal
 // masking at every position; bad input leaves outputs unchanged.
 #include <gtest/gtest.h>
@@ -21,7 +21,7 @@ namespace {
 
 using test::Rng;
 
-// The RoPE of compressed layers (SPEC §3): theta 160000 with YaRN (factor 16 over 65536).
+// The RoPE of compressed layers (docs/spec.md §3): theta 160000 with YaRN (factor 16 over 65536).
 const RopeConfig kRope = dense_test::yarn_rope(64);
 constexpr int kDim = 128;  // indexer head dim
 constexpr float kInf = std::numeric_limits<float>::infinity();

@@ -1,4 +1,4 @@
-// Index utilities (SPEC §8): request-local → global slots (kernel-facing and validating),
+// Index utilities (docs/spec.md §8): request-local → global slots (kernel-facing and validating),
 // SWA window indices and the prefill gather-workspace rewrite. Expected values are written out
 // by hand for the edge cases and computed by a plain formula here for the random grids.
 #include <gtest/gtest.h>

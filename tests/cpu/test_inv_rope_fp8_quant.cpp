@@ -1,6 +1,6 @@
 // inv_rope_fp8_quant (fused inverse RoPE + FP8 quantization of the attention output):
-//   (1) against float64: the inverse rotation of SPEC §3 in double, each value rounded to bf16,
-//       then SPEC §7's UE8M0 block rule — scales exact, every code within one FP8 step of the
+//   (1) against float64: the inverse rotation of docs/spec.md §3 in double, each value rounded to bf16,
+//       then docs/spec.md §7's UE8M0 block rule — scales exact, every code within one FP8 step of the
 //       float64 value at its block's scale (the op rotates in fp32: its bf16 value may differ
 //       from the double one's by a bf16 ulp, 2^-8 relative, which is at most one e4m3 step);
 //   (2) bit for bit, the documented composition apply_rope(inverse) into a bf16 o, then

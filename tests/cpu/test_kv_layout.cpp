@@ -1,4 +1,4 @@
-// KV layouts (SPEC §7): byte geometry against numbers written out by hand, exact bytes of
+// KV layouts (docs/spec.md §7): byte geometry against numbers written out by hand, exact bytes of
 // hand-built tokens, quantize → dequantize error bounds derived independently here, and
 // rejection of bad input with the cache left untouched.
 #include <gtest/gtest.h>
@@ -20,7 +20,7 @@ using dsv4::KvCacheView;
 using dsv4::KvLayout;
 
 // ---------------------------------------------------------------------------------------------
-// Geometry. Every number below was computed by hand from SPEC §7, e.g. MODEL1 at B = 64:
+// Geometry. Every number below was computed by hand from docs/spec.md §7, e.g. MODEL1 at B = 64:
 // data rows 64 x 576 = 36864 B, scale rows 64 x 8 = 512 B, total 37376 B, padded up to the next
 // multiple of 576 = 65 x 576 = 37440 B.
 struct GeometryCase {
@@ -226,7 +226,7 @@ TEST(KvQuantize, Bf16AndPerTensorHandBuiltTokenExactBytes) {
 // ---------------------------------------------------------------------------------------------
 // Round trip: every element's error is at most half an ulp of the stored format at the stored
 // (scaled) magnitude, times the scale — the rounding error of one round-to-nearest step. The
-// scale is derived here from the SPEC formula in double precision.
+// scale is derived here from the docs/spec.md formula in double precision.
 
 // Half-ulp of fp8 e4m3fn at magnitude y (y <= 448): subnormals (y < 2^-6) have ulp 2^-9,
 // normals 2^(floor(log2 y) - 3).

@@ -60,7 +60,7 @@ TEST(LayerCostModel, GemmsCountWeightsAtTheirStoredBytes) {
   EXPECT_DOUBLE_EQ(wq_a16.bytes, 2 * 4096.0 * 1024 + T * 4096 * 2 + T * 1024 * 4);
 }
 
-// PERF.md / issue 14: a 16384-token V4-Flash C4A prefill is ~4.1 TFLOP of GEMMs.
+// docs/performance.md / issue 14: a 16384-token V4-Flash C4A prefill is ~4.1 TFLOP of GEMMs.
 TEST(LayerCostModel, FlashC4aPrefillGemmsAreAbout4Point1Tflop) {
   std::vector<RequestStep> steps;
   for (int i = 0; i < 8; ++i) steps.push_back({i, 0, 2048});

@@ -1,4 +1,4 @@
-// The whole output path of SPEC §2 steps 5–6 as the layer runs it in production:
+// The whole output path of docs/spec.md §2 steps 5–6 as the layer runs it in production:
 //   inverse RoPE (apply_rope) → FP8 activation quant, UE8M0 1×128 (quantize_act_fp8) →
 //   grouped wo_a (fp8 weights) → wo_b (linear, fp8 weights),
 // against the float64 model math (inverse RoPE and both projections in float64, no activation

@@ -1,4 +1,4 @@
-// Paged caches (SPEC §8): block pool allocation order, exhaustion, double free and leak freedom
+// Paged caches (docs/spec.md §8): block pool allocation order, exhaustion, double free and leak freedom
 // over random operations; per-request tables and slots; atomic append; SWA block recycling; the
 // per-layer cache sets with their default block sizes.
 #include <gtest/gtest.h>

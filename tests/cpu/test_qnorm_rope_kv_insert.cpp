@@ -1,11 +1,11 @@
-// qnorm_rope_kv_insert against float64 (SPEC §2 steps 1–2, §3, §7) for all four KV layouts:
+// qnorm_rope_kv_insert against float64 (docs/spec.md §2 steps 1–2, §3, §7) for all four KV layouts:
 //   q: per-head RMSNorm (no weight) then RoPE on the last 64 dims — bf16 output, 2^-8 relative
 //      (elementwise for the nope dims, of the pair norm for rotated pairs).
-//   kv: RoPE on the last 64 dims, then the layout's quantization computed here from SPEC §7.
+//   kv: RoPE on the last 64 dims, then the layout's quantization computed here from docs/spec.md §7.
 //      The nope dims are not rotated, so their FP8 values and UE8M0 scales are predicted exactly;
 //      rotated dims are bf16 (2^-8 of the pair norm) or fp8 per-tensor (2^-4 relative + half the
 //      subnormal quantum + the bf16 tolerance).
-//   The cache bytes, decoded here with an independent SPEC §7 decoder, equal the kv the op
+//   The cache bytes, decoded here with an independent docs/spec.md §7 decoder, equal the kv the op
 //   returns; bytes outside the written tokens are untouched; slot -1 stores nothing.
 #include <gtest/gtest.h>
 
@@ -26,7 +26,7 @@ constexpr float kEps = 1e-6f;
 constexpr int64_t kMaxPos = 70000;
 constexpr int64_t kRope = 64;
 
-// ---- SPEC §7 geometry and decoding, written independently of kv_layout.h ------------------
+// ---- docs/spec.md §7 geometry and decoding, written independently of kv_layout.h ------------------
 int layout_dim(KvLayout l) { return l == KvLayout::v32_fp8 ? 576 : 512; }
 int64_t block_bytes(KvLayout l, int64_t B) {
   switch (l) {

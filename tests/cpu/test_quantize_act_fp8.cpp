@@ -1,4 +1,4 @@
-// quantize_act_fp8 against the SPEC §7 rule computed here in float64: per row and block,
+// quantize_act_fp8 against the docs/spec.md §7 rule computed here in float64: per row and block,
 // k = ceil(log2(max(amax/448, 1e-4))), xq = fp8_rne(x / 2^k). The fp8 path is exact by
 // construction (x / 2^k is exact in float64, and the test's own fp8 rounding is the definition),
 // so bytes and scales must match bit for bit.

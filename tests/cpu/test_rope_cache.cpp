@@ -1,4 +1,4 @@
-// rope_frequencies and build_rope_cache against SPEC §3: hand-derived YaRN correction range for
+// rope_frequencies and build_rope_cache against docs/spec.md §3: hand-derived YaRN correction range for
 // the V4 compressed-layer config, the float64 formula written in tests/cpu/rope_reference.h, and
 // the cos/sin table at positions up to 70k (fp32 table entries: one rounding, ≤ 2^-25 absolute
 // for values ≤ 1, so 6e-8 absolute).

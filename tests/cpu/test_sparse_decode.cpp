@@ -1,5 +1,5 @@
 // sparse_decode (and make_decode_schedule): split-KV sparse attention over the paged caches,
-// against the SPEC §6 formula in float64 with rows decoded by hand from the cache bytes.
+// against the docs/spec.md §6 formula in float64 with rows decoded by hand from the cache bytes.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,5 +1,5 @@
 // sparse_prefill: sparse attention over a bf16 KV workspace (FlashMLA sparse prefill semantics:
-// -1 and indices >= s_kv are masked), against the SPEC §6 formula in float64.
+// -1 and indices >= s_kv are masked), against the docs/spec.md §6 formula in float64.
 #include <gtest/gtest.h>
 
 #include <algorithm>

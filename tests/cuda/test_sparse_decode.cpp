@@ -1,7 +1,7 @@
 // CUDA sparse FP8 decode (split-KV + combine) against a float64 reference written here.
 //
-// The reference decodes the cache bytes by hand (fp8 · scale, bf16 rope) following SPEC §7 and
-// evaluates SPEC §6 in double precision over the valid slots of both scopes. Inputs are fresh
+// The reference decodes the cache bytes by hand (fp8 · scale, bf16 rope) following docs/spec.md §7 and
+// evaluates docs/spec.md §6 in double precision over the valid slots of both scopes. Inputs are fresh
 // random data; outputs are poisoned (NaN bytes) before every call; rows of the cache that no
 // selected slot refers to hold NaN bytes, so reading one shows up.
 //
@@ -58,7 +58,7 @@ struct HostCache {
     const KvGeometry g{layout, block_size, dim(), layout == KvLayout::model1_fp8 ? 584 : 656, block_bytes};
     kv_encode_token(g, bytes.data() + (slot / block_size) * block_bytes, static_cast<int>(slot % block_size), v.data());
   }
-  // Hand decode of value i of a slot (SPEC §7), independent of kv_layout.h's decoder.
+  // Hand decode of value i of a slot (docs/spec.md §7), independent of kv_layout.h's decoder.
   double value(int64_t slot, int i) const {
     const uint8_t* blk = bytes.data() + (slot / block_size) * block_bytes;
     const int off = static_cast<int>(slot % block_size);
@@ -164,7 +164,7 @@ struct Problem {
     return s.lengths.empty() ? s.topk : std::min(s.topk, s.lengths[row / c.s_q]);
   }
 
-  // float64 SPEC §6 for every (row, head): out [rows, H, 512], lse [rows, H].
+  // float64 docs/spec.md §6 for every (row, head): out [rows, H, 512], lse [rows, H].
   void reference(std::vector<double>& out, std::vector<double>& lse) const {
     out.assign(static_cast<size_t>(rows * c.h * 512), 0.0);
     lse.assign(static_cast<size_t>(rows * c.h), 0.0);

@@ -1,4 +1,4 @@
-// CUDA sparse prefill (SPEC §6) against a float64 reference written here: gather the selected
+// CUDA sparse prefill (docs/spec.md §6) against a float64 reference written here: gather the selected
 // rows, softmax over the valid slots in double, sink applied as out · 1/(1 + exp(σ − lse)).
 //
 // Tolerances: q and kv are exact bf16 values, so the only rounding is the kernel's: P rounded to

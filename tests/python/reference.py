@@ -1,4 +1,4 @@
-"""Float64 references written independently of dsv4attn (straight from SPEC.md), used by the
+"""Float64 references written independently of dsv4attn (straight from docs/spec.md), used by the
 tests: cache byte decoding, FP8/UE8M0 rounding, RoPE, RMSNorm and sparse attention."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 F64 = torch.float64
 
 
-# ---------------------------------------------------------------- cache bytes (SPEC §7)
+# ---------------------------------------------------------------- cache bytes (docs/spec.md §7)
 def model1_block_bytes(block_size: int) -> int:
     raw = block_size * 584
     return (raw + 575) // 576 * 576
@@ -43,7 +43,7 @@ def decode_v32(cache: torch.Tensor, block_size: int, slots) -> torch.Tensor:
 
 
 def ue8m0_scale(amax: torch.Tensor) -> torch.Tensor:
-    """2^ceil(log2(max(amax / 448, 1e-4))) (SPEC §7)."""
+    """2^ceil(log2(max(amax / 448, 1e-4))) (docs/spec.md §7)."""
     return torch.pow(2.0, torch.ceil(torch.log2(torch.clamp(amax / 448.0, min=1e-4))))
 
 
@@ -60,7 +60,7 @@ def quantize_blocks(x: torch.Tensor, block: int):
     return (fp8_round(xb / scale) * scale).reshape(shape), scale.squeeze(-1)
 
 
-# ---------------------------------------------------------------- norms and RoPE (SPEC §2, §3)
+# ---------------------------------------------------------------- norms and RoPE (docs/spec.md §2, §3)
 def rms_norm(x: torch.Tensor, weight=None, eps: float = 1e-6) -> torch.Tensor:
     x = x.to(F64)
     y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
@@ -85,7 +85,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0, rope_
     return x
 
 
-# ---------------------------------------------------------------- sparse attention (SPEC §6)
+# ---------------------------------------------------------------- sparse attention (docs/spec.md §6)
 def sparse_attention(q: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, scale: float,
                      d_v: int, sink=None):
     """q [N, H, d], rows [N, K, d], valid [N, K] bool -> (out [N, H, d_v], lse [N, H],

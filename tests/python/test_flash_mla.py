@@ -44,7 +44,7 @@ def decode_rows(blocks, block_size, layout, idx):
 
 
 def test_cache_bytes_match_spec_layout():
-    # The reference decoder reads SPEC §7's byte layout; quantization error <= 2^-4 relative.
+    # The reference decoder reads docs/spec.md §7's byte layout; quantization error <= 2^-4 relative.
     cache, blocks, values = fill_cache(2, 64, "model1_fp8", torch.device("cpu"))
     got = ref.decode_model1(blocks, 64, range(128))
     want = values.to(torch.float64)

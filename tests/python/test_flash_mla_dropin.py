@@ -12,7 +12,7 @@ backends pass (the seeds), on CPU and CUDA (CUDA cases skip without a GPU):
   num_splits) tensors that vLLM's V3.2 backend copies into persistent buffers for CUDA graphs.
 
 Every output buffer is poisoned (NaN) beforehand. Real heads are compared with the float64
-reference of reference.py (SPEC §6) on O(1) data: bf16 out within 1.5e-2 · max|ref| (the CUDA
+reference of reference.py (docs/spec.md §6) on O(1) data: bf16 out within 1.5e-2 · max|ref| (the CUDA
 tests' bound: one bf16 rounding of the output, 2^-9, plus on CUDA the bf16 rounding of the
 probabilities before P·V, fp32 accumulation over <= 200 keys), lse / max_logits within 1e-3
 absolute (fp32 logits from exactly decoded keys, exp2/log2 approximations on CUDA). Strided runs

@@ -1,5 +1,5 @@
 """dsv4attn.Attention (the bound C++ layer) for every layer kind of the tiny config (0 SWA, 1 C4A,
-2 C128A): against a float64 torch re-implementation of SPEC §2 (SWA), against the bound C++
+2 C128A): against a float64 torch re-implementation of docs/spec.md §2 (SWA), against the bound C++
 float64 reference (all kinds), chunked prefill / decode consistency, weights from a state dict
 and from checkpoint directories, and the documented errors for bad weights and bad batches.
 """
@@ -52,7 +52,7 @@ def random_bf16_state_dict(cfg, layer):
 
 
 def torch_reference_swa(cfg, sd, layer, x_hist):
-    """y of one request's tokens at positions 0..L-1, float64, SPEC §2 (SWA layer, no FP8
+    """y of one request's tokens at positions 0..L-1, float64, docs/spec.md §2 (SWA layer, no FP8
     activation quantization). Only the cache's FP8 nope dims are rounded, as MODEL1 stores them."""
     d = {k.split(".attn.", 1)[1]: v.double() for k, v in sd.items()
          if k.startswith(f"layers.{layer}.attn.")}

@@ -224,7 +224,7 @@ def test_index_utilities_validate_ranges():
 
 # ---------------------------------------------------------------- the RoPE table of a layer
 def _rope_table_f64(max_pos, R, theta, yarn, factor, L0, beta_fast, beta_slow):
-    """SPEC §3 in float64: [cos(p f_i) | sin(p f_i)], YaRN-blended frequencies when asked."""
+    """docs/spec.md §3 in float64: [cos(p f_i) | sin(p f_i)], YaRN-blended frequencies when asked."""
     i = torch.arange(R // 2, dtype=torch.float64)
     f = theta ** (-2 * i / R)
     if yarn:

@@ -1,4 +1,4 @@
-"""The Triton backend's sparse attention against the float64 formula of SPEC §6
+"""The Triton backend's sparse attention against the float64 formula of docs/spec.md §6
 (reference.sparse_attention) on fresh random data, outputs poisoned beforehand: sparse prefill
 (d_qk 512 / 576, sink, topk_length, every kind of masked index) and sparse decode over every
 cache layout (fused dequantization, two scopes, split-KV + combine and single pass), plus the

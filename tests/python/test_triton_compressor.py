@@ -1,5 +1,5 @@
 """The compressor (include/dsv4/compressor.h) and the indexer (indexer.h) on the Triton backend,
-against float64 formulas of SPEC §4–§5 written here, on fresh random data.
+against float64 formulas of docs/spec.md §4–§5 written here, on fresh random data.
 
 Tolerances. Pooled entries (softmax over <= 128 rows per dim, RMSNorm, RoPE) are fp32 sums and
 exps: within 2e-5 of the entry's largest value (fp32 rounding of <= 128-term sums and the
@@ -63,7 +63,7 @@ class Ring:
 
 
 def pooled_entry(ccfg, kv_hist, s_hist, j):
-    """Entry j of one request (SPEC §4) from its full fp32 row history, float64."""
+    """Entry j of one request (docs/spec.md §4) from its full fp32 row history, float64."""
     D, r = ccfg.head_dim, ccfg.ratio
     kvs, ss = [], []
     if ccfg.coff == 2:

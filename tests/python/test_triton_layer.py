@@ -12,6 +12,12 @@ weights to P.V (2^-9 relative per weight; the interpreter rounds them exactly as
   fp8_activations=True (production): o and then z are quantized to FP8 before wo_a and wo_b, where
     a 2^-9 perturbation moves a few elements by a whole FP8 step (up to 1/16 of an element):
     measured median 1.9e-2, p90 2.9e-2, max 4.2e-2; bound: every row < 8e-2, median < 3e-2.
+On a GPU the Triton path feeds torch's tensor-core GEMMs bf16 inputs, so x is drawn
+bf16-representable: an fp32 x rounded to bf16 on the GPU but not by the CPU layer moved whole FP8
+steps of x8 and measured median 6.7e-2, max 1.1e-1 on an H100 (SWA, 300 tokens, 2026-11-25), the
+same as the native CUDA layer against the native CPU layer on that input; with the GEMM inputs
+kept in fp32 the same run measured median 2.0e-2, max 3.8e-2 (fp8_activations) and median
+2.7e-3, max 4.6e-3 (bf16 activations), inside the bounds above.
 A wrong position, head, window or entry moves every token by O(1e-1).
 """
 import pytest
@@ -26,7 +32,8 @@ SEED = 42
 
 
 def hidden(n, seed):
-    return torch.randn(n, TINY.dim, generator=torch.Generator().manual_seed(seed))
+    """bf16-representable hidden states (see the module docstring), held in fp32."""
+    return torch.randn(n, TINY.dim, generator=torch.Generator().manual_seed(seed)).bfloat16().float()
 
 
 def row_rel_err(got, want):
@@ -66,7 +73,8 @@ def test_layer_matches_native_cpu_layer(layer, fp8_activations):
         errs += row_rel_err(y, want).tolist()
     errs.sort()
     bound_max, bound_median = BOUNDS[fp8_activations]
-    assert errs[-1] < bound_max and errs[len(errs) // 2] < bound_median, errs
+    median = errs[len(errs) // 2]
+    assert errs[-1] < bound_max and median < bound_median, (errs[-1], median, errs)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="in the interpreter the comparison with the native CPU "

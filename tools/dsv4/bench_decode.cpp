@@ -1,4 +1,4 @@
-// Sparse FP8 decode benchmark cases (`dsv4 bench --filter decode`): every decode config of PERF.md
+// Sparse FP8 decode benchmark cases (`dsv4 bench --filter decode`): every decode config of docs/performance.md
 // (split-KV + combine end to end, attention sink on) plus the s_q 1 latency cases.
 //
 // Each case builds MODEL1 / V32 paged caches of valid random tokens (≥ 1 GiB, so rows gathered by
@@ -34,7 +34,7 @@ struct DecodeShape {
   int b, s_q, h;
   int topk, block;              // main scope
   int extra_topk, extra_block;  // extra scope (0: none)
-  double anchor_us, anchor_tflops;  // FlashMLA on the same GPU (PERF.md), 0 = none
+  double anchor_us, anchor_tflops;  // FlashMLA on the same GPU (docs/performance.md), 0 = none
 };
 
 #if defined(DSV4_WITH_CUDA)

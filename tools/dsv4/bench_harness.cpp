@@ -47,7 +47,7 @@ void usage() {
       "usage: dsv4 bench [--filter SUBSTR] [--list] [--json FILE] [--warmup N] [--reps N]\n"
       "                  [--cooldown-ms MS]\n"
       "       dsv4 bench layer [options]   whole layer steps against their floors (--help)\n"
-      "  Runs the kernel benchmarks of PERF.md on the first CUDA device: median of --reps (>= 20)\n"
+      "  Runs the kernel benchmarks of docs/performance.md on the first CUDA device: median of --reps (>= 20)\n"
       "  CUDA-event timed runs after --warmup runs; prints µs, TFLOP/s, GB/s, % of the bound\n"
       "  ceiling (bf16 or, for the FP8 GEMMs, FP8 tensor cores; or HBM copy) and the FlashMLA\n"
       "  anchor. Groups: prefill, decode (sparse attention), gemm (FP8 projections, V4-Flash).\n"
@@ -123,8 +123,8 @@ int run_bench_cli(const std::vector<std::string>& args) {
   bool list = false;
   int warmup = 5, reps = 30;
   // Back to back, the tensor-heavy prefill cases hold the H100 at its 700 W cap and the SM clock
-  // fell to 1275-1600 MHz for the cases after them (20 ms nvidia-smi samples, bench/RESULTS.md,
-  // "Sparse prefill v9"), so a case's number depended on its place in the sweep. The power
+  // fell to 1275-1600 MHz for the cases after them (20 ms nvidia-smi samples, docs/notes/history.md,
+  // "Sparse attention v9"), so a case's number depended on its place in the sweep. The power
   // controller reacts within ~100 ms; a second of idle gives every case the same start.
   int cooldown_ms = 1000;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -202,7 +202,7 @@ int run_bench_cli(const std::vector<std::string>& args) {
                        {"ratio_vs_flashmla", ratio}, {"run_from_unix_ms", run_from_ms},
                        {"run_to_unix_ms", run_to_ms}});
   }
-  std::printf("TFLOP/s counted as FlashMLA does (PERF.md); ratio = our TFLOP/s / FlashMLA's (> 1: faster).\n");
+  std::printf("TFLOP/s counted as FlashMLA does (docs/performance.md); ratio = our TFLOP/s / FlashMLA's (> 1: faster).\n");
   if (!json_path.empty()) {
     nlohmann::json doc = {{"device", device}, {"date", utc_now()}, {"warmup", warmup}, {"reps", reps},
                           {"cooldown_ms", cooldown_ms},

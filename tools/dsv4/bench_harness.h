@@ -1,5 +1,5 @@
 // `dsv4 bench` harness: a registry of benchmark cases, CUDA-event timing (median of ≥ 20 after
-// warm-up), FLOP/byte accounting as PERF.md defines it, a table and JSON output.
+// warm-up), FLOP/byte accounting as docs/performance.md defines it, a table and JSON output.
 //
 // A file of cases (bench_prefill.cpp, bench_decode.cpp, ...) registers one factory:
 //   static const dsv4::bench::Registrar kRegistered("prefill", &my_cases);
@@ -15,7 +15,7 @@ struct CUstream_st;
 
 namespace dsv4::bench {
 
-// PERF.md ceilings of the lent H100 (re-measured values go to bench/RESULTS.md).
+// docs/performance.md ceilings of the lent H100 (re-measured values go to bench/RESULTS.md).
 inline constexpr double kBf16TflopsCeiling = 780.0;
 inline constexpr double kFp8TflopsCeiling = 1396.0;
 inline constexpr double kHbmGbpsCeiling = 2960.0;
@@ -27,11 +27,11 @@ using LaunchFn = std::function<void(CUstream_st* stream, int rotation)>;
 struct Case {
   std::string name;       // unique; matched by --filter
   std::string config;     // human-readable shape description
-  double flops = 0;       // as FlashMLA counts them (PERF.md)
+  double flops = 0;       // as FlashMLA counts them (docs/performance.md)
   double bytes = 0;       // fewest bytes the op must move through HBM
   bool memory_bound = false;
   bool fp8 = false;           // compute-bound on FP8 tensor cores: % of kFp8TflopsCeiling
-  double anchor_us = 0;       // FlashMLA on the same GPU (PERF.md), 0 = none
+  double anchor_us = 0;       // FlashMLA on the same GPU (docs/performance.md), 0 = none
   double anchor_tflops = 0;
   int rotations = 1;          // input sets the launch cycles through
   // Allocates and fills the inputs (on the device), returns the launcher. Called only when the

@@ -5,7 +5,7 @@
 // layer_bench_report.h.
 //
 // The GPU idles --cooldown-ms before each case's timed steps: back to back, the tensor-heavy steps
-// hold an H100 at its power cap and the next case would start throttled (bench/RESULTS.md,
+// hold an H100 at its power cap and the next case would start throttled (docs/notes/history.md,
 // "Sparse attention v9").
 #include <cctype>
 #include <chrono>

@@ -1,4 +1,4 @@
-// Sparse prefill benchmark cases: every prefill config of PERF.md (FlashMLA's production shapes,
+// Sparse prefill benchmark cases: every prefill config of docs/performance.md (FlashMLA's production shapes,
 // s_q 4096), each with attn_sink (the anchor's setting), without it, and with topk_length.
 #include <cstdint>
 #include <string>
@@ -19,7 +19,7 @@ namespace {
 struct PrefillShape {
   const char* model;
   int heads, d_qk, topk, s_kv;
-  double anchor_us, anchor_tflops;  // FlashMLA, with attn_sink (PERF.md)
+  double anchor_us, anchor_tflops;  // FlashMLA, with attn_sink (docs/performance.md)
 };
 
 constexpr int kSq = 4096;

@@ -11,6 +11,6 @@ using Args = std::vector<std::string>;
 
 int cmd_info(const Args& args);   // build, backends, device; --config, --layouts
 int cmd_run(const Args& args);    // the main job: serving simulation through the attention stack
-int cmd_bench(const Args& args);  // kernel benchmarks of PERF.md; `bench layer`: layer steps
+int cmd_bench(const Args& args);  // kernel benchmarks of docs/performance.md; `bench layer`: layer steps
 
 }  // namespace dsv4::cli

@@ -13,7 +13,7 @@ void usage() {
       "usage: dsv4 <command> [options]  |  dsv4 --version\n"
       "  info    build, backends and device; --config PATH, --layouts [--block-size B]\n"
       "  run     serving simulation through a model's attention stack (the main job)\n"
-      "  bench   kernel benchmarks (PERF.md configs); `bench layer`: layer steps against their floors\n"
+      "  bench   kernel benchmarks (docs/performance.md configs); `bench layer`: layer steps against their floors\n"
       "Run `dsv4 <command> --help` for its options.");
 }
 }  // namespace

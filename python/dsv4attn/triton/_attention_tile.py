@@ -1,4 +1,4 @@
-"""The online-softmax step both sparse attention kernels share (SPEC §6): a block of BLOCK_H
+"""The online-softmax step both sparse attention kernels share (docs/spec.md §6): a block of BLOCK_H
 heads against a tile of BLOCK_N gathered KV rows, K = V (the first d_v dims of a row are its
 value), and the final normalization with the attention sink.
 

@@ -1,5 +1,5 @@
 """FP8 activation quantization in Triton (ops.h quantize_act_fp8, dequantize_fp8_blocks) and the
-output path's fused inverse RoPE + FP8 quant (ops.h inv_rope_fp8_quant; SPEC §2 steps 5–6, vLLM's
+output path's fused inverse RoPE + FP8 quant (ops.h inv_rope_fp8_quant; docs/spec.md §2 steps 5–6, vLLM's
 fused_inv_rope_fp8_quant before wo_a).
 
 Scales are UE8M0 powers of two per 1 x block values (block 64 or 128): 2^ceil(log2(max(amax /

@@ -1,5 +1,5 @@
 """The KV compressor of C4A / C128A layers and of the C4A indexer (include/dsv4/compressor.h,
-SPEC §4) on the Triton backend: the projection through torch GEMMs, then the ring update and
+docs/spec.md §4) on the Triton backend: the projection through torch GEMMs, then the ring update and
 emission in two kernels.
 
   compressor_project: kv_rows = x wkv^T, score_rows = x wgate^T + ape[p mod r] (fp32).

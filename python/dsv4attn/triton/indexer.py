@@ -1,4 +1,4 @@
-"""Which compressed entries a query sees (include/dsv4/indexer.h, SPEC §5), on the Triton
+"""Which compressed entries a query sees (include/dsv4/indexer.h, docs/spec.md §5), on the Triton
 backend: the C4A lightning indexer (queries, scores, top-k) and the C128A prefix plan.
 
   indexer_query : q_I = qr wq_b^T and w = x weights_proj^T through torch GEMMs, then per

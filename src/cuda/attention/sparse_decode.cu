@@ -55,7 +55,7 @@ void set_combine_outputs(combine::CombineParams& c, const TensorView& out, const
   c.s_q = static_cast<int>(s_q);
 }
 
-// Bytes of one cache block as the layout defines it (SPEC §7).
+// Bytes of one cache block as the layout defines it (docs/spec.md §7).
 int64_t min_block_bytes(KvLayout layout, int block_size) {
   if (layout == KvLayout::model1_fp8) {
     const int64_t raw = int64_t{block_size} * model1::kTokenBytes;

@@ -1,4 +1,4 @@
-// Host dispatch of the CUDA sparse prefill (SPEC §6): checks what the kernel relies on (device,
+// Host dispatch of the CUDA sparse prefill (docs/spec.md §6): checks what the kernel relies on (device,
 // dtypes, shapes, 16-byte aligned rows), encodes the q and out tensor maps, picks the d_qk
 // instantiation and launches on the caller's stream. No allocation, no synchronization.
 //

@@ -107,7 +107,7 @@ __device__ __forceinline__ void store_p_tile(const FragP& rP, uint8_t* tile, int
 // group of their two rows, so a 4×4 transpose of their packed pairs across the quad (3 shuffles
 // per 4 groups) gives each lane one whole group. `store(r, col, chunk)` then writes row
 // acc_row(0) + 8r, columns [col, col + 8): a warp store covers 64 contiguous bytes of 8 rows
-// (full sectors) instead of 8 scattered 4-byte pieces per row (bench/NOTES-prefill.md, v8).
+// (full sectors) instead of 8 scattered 4-byte pieces per row (docs/notes/prefill.md, v8).
 template <class FragO, class Store>
 __device__ __forceinline__ void for_each_o_chunk(const FragO& rO, const float (&factor)[2], int thread_in_wg,
                                                  Store&& store) {

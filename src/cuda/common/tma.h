@@ -6,7 +6,7 @@
 // The swizzle follows the destination address, so a 1-row box written at row r of a 1024-byte
 // aligned SW128 tile lands exactly where the tile expects row r: TMA can gather rows one by one
 // (verified by the prefill tests) — but 128-byte boxes are slow (the sparse prefill ran 6.5x
-// slower than with cp.async, bench/NOTES-prefill.md v5); use TMA for dense boxes.
+// slower than with cp.async, docs/notes/prefill.md v5); use TMA for dense boxes.
 // Coordinates outside the tensor (negative or past the end) are filled with zeros and never read.
 #pragma once
 

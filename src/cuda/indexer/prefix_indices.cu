@@ -1,4 +1,4 @@
-// CUDA C128A plan (SPEC §5): indices[t, k] = k for k < count, then −1, count = (p+1) div r
+// CUDA C128A plan (docs/spec.md §5): indices[t, k] = k for k < count, then −1, count = (p+1) div r
 // clamped to [0, K]. One thread per output element.
 #include "cuda/common/check.h"
 #include "cuda/common/index_vector.cuh"

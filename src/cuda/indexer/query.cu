@@ -1,4 +1,4 @@
-// CUDA indexer queries (SPEC §5): the two projections through dsv4::linear, then one warp per
+// CUDA indexer queries (docs/spec.md §5): the two projections through dsv4::linear, then one warp per
 // (token, head) row: RoPE, Hadamard rotation, FP8 with one power-of-two scale, and the scaling
 // of the head weights. Every fp32 operation matches the CPU reference's (cpu::rope_rotate_pairs,
 // cpu::hadamard_rotate, fp8_quantize_block) one for one, so identical projected rows give

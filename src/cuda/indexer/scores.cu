@@ -1,4 +1,4 @@
-// CUDA indexer scores (SPEC §5): score_j = Σ_h w_h · ReLU(q̂_h · k̂_j), on FP8 tensor cores (the
+// CUDA indexer scores (docs/spec.md §5): score_j = Σ_h w_h · ReLU(q̂_h · k̂_j), on FP8 tensor cores (the
 // wgmma kernel in scores/, sm_90a). This file picks the launch shape and checks what the kernel
 // adds to the op's contract (alignment, head count).
 //

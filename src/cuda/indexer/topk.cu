@@ -1,4 +1,4 @@
-// CUDA top-k of the indexer (SPEC §5): one block per row, for any row length.
+// CUDA top-k of the indexer (docs/spec.md §5): one block per row, for any row length.
 //
 // Rank order: ascending 32-bit indexer_math::topk_key(score) (descending score, NaN last), ties →
 // lower column. Per row, with visible = min((p+1) div r, N) and count = min(K, visible):

@@ -88,7 +88,7 @@ struct TileRegs {
 
 // Tiles of registers a producer thread keeps in flight: two when a cluster halves a MODEL1 share
 // (38 registers each). V3.2's halved share (44 registers) fits twice too, but measured slower
-// (bench/NOTES-decode.md, v7: 520 vs 511 µs), so it keeps one.
+// (docs/notes/decode.md, v7: 520 vs 511 µs), so it keeps one.
 template <KvLayout L, int kCluster>
 inline constexpr int kProducerBuffers = kCluster == 2 && L == KvLayout::model1_fp8 ? 2 : 1;
 

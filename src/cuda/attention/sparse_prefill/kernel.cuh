@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
     // KV: gathered with cp.async by all 128 threads — thread (group = tid/8, lane8 = tid%8) copies
     // chunk lane8 of every 64-column block of rows group, group+16, ...; a warp moves 4 rows × 128
     // contiguous bytes per instruction; invalid rows are zero-filled without a read. (One-row TMA
-    // boxes gather correctly but ran 6.5x slower: bench/NOTES-prefill.md, v5.)
+    // boxes gather correctly but ran 6.5x slower: docs/notes/prefill.md, v5.)
     constexpr int kBlocks = D_QK / 64;
     const int group = tid / 8, lane8 = tid % 8;
     const auto* kv_base = static_cast<const uint8_t*>(p.kv) + lane8 * 16;
@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
       }
       // The remote P·V is issued and waited for BEFORE the own S so that buffer of tile t-1 is
       // released as early as possible — not after S_t has waited for tile t's gather, which put
-      // one whole gather per tile on the critical path (bench/NOTES-prefill.md, v2 and v8).
+      // one whole gather per tile on the critical path (docs/notes/prefill.md, v2 and v8).
       for (; t < n; t += 2) {
         wgmma_wait<0>();  // A: own P·V of tile t-2 done
         release_own_tile(t);

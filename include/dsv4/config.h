@@ -49,6 +49,12 @@ struct ModelConfig {
   double beta_fast = 32.0;
   double beta_slow = 1.0;
   int max_position = 1 << 20;  // max_position_embeddings
+  // V3.2's multi-head latent attention before absorption (unused by V4): per head, q has
+  // qk_nope_head_dim nope dims (+ rope_head_dim), which W_UK maps into the nope_dim() latent, and
+  // W_UV maps the latent output back to mla_v_head_dim values (the HF config's v_head_dim).
+  int qk_nope_head_dim = 128;
+  int mla_v_head_dim = 128;
+  double mscale_all_dim = 0.0;  // YaRN attention scale: softmax scale *= mscale² (0: none)
 
   int n_layers() const { return static_cast<int>(compress_ratios.size()); }  // incl. MTP layers
   int nope_dim() const { return head_dim - rope_head_dim; }
@@ -56,6 +62,10 @@ struct ModelConfig {
   int compress_ratio(int layer) const;
   RopeConfig rope_for_layer(int layer) const;  // docs/spec.md §3: ratio > 0 → compress theta + YaRN
   RopeConfig rope_for_kind(LayerKind kind) const;
+  // V3.2: the softmax scale of the absorbed attention, (qk_nope_head_dim + rope_head_dim)^-0.5
+  // times mscale² with mscale = 0.1 · mscale_all_dim · ln(rope_factor) + 1 under YaRN (vLLM's
+  // yarn_get_mscale; the official model applies it when max_seq_len > original_seq_len).
+  double mla_softmax_scale() const;
 
   // Throws dsv4::Error naming the field for: heads outside 1..128, head_dim not 512/576,
   // ratio not in {0, 4, 128}, window <= 0, non-positive ranks, o_groups not dividing heads, ...

@@ -1,6 +1,7 @@
 // AttentionStack: the attention layers of one model config (all of them, or a chosen subset),
 // each with its own weights and caches, run in sequence over a batch. It is the unit `dsv4 run`
-// drives. Between layers the hidden state is carried residually,
+// drives. DeepSeek-V4 configs build dsv4::Attention layers; V3.2 configs build
+// dsv4::SparseMlaAttention layers (CPU backend only so far). Between layers the hidden state is carried residually,
 //   h ← h + Attention_l(RMSNorm(h))   (unweighted RMSNorm),
 // standing in for the rest of the transformer block so activations stay O(1) through the stack.
 #pragma once
@@ -13,6 +14,7 @@
 #include "dsv4/config.h"
 #include "dsv4/device_tensor.h"
 #include "dsv4/layer.h"
+#include "dsv4/sparse_mla_layer.h"
 #include "dsv4/tensor.h"
 
 namespace dsv4 {
@@ -22,7 +24,8 @@ struct StackOptions {
   std::string weights_dir;      // checkpoint directory; empty = seeded random weights
   uint64_t seed = 1;
   bool fp8_weights = true;      // random weights: FP8 e4m3 with 128x128 UE8M0 scales (as shipped)
-  AttentionOptions attention;
+  AttentionOptions attention;   // V3.2 layers take its fp8 flags, num_sms, and
+                                // caches.swa_blocks / swa_block_size for their caches
 };
 
 class AttentionStack {
@@ -47,13 +50,22 @@ class AttentionStack {
   // CUDA: the stream every layer and the residual ops run on.
   void set_stream(Stream stream);
 
-  int num_layers() const { return static_cast<int>(layers_.size()); }
-  Attention& layer(int i) { return layers_[i]; }
+  int num_layers() const { return static_cast<int>(sparse_mla() ? mla_layers_.size() : layers_.size()); }
+  // The i-th layer of a V4 stack (a V3.2 stack: dsv4::Error; see sparse_mla_layer).
+  Attention& layer(int i);
+  // The i-th layer of a V3.2 stack (a V4 stack: dsv4::Error).
+  SparseMlaAttention& sparse_mla_layer(int i);
+  bool sparse_mla() const { return cfg_.family == "v3.2"; }
+  // Either family: the model layer index and kind of the i-th layer, and its backend.
+  int layer_index(int i) const;
+  LayerKind layer_kind(int i) const;
+  Backend backend() const;
   const ModelConfig& config() const { return cfg_; }
 
  private:
   ModelConfig cfg_;
-  std::vector<Attention> layers_;
+  std::vector<Attention> layers_;               // V4
+  std::vector<SparseMlaAttention> mla_layers_;  // V3.2
   Stream stream_ = nullptr;
   // The residual stream's buffers (grown on demand): on the host for the CPU backend, on the GPU
   // for CUDA.

@@ -23,6 +23,7 @@
 #include "dsv4/reference.h"
 #include "dsv4/safetensors.h"
 #include "dsv4/weights.h"
+#include "layer_args.h"
 #include "tensor_args.h"
 
 namespace dsv4::python {
@@ -31,26 +32,6 @@ namespace {
 
 using nb::arg;
 using Release = nb::call_guard<nb::gil_scoped_release>;
-using StateDict = std::map<std::string, AnyArray>;
-
-// A torch state dict as the weight loader's TensorSource. Tensors are looked at lazily, so the
-// dict may hold a whole model (other layers, experts in dtypes the layer never takes).
-class StateDictSource final : public TensorSource {
- public:
-  explicit StateDictSource(const StateDict& tensors) : tensors_(tensors) {}
-  bool contains(const std::string& name) const override { return tensors_.count(name) != 0; }
-  Info info(const std::string& name) const override {
-    const TensorView v = view_of(tensors_.at(name), name.c_str());
-    return {v.dtype, std::vector<int64_t>(v.shape.begin(), v.shape.begin() + v.ndim)};
-  }
-  HostTensor read(const std::string& name) const override {
-    return host_copy(tensors_.at(name), name.c_str());
-  }
-  std::string description() const override { return "the state dict"; }
-
- private:
-  const StateDict& tensors_;
-};
 
 // Weights loaded for `layer` must be the layer's own (validate_attention_weights checks them
 // against the layer they name, not the one they are used for).
@@ -67,30 +48,6 @@ nb::dict tensors_of(const AttentionWeights& w, const ModelConfig& cfg) {
   nb::dict out;
   for (const auto& [name, t] : tensors) out[nb::str(name.c_str())] = torch_copy(t);
   return out;
-}
-
-// A seed: any integer in [0, 2**64) (negative or larger seeds are an error, not wrapped).
-uint64_t seed_arg(const char* where, const IntArg& seed) {
-  if (seed.type_name == nullptr && seed.overflow > 0)
-    fail_expected(where, "seed", "an integer in [0, 2**63 - 1]", "an int above 2**63 - 1");
-  return static_cast<uint64_t>(int64_arg(where, "seed", seed, 0, INT64_MAX));
-}
-
-// One step's requests (ids, contexts, num_new: one of each per request) as RequestSteps.
-std::vector<RequestStep> request_steps(const char* where, const std::vector<IntArg>& req_ids,
-                                       const std::vector<IntArg>& contexts,
-                                       const std::vector<IntArg>& num_new) {
-  DSV4_CHECK_EQ(where, "len(contexts) (one per request id)", req_ids.size(), contexts.size());
-  DSV4_CHECK_EQ(where, "len(num_new) (one per request id)", req_ids.size(), num_new.size());
-  std::vector<RequestStep> steps;
-  for (size_t i = 0; i < req_ids.size(); ++i) {
-    const auto item = [&](const char* list, const IntArg& v) {
-      return int64_arg(where, detail::concat(list, "[", i, "]").c_str(), v);
-    };
-    steps.push_back({item("req_ids", req_ids[i]), item("contexts", contexts[i]),
-                     item("num_new", num_new[i])});
-  }
-  return steps;
 }
 
 void bind_weights(nb::module_& m) {
@@ -169,61 +126,6 @@ Attention make_attention(const ModelConfig& cfg, const IntArg& layer_arg, const 
 }
 
 
-// Copies `rows` rows starting at row `from` of src to row `to` of dst (contiguous [T, dim]).
-void copy_rows(const TensorView& src, int64_t from, const TensorView& dst, int64_t to,
-               int64_t rows) {
-  const size_t row_bytes = static_cast<size_t>(src.shape[1]) * dtype_size(src.dtype);
-  std::memcpy(static_cast<uint8_t*>(dst.data) + to * row_bytes,
-              static_cast<const uint8_t*>(src.data) + from * row_bytes, rows * row_bytes);
-}
-
-// One forward step. Requests may come in any order; x's and y's rows follow that order (request
-// i's tokens are rows [sum(num_new[:i]), sum(num_new[:i+1]))). The layer wants decodes first
-// (BatchPlan::make): when the given order differs, x is gathered into plan order and the result
-// scattered back, after the layer has accepted the batch (so a rejected batch leaves y alone).
-// Layer: dsv4::Attention or dsv4::AttentionStack (forward(plan, x, y), config()).
-template <class Layer>
-void forward_op(Layer& layer, const std::vector<IntArg>& req_ids,
-                const std::vector<IntArg>& contexts, const std::vector<IntArg>& num_new,
-                const TensorArg& x_arg, const TensorArg& y_arg) {
-  const char* where = std::is_same_v<Layer, Attention> ? "Attention.forward" : "AttentionStack.forward";
-  const std::vector<RequestStep> steps = request_steps(where, req_ids, contexts, num_new);
-  const TensorView x = tensor_arg(where, "x", x_arg), y = tensor_arg(where, "y", y_arg);
-  // x and y must match the batch before a plan of the batch's size is built (a batch claiming
-  // 2**26 tokens against one row of x is an error, not gigabytes of metadata first).
-  const int64_t T = BatchPlan::count_tokens(steps), dim = layer.config().dim;
-  check_shape(where, "x", x, {T, dim});
-  check_shape(where, "y", y, {T, dim});
-  const BatchPlan plan = BatchPlan::make(steps);
-
-  bool same_order = true;
-  for (size_t i = 0; i < steps.size(); ++i) same_order &= plan.requests[i].req_id == steps[i].req_id;
-  if (same_order) {
-    layer.forward(plan, x, y);
-    return;
-  }
-  // Both tensors are read row by row below: check what the copies rely on first.
-  for (const auto& [name, t] : {std::pair{"x", x}, std::pair{"y", y}}) {
-    check_device(where, name, t, Device::cpu);
-    check_contiguous(where, name, t);
-  }
-  check_dtype(where, "y", y, DType::fp32);
-  std::map<int64_t, int64_t> given_start;  // request id -> its first row in x / y
-  int64_t row = 0;
-  for (const RequestStep& s : steps) {
-    given_start[s.req_id] = row;
-    row += s.num_new;
-  }
-  HostTensor x_plan(x.dtype, {T, dim}), y_plan(DType::fp32, {T, dim});
-  for (int r = 0; r < plan.num_requests(); ++r)
-    copy_rows(x, given_start[plan.requests[r].req_id], x_plan, plan.query_start_loc[r],
-              plan.requests[r].num_new);
-  layer.forward(plan, x_plan, y_plan);
-  for (int r = 0; r < plan.num_requests(); ++r)
-    copy_rows(y_plan, plan.query_start_loc[r], y, given_start[plan.requests[r].req_id],
-              plan.requests[r].num_new);
-}
-
 void bind_memory(nb::module_& m) {
   nb::class_<LayerMemory>(m, "LayerMemory", "Bytes one layer holds on its device")
       .def_ro("weights", &LayerMemory::weights)
@@ -238,6 +140,9 @@ void bind_memory(nb::module_& m) {
                std::to_string(mem.step_upload) + " B>";
       });
 }
+
+constexpr char kAttentionForward[] = "Attention.forward";
+constexpr char kStackForward[] = "AttentionStack.forward";
 
 void bind_attention(nb::module_& m) {
   bind_memory(m);
@@ -258,7 +163,7 @@ void bind_attention(nb::module_& m) {
           arg("compressed_blocks").none(), arg("state_blocks").none(),
           arg("swa_block_size").none(), arg("fp8_activations"), arg("backend") = "cpu",
           arg("cuda_graphs") = true)
-      .def("forward", &forward_op<Attention>, arg("req_ids"), arg("contexts"), arg("num_new"),
+      .def("forward", &forward_op<Attention, kAttentionForward>, arg("req_ids"), arg("contexts"), arg("num_new"),
            arg("x").none(), arg("y").none(), Release(),
            "x [T, dim] bf16/fp32 → y [T, dim] fp32 (CPU, contiguous); rows follow the given "
            "request order")
@@ -324,7 +229,7 @@ void bind_stack(nb::module_& m) {
           arg("fp8_weights"), arg("swa_blocks").none(), arg("compressed_blocks").none(),
           arg("state_blocks").none(), arg("fp8_activations"), arg("backend"),
           arg("cuda_graphs") = true)
-      .def("forward", &forward_op<AttentionStack>, arg("req_ids"), arg("contexts"),
+      .def("forward", &forward_op<AttentionStack, kStackForward>, arg("req_ids"), arg("contexts"),
            arg("num_new"), arg("x").none(), arg("y").none(), Release(),
            "x [T, dim] fp32 → y [T, dim] fp32 (contiguous; on the CPU, or on the layers' GPU); "
            "rows follow the given order")
@@ -341,12 +246,13 @@ void bind_stack(nb::module_& m) {
       .def_prop_ro("num_layers", &AttentionStack::num_layers)
       .def(
           "layer_index",
-          [](AttentionStack& s, const IntArg& i) { return s.layer(checked_layer(s, i)).layer_index(); },
+          [](AttentionStack& s, const IntArg& i) { return s.layer_index(checked_layer(s, i)); },
           arg("i").none())
       .def(
           "layer_kind",
           [](AttentionStack& s, const IntArg& i) {
-            return std::string(layer_kind_name(s.layer(checked_layer(s, i)).kind()));
+            const int l = checked_layer(s, i);
+            return s.sparse_mla() ? std::string("MLA") : std::string(layer_kind_name(s.layer_kind(l)));
           },
           arg("i").none());
 }

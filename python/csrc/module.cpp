@@ -15,6 +15,7 @@ void bind_cache(nb::module_& m);
 void bind_layer(nb::module_& m);
 void bind_compressor(nb::module_& m);
 void bind_indexer(nb::module_& m);
+void bind_sparse_mla(nb::module_& m);
 }  // namespace dsv4::python
 
 namespace {
@@ -54,4 +55,5 @@ NB_MODULE(_C, m) {
   dsv4::python::bind_layer(m);
   dsv4::python::bind_compressor(m);
   dsv4::python::bind_indexer(m);
+  dsv4::python::bind_sparse_mla(m);
 }

@@ -6,6 +6,7 @@
     layer = dsv4attn.Attention.from_checkpoint(path, layer=0)   # the C++ layer (device="cuda")
     stack = dsv4attn.AttentionStack("v4-flash", layers=[0, 2, 3])  # several, residually chained
     layer = dsv4attn.Attention(cfg, 1, device="cuda", backend="triton")  # the portable backend
+    mla = dsv4attn.SparseMlaAttention("tiny-v3.2", 0)  # the DeepSeek-V3.2 sparse-MLA layer (CPU)
     from dsv4attn import triton as dt; dt.get("sparse_prefill")  # its ops (needs triton)
 
 Tensors may live on the CPU (the reference backend) or on CUDA (when the extension was built
@@ -34,12 +35,14 @@ from ._runtime import rope_cos_sin, rope_cos_sin_for  # noqa: E402
 from . import flash_mla, vllm_ops  # noqa: E402,F401
 from .layer import (  # noqa: E402
     Attention, AttentionStack, AttentionWeights, BatchDescription, reference_attention_layer)
+from .sparse_mla import (  # noqa: E402
+    SparseMlaAttention, SparseMlaWeights, reference_sparse_mla_layer)
 
 with_cuda: bool = _C.with_cuda
 __version__: str = _C.__version__  # the library's: CMakeLists.txt's project(VERSION)
 
 __all__ = [
     "Attention", "AttentionStack", "AttentionWeights", "BatchDescription", "Error", "ModelConfig",
-    "flash_mla", "ops", "reference_attention_layer", "rope_cos_sin", "rope_cos_sin_for",
-    "vllm_ops", "with_cuda",
+    "SparseMlaAttention", "SparseMlaWeights", "flash_mla", "ops", "reference_attention_layer",
+    "reference_sparse_mla_layer", "rope_cos_sin", "rope_cos_sin_for", "vllm_ops", "with_cuda",
 ]

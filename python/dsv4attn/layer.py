@@ -185,29 +185,53 @@ def _plan_order_rows(batch: "BatchDescription", x: torch.Tensor):
     return ids, ctx, new, torch.cat([x[batch.rows(i)] for i in ids]), scatter
 
 
-def _load_weights(config, layer: int, weights: WeightsArg, seed: int,
-                  fp8_weights: bool) -> AttentionWeights:
+def _load_weights(config, layer: int, weights: WeightsArg, seed: int, fp8_weights: bool,
+                  weights_cls=AttentionWeights, where: str = "Attention"):
+    """A layer's weights from None (seeded random), a checkpoint path, a state dict or an
+    instance of `weights_cls` (AttentionWeights, or SparseMlaWeights for V3.2 layers)."""
     if weights is None:
-        return AttentionWeights.random(config, layer, seed, fp8_weights)
-    if isinstance(weights, AttentionWeights):
+        return weights_cls.random(config, layer, seed, fp8_weights)
+    if isinstance(weights, weights_cls):
         return weights
     if isinstance(weights, (str, os.PathLike)):
-        return AttentionWeights.from_checkpoint(os.fspath(weights), config, layer)
+        return weights_cls.from_checkpoint(os.fspath(weights), config, layer)
     if isinstance(weights, Mapping):
         # Detached views (no copies): the loader looks only at this layer's tensors, copying
         # them to the host; tensors elsewhere in the dict are never touched.
         tensors = {}
         for name, t in weights.items():
             if not isinstance(t, torch.Tensor):
-                raise Error(f"Attention: weights[{name!r}]: expected a torch.Tensor, got "
+                raise Error(f"{where}: weights[{name!r}]: expected a torch.Tensor, got "
                             f"{type(t).__name__}")
             tensors[name] = t.detach()
-        return AttentionWeights.from_state_dict(tensors, config, layer)
-    raise Error("Attention: weights: expected None (seeded random), a checkpoint path, a state "
-                f"dict or AttentionWeights, got {type(weights).__name__}")
+        return weights_cls.from_state_dict(tensors, config, layer)
+    raise Error(f"{where}: weights: expected None (seeded random), a checkpoint path, a state "
+                f"dict or {weights_cls.__name__}, got {type(weights).__name__}")
 
 
-class Attention:
+class _LayerWrapper:
+    """What the layer classes share (Attention, SparseMlaAttention): `config` and the wrapped
+    layer `_layer`, which knows its index and weights."""
+
+    @classmethod
+    def from_checkpoint(cls, path: str, layer: int, **kw):
+        """The layer of a checkpoint directory (config.json + *.safetensors)."""
+        return cls(_C.ModelConfig.from_json_file(os.fspath(path)), layer, path, **kw)
+
+    @property
+    def layer(self) -> int:
+        return self._layer.layer
+
+    @property
+    def weights(self):
+        return self._layer.weights
+
+    def state_dict(self) -> dict:
+        """{checkpoint name: CPU tensor}: copies of the weights under the official names."""
+        return self.weights.tensors(self.config)
+
+
+class Attention(_LayerWrapper):
     """One attention layer with its weights and paged caches, on the CPU or a CUDA device.
 
     config: a ModelConfig (or the name of a built-in one, e.g. "tiny", "v4-flash").
@@ -266,27 +290,10 @@ class Attention:
     def _device_guard(self):
         return _device_guard(self.device)
 
-    @classmethod
-    def from_checkpoint(cls, path: str, layer: int, **kw) -> "Attention":
-        """The layer of a checkpoint directory (config.json + *.safetensors)."""
-        return cls(_C.ModelConfig.from_json_file(os.fspath(path)), layer, path, **kw)
-
-    @property
-    def layer(self) -> int:
-        return self._layer.layer
-
     @property
     def kind(self) -> str:
         """"SWA", "C4A" or "C128A"."""
         return self._layer.kind
-
-    @property
-    def weights(self) -> AttentionWeights:
-        return self._layer.weights
-
-    def state_dict(self) -> dict:
-        """{checkpoint name: CPU tensor}: copies of the weights under the official names."""
-        return self.weights.tensors(self.config)
 
     def reserve(self, max_tokens: int, max_requests: int, max_context: int) -> "_C.LayerMemory":
         """Sizes every workspace for steps of up to max_tokens tokens over max_requests requests

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -56,6 +57,15 @@ RopeConfig ModelConfig::rope_for_kind(LayerKind kind) const {
   return rope;
 }
 
+double ModelConfig::mla_softmax_scale() const {
+  double scale = 1.0 / std::sqrt(static_cast<double>(qk_nope_head_dim + rope_head_dim));
+  if (original_seq_len > 0 && rope_factor > 1.0) {
+    const double mscale = 0.1 * mscale_all_dim * std::log(rope_factor) + 1.0;
+    scale *= mscale * mscale;
+  }
+  return scale;
+}
+
 RopeConfig ModelConfig::rope_for_layer(int layer) const { return rope_for_kind(layer_kind(layer)); }
 
 void ModelConfig::validate() const {
@@ -82,6 +92,9 @@ void ModelConfig::validate() const {
     require(window_size > 0, "window_size", "> 0", window_size);
   } else {
     require(window_size >= 0, "window_size", ">= 0", window_size);
+    require(qk_nope_head_dim > 0, "qk_nope_head_dim", "> 0", qk_nope_head_dim);
+    require(mla_v_head_dim > 0, "mla_v_head_dim", "> 0", mla_v_head_dim);
+    require(mscale_all_dim >= 0, "mscale_all_dim", ">= 0", mscale_all_dim);
   }
   require(!compress_ratios.empty(), "compress_ratios", "at least one layer", "none");
   for (size_t l = 0; l < compress_ratios.size(); ++l) {
@@ -174,6 +187,9 @@ ModelConfig make_v32() {
   c.rope_factor = 40.0;
   c.original_seq_len = 4096;
   c.max_position = 163840;
+  c.qk_nope_head_dim = 128;
+  c.mla_v_head_dim = 128;
+  c.mscale_all_dim = 1.0;
   return c;
 }
 

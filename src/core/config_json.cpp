@@ -159,6 +159,9 @@ ModelConfig ModelConfig::from_json_string(std::string_view text, std::string nam
     const int kv_lora_rank = top.get<int>({"kv_lora_rank"}, 512);
     c.head_dim = kv_lora_rank + c.rope_head_dim;
     c.v_head_dim = kv_lora_rank;
+    c.qk_nope_head_dim = top.get<int>({"qk_nope_head_dim"}, c.qk_nope_head_dim);
+    c.mla_v_head_dim = top.get<int>({"v_head_dim"}, c.mla_v_head_dim);
+    c.mscale_all_dim = rope.get<double>({"mscale_all_dim"}, 0.0);
     c.o_groups = 0;
     c.o_lora_rank = 0;
     c.window_size = 0;

@@ -4,6 +4,7 @@
 
 #include "dsv4/ops.h"
 #include "dsv4/safetensors.h"
+#include "dsv4/sparse_mla_weights.h"
 #include "dsv4/status.h"
 #include "dsv4/weights.h"
 #include "runtime/device_runtime.h"
@@ -48,6 +49,24 @@ AttentionStack::AttentionStack(const ModelConfig& cfg, const StackOptions& opts)
     for (int l = 0; l < cfg.n_layers(); ++l) ids.push_back(l);
   std::unique_ptr<Checkpoint> ckpt;
   if (!opts.weights_dir.empty()) ckpt = std::make_unique<Checkpoint>(Checkpoint::open(opts.weights_dir));
+  if (sparse_mla()) {
+    if (opts.attention.backend != Backend::cpu)
+      fail("AttentionStack: config '", cfg.name,
+           "' is DeepSeek-V3.2, whose sparse-MLA layer runs on the CPU backend only so far");
+    SparseMlaOptions mo;
+    mo.fp8_activations = opts.attention.fp8_activations;
+    mo.fp8_gemm_activations = opts.attention.fp8_gemm_activations;
+    mo.cache_blocks = opts.attention.caches.swa_blocks;
+    mo.block_size = opts.attention.caches.swa_block_size;
+    mo.num_sms = opts.attention.num_sms;
+    mla_layers_.reserve(ids.size());
+    for (int l : ids) {
+      SparseMlaWeights w = ckpt ? load_sparse_mla_weights(*ckpt, cfg, l)
+                                : random_sparse_mla_weights(cfg, l, opts.seed, opts.fp8_weights);
+      mla_layers_.emplace_back(cfg, l, std::move(w), mo);
+    }
+    return;
+  }
   layers_.reserve(ids.size());
   for (int l : ids) {
     AttentionWeights w = ckpt ? load_attention_weights(*ckpt, cfg, l)
@@ -62,8 +81,7 @@ void AttentionStack::forward(const BatchPlan& plan, const TensorView& x, const T
   const int64_t T = plan.num_tokens();
   const int64_t dim = cfg_.dim;
   constexpr const char* kWhere = "AttentionStack::forward";
-  const Device device = layers_.empty() || layers_[0].backend() == Backend::cpu ? Device::cpu
-                                                                                : Device::cuda;
+  const Device device = backend() == Backend::cpu ? Device::cpu : Device::cuda;
   for (const auto& [name, t] : {std::pair{"x", x}, std::pair{"y", y}}) {
     if (t.device != Device::cpu && t.device != device)
       fail_expected(kWhere, std::string(name) + ".device", "cpu or the layers' device", "cuda");
@@ -73,12 +91,13 @@ void AttentionStack::forward(const BatchPlan& plan, const TensorView& x, const T
   }
   // Every layer accepts the step before the first one changes its caches.
   for (const Attention& a : layers_) a.check_plan(plan);
+  for (const SparseMlaAttention& a : mla_layers_) a.check_plan(plan);
   if (T == 0) return;
 
   // The residual h, the normed layer input and the layer output live on the layers' device; the
   // buffers only grow, so steady steps allocate nothing. On the GPU the normed input is bf16 (what
   // the GEMMs take); on the CPU fp32.
-  const Stream stream = layers_.empty() ? nullptr : stream_;
+  const Stream stream = layers_.empty() ? nullptr : stream_;  // V3.2 layers: CPU only
   const DType normed_dtype = device == Device::cuda ? DType::bf16 : DType::fp32;
   if (capacity_rows_ < T) {
     if (device == Device::cuda) {
@@ -107,12 +126,16 @@ void AttentionStack::forward(const BatchPlan& plan, const TensorView& x, const T
   else
     copy_to_device(x, h);
 
-  if (layer_io) layer_io->assign(layers_.size(), {});
+  const size_t n_layers = static_cast<size_t>(num_layers());
+  if (layer_io) layer_io->assign(n_layers, {});
   const float eps = static_cast<float>(cfg_.norm_eps);
-  for (size_t l = 0; l < layers_.size(); ++l) {
+  for (size_t l = 0; l < n_layers; ++l) {
     // h ← h + out of the previous layer (none before the first), normed = RMSNorm(h).
     residual_add_rms_norm(h, l == 0 ? TensorView() : out, {}, eps, normed, stream);
-    layers_[l].forward(plan, normed, out);
+    if (sparse_mla())
+      mla_layers_[l].forward(plan, normed, out);
+    else
+      layers_[l].forward(plan, normed, out);
     if (layer_io) {
       LayerIO& io = (*layer_io)[l];
       io.in = HostTensor(DType::fp32, {T, dim});
@@ -144,6 +167,31 @@ void AttentionStack::set_stream(Stream stream) {
 
 void AttentionStack::release(int64_t req_id) {
   for (Attention& a : layers_) a.release(req_id);
+  for (SparseMlaAttention& a : mla_layers_) a.release(req_id);
+}
+
+Attention& AttentionStack::layer(int i) {
+  if (sparse_mla())
+    fail("AttentionStack::layer: config '", cfg_.name,
+         "' is DeepSeek-V3.2; its layers are SparseMlaAttention (sparse_mla_layer)");
+  return layers_.at(static_cast<size_t>(i));
+}
+
+SparseMlaAttention& AttentionStack::sparse_mla_layer(int i) {
+  if (!sparse_mla())
+    fail("AttentionStack::sparse_mla_layer: config '", cfg_.name, "' is DeepSeek-V4 (use layer)");
+  return mla_layers_.at(static_cast<size_t>(i));
+}
+
+int AttentionStack::layer_index(int i) const {
+  return sparse_mla() ? mla_layers_.at(static_cast<size_t>(i)).layer_index()
+                      : layers_.at(static_cast<size_t>(i)).layer_index();
+}
+
+LayerKind AttentionStack::layer_kind(int i) const { return cfg_.layer_kind(layer_index(i)); }
+
+Backend AttentionStack::backend() const {
+  return sparse_mla() || layers_.empty() ? Backend::cpu : layers_[0].backend();
 }
 
 }  // namespace dsv4

@@ -9,6 +9,7 @@
 
 #include "cli_test_support.h"
 #include "dsv4/device_tensor.h"
+#include "dsv4/sparse_mla_weights.h"
 #include "dsv4/weights.h"
 #include "weights_test_support.h"
 
@@ -69,6 +70,45 @@ TEST(CliRun, CheckpointDirectoryLoads) {
 }
 
 // --backend cuda where it cannot run is an error naming why (no silent fall-back to the CPU).
+// DeepSeek-V3.2's sparse-MLA layer through the same serving simulation: prompts longer than the
+// indexer's top-16 (a real selection), chunked, decodes riding along; checked against the V3.2
+// float64 reference. It runs on the CPU backend whatever the machine has.
+TEST(CliRun, TinyV32PassesCheck) {
+  dsv4_test::TempDir dir;
+  const Result r = run_cli("--model tiny-v3.2 --requests 2 --prompt-len 60,30 --decode-steps 3 "
+                           "--chunk 40 --check --quiet --json " + dir.file("report.json"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("0(MLA) 1(MLA)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("check: passed"), std::string::npos) << r.output;
+  nlohmann::json j;
+  std::ifstream(dir.file("report.json")) >> j;
+  EXPECT_EQ(j["backend"].get<std::string>(), "cpu");
+  ASSERT_EQ(j["check"]["layers"].size(), 2u);
+  for (const auto& l : j["check"]["layers"]) {
+    EXPECT_EQ(l["kind"].get<std::string>(), "MLA");
+    EXPECT_EQ(l["tokens"].get<int64_t>(), 63);
+    EXPECT_LT(l["max_rel_err"].get<double>(), 3e-2);
+  }
+}
+
+TEST(CliRun, V32CheckpointLoads) {
+  dsv4_test::TempDir dir;
+  const dsv4::ModelConfig cfg = dsv4::ModelConfig::builtin("tiny-v3.2");
+  dsv4::TensorMap tensors;
+  dsv4::add_sparse_mla_tensors(dsv4::random_sparse_mla_weights(cfg, 1, 99, true), cfg, tensors);
+  dsv4::write_safetensors(dir.file("model.safetensors"), tensors, {{"format", "pt"}});
+  const Result r = run_cli("--model tiny-v3.2 --weights " + dir.str() +
+                           " --layers 1 --requests 1 --prompt-len 24 --decode-steps 2 --check --quiet");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("check: passed"), std::string::npos) << r.output;
+  const Result missing = run_cli("--model tiny-v3.2 --weights " + dir.str() + " --layers 0 --requests 1 --quiet");
+  EXPECT_NE(missing.status, 0);
+  EXPECT_NE(missing.output.find("layers.0.attn."), std::string::npos) << missing.output;
+  const Result cuda = run_cli("--model tiny-v3.2 --backend cuda --requests 1 --quiet");
+  EXPECT_NE(cuda.status, 0);
+  EXPECT_NE(cuda.output.find("CPU backend only"), std::string::npos) << cuda.output;
+}
+
 TEST(CliRun, CudaBackendWithoutGpuIsAClearError) {
   if (dsv4::cuda_available()) GTEST_SKIP() << "a CUDA device is present (device_check.sh runs it)";
   const Result r = run_cli("--model tiny --backend cuda --requests 1 --prompt-len 8 --quiet");

@@ -20,8 +20,8 @@ namespace dsv4::cli {
 
 namespace {
 const std::vector<FlagSpec> kFlags = {
-    {"model", true, "built-in model config (v4-flash, v4-pro, tiny, tiny-h64)", "NAME"},
-    {"config", true, "a DeepSeek-V4 config.json (file or checkpoint directory)", "PATH"},
+    {"model", true, "built-in model config (v4-flash, v4-pro, v3.2, tiny, tiny-h64, tiny-v3.2)", "NAME"},
+    {"config", true, "a DeepSeek-V4 or V3.2 config.json (file or checkpoint directory)", "PATH"},
     {"weights", true, "checkpoint directory to load the layers' weights from (else seeded random)", "DIR"},
     {"layers", true, "layers to run, e.g. 0,2,3 or 0-5 (default: all)", "LIST"},
     {"requests", true, "number of requests (default 4)", "N"},
@@ -70,7 +70,7 @@ void print_table(const SimReport& rep) {
     std::printf("\ncheck against the float64 reference (tolerance %.1e):\n", rep.check_tolerance);
     std::printf("%-6s %-6s %8s %14s  %s\n", "layer", "kind", "tokens", "max rel err", "");
     for (const LayerCheck& c : rep.checks)
-      std::printf("%-6d %-6s %8lld %14.3e  %s\n", c.layer, std::string(layer_kind_name(c.kind)).c_str(),
+      std::printf("%-6d %-6s %8lld %14.3e  %s\n", c.layer, c.kind_name.c_str(),
                   static_cast<long long>(c.tokens), c.max_rel_err,
                   c.max_rel_err <= rep.check_tolerance ? "ok" : "FAIL");
     std::printf("check: %s\n", rep.check_passed ? "passed" : "FAILED");
@@ -101,7 +101,7 @@ nlohmann::json to_json(const SimReport& rep, const ModelConfig& cfg, const SimCo
                    {"resident_requests", pools.resident_requests}, {"swa_blocks", pools.swa_blocks},
                    {"compressed_blocks", pools.compressed_blocks}, {"state_blocks", pools.state_blocks}};
   for (const LayerCheck& c : rep.checks)
-    j["check"]["layers"].push_back({{"layer", c.layer}, {"kind", std::string(layer_kind_name(c.kind))},
+    j["check"]["layers"].push_back({{"layer", c.layer}, {"kind", c.kind_name},
                                     {"tokens", c.tokens}, {"max_rel_err", c.max_rel_err}});
   if (!rep.checks.empty()) {
     j["check"]["tolerance"] = rep.check_tolerance;
@@ -127,8 +127,13 @@ int cmd_run(const Args& raw) {
   const std::string backend = a.get_string("backend", "auto");
   if (backend != "cpu" && backend != "cuda" && backend != "auto")
     fail_expected("run", "--backend", "cpu, cuda or auto", backend);
-  // auto: the GPU when the build has CUDA and a device is visible, else the CPU reference.
-  const bool use_cuda = backend == "cuda" || (backend == "auto" && cuda_available());
+  // auto: the GPU when the build has CUDA and a device is visible, else the CPU reference. The
+  // V3.2 sparse-MLA layer runs on the CPU only so far.
+  const bool v32 = cfg.family == "v3.2";
+  if (v32 && backend == "cuda")
+    fail("run: --backend cuda: the DeepSeek-V3.2 sparse-MLA layer runs on the CPU backend only so far; "
+         "use --backend cpu (or auto)");
+  const bool use_cuda = backend == "cuda" || (backend == "auto" && !v32 && cuda_available());
   if (use_cuda && !cuda_available())
     fail("run: --backend cuda: ", cuda_built() ? "no CUDA device is visible" : "this build has no CUDA backend",
          "; use --backend cpu (or auto)");
@@ -174,9 +179,12 @@ int cmd_run(const Args& raw) {
   std::fprintf(stderr, "dsv4 run: model %s, %d layers, %d requests, backend %s\n", cfg.name.c_str(),
                so.layers.empty() ? cfg.n_layers() : static_cast<int>(so.layers.size()), sc.requests,
                use_cuda ? "cuda" : "cpu");
-  std::fprintf(stderr, "kv cache: %s of a %s budget (%d SWA, %d compressed, %d state blocks per layer); %s\n",
-               format_bytes(pools.bytes).c_str(), format_bytes(kv_budget).c_str(), pools.swa_blocks,
-               pools.compressed_blocks, pools.state_blocks,
+  const std::string blocks =
+      v32 ? std::to_string(pools.swa_blocks) + " blocks of latent rows and indexer keys per layer"
+          : std::to_string(pools.swa_blocks) + " SWA, " + std::to_string(pools.compressed_blocks) +
+                " compressed, " + std::to_string(pools.state_blocks) + " state blocks per layer";
+  std::fprintf(stderr, "kv cache: %s of a %s budget (%s); %s\n", format_bytes(pools.bytes).c_str(),
+               format_bytes(kv_budget).c_str(), blocks.c_str(),
                pools.resident_requests >= sc.requests
                    ? "every request fits at once"
                    : ("about " + std::to_string(pools.resident_requests) + " of " + std::to_string(sc.requests) +
@@ -188,7 +196,7 @@ int cmd_run(const Args& raw) {
   });
   std::printf("model %s, backend %s, layers:", cfg.name.c_str(), use_cuda ? "cuda" : "cpu");
   for (int l = 0; l < stack.num_layers(); ++l)
-    std::printf(" %d(%s)", stack.layer(l).layer_index(), std::string(layer_kind_name(stack.layer(l).kind())).c_str());
+    std::printf(" %d(%s)", stack.layer_index(l), v32 ? "MLA" : std::string(layer_kind_name(stack.layer_kind(l))).c_str());
   std::printf("\n");
   print_table(rep);
   if (a.has("json")) {

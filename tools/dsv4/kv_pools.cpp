@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "dsv4/compressor.h"
+#include "dsv4/indexer_key_cache.h"
 #include "dsv4/status.h"
 
 #ifdef DSV4_WITH_CUDA
@@ -34,6 +35,12 @@ enum Knob { kSwa, kCompressed, kState, kKnobs };
 // sizes), read off real caches of one block each so they match make_layer_caches by construction.
 std::array<int64_t, kKnobs> knob_block_bytes(const ModelConfig& cfg, LayerKind kind,
                                              const LayerCacheOptions& base) {
+  // V3.2 (SparseMlaAttention): a V32_FP8 latent cache and the indexer's key cache, both with
+  // swa_blocks blocks of swa_block_size tokens and no window: every token stays cached.
+  if (cfg.family == "v3.2")
+    return {kv_geometry(KvLayout::v32_fp8, base.swa_block_size).block_bytes +
+                int64_t{base.swa_block_size} * indexer_keys::kEntryBytes,
+            0, 0};
   LayerCacheOptions o = base;
   o.device = Device::cpu;
   o.swa_blocks = o.compressed_blocks = o.state_blocks = 1;
@@ -193,7 +200,13 @@ int64_t memory_for_kv_budget(bool cuda) {
 
 StackKvCapacity::StackKvCapacity(AttentionStack& stack) {
   const ModelConfig& cfg = stack.config();
-  for (int l = 0; l < stack.num_layers(); ++l) {
+  for (int l = 0; l < stack.num_layers() && stack.sparse_mla(); ++l) {
+    const SparseMlaAttention& a = stack.sparse_mla_layer(l);
+    const std::string layer = "layer " + std::to_string(a.layer_index()) + " ";
+    pools_.push_back({layer + "kv", &a.kv_cache(), 1, 0});
+    pools_.push_back({layer + "indexer_keys", &a.indexer_keys(), 1, 0});
+  }
+  for (int l = 0; l < stack.num_layers() && !stack.sparse_mla(); ++l) {
     const Attention& a = stack.layer(l);
     const LayerCaches& lc = a.caches();
     const std::string layer = "layer " + std::to_string(a.layer_index()) + " ";

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "dsv4/reference.h"
+#include "dsv4/sparse_mla_reference.h"
 #include "dsv4/status.h"
 #include "kv_pools.h"
 #include "runtime/device_runtime.h"
@@ -17,7 +18,21 @@
 namespace dsv4::cli {
 
 
+// V3.2 sparse MLA: the projections (wkv_b's two halves absorbed per head), the indexer over every
+// earlier token, attention over the top-k in the 576 / 512-wide absorbed form.
+double sparse_mla_token_flops(const ModelConfig& c, int64_t p) {
+  const double H = c.n_heads, dim = c.dim, n = c.qk_nope_head_dim, R = c.rope_head_dim;
+  const double lat = c.nope_dim(), v = c.mla_v_head_dim, HI = c.index_n_heads, dI = c.index_head_dim;
+  const double visible = static_cast<double>(p + 1);
+  const double f = 2 * dim * c.q_lora_rank + 2.0 * c.q_lora_rank * H * (n + R) + 2 * dim * (lat + R)  // wq_a, wq_b, wkv_a
+                   + 2 * H * n * lat + 2 * H * lat * v + 2 * H * v * dim                  // W_UK, W_UV, wo
+                   + 2 * c.q_lora_rank * HI * dI + 2 * dim * dI + 2 * dim * HI            // indexer q, k, weights
+                   + 2 * HI * dI * visible;                                               // scores
+  return f + 2 * H * std::min<double>(c.index_topk, visible) * (c.head_dim + c.v_head_dim);
+}
+
 double layer_token_flops(const ModelConfig& c, LayerKind kind, int64_t p) {
+  if (c.family == "v3.2") return sparse_mla_token_flops(c, p);
   const double H = c.n_heads, D = c.head_dim, dim = c.dim;
   double f = 2 * dim * c.q_lora_rank + 2.0 * c.q_lora_rank * H * D + 2 * dim * D  // wq_a, wq_b, wkv
              + 2 * H * D * c.o_lora_rank + 2.0 * c.o_groups * c.o_lora_rank * dim;  // wo_a, wo_b
@@ -88,7 +103,7 @@ SimReport run_serving_sim(AttentionStack& stack, const SimConfig& sc,
 
   SimReport rep;
   rep.phases = {{"prefill"}, {"decode"}, {"mixed"}};
-  const bool on_gpu = stack.num_layers() > 0 && stack.layer(0).backend() == Backend::cuda;
+  const bool on_gpu = stack.num_layers() > 0 && stack.backend() == Backend::cuda;
   StepTensors tensors(on_gpu ? Device::cuda : Device::cpu, nullptr, sc.seed, cfg.dim);
   struct StepEvents {
     int phase;
@@ -133,7 +148,7 @@ SimReport run_serving_sim(AttentionStack& stack, const SimConfig& sc,
       ph.step_seconds.push_back(secs);
     }
     for (int64_t t = 0; t < T; ++t)
-      for (int l = 0; l < L; ++l) ph.flops += layer_token_flops(cfg, stack.layer(l).kind(), plan.positions[t]);
+      for (int l = 0; l < L; ++l) ph.flops += layer_token_flops(cfg, stack.layer_kind(l), plan.positions[t]);
 
     for (int64_t t = 0; t < T; ++t) {
       const int64_t id = plan.requests[plan.token_to_req[t]].req_id;
@@ -170,15 +185,17 @@ SimReport run_serving_sim(AttentionStack& stack, const SimConfig& sc,
   rep.check_tolerance = sc.check_tolerance;
   for (int l = 0; l < L && sc.check_requests > 0; ++l) {
     LayerCheck lc;
-    lc.layer = stack.layer(l).layer_index();
-    lc.kind = stack.layer(l).kind();
+    lc.layer = stack.layer_index(l);
+    lc.kind = stack.layer_kind(l);
+    lc.kind_name = stack.sparse_mla() ? "MLA" : std::string(layer_kind_name(lc.kind));
     for (int64_t id = 0; id < sc.check_requests; ++id) {
       const auto& rows = record.at({id, l});
       std::vector<double> xin;
       for (const auto& [pos, io_rows] : rows) xin.insert(xin.end(), io_rows.first.begin(), io_rows.first.end());
       ReferenceOptions ro;
       const std::vector<double> ref =
-          reference_attention_layer(cfg, lc.layer, stack.layer(l).weights(), xin, ro);
+          stack.sparse_mla() ? reference_sparse_mla_layer(cfg, stack.sparse_mla_layer(l).weights(), xin, ro)
+                             : reference_attention_layer(cfg, lc.layer, stack.layer(l).weights(), xin, ro);
       for (const auto& [pos, io_rows] : rows) {
         double num = 0, den = 0;
         for (int i = 0; i < cfg.dim; ++i) {

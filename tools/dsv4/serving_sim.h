@@ -48,6 +48,7 @@ struct PhaseStats {
 struct LayerCheck {
   int layer = 0;
   LayerKind kind = LayerKind::swa;
+  std::string kind_name = "SWA";  // layer_kind_name(kind), or "MLA" for a V3.2 layer
   int64_t tokens = 0;
   double max_rel_err = 0;  // max over tokens of max|y - ref| / max|ref|
 };

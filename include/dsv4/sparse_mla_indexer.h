@@ -1,0 +1,39 @@
+// The DeepSeek-V3.2 lightning indexer's row preparation (its queries and its keys), the part that
+// differs from V4's indexer (indexer.h). Scoring and top-k are shared with V4: indexer_scores and
+// indexer_topk with ratio 1 (every earlier token of the request, and the token itself, is an entry)
+// over the same FP8 key cache (indexer_key_cache.h).
+//
+// Per token at position p (DeepSeek-V3.2's inference/model.py, Indexer.forward):
+//   query rows q = qr · wq_bᵀ → [I, d]; key k = LayerNorm(x · wkᵀ; k_norm, k_norm_bias) → [d];
+//   RoPE on the FIRST R dims of each row, in halves (NeoX style, unlike the MLA's interleaved
+//   pairs): (v_i, v_{i+R/2}) rotates by p·f_i with the layer's frequencies (build_rope_cache);
+//   Hadamard rotation of the d dims (Sylvester order, scale d^-0.5);
+//   FP8 e4m3 with one power-of-two scale per row (fp8_block.h: the V4 indexer's quantizer).
+//   The indexer weights are w = (x · weights_projᵀ) · I^-0.5 · d^-0.5, as for V4.
+#pragma once
+
+#include "dsv4/indexer_key_cache.h"
+#include "dsv4/ops.h"
+#include "dsv4/tensor.h"
+
+namespace dsv4 {
+
+// Queries: x [T, n, d] bf16/fp32 (row strides allowed), d = 128; positions [T] int32/int64 in
+// [0, cos_sin.shape[0]); cos_sin fp32 [max_pos, R] (R <= d). Outputs codes [T, n, d] fp8_e4m3
+// and scales [T, n] fp32 (powers of two), disjoint from the inputs. CPU only for now (CUDA
+// tensors: dsv4::Error).
+void sparse_mla_indexer_quantize(const TensorView& x, const TensorView& positions,
+                                 const TensorView& cos_sin, const TensorView& codes,
+                                 const TensorView& scales, Stream stream = nullptr);
+
+// Keys: k [T, d] bf16/fp32 (the projection x · wkᵀ), LayerNorm (fp32, biased variance, eps) with
+// weight and bias [d] bf16/fp32, then the query rows' RoPE, rotation and FP8, written to the key
+// cache at slot_mapping[t] (int32/int64 [T]; -1 = don't store). Slots must be -1 or inside the
+// cache and distinct, positions inside the table: checked before anything is written. CPU only.
+void sparse_mla_indexer_key_insert(const TensorView& k, const TensorView& norm_weight,
+                                   const TensorView& norm_bias, float eps,
+                                   const TensorView& positions, const TensorView& cos_sin,
+                                   const IndexerKeyCacheView& keys, const TensorView& slot_mapping,
+                                   Stream stream = nullptr);
+
+}  // namespace dsv4

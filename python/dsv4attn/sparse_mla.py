@@ -1,0 +1,97 @@
+"""dsv4attn.SparseMlaAttention: one DeepSeek-V3.2 sparse-MLA attention layer driven from Python
+(CPU backend so far).
+
+The layer is the C++ `dsv4::SparseMlaAttention` (include/dsv4/sparse_mla_layer.h), what vLLM's
+FlashMLASparseBackend runs for DeepSeek-V3.2: q/kv LoRA projections and norms, q_nope absorbed
+through W_UK into the 512-d latent (+ 64 RoPE dims: a 576-d query, heads padded to 64 or 128),
+the latent + k_pe written into its own 656-byte V32_FP8 paged cache, the lightning indexer with
+its FP8 key cache and top-`index_topk` selection, sparse attention (decodes on the FP8 cache,
+prefills over gathered bf16 rows), then W_UV and o_proj.
+
+    cfg = dsv4attn.ModelConfig.builtin("tiny-v3.2")
+    layer = dsv4attn.SparseMlaAttention(cfg, 0)            # seeded random weights
+    y = layer.forward(dsv4attn.BatchDescription([7], [0], [5]), torch.randn(5, cfg.dim))
+
+Weights: None (seeded random), a checkpoint directory / .safetensors file, a state dict under the
+inference-code names (`layers.{i}.attn.wkv_b.weight`, ...) or the Hugging Face names
+(`model.layers.{i}.self_attn.kv_b_proj.weight`, `.weight_scale_inv`), or SparseMlaWeights.
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping, Union
+
+import torch
+
+from . import Error, _C
+from ._args import int_arg, tensor_arg
+from .layer import BatchDescription, _LayerWrapper, _load_weights
+
+__all__ = ["SparseMlaAttention", "SparseMlaWeights", "reference_sparse_mla_layer"]
+
+SparseMlaWeights = _C.SparseMlaWeights
+WeightsArg = Union[None, str, os.PathLike, Mapping[str, torch.Tensor], SparseMlaWeights]
+
+
+def _config(config):
+    return _C.ModelConfig.builtin(config) if isinstance(config, str) else config
+
+
+class SparseMlaAttention(_LayerWrapper):
+    """One DeepSeek-V3.2 sparse-MLA layer with its weights and paged caches (CPU).
+
+    config: a V3.2 ModelConfig (or "v3.2" / "tiny-v3.2"). layer: the layer index.
+    cache_blocks, block_size: the latent cache and the indexer key cache each hold cache_blocks
+        blocks of block_size tokens; running out raises dsv4attn.Error before anything changes.
+    fp8_activations: quantize the inputs of FP8-weight projections to FP8 (per token and 128
+        columns, UE8M0) as production does.
+    """
+
+    def __init__(self, config, layer: int, weights: WeightsArg = None, *, seed: int = 1,
+                 fp8_weights: bool = True, cache_blocks: int = 256, block_size: int = 64,
+                 fp8_activations: bool = True):
+        self.config = _config(config)
+        w = _load_weights(self.config, layer, weights, seed, fp8_weights, SparseMlaWeights,
+                          "SparseMlaAttention")
+        self._layer = _C.SparseMlaAttention(self.config, layer, w, cache_blocks, block_size,
+                                            fp8_activations)
+
+    @property
+    def padded_heads(self) -> int:
+        """The head count the sparse kernels run (64 or 128)."""
+        return self._layer.padded_heads
+
+    def forward(self, batch: BatchDescription, x: torch.Tensor) -> torch.Tensor:
+        """x [T, dim] (float32 or bfloat16, CPU) → y [T, dim] float32, rows in batch order. Every
+        request's context must equal the tokens this layer has cached for it (0 for a new
+        request); a rejected batch raises dsv4attn.Error and changes nothing."""
+        where = "SparseMlaAttention.forward"
+        if not isinstance(batch, BatchDescription):
+            raise Error(f"{where}: batch: expected a BatchDescription, got {type(batch).__name__}")
+        x = tensor_arg(where, "x", x).detach()
+        if x.dim() != 2 or x.shape[0] != batch.num_tokens or x.shape[1] != self.config.dim:
+            raise Error(f"{where}: x.shape: expected [{batch.num_tokens}, {self.config.dim}], "
+                        f"got {list(x.shape)}")
+        if x.device.type != "cpu":
+            raise Error(f"{where}: x.device: expected cpu (the layer's device), got {x.device}")
+        x = x.contiguous()
+        y = torch.empty((x.shape[0], self.config.dim), dtype=torch.float32)
+        self._layer.forward(batch.request_ids, batch.contexts, batch.num_new, x, y)
+        return y
+
+    __call__ = forward
+
+    def release(self, request_id: int) -> None:
+        """Forgets a finished request and frees its cache blocks."""
+        self._layer.release(int_arg("SparseMlaAttention.release", "request_id", request_id))
+
+    def __repr__(self) -> str:
+        return (f"<dsv4attn.SparseMlaAttention {self.config.name} layer {self.layer}, "
+                f"{self.padded_heads} padded heads, on cpu>")
+
+
+def reference_sparse_mla_layer(config, weights: SparseMlaWeights, x: torch.Tensor,
+                               fp8_activations: bool = True) -> torch.Tensor:
+    """float64 y [L, dim] of one request's tokens x [L, dim] at positions 0..L-1."""
+    x = tensor_arg("reference_sparse_mla_layer", "x", x).detach().to("cpu", torch.float64).contiguous()
+    return _C.reference_sparse_mla_layer(_config(config), weights, x, fp8_activations)

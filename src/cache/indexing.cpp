@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/index_math.h"
+#include "math/index.h"
 #include "cpu/backend.h"
 #include "cpu/validate.h"
 #include "dsv4/status.h"

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "cpu/backend.h"
-#include "cpu/compressor_math.h"
-#include "cpu/hadamard.h"
-#include "cpu/norm_math.h"
+#include "math/compressor.h"
+#include "math/hadamard.h"
+#include "math/rms_norm.h"
 #include "cpu/rope_common.h"
 #include "cpu/rows.h"
 #include "cpu/validate.h"
@@ -288,19 +288,19 @@ int window_rows(const CompressorConfig& cfg, const RequestRun& run, int64_t req,
 
 // Pools the window of position p into e[0, D), then RMSNorm and RoPE at position j·r (the
 // window's first position), with the per-element math the CUDA kernel runs too
-// (compressor_math.h, norm_math.h, rope_common.h).
+// (math/compressor.h, math/rms_norm.h, math/rope.h).
 void compute_entry(const CompressorConfig& cfg, const RequestRun& run, int64_t req, int64_t p,
                    const TensorView& kv_rows, const TensorView& score_rows,
                    const CompressorStateView& state, const float* norm_weight,
                    const TensorView& cos_sin, float* e) {
-  namespace cm = cpu::compressor_math;
+  namespace cm = compressor_math;
   const int D = cfg.head_dim, K = cfg.ring_rows(), R = cfg.rope_dims;
   std::vector<const float*> kv(static_cast<size_t>(K)), s(static_cast<size_t>(K));
   const int n = window_rows(cfg, run, req, p, kv_rows, score_rows, state, kv.data(), s.data());
   for (int d = 0; d < D; ++d) e[d] = cm::pool_dim(kv.data(), s.data(), n, d);
-  cpu::rms_normalize(e, D, cfg.eps, norm_weight);
+  math::rms_normalize(e, D, cfg.eps, norm_weight);
   const int64_t rope_pos = (p + 1) - cfg.ratio;  // j·r
-  cpu::rope_rotate_pairs(e + D - R, cpu::rope_table_row(cos_sin, rope_pos), R / 2,
+  math::rope_rotate_pairs(e + D - R, cpu::rope_table_row(cos_sin, rope_pos), R / 2,
                          /*inverse=*/false);
 }
 
@@ -446,7 +446,7 @@ void compressor_update_and_emit(const CompressorConfig& cfg, const TensorView& k
       const Emission& em = emissions[static_cast<size_t>(e)];
       compute_entry(cfg, runs[em.req], em.req, cpu::load_index(batch.positions, em.token),
                     kv_rows, score_rows, state, weight.data(), cos_sin, v.data());
-      if (cfg.target == CompressorTarget::indexer_keys) cpu::hadamard_rotate(v.data(), D);
+      if (cfg.target == CompressorTarget::indexer_keys) math::hadamard_rotate(v.data(), D);
       if (entries.defined())
         std::copy(v.begin(), v.end(), entries.ptr<float>() + em.token * entries.stride(0));
       store_entry(cfg, out, em.slot, v.data());

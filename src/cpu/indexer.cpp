@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "cpu/backend.h"
-#include "cpu/hadamard.h"
+#include "math/hadamard.h"
 #include "cpu/indexer_rows.h"
 #include "cpu/rows.h"
 #include "cpu/validate.h"
@@ -95,7 +95,7 @@ void indexer_query_rows(const TensorView& q, const TensorView& positions,
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t h = 0; h < H; ++h) {
       float* v = q.ptr<float>() + (t * H + h) * kKeyDim;
-      hadamard_rotate(v, kKeyDim);
+      math::hadamard_rotate(v, kKeyDim);
       uint8_t* codes = q_fp8.ptr<uint8_t>() + t * q_fp8.stride(0) + h * q_fp8.stride(1);
       q_scale.ptr<float>()[t * q_scale.stride(0) + h] =
           exp2_int(fp8_quantize_block(v, kKeyDim, codes));

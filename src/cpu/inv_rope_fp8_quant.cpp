@@ -51,7 +51,7 @@ void inv_rope_fp8_quant(const TensorView& o, const TensorView& positions, const 
       for (int64_t h = 0; h < H; ++h) {
         const char* src = static_cast<const char*>(o.data) + (t * o.strides[0] + h * o.strides[1]) * 2;
         cpu::load_row(src, DType::bf16, D, row.data());
-        cpu::rope_rotate_pairs(row.data() + (D - R), table_row, R / 2, /*inverse=*/true);
+        math::rope_rotate_pairs(row.data() + (D - R), table_row, R / 2, /*inverse=*/true);
         for (int64_t i = D - R; i < D; ++i) row[i] = round_bf16(row[i]);
         for (int64_t b = 0; b < blocks_per_head; ++b)
           cpu::quantize_act_block(row.data() + b * block, block, q + h * D + b * block, o_scale, t,

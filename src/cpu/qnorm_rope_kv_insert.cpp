@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "cpu/backend.h"
-#include "cpu/norm_math.h"
+#include "math/rms_norm.h"
 #include "cpu/rope_common.h"
 #include "cpu/rows.h"
 #include "cpu/validate.h"
@@ -111,14 +111,14 @@ void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const Tenso
       for (int64_t h = 0; h < H; ++h) {
         uint16_t* q_row = static_cast<uint16_t*>(q.data) + t * q.strides[0] + h * q.strides[1];
         cpu::load_row(q_row, DType::bf16, D, row.data());
-        cpu::rms_normalize(row.data(), D, eps, nullptr);
-        cpu::rope_rotate_pairs(row.data() + (D - R), cos_sin_row, R / 2, false);
+        math::rms_normalize(row.data(), D, eps, nullptr);
+        math::rope_rotate_pairs(row.data() + (D - R), cos_sin_row, R / 2, false);
         cpu::store_row(row.data(), DType::bf16, D, q_row);
       }
 
       uint16_t* kv_row = static_cast<uint16_t*>(kv.data) + t * kv.strides[0];
       cpu::load_row(kv_row, DType::bf16, D, row.data());
-      cpu::rope_rotate_pairs(row.data() + (D - R), cos_sin_row, R / 2, false);
+      math::rope_rotate_pairs(row.data() + (D - R), cos_sin_row, R / 2, false);
       const int64_t slot = cpu::load_index(slot_mapping, t);
       const KvGeometry& tg = slot >= 0 ? g : scratch_g;
       uint8_t* block = slot >= 0 ? cache_bytes + (slot / g.block_size) * cache.data.strides[0]

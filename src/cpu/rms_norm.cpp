@@ -6,7 +6,7 @@
 
 #include "cpu/act_quant.h"
 #include "cpu/backend.h"
-#include "cpu/norm_math.h"
+#include "math/rms_norm.h"
 #include "cpu/rows.h"
 #include "cpu/validate.h"
 #include "dsv4/ops.h"
@@ -66,7 +66,7 @@ void normalize_rows(const TensorView& x, const TensorView& weight, float eps, co
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       cpu::load_row(x_rows.row_ptr(r), x.dtype, D, row.data());
-      cpu::rms_normalize(row.data(), D, eps, w_ptr);
+      math::rms_normalize(row.data(), D, eps, w_ptr);
       if (y.defined()) cpu::store_row(row.data(), y.dtype, D, y_rows.row_ptr(r));
       if (!q8.defined()) continue;
       if (out_dtype == DType::bf16)

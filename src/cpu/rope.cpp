@@ -115,7 +115,7 @@ void apply_rope(const TensorView& x, const TensorView& positions, const TensorVi
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t p = cpu::load_index(positions, r / heads);
       cpu::load_row(x_rows.row_ptr(r), x.dtype, D, row.data());
-      cpu::rope_rotate_pairs(row.data() + (D - R), cpu::rope_table_row(cos_sin, p), R / 2, inverse);
+      math::rope_rotate_pairs(row.data() + (D - R), cpu::rope_table_row(cos_sin, p), R / 2, inverse);
       cpu::store_row(row.data(), y.dtype, D, y_rows.row_ptr(r));
     }
   }

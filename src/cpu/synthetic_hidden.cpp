@@ -4,7 +4,7 @@
 
 #include "cpu/backend.h"
 #include "cpu/rows.h"
-#include "cpu/synthetic_hidden_math.h"
+#include "math/synthetic_hidden.h"
 #include "cpu/validate.h"
 #if defined(DSV4_WITH_CUDA)
 #include "cuda/common/synthetic_hidden.h"

@@ -1,11 +1,11 @@
 // CUDA indexer queries (SPEC §5): the two projections through dsv4::linear, then one warp per
 // (token, head) row: RoPE, Hadamard rotation, FP8 with one power-of-two scale, and the scaling
-// of the head weights. Every fp32 operation matches the CPU reference's (cpu::rope_rotate_pairs,
-// cpu::hadamard_rotate, fp8_quantize_block) one for one, so identical projected rows give
+// of the head weights. Every fp32 operation matches the CPU reference's (math::rope_rotate_pairs,
+// math::hadamard_rotate, fp8_quantize_block) one for one, so identical projected rows give
 // identical codes and scales.
 #include <cmath>
 
-#include "cpu/hadamard.h"
+#include "math/hadamard.h"
 #include "cuda/common/check.h"
 #include "cuda/common/index_vector.cuh"
 #include "cuda/common/rope_table.cuh"
@@ -119,8 +119,8 @@ void indexer_query_rows(const TensorView& q_proj, const TensorView& positions,
   p.H = static_cast<int>(H);
   p.positions = IndexVector::of(positions);
   p.table = RopeTable::of(cos_sin);
-  // The same scales as the CPU reference (cpu::hadamard_rotate, indexer_query).
-  p.hadamard_scale = cpu::hadamard_scale(kDim);
+  // The same scales as the CPU reference (math::hadamard_rotate, indexer_query).
+  p.hadamard_scale = math::hadamard_scale(kDim);
   p.weight_scale = indexer_math::indexer_weight_scale(H);
   p.q_fp8 = q_fp8.ptr<uint8_t>();
   p.q_fp8_stride0 = q_fp8.stride(0);

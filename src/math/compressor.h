@@ -1,5 +1,5 @@
 // The compressor's per-element math that no other op shares (SPEC §4), used by the CPU op
-// (src/cpu/compressor.cpp) and its CUDA kernels (src/cuda/compressor/) alike: the softmax
+// (src/cpu/compressor_emit.cpp) and its CUDA kernels (src/cuda/compressor/) alike: the softmax
 // weights' exp and the per-dim pooling. Every operation is IEEE-rounded on its own (dtype.h
 // ieee_*: non-fused, non-flushing PTX on the device, plain operators on the host), so both
 // backends compute bit-identical entries. The RMSNorm and RoPE of an entry are the shared ones

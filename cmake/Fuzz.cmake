@@ -33,9 +33,13 @@ if(DSV4_FUZZ_SANITIZE)
   # has them.
   set(DSV4_FUZZ_LIB_SOURCES ${DSV4_CPU_SOURCES})
   list(FILTER DSV4_FUZZ_LIB_SOURCES EXCLUDE REGEX "/src/(layer|weights)/|/config_json\\.cpp$")
+  # A CUDA build drops the no-device runtime from DSV4_CPU_SOURCES; this copy is CPU-only.
+  list(APPEND DSV4_FUZZ_LIB_SOURCES ${PROJECT_SOURCE_DIR}/src/runtime/device_runtime_none.cpp)
+  list(REMOVE_DUPLICATES DSV4_FUZZ_LIB_SOURCES)
   add_library(dsv4attn_sanitized STATIC EXCLUDE_FROM_ALL ${DSV4_FUZZ_LIB_SOURCES})
   target_include_directories(dsv4attn_sanitized
-    PUBLIC ${PROJECT_SOURCE_DIR}/include ${DSV4_GENERATED_INCLUDE_DIR} PRIVATE ${PROJECT_SOURCE_DIR}/src)
+    PUBLIC ${PROJECT_SOURCE_DIR}/include ${DSV4_GENERATED_INCLUDE_DIR}
+    PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_BINARY_DIR}/generated)
   target_include_directories(dsv4attn_sanitized SYSTEM PRIVATE
     $<TARGET_PROPERTY:nlohmann_json::nlohmann_json,INTERFACE_INCLUDE_DIRECTORIES>)
   target_link_libraries(dsv4attn_sanitized PUBLIC OpenMP::OpenMP_CXX Threads::Threads)

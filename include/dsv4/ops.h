@@ -98,7 +98,7 @@ void rms_norm(const TensorView& x, const TensorView& weight, float eps, const Te
 
 // Summation order (CPU and CUDA alike, so both give the same bits): chunks of 8 consecutive
 // elements dealt round-robin to 32 partial sums, then a butterfly over the partials
-// (src/cpu/norm_math.h) — the order one warp computes with 16-byte loads.
+// (src/math/rms_norm.h) — the order one warp computes with 16-byte loads.
 
 // The fused q/kv RMSNorm after the low-rank projections: q_out = RMSNorm(q_in; wq),
 // kv_out = RMSNorm(kv_in; wkv). Shapes [T, q_lora] and [T, D].

@@ -4,6 +4,7 @@
 // Python as a crash: anything else becomes RuntimeError through nanobind's default translators.
 #include <nanobind/nanobind.h>
 
+#include "dsv4/device_tensor.h"  // cuda_built
 #include "dsv4/status.h"
 #include "dsv4/version.h"
 
@@ -45,11 +46,7 @@ NB_MODULE(_C, m) {
       PyErr_SetString(g_error_type ? g_error_type : PyExc_ValueError, e.what());
     }
   });
-#if defined(DSV4_WITH_CUDA)
-  m.attr("with_cuda") = true;
-#else
-  m.attr("with_cuda") = false;
-#endif
+  m.attr("with_cuda") = dsv4::cuda_built();
   dsv4::python::bind_ops(m);
   dsv4::python::bind_cache(m);
   dsv4::python::bind_layer(m);

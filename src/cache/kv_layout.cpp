@@ -1,5 +1,5 @@
-// KV layouts (docs/spec.md §7): names, byte geometry, cache validation and the validated bulk CPU
-// quantize / dequantize built on the per-token functions of kv_layout.h.
+// KV layouts (docs/spec.md §7): names, byte geometry and cache validation. The bulk quantize /
+// dequantize ops built on the per-token functions of kv_layout.h: src/ops/kv_quantize.cpp.
 #include "dsv4/kv_layout.h"
 
 #include <algorithm>
@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "cpu/validate.h"
 #include "dsv4/status.h"
 
 namespace dsv4 {
@@ -101,123 +100,6 @@ void check_kv_cache(const char* where, const char* name, const KvCacheView& cach
   if (cache.layout == KvLayout::fp8_per_tensor &&
       !(cache.tensor_scale > 0.0f && cache.tensor_scale < 3.0e38f))
     fail_expected(where, n + ".tensor_scale", "a finite value > 0", cache.tensor_scale);
-}
-
-namespace {
-
-// Slot tensor [n] (int32 or int64) read as int64.
-int64_t slot_at(const TensorView& slots, int64_t i) {
-  return slots.dtype == DType::int64 ? slots.ptr<const int64_t>()[i * slots.strides[0]]
-                                     : slots.ptr<const int32_t>()[i * slots.strides[0]];
-}
-
-// Validates the slot tensor and every slot value: -1 (skip) or inside the cache; with
-// `unique`, no slot may appear twice (two tokens writing one slot would race).
-void check_slots(const char* where, const TensorView& slots, int64_t n, int64_t num_slots,
-                 bool unique) {
-  std::vector<int64_t> seen;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t s = slot_at(slots, i);
-    if (s < -1 || s >= num_slots)
-      fail(where, ": slots[", i, "]: expected -1 or 0..", num_slots - 1, ", got ", s);
-    if (unique && s >= 0) seen.push_back(s);
-  }
-  if (unique) {
-    std::sort(seen.begin(), seen.end());
-    const auto dup = std::adjacent_find(seen.begin(), seen.end());
-    if (dup != seen.end()) fail(where, ": slots: slot ", *dup, " appears more than once");
-  }
-}
-
-void check_rows(const char* where, const char* name, const TensorView& t, int64_t dim) {
-  check_defined(where, name, t);
-  check_device(where, name, t, Device::cpu);
-  cpu::check_dtype_in(where, name, t, {DType::fp32, DType::bf16});
-  check_ndim(where, name, t, 2);
-  check_dim(where, name, t, 1, dim);
-  cpu::check_row_strided(where, name, t);
-}
-
-// The slot tensor's layout: a host index vector [n] (its values are checked by check_slots).
-void check_slot_tensor(const char* where, const TensorView& slots, int64_t n) {
-  cpu::check_index_vector(where, "slots", slots, n);
-  check_device(where, "slots", slots, Device::cpu);
-}
-
-// Row i of a [n, dim] fp32/bf16 tensor as floats.
-void load_row(const TensorView& t, int64_t i, int dim, float* out) {
-  const int64_t base = i * t.strides[0];
-  if (t.dtype == DType::fp32) {
-    const float* p = t.ptr<const float>() + base;
-    std::copy(p, p + dim, out);
-  } else {
-    const uint16_t* p = t.ptr<const uint16_t>() + base;
-    for (int k = 0; k < dim; ++k) out[k] = bf16_bits_to_float(p[k]);
-  }
-}
-
-void store_row(const TensorView& t, int64_t i, int dim, const float* in) {
-  const int64_t base = i * t.strides[0];
-  if (t.dtype == DType::fp32) {
-    std::copy(in, in + dim, t.ptr<float>() + base);
-  } else {
-    uint16_t* p = t.ptr<uint16_t>() + base;
-    for (int k = 0; k < dim; ++k) p[k] = float_to_bf16_bits(in[k]);
-  }
-}
-
-constexpr int kMaxDim = 576;  // largest layout dim (V32_FP8)
-
-}  // namespace
-
-void kv_quantize(const KvCacheView& cache, const TensorView& values, const TensorView& slots) {
-  constexpr const char* where = "kv_quantize";
-  check_kv_cache(where, "cache", cache);
-  check_device(where, "cache.data", cache.data, Device::cpu);
-  const KvGeometry g = kv_geometry(cache.layout, cache.block_size);
-  check_rows(where, "values", values, g.dim);
-  const int64_t n = values.shape[0];
-  check_slot_tensor(where, slots, n);
-  // The cache is written while values and slots are read: a slot or value living inside the
-  // cache would change under the loop.
-  cpu::check_outputs_disjoint(where, {{"cache.data", cache.data}},
-                              {{"values", values}, {"slots", slots}});
-  check_slots(where, slots, n, cache.num_slots(), /*unique=*/true);
-
-  uint8_t* base = cache.data.ptr<uint8_t>();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t s = slot_at(slots, i);
-    if (s < 0) continue;
-    float row[kMaxDim];
-    load_row(values, i, g.dim, row);
-    kv_encode_token(g, base + (s / g.block_size) * cache.data.strides[0],
-                    static_cast<int>(s % g.block_size), row, cache.tensor_scale);
-  }
-}
-
-void kv_dequantize(const KvCacheView& cache, const TensorView& slots, const TensorView& out) {
-  constexpr const char* where = "kv_dequantize";
-  check_kv_cache(where, "cache", cache);
-  check_device(where, "cache.data", cache.data, Device::cpu);
-  const KvGeometry g = kv_geometry(cache.layout, cache.block_size);
-  check_rows(where, "out", out, g.dim);
-  cpu::check_output_layout(where, "out", out);  // rows written concurrently: no shared element
-  const int64_t n = out.shape[0];
-  check_slot_tensor(where, slots, n);
-  cpu::check_outputs_disjoint(where, {{"out", out}}, {{"cache.data", cache.data}, {"slots", slots}});
-  check_slots(where, slots, n, cache.num_slots(), /*unique=*/false);
-
-  const uint8_t* base = cache.data.ptr<const uint8_t>();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t s = slot_at(slots, i);
-    float row[kMaxDim] = {};
-    if (s >= 0)
-      kv_decode_token(g, base + (s / g.block_size) * cache.data.strides[0],
-                      static_cast<int>(s % g.block_size), row, cache.tensor_scale);
-    store_row(out, i, g.dim, row);
-  }
 }
 
 }  // namespace dsv4

@@ -1,10 +1,6 @@
 #include "dsv4/device_tensor.h"
 
-#include "cpu/backend.h"
-
-#if defined(DSV4_WITH_CUDA)
-#include "cuda/common/check.h"
-#endif
+#include "runtime/device_runtime.h"
 
 namespace dsv4 {
 
@@ -19,30 +15,13 @@ void check_copy_pair(const char* where, const TensorView& host, const TensorView
   DSV4_CHECK_EQ(where, "numel", host.numel(), device.numel());
 }
 
-#if defined(DSV4_WITH_CUDA)
-using cuda::check_cuda;
-#else
-[[noreturn]] void no_cuda(const char* where) { cpu::throw_cuda_unavailable(where); }
-#endif
+size_t nbytes_of(const TensorView& t) { return static_cast<size_t>(t.numel()) * dtype_size(t.dtype); }
 
 }  // namespace
 
-bool cuda_built() {
-#if defined(DSV4_WITH_CUDA)
-  return true;
-#else
-  return false;
-#endif
-}
+bool cuda_built() { return rt::built(); }
 
-bool cuda_available() {
-#if defined(DSV4_WITH_CUDA)
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-#else
-  return false;
-#endif
-}
+bool cuda_available() { return rt::device_available(); }
 
 DeviceTensor::DeviceTensor(DType t, std::vector<int64_t> dims) : OwnedTensor(std::move(dims)) {
   int64_t n = 1;
@@ -50,16 +29,8 @@ DeviceTensor::DeviceTensor(DType t, std::vector<int64_t> dims) : OwnedTensor(std
     DSV4_CHECK(d >= 0, "DeviceTensor: negative dimension ", d);
     n *= d;
   }
-  const size_t bytes = static_cast<size_t>(n) * dtype_size(t);
-  void* ptr = nullptr;
-#if defined(DSV4_WITH_CUDA)
-  // Zero-size tensors still get a (small) allocation so their view is "defined".
-  check_cuda(cudaMalloc(&ptr, bytes > 0 ? bytes : 256), "DeviceTensor", "cudaMalloc");
-  buf_ = std::shared_ptr<void>(ptr, [](void* p) { cudaFree(p); });
-#else
-  (void)bytes;
-  no_cuda("DeviceTensor");
-#endif
+  void* ptr = rt::device_malloc(static_cast<size_t>(n) * dtype_size(t), "DeviceTensor");
+  buf_ = std::shared_ptr<void>(ptr, [](void* p) { rt::device_free(p); });
   view_ = TensorView(ptr, t, dims_, Device::cuda);
 }
 
@@ -81,36 +52,17 @@ HostTensor DeviceTensor::to_host() const {
 }
 
 void DeviceTensor::fill_bytes(uint8_t byte) {
-#if defined(DSV4_WITH_CUDA)
-  if (nbytes() > 0) check_cuda(cudaMemset(view_.data, byte, nbytes()), "DeviceTensor::fill_bytes", "cudaMemset");
-#else
-  (void)byte;
-  no_cuda("DeviceTensor::fill_bytes");
-#endif
+  rt::memset_device(view_.data, byte, nbytes(), "DeviceTensor::fill_bytes");
 }
 
 void copy_to_device(const TensorView& host, const TensorView& device) {
   check_copy_pair("copy_to_device", host, device);
-  const size_t bytes = static_cast<size_t>(host.numel()) * dtype_size(host.dtype);
-  if (bytes == 0) return;
-#if defined(DSV4_WITH_CUDA)
-  check_cuda(cudaMemcpy(device.data, host.data, bytes, cudaMemcpyHostToDevice), "copy_to_device",
-        "cudaMemcpy");
-#else
-  no_cuda("copy_to_device");
-#endif
+  rt::copy_host_to_device(device.data, host.data, nbytes_of(host), "copy_to_device");
 }
 
 void copy_to_host(const TensorView& device, const TensorView& host) {
   check_copy_pair("copy_to_host", host, device);
-  const size_t bytes = static_cast<size_t>(host.numel()) * dtype_size(host.dtype);
-  if (bytes == 0) return;
-#if defined(DSV4_WITH_CUDA)
-  check_cuda(cudaMemcpy(host.data, device.data, bytes, cudaMemcpyDeviceToHost), "copy_to_host",
-        "cudaMemcpy");
-#else
-  no_cuda("copy_to_host");
-#endif
+  rt::copy_device_to_host(host.data, device.data, nbytes_of(host), "copy_to_host");
 }
 
 }  // namespace dsv4

@@ -1,8 +1,9 @@
 // The host half of FP8 activation quantization (quantize_act_fp8's rule: per row and block of
 // 64 / 128 values, the UE8M0 scale 2^k, k = ue8m0_exponent_for_amax(amax), codes fp8(v / 2^k)),
-// shared by quantize_act_fp8, inv_rope_fp8_quant and the FP8 output of fused_qkv_rms_norm: the
-// validation of the (codes, scales) outputs and the per-block quantization. The CUDA kernels
-// follow src/cuda/common/act_quant.cuh, bit for bit.
+// shared by the CPU kernels of quantize_act_fp8, inv_rope_fp8_quant and the FP8 output of
+// fused_qkv_rms_norm: the per-block quantization (the outputs' validation is
+// ops::check_act_quant_outputs). The CUDA kernels follow src/cuda/common/act_quant.cuh, bit for
+// bit.
 #pragma once
 
 #include <cstdint>
@@ -11,14 +12,6 @@
 #include "dsv4/tensor.h"
 
 namespace dsv4::cpu {
-
-// The outputs of an activation quantization of a [rows, cols] tensor in blocks of `block` (64 or
-// 128, dividing cols): xq fp8_e4m3 [rows, cols] (last dim contiguous, distinct elements) and scale
-// ue8m0 / fp32 [rows, cols / block] at any non-negative strides (the CUDA FP8 GEMMs take the
-// transpose of a contiguous [cols / block, rows] buffer), each disjoint from the other.
-void check_act_quant_outputs(const char* where, const char* xq_name, const TensorView& xq,
-                             const char* scale_name, const TensorView& scale, int64_t rows,
-                             int64_t cols, int block);
 
 // Quantizes v[0 .. block) into q and stores the block's scale at (row, b) of `scale`.
 inline void quantize_act_block(const float* v, int block, uint8_t* q, const TensorView& scale,

@@ -60,4 +60,14 @@ struct GemmProblem {
 // Solves independent problems (e.g. the groups of grouped_wo_a) in one parallel region.
 void gemm_xwT(const GemmProblem* problems, int64_t count);
 
+inline constexpr int64_t kWeightBlock = 128;  // an FP8 weight's scales cover 128 × 128 blocks
+
+// The block of an activation's scales (what ops::check_activation_scale accepted): 0 without
+// scales, else 128 or 64 columns per scale.
+inline int64_t activation_scale_block(const TensorView& x, const TensorView& scale) {
+  if (!scale.defined()) return 0;
+  const int64_t cols = x.shape[1], blocks = scale.shape[1];
+  return cols % 128 == 0 && blocks * 128 == cols ? 128 : 64;
+}
+
 }  // namespace dsv4::cpu

@@ -3,21 +3,8 @@
 #include <string>
 
 #include "cpu/rows.h"
-#include "cpu/validate.h"
 
 namespace dsv4::cpu {
-
-int64_t check_rope_table(const char* where, const TensorView& cos_sin, int64_t head_dim) {
-  check_defined(where, "cos_sin", cos_sin);
-  check_dtype(where, "cos_sin", cos_sin, DType::fp32);
-  check_ndim(where, "cos_sin", cos_sin, 2);
-  check_row_strided(where, "cos_sin", cos_sin);
-  const int64_t R = cos_sin.shape[1];
-  if (R < 2 || R % 2 != 0 || R > head_dim)
-    fail_expected(where, "cos_sin.shape[1] (rope dims R)",
-                  "an even value in [2, head dim = " + std::to_string(head_dim) + "]", R);
-  return R;
-}
 
 void check_positions_in_table(const char* where, const TensorView& positions,
                               const TensorView& cos_sin) {

@@ -111,4 +111,12 @@ int64_t RowWalker::row_offset(int64_t r) const {
   return off;
 }
 
+void check_values_in_range(const char* where, const char* name, const int32_t* v, int64_t n,
+                           int64_t lo, int64_t hi) {
+  for (int64_t i = 0; i < n; ++i)
+    if (v[i] < lo || v[i] > hi)
+      fail_expected(where, detail::concat(name, "[", i, "]"),
+                    detail::concat("a value in [", lo, ", ", hi, "]"), v[i]);
+}
+
 }  // namespace dsv4::cpu

@@ -66,4 +66,8 @@ class RowWalker {
   int64_t row_len_ = 1;
 };
 
+// Host data check: every v[i] (i < n) lies in [lo, hi] ("where: name[i]: expected ...").
+void check_values_in_range(const char* where, const char* name, const int32_t* v, int64_t n,
+                           int64_t lo, int64_t hi);
+
 }  // namespace dsv4::cpu

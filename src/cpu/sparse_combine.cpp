@@ -1,22 +1,13 @@
-// sparse_attention_combine: merges split-KV partials (o_s, lse_s) into the final output with the
-// attention sink (docs/spec.md §6). CPU reference + dispatch to the CUDA twin.
+// The CPU combine of split-KV partials: per head, a one-head softmax over the splits' lse
+// (attention_core.h), sink folded in.
 #include "cpu/sparse_combine.h"
 
 #include <cstdint>
 
-#include "cpu/attention_checks.h"
 #include "cpu/attention_core.h"
-#include "cpu/backend.h"
-#include "cpu/validate.h"
-#include "dsv4/ops.h"
-#include "dsv4/status.h"
-#ifdef DSV4_WITH_CUDA
-#include "cuda/attention/sparse_decode.h"
-#endif
+#include "cpu/kernels.h"
 
-namespace dsv4 {
-
-namespace cpu {
+namespace dsv4::cpu {
 
 void combine_partials(const TensorView& partial_o, const TensorView& partial_lse,
                       const float* attn_sink, const TensorView& out, const TensorView& lse) {
@@ -45,47 +36,10 @@ void combine_partials(const TensorView& partial_o, const TensorView& partial_lse
   }
 }
 
-}  // namespace cpu
-
-namespace {
-
-constexpr const char* kOp = "sparse_attention_combine";
-
-// The one validation of the combine's arguments, shared by both backends.
-void validate_combine(const TensorView& partial_o, const TensorView& partial_lse,
-                      const TensorView& attn_sink, const TensorView& out, const TensorView& lse) {
-  check_defined(kOp, "partial_o", partial_o);
-  check_ndim(kOp, "partial_o", partial_o, 5);
-  const Device device = partial_o.device;
-  const int64_t b = partial_o.shape[0], s_q = partial_o.shape[1], h = partial_o.shape[2],
-                splits = partial_o.shape[3], d_v = partial_o.shape[4];
-  cpu::check_tensor(kOp, "partial_o", partial_o, DType::fp32, {-1, -1, -1, -1, -1}, device);
-  if (splits < 1) fail_expected(kOp, "partial_o.shape[3] (splits)", ">= 1", splits);
-  if (h < 1) fail_expected(kOp, "partial_o.shape[2] (heads)", ">= 1", h);
-  if (d_v < 1) fail_expected(kOp, "partial_o.shape[4] (d_v)", ">= 1", d_v);
-  cpu::check_tensor(kOp, "partial_lse", partial_lse, DType::fp32, {b, s_q, h, splits}, device);
-  cpu::check_optional_tensor(kOp, "attn_sink", attn_sink, DType::fp32, {h}, device);
-  cpu::check_output_tensor(kOp, "out", out, DType::bf16, {b, s_q, h, d_v}, device,
-                           cpu::Dense::last_dim);
-  cpu::check_output_tensor(kOp, "lse", lse, DType::fp32, {b, s_q, h}, device,
-                           cpu::Dense::last_dim);
-  cpu::check_outputs_disjoint(kOp, {{"out", out}, {"lse", lse}},
-                              {{"partial_o", partial_o}, {"partial_lse", partial_lse},
-                               {"attn_sink", attn_sink}});
-}
-
-}  // namespace
-
 void sparse_attention_combine(const TensorView& partial_o, const TensorView& partial_lse,
                               const TensorView& attn_sink, const TensorView& out,
-                              const TensorView& lse, [[maybe_unused]] Stream stream) {
-  validate_combine(partial_o, partial_lse, attn_sink, out, lse);
-  if (partial_o.device == Device::cpu) {
-    cpu::combine_partials(partial_o, partial_lse, attn_sink.ptr<const float>(), out, lse);
-    return;
-  }
-  DSV4_CUDA_DISPATCH(kOp, cuda::sparse_attention_combine(partial_o, partial_lse, attn_sink, out,
-                                                         lse, stream));
+                              const TensorView& lse, Stream /*stream*/) {
+  combine_partials(partial_o, partial_lse, attn_sink.ptr<const float>(), out, lse);
 }
 
-}  // namespace dsv4
+}  // namespace dsv4::cpu

@@ -1,16 +1,45 @@
-// The few CUDA runtime services the layer's orchestration needs beyond the ops — page-locked
-// staging memory, events, private streams and graph capture — behind a header with no CUDA
-// types, so src/layer/ stays backend-neutral. Implemented in src/cuda/runtime/ when CUDA is
-// built; otherwise every constructor that needs a GPU throws dsv4::Error (runtime_none.cpp).
+// The few CUDA runtime services the layer's orchestration, DeviceTensor and the tools need beyond
+// the ops — device memory, page-locked staging memory, events, private streams and graph
+// capture — behind a header with no CUDA types, so src/layer/, src/core/ and tools/ stay
+// backend-neutral. Implemented in src/cuda/runtime/ when CUDA is built; otherwise
+// (device_runtime_none.cpp, chosen by the build) whatever needs a GPU throws dsv4::Error.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "dsv4/ops.h"  // Stream
 
 namespace dsv4::rt {
+
+// Whether the library was built with the CUDA runtime, and whether a GPU is visible now.
+bool built();
+bool device_available();
+// The CUDA runtime version the library was built against (e.g. 13000); 0 without CUDA.
+int runtime_version();
+
+struct DeviceInfo {
+  std::string name;
+  int sm_major = 0, sm_minor = 0;
+  int sms = 0;
+  size_t total_bytes = 0;
+};
+// The visible GPUs; empty, with the reason in `why`, when there are none.
+std::vector<DeviceInfo> devices(std::string* why);
+// Free bytes of the current device's memory (throws dsv4::Error naming `where` without one).
+size_t device_free_bytes(const char* where);
+
+// Synchronous device memory for DeviceTensor (test and tool setup; never inside a forward).
+// `where` names the caller in errors. device_malloc never returns null (a zero-byte request gets
+// a small allocation, so a view of it is "defined").
+void* device_malloc(size_t bytes, const char* where);
+void device_free(void* ptr) noexcept;
+void copy_host_to_device(void* device_dst, const void* host_src, size_t bytes, const char* where);
+void copy_device_to_host(void* host_dst, const void* device_src, size_t bytes, const char* where);
+void memset_device(void* dst, int byte, size_t bytes, const char* where);
 
 // Page-locked host memory (cudaHostAlloc): host-to-device copies from it are truly
 // asynchronous, where copies from pageable memory make the stream wait for the host.

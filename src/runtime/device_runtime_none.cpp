@@ -1,6 +1,6 @@
-// src/runtime/device_runtime.h without CUDA: what needs a GPU throws dsv4::Error; what has a
-// trivial host meaning (an event never recorded, a stream that is never capturing) works.
-#if !defined(DSV4_WITH_CUDA)
+// src/runtime/device_runtime.h without CUDA (the build compiles this file instead of
+// src/cuda/runtime/ then): what needs a GPU throws dsv4::Error; what has a trivial host meaning
+// (an event never recorded, a stream that is never capturing) works.
 #include "dsv4/status.h"
 #include "runtime/device_runtime.h"
 
@@ -10,7 +10,29 @@ namespace {
 [[noreturn]] void no_cuda(const char* what) {
   fail(what, ": the library was built without CUDA");
 }
+[[noreturn]] void not_built(const char* where) {
+  fail(where, ": CUDA backend not built (configure with DSV4_CUDA=ON on a machine with nvcc)");
+}
 }  // namespace
+
+bool built() { return false; }
+bool device_available() { return false; }
+int runtime_version() { return 0; }
+std::vector<DeviceInfo> devices(std::string* why) {
+  if (why) *why = "the library was built without CUDA";
+  return {};
+}
+size_t device_free_bytes(const char* where) { not_built(where); }
+void* device_malloc(size_t, const char* where) { not_built(where); }
+void device_free(void*) noexcept {}
+// Nothing to copy needs no device (as on CUDA, where an empty copy is a no-op).
+void copy_host_to_device(void*, const void*, size_t bytes, const char* where) {
+  if (bytes > 0) not_built(where);
+}
+void copy_device_to_host(void*, const void*, size_t bytes, const char* where) {
+  if (bytes > 0) not_built(where);
+}
+void memset_device(void*, int, size_t, const char* where) { not_built(where); }
 
 PinnedBuffer::PinnedBuffer(size_t) { no_cuda("PinnedBuffer"); }
 Event::Event(bool timing) : timing_(timing) {}
@@ -40,4 +62,3 @@ void copy_device_to_device_async(void*, const void*, size_t, Stream) {
 void memset_device_async(void*, int, size_t, Stream) { no_cuda("memset_device_async"); }
 
 }  // namespace dsv4::rt
-#endif

@@ -1,4 +1,4 @@
-// The per-element math the compressor's CPU op and CUDA kernels share (src/cpu/compressor_math.h): softmax_exp against float64 exp, and its edge values.
+// The per-element math the compressor's CPU op and CUDA kernels share (src/math/compressor.h): softmax_exp against float64 exp, and its edge values.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <limits>
 #include <random>
 
-#include "cpu/compressor_math.h"
+#include "math/compressor.h"
 
 namespace dsv4 {
 namespace {
@@ -18,7 +18,7 @@ TEST(CompressorMath, SoftmaxExpMatchesFloat64) {
   double worst = 0.0;
   auto check = [&](float x) {
     const double want = std::exp(static_cast<double>(x));
-    const double got = cpu::compressor_math::softmax_exp(x);
+    const double got = compressor_math::softmax_exp(x);
     const double rel = std::fabs(got - want) / want;
     worst = std::max(worst, rel);
     ASSERT_LT(rel, 3e-7) << "x = " << x << ": got " << got << ", want " << want;
@@ -34,14 +34,14 @@ TEST(CompressorMath, SoftmaxExpMatchesFloat64) {
 
 TEST(CompressorMath, SoftmaxExpEdgeValues) {
   constexpr float kInf = std::numeric_limits<float>::infinity();
-  EXPECT_EQ(cpu::compressor_math::softmax_exp(0.0f), 1.0f);  // the max row weighs exactly 1
-  EXPECT_EQ(cpu::compressor_math::softmax_exp(-0.0f), 1.0f);
-  EXPECT_EQ(cpu::compressor_math::softmax_exp(-87.5f), 0.0f);
-  EXPECT_EQ(cpu::compressor_math::softmax_exp(-kInf), 0.0f);
-  EXPECT_EQ(cpu::compressor_math::softmax_exp(89.0f), kInf);
-  EXPECT_TRUE(std::isnan(cpu::compressor_math::softmax_exp(std::nanf(""))));
+  EXPECT_EQ(compressor_math::softmax_exp(0.0f), 1.0f);  // the max row weighs exactly 1
+  EXPECT_EQ(compressor_math::softmax_exp(-0.0f), 1.0f);
+  EXPECT_EQ(compressor_math::softmax_exp(-87.5f), 0.0f);
+  EXPECT_EQ(compressor_math::softmax_exp(-kInf), 0.0f);
+  EXPECT_EQ(compressor_math::softmax_exp(89.0f), kInf);
+  EXPECT_TRUE(std::isnan(compressor_math::softmax_exp(std::nanf(""))));
   // Every nonzero result is a normal float (no denormal for CUDA to flush).
-  EXPECT_GE(cpu::compressor_math::softmax_exp(-87.0f), std::numeric_limits<float>::min());
+  EXPECT_GE(compressor_math::softmax_exp(-87.0f), std::numeric_limits<float>::min());
 }
 
 // pool_dim: the softmax-weighted mean of one dim over the rows, against float64.
@@ -56,9 +56,9 @@ TEST(CompressorMath, PoolDimIsTheSoftmaxWeightedMean) {
       num += std::exp(double{s[i][d]}) * kv[i][d];
       den += std::exp(double{s[i][d]});
     }
-    EXPECT_NEAR(cpu::compressor_math::pool_dim(kv, s, 3, d), num / den, 1e-6) << "dim " << d;
+    EXPECT_NEAR(compressor_math::pool_dim(kv, s, 3, d), num / den, 1e-6) << "dim " << d;
   }
-  EXPECT_EQ(cpu::compressor_math::pool_dim(kv, s, 1, 0), 1.0f);  // one row: its value exactly
+  EXPECT_EQ(compressor_math::pool_dim(kv, s, 1, 0), 1.0f);  // one row: its value exactly
 }
 
 }  // namespace

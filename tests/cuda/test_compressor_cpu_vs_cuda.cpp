@@ -8,7 +8,7 @@
 // Tolerances (why):
 //   - ring rows: bit-exact (both sides copy the same fp32 rows).
 //   - entries: bit-exact. Both sides run the same fp32 operations in the same order through the
-//     shared helpers (src/cpu/compressor_math.h: softmax_exp instead of std::exp / expf; dtype.h
+//     shared helpers (src/math/compressor.h: softmax_exp instead of std::exp / expf; dtype.h
 //     ieee_* on the GPU, never fused or flushed; sequential sums).
 //   - cache bytes: bit-exact (the shared encoders fed bit-identical entries; their UE8M0
 //     division is IEEE on the device too), except FP8_PER_TENSOR: its encoder's 1 / tensor_scale

@@ -1,7 +1,7 @@
 // The fused FP8 producers on CUDA against the CPU reference, bit for bit (NaN-free data): the
 // inverse RoPE + FP8 quantization of the attention output (inv_rope_fp8_quant), the FP8 q of
 // fused_qkv_rms_norm, and quantize_act_fp8 into the CUDA GEMMs' transposed scale layout. Both
-// backends share the per-element math (rope_rotate_pair, norm_math.h's summation order, dtype.h's
+// backends share the per-element math (rope_rotate_pair, math/rms_norm.h's summation order, dtype.h's
 // UE8M0 rule; the kernels' hardware FP8 conversion is bit-identical to dtype.h's encoder), so any
 // difference is a bug. 16-byte aligned rows and rows that take the element-wise path, poisoned
 // outputs, untouched padding, and a position outside the table (the token left unwritten).

@@ -1,6 +1,6 @@
 // The index planning utilities (dsv4/indexing.h) on CUDA against the CPU reference, both through
 // the public functions on the same inputs. Tolerance: bit-exact everywhere — both paths do the
-// same integer index math (cache/index_math.h), there is no floating point.
+// same integer index math (math/index.h), there is no floating point.
 //   - valid random plans (several requests, block sizes 64 and 16, window 128, released SWA
 //     blocks, top-k lists with -1 padding): CUDA == CPU;
 //   - data the CPU rejects: CUDA gives the documented -1 rows / left-out entries (expected values

@@ -2,9 +2,9 @@
 // the public API, on identical inputs (host tensors and their device copies).
 //
 // Tolerance: none — outputs must be byte-identical. Both backends run the same DSV4_HD per-element
-// math (src/cpu/norm_math.h, src/cpu/rope_common.h): the same IEEE-rounded fp32 operations
+// math (src/math/rms_norm.h, src/math/rope.h): the same IEEE-rounded fp32 operations
 // (dtype.h ieee_*: explicit non-FTZ PTX on the device, unaffected by --use_fast_math) in the same
-// order — the sum of squares in norm_math.h's lane order (32 partials over chunks of 8, then a
+// order — the sum of squares in math/rms_norm.h's lane order (32 partials over chunks of 8, then a
 // butterfly) on both sides — and the same bf16 rounding. A one-ulp difference therefore is a bug,
 // not noise. Rows that are not 16-byte aligned take the kernels' element-wise path: covered too.
 //

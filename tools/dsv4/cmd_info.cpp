@@ -1,5 +1,6 @@
 // `dsv4 info`: the build (version, compiler, backends, CUDA architectures), the device, a model's
-// attention settings (--config / --model) and the KV layouts' byte geometry (--layouts).
+// attention settings (--config / --model), the KV layouts' byte geometry (--layouts) and the
+// op × backend matrix with each backend's features (--ops).
 #include <omp.h>
 
 #include <cstdio>
@@ -11,10 +12,8 @@
 #include "dsv4/kv_layout.h"
 #include "dsv4/status.h"
 #include "dsv4/version.h"
-
-#ifdef DSV4_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include "ops/describe.h"
+#include "runtime/device_runtime.h"
 
 #ifndef DSV4_CUDA_ARCHS_STR
 #define DSV4_CUDA_ARCHS_STR ""
@@ -30,6 +29,7 @@ const std::vector<FlagSpec>& info_flags() {
       {"model", true, "print the attention settings of a built-in model (" , "NAME"},
       {"layouts", false, "print each KV layout's bytes per token and per block"},
       {"block-size", true, "tokens per block for --layouts (default 64)", "B"},
+      {"ops", false, "print the op x backend matrix and each backend's supported features"},
   };
   return flags;
 }
@@ -50,26 +50,20 @@ void print_build() {
   std::printf("compiler      gcc %s\n", __VERSION__);
 #endif
   std::printf("cpu backend   yes (OpenMP, %d threads)\n", omp_get_max_threads());
-#ifdef DSV4_WITH_CUDA
-  std::printf("cuda backend  yes (archs sm_%s, built with CUDA runtime %d.%d)\n", DSV4_CUDA_ARCHS_STR,
-              CUDART_VERSION / 1000, (CUDART_VERSION % 1000) / 10);
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    std::printf("gpu           none (%s)\n",
-                err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device");
+  if (!rt::built()) {
+    std::printf("cuda backend  not built (no GPU support in this binary)\n");
     return;
   }
-  for (int d = 0; d < count; ++d) {
-    cudaDeviceProp prop{};
-    if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) continue;
-    std::printf("gpu %d         %s, sm_%d%d, %d SMs, %.1f GiB\n", d, prop.name, prop.major,
-                prop.minor, prop.multiProcessorCount,
-                static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
-  }
-#else
-  std::printf("cuda backend  not built (no GPU support in this binary)\n");
-#endif
+  const int cudart = rt::runtime_version();
+  std::printf("cuda backend  yes (archs sm_%s, built with CUDA runtime %d.%d)\n", DSV4_CUDA_ARCHS_STR,
+              cudart / 1000, (cudart % 1000) / 10);
+  std::string why;
+  const std::vector<rt::DeviceInfo> gpus = rt::devices(&why);
+  if (gpus.empty()) std::printf("gpu           none (%s)\n", why.c_str());
+  for (size_t d = 0; d < gpus.size(); ++d)
+    std::printf("gpu %zu         %s, sm_%d%d, %d SMs, %.1f GiB\n", d, gpus[d].name.c_str(),
+                gpus[d].sm_major, gpus[d].sm_minor, gpus[d].sms,
+                static_cast<double>(gpus[d].total_bytes) / (1024.0 * 1024.0 * 1024.0));
 }
 
 void print_layouts(int block_size) {
@@ -91,7 +85,7 @@ int cmd_info(const Args& argv) {
   const std::vector<FlagSpec> flags = flags_with_model_names();
   const ParsedArgs args = parse_args("info", argv, flags);
   if (args.has("help")) {
-    std::fputs(format_help("dsv4 info [--config PATH | --model NAME | --layouts [--block-size B]]",
+    std::fputs(format_help("dsv4 info [--config PATH | --model NAME | --layouts [--block-size B] | --ops]",
                            flags)
                    .c_str(),
                stdout);
@@ -112,6 +106,10 @@ int cmd_info(const Args& argv) {
   if (args.has("layouts")) {
     const int64_t b = args.get_int("block-size", 64, 1, 1 << 16);
     print_layouts(static_cast<int>(b));
+    printed = true;
+  }
+  if (args.has("ops")) {
+    std::fputs(ops::describe_op_matrix().c_str(), stdout);
     printed = true;
   }
   if (!printed) print_build();

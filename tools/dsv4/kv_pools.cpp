@@ -14,10 +14,8 @@
 #include "dsv4/compressor.h"
 #include "dsv4/indexer_key_cache.h"
 #include "dsv4/status.h"
+#include "runtime/device_runtime.h"
 
-#ifdef DSV4_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 namespace dsv4::cli {
 
@@ -182,14 +180,8 @@ std::string format_bytes(int64_t bytes) {
 
 int64_t memory_for_kv_budget(bool cuda) {
   if (cuda) {
-#ifdef DSV4_WITH_CUDA
-    size_t free_bytes = 0, total_bytes = 0;
-    const cudaError_t err = cudaMemGetInfo(&free_bytes, &total_bytes);
-    if (err != cudaSuccess) fail("--kv-memory: cannot read the device's free memory: ", cudaGetErrorString(err));
-    return static_cast<int64_t>(free_bytes);
-#else
-    fail("--kv-memory: this build has no CUDA backend");
-#endif
+    if (!rt::built()) fail("--kv-memory: this build has no CUDA backend");
+    return static_cast<int64_t>(rt::device_free_bytes("--kv-memory: the device's free memory"));
   }
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   if (pages <= 0 || page <= 0) fail("--kv-memory: cannot read the machine's physical memory; give a size");

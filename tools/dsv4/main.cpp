@@ -11,7 +11,7 @@ namespace {
 void usage() {
   std::puts(
       "usage: dsv4 <command> [options]  |  dsv4 --version\n"
-      "  info    build, backends and device; --config PATH, --layouts [--block-size B]\n"
+      "  info    build, backends and device; --config PATH, --layouts [--block-size B], --ops\n"
       "  run     serving simulation through a model's attention stack (the main job)\n"
       "  bench   kernel benchmarks (docs/performance.md configs); `bench layer`: layer steps against their floors\n"
       "Run `dsv4 <command> --help` for its options.");

@@ -1,5 +1,5 @@
 // CUDA entry points of the sparse decode (implemented in src/cuda/attention/ .cu files). Called by
-// the host API (src/cpu/sparse_decode.cpp, src/cpu/sparse_combine.cpp) only after it has
+// the host API (src/ops/sparse_decode.cpp, src/ops/sparse_combine.cpp) only after it has
 // validated every argument, so these trust shapes, dtypes, strides and devices. Index values are
 // not range-checked: a kernel must treat -1 and any slot outside a cache as invalid (never read).
 #pragma once

@@ -1,5 +1,5 @@
 // CUDA entry point of the sparse prefill (implemented in src/cuda/attention/ .cu files). Called
-// by dsv4::sparse_prefill (src/cpu/sparse_prefill.cpp) after it validated every argument; index
+// by dsv4::sparse_prefill (src/ops/sparse_prefill.cpp) after it validated every argument; index
 // values are not checked: -1 and indices >= s_kv are masked by the kernel, as in FlashMLA.
 #pragma once
 

@@ -28,7 +28,7 @@ __device__ __forceinline__ void store_float(void* base, bool is_bf16, int64_t i,
 // The rows of a bf16 / fp32 view: all dims but the last, flattened row-major, each row
 // contiguous (stride 1), the leading dims with any non-negative strides (validated by the op).
 // Kernels that stream rows at bandwidth access them in chunks of kChunk = 8 consecutive elements
-// (the RMSNorm order of src/cpu/norm_math.h is built on the same chunks).
+// (the RMSNorm order of src/math/rms_norm.h is built on the same chunks).
 struct FloatRows {
   static constexpr int kChunk = 8;
 

@@ -1,11 +1,11 @@
 // A RoPE cos/sin table as a kernel parameter: [max_pos, 2·half] fp32, row p holding cos(p·f_j)
 // for j < half, then sin(p·f_j) (build_rope_cache's layout), rows `stride` floats apart. The
-// rotation is the CPU reference's (cpu::rope_rotate_pair), so kernels round exactly as it does.
+// rotation is the CPU reference's (math::rope_rotate_pair), so kernels round exactly as it does.
 #pragma once
 
 #include <cstdint>
 
-#include "cpu/rope_common.h"
+#include "math/rope.h"
 #include "dsv4/tensor.h"
 
 namespace dsv4::cuda {
@@ -26,7 +26,7 @@ struct RopeTable {
   __device__ __forceinline__ void rotate(int64_t pos, int j, float& a, float& b,
                                          bool inverse = false) const {
     const float* row = data + pos * stride;
-    cpu::rope_rotate_pair(a, b, row[j], inverse ? -row[half + j] : row[half + j]);
+    math::rope_rotate_pair(a, b, row[j], inverse ? -row[half + j] : row[half + j]);
   }
 };
 

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "cpu/synthetic_hidden_math.h"
+#include "math/synthetic_hidden.h"
 #include "cuda/common/check.h"
 
 namespace dsv4::cuda {

@@ -1,5 +1,5 @@
 // CUDA entry points of the KV compressor (docs/spec.md §4; implemented in src/cuda/compressor/*.cu).
-// Called by the host API (src/cpu/compressor.cpp) only after it has validated shapes, dtypes,
+// Called by the front doors (src/ops/compressor_*.cpp) only after it has validated shapes, dtypes,
 // strides and devices, so these trust them. Index values (positions, token_to_req,
 // context_lens, block tables) are never checked on the host for CUDA tensors: the kernels treat
 // an inconsistent or out-of-range value as invalid and skip what depends on it, never reading or

@@ -1,6 +1,6 @@
 // Kernel 1 of compressor_update_and_emit: one block of D threads per batch token; the tokens that
 // complete a window (position (j+1)·r − 1) pool it, normalize, rotate and store entry j. The
-// per-element math is the CPU op's (cpu/compressor_math.h, norm_math.h, rope_common.h,
+// per-element math is the CPU op's (math/compressor.h, math/rms_norm.h, math/rope.h,
 // fp8_block.h, kv_layout.h, indexer_key_cache.h) in the CPU op's order, so the entries are
 // bit-identical. Nothing runs serially over the entry's dims: the window's present rows are
 // compacted by warp ballots (window order kept), RMSNorm's sum runs in one warp in the lane order
@@ -11,8 +11,8 @@
 
 #include <cstdint>
 
-#include "cpu/compressor_math.h"
-#include "cpu/norm_math.h"
+#include "math/compressor.h"
+#include "math/rms_norm.h"
 #include "cuda/common/float_rows.cuh"
 #include "cuda/common/rope_table.cuh"
 #include "cuda/compressor/update_params.cuh"
@@ -32,7 +32,7 @@ constexpr int kMaxWarps = kMaxDim / 32;
 // not where the contract puts it: not in this batch's run, or its ring row unmapped).
 enum RowState : int { kRowAbsent = 0, kRowPresent = 1, kRowInvalid = 2 };
 
-// In place v ← H_n v · scale (Sylvester order, the butterflies of cpu::hadamard_rotate: each
+// In place v ← H_n v · scale (Sylvester order, the butterflies of math::hadamard_rotate: each
 // element sees the same adds in the same order). Needs blockDim.x >= n; call after a barrier,
 // ends with one.
 __device__ __forceinline__ void hadamard_rotate_block(float* v, int n, float scale) {
@@ -51,7 +51,7 @@ __device__ __forceinline__ void hadamard_rotate_block(float* v, int n, float sca
 }
 
 __global__ void __launch_bounds__(kMaxDim) emit_entries_kernel(const UpdateParams p) {
-  namespace cm = cpu::compressor_math;
+  namespace cm = compressor_math;
   __shared__ float e[kMaxDim];
   __shared__ const float* pooled_kv[kMaxRingRows];  // the present rows, in window order
   __shared__ const float* pooled_s[kMaxRingRows];
@@ -130,13 +130,13 @@ __global__ void __launch_bounds__(kMaxDim) emit_entries_kernel(const UpdateParam
   __syncthreads();
   if (warp == 0) {
     float partial = 0.0f;
-    for (int c = lane; c * cpu::kRmsChunk < p.D; c += cpu::kRmsLanes)
-      partial = rms_accumulate_chunk(partial, e + c * cpu::kRmsChunk, min(cpu::kRmsChunk, p.D - c * cpu::kRmsChunk));
+    for (int c = lane; c * math::kRmsChunk < p.D; c += math::kRmsLanes)
+      partial = rms_accumulate_chunk(partial, e + c * math::kRmsChunk, min(math::kRmsChunk, p.D - c * math::kRmsChunk));
     const float total = warp_rms_total(partial);
-    if (lane == 0) inv_rms = cpu::rms_inverse_of_sum(total, p.D, p.eps);
+    if (lane == 0) inv_rms = math::rms_inverse_of_sum(total, p.D, p.eps);
   }
   __syncthreads();
-  if (tid < p.D) e[tid] = cpu::rms_apply(e[tid], inv_rms, load_float(p.norm_weight, p.norm_bf16, tid));
+  if (tid < p.D) e[tid] = math::rms_apply(e[tid], inv_rms, load_float(p.norm_weight, p.norm_bf16, tid));
   __syncthreads();
   if (tid < p.rope.half) {
     const int a = p.D - p.rope_dims + 2 * tid;

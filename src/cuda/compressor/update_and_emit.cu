@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "cpu/hadamard.h"
+#include "math/hadamard.h"
 #include "cuda/common/check.h"
 #include "cuda/compressor/compressor.h"
 #include "cuda/compressor/emit_entries.cuh"
@@ -68,7 +68,7 @@ compressor::UpdateParams make_params(const CompressorConfig& cfg, const TensorVi
     p.out_data = keys.data.ptr<uint8_t>();
     p.out_stride = keys.data.stride(0);
     p.out_table = compressor::BlockTable::of(out.block_table, keys.block_size, keys.num_slots());
-    p.hadamard_scale = cpu::hadamard_scale(cfg.head_dim);  // cpu::hadamard_rotate's
+    p.hadamard_scale = math::hadamard_scale(cfg.head_dim);  // math::hadamard_rotate's
   }
   if (entries.defined()) {
     p.entries = entries.ptr<float>();

@@ -1,4 +1,4 @@
-// CUDA entry point of dsv4::grouped_wo_a (src/cpu/grouped_wo_a.cpp validates every argument,
+// CUDA entry point of dsv4::grouped_wo_a (src/ops/grouped_wo_a.cpp validates every argument,
 // then calls this for CUDA tensors). The G group GEMMs z_g [T, L] = o_g [T, Dg] · wo_a[g] [L, Dg]ᵀ
 // (o_g: columns g·Dg of o, z_g: columns g·L of z):
 //   o, wo_a bf16 (z bf16 or fp32) or fp32 (z fp32): ONE strided-batched cuBLASLt matmul;

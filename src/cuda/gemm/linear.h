@@ -1,4 +1,4 @@
-// CUDA entry point of dsv4::linear (src/cpu/linear.cpp validates every argument, then calls this
+// CUDA entry point of dsv4::linear (src/ops/linear.cpp validates every argument, then calls this
 // for CUDA tensors). y [T, N] = x [T, K] · w [N, K]ᵀ through one cuBLASLt matmul
 // (cublaslt_matmul.h): x and w both bf16 (y bf16 or fp32), both fp32 (y fp32), or both fp8_e4m3
 // with fp32 block scales in cuBLASLt's layouts (x 1 × 128, w 128 × 128; y bf16 or fp32).

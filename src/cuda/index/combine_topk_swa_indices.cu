@@ -3,7 +3,7 @@
 // (an invalid request's rows become -1), packs its causal top-k entries in order (rounds of 32,
 // ballot + popcount), appends its SWA window as workspace rows and pads with -1. Every write
 // stays in the row's K + W entries; every read is inside the validated views.
-#include "cache/index_math.h"
+#include "math/index.h"
 #include "cuda/common/check.h"
 #include "cuda/index/indexing.h"
 #include "cuda/index/warp_rows.cuh"

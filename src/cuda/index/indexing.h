@@ -1,5 +1,5 @@
 // CUDA entry points of the index planning utilities (include/dsv4/indexing.h), implemented in
-// src/cuda/index/*.cu. Called by the public functions (src/cache/indexing.cpp) only after they
+// src/cuda/index/*.cu. Called by the public functions (src/ops/indexing.cpp) only after they
 // validated shapes, dtypes, row contiguity and devices, so these trust all of that. Index values
 // are never trusted: what the CPU version rejects, the kernels treat as invalid (-1), as
 // documented per function in indexing.h. Asynchronous on `stream`; T = 0 launches nothing.

@@ -1,8 +1,8 @@
 // local_to_global_slots on CUDA: one warp per token converts its K request-local entries through
-// its request's block-table row (cache/index_math.h paged_slot, the CPU reference's function) and
+// its request's block-table row (math/index.h paged_slot, the CPU reference's function) and
 // counts the valid ones. Every read is inside the validated views: the table row only for
 // 0 <= token_to_req < R, the table entry only for a block < max_blocks.
-#include "cache/index_math.h"
+#include "math/index.h"
 #include "cuda/common/check.h"
 #include "cuda/index/indexing.h"
 #include "cuda/index/request_table.cuh"

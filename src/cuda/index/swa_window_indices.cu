@@ -1,9 +1,9 @@
 // swa_window_indices on CUDA: one warp per token walks its window [first, p] oldest first in
-// rounds of 32 positions, maps each through its request's block-table row (cache/index_math.h
+// rounds of 32 positions, maps each through its request's block-table row (math/index.h
 // paged_slot, as the CPU reference does) and packs the positions whose block is present; then
 // pads the row with -1. With valid data every position is present and the row equals the CPU's;
 // otherwise missing positions are left out (see indexing.h), never read past the table.
-#include "cache/index_math.h"
+#include "math/index.h"
 #include "cuda/common/check.h"
 #include "cuda/index/indexing.h"
 #include "cuda/index/request_table.cuh"

@@ -1,5 +1,5 @@
 // CUDA entry points of the C4A indexer and the C128A plan (include/dsv4/indexer.h), implemented
-// in src/cuda/indexer/*.cu. Called by the host API (src/cpu/indexer.cpp) only after it has
+// in src/cuda/indexer/*.cu. Called by the front doors (src/ops/indexer.cpp) only after it has
 // validated shapes, dtypes, strides, devices and the workspace, so these check only what the
 // kernels add (alignment, size limits). Index values are not range-checked: the kernels treat
 // out-of-range values as the header of each public op says, never reading out of bounds.
@@ -9,18 +9,7 @@
 
 namespace dsv4::cuda {
 
-// The whole query: dsv4::linear for qr·wq_bᵀ (fp32, into the workspace; FP8 qr and wq_b on FP8
-// tensor cores) and x·weights_projᵀ (into `weights`), then indexer_query_rows. T > 0.
-void indexer_query(const TensorView& qr, const TensorView& qr_scale, const TensorView& wq_b,
-                   const TensorView& wq_b_scale, const TensorView& x,
-                   const TensorView& weights_proj, const TensorView& positions,
-                   const TensorView& cos_sin, const TensorView& q_fp8, const TensorView& q_scale,
-                   const TensorView& weights, const TensorView& workspace, Stream stream);
-
-// The per-row part of the query, from projected rows: q_proj fp32 [T, H, 128] contiguous (16-byte
-// aligned) → RoPE on the last R dims, Hadamard, FP8 with one power-of-two scale per row into
-// q_fp8 / q_scale; weights [T, H] fp32 (the raw x·weights_projᵀ) scaled in place by
-// 128^-0.5 · H^-0.5. Exposed so tests can feed both backends the same projected rows.
+// indexer_query's step after its projections: q_proj fp32 [T, H·128] contiguous (the workspace).
 void indexer_query_rows(const TensorView& q_proj, const TensorView& positions,
                         const TensorView& cos_sin, const TensorView& q_fp8,
                         const TensorView& q_scale, const TensorView& weights, Stream stream);

@@ -1,11 +1,11 @@
-// CUDA indexer queries (docs/spec.md §5): the two projections through dsv4::linear, then one warp per
-// (token, head) row: RoPE, Hadamard rotation, FP8 with one power-of-two scale, and the scaling
-// of the head weights. Every fp32 operation matches the CPU reference's (cpu::rope_rotate_pairs,
-// cpu::hadamard_rotate, fp8_quantize_block) one for one, so identical projected rows give
+// CUDA indexer queries (docs/spec.md §5), the step after the op's two dsv4::linear projections
+// (src/ops/indexer.cpp): one warp per (token, head) row: RoPE, Hadamard rotation, FP8 with one power-of-two scale, and the scaling
+// of the head weights. Every fp32 operation matches the CPU reference's (math::rope_rotate_pairs,
+// math::hadamard_rotate, fp8_quantize_block) one for one, so identical projected rows give
 // identical codes and scales.
 #include <cmath>
 
-#include "cpu/hadamard.h"
+#include "math/hadamard.h"
 #include "cuda/common/check.h"
 #include "cuda/common/index_vector.cuh"
 #include "cuda/common/rope_table.cuh"
@@ -119,8 +119,8 @@ void indexer_query_rows(const TensorView& q_proj, const TensorView& positions,
   p.H = static_cast<int>(H);
   p.positions = IndexVector::of(positions);
   p.table = RopeTable::of(cos_sin);
-  // The same scales as the CPU reference (cpu::hadamard_rotate, indexer_query).
-  p.hadamard_scale = cpu::hadamard_scale(kDim);
+  // The same scales as the CPU reference (math::hadamard_rotate, indexer_query).
+  p.hadamard_scale = math::hadamard_scale(kDim);
   p.weight_scale = indexer_math::indexer_weight_scale(H);
   p.q_fp8 = q_fp8.ptr<uint8_t>();
   p.q_fp8_stride0 = q_fp8.stride(0);
@@ -133,18 +133,6 @@ void indexer_query_rows(const TensorView& q_proj, const TensorView& positions,
   DSV4_CHECK(blocks <= 0x7fffffff, kOp, ": T · H_I = ", T * H, " rows exceed one launch");
   query_rows_kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(p);
   check_launch(kOp);
-}
-
-void indexer_query(const TensorView& qr, const TensorView& qr_scale, const TensorView& wq_b,
-                   const TensorView& wq_b_scale, const TensorView& x,
-                   const TensorView& weights_proj, const TensorView& positions,
-                   const TensorView& cos_sin, const TensorView& q_fp8, const TensorView& q_scale,
-                   const TensorView& weights, const TensorView& workspace, Stream stream) {
-  const int64_t T = q_fp8.size(0), H = q_fp8.size(1);
-  const TensorView q_proj(workspace.data, DType::fp32, {T, H * kDim}, Device::cuda);
-  linear(qr, qr_scale, wq_b, wq_b_scale, q_proj, stream);
-  linear(x, {}, weights_proj, {}, weights, stream);
-  indexer_query_rows(q_proj, positions, cos_sin, q_fp8, q_scale, weights, stream);
 }
 
 }  // namespace dsv4::cuda

@@ -1,5 +1,5 @@
 // CUDA entry point of dequantize_and_gather (src/cuda/kv/dequantize_and_gather.cu). Called by the
-// public op (src/cpu/gather.cpp) after it has validated dtypes, shapes, strides, devices, the
+// public op (src/ops/gather.cpp) after it has validated dtypes, shapes, strides, devices, the
 // cache geometry and offset — not the values of seq_lens / gather_lens / block_table, which live
 // on the device. The kernel skips (leaves untouched) every workspace row it cannot gather
 // validly: a request with seq_lens[r] < 0 or gather_lens[r] outside [0, seq_lens[r]], a row

@@ -73,12 +73,12 @@ __global__ void __launch_bounds__(kThreads) qnorm_rope_kv_insert_kernel(const In
       p.q.load_chunk<kVector>(q_off, c * kChunk, D, v);
       partial = rms_accumulate_chunk(partial, v, D - c * kChunk < kChunk ? static_cast<int>(D - c * kChunk) : kChunk);
     }
-    const float inv = cpu::rms_inverse_of_sum(warp_rms_total(partial), D, p.eps);
+    const float inv = math::rms_inverse_of_sum(warp_rms_total(partial), D, p.eps);
     for (int64_t c = lane; c < chunks; c += 32) {
       const int64_t i = c * kChunk;
       p.q.load_chunk<kVector>(q_off, i, D, v);
 #pragma unroll
-      for (int k = 0; k < kChunk; ++k) v[k] = cpu::rms_apply(v[k], inv, 1.0f);
+      for (int k = 0; k < kChunk; ++k) v[k] = math::rms_apply(v[k], inv, 1.0f);
 #pragma unroll
       for (int k = 0; k < kChunk / 2; ++k)  // pairs (2j, 2j + 1) never straddle a chunk: nope is even
         if (i + 2 * k >= nope && i + 2 * k + 1 < D)

@@ -1,5 +1,5 @@
 // CUDA entry point of qnorm_rope_kv_insert (src/cuda/kv/qnorm_rope_kv_insert.cu). Called by the
-// public op (src/cpu/qnorm_rope_kv_insert.cpp) after it has validated every argument except the
+// public op (src/ops/qnorm_rope_kv_insert.cpp) after it has validated every argument except the
 // index values, so this trusts dtypes, shapes, strides and the cache geometry. Index values are
 // data on the device; the kernel treats them as follows:
 //   - a position outside [0, cos_sin.shape[0]): the token is skipped (its q, kv and cache slot

@@ -1,5 +1,5 @@
 // RMSNorm kernel: one warp per row, fp32 math in the CPU reference's order and rounding
-// (warp_rms.cuh / src/cpu/norm_math.h), y = x · inv · weight rounded once to y's type. Lane l
+// (warp_rms.cuh / src/math/rms_norm.h), y = x · inv · weight rounded once to y's type. Lane l
 // owns the row's chunks l, l + 32, … (8 consecutive values: one 16-byte load of bf16 when the rows
 // are 16-byte aligned): it reads them for its partial sum of squares, and after the butterfly
 // reads them again and writes the same chunks, so y may alias x. With an FP8 output (the q of
@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) rms_norm_kernel(const Nor
     p.x.load_chunk<kVector>(x_off, c * kChunk, n, v);
     partial = rms_accumulate_chunk(partial, v, n - c * kChunk < kChunk ? static_cast<int>(n - c * kChunk) : kChunk);
   }
-  const float inv = cpu::rms_inverse_of_sum(warp_rms_total(partial), n, p.eps);
+  const float inv = math::rms_inverse_of_sum(warp_rms_total(partial), n, p.eps);
 
   const int64_t y_off = p.y.data != nullptr ? p.y.row_offset(row) : 0;
   for (int64_t round = 0; round < chunks; round += 32) {  // warp-uniform: the FP8 shuffles need it
@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) rms_norm_kernel(const Nor
       p.x.load_chunk<kVector>(x_off, i, n, v);
       if (p.weight.data != nullptr) p.weight.load_chunk<kVector>(0, i, n, w);
 #pragma unroll
-      for (int k = 0; k < kChunk; ++k) v[k] = cpu::rms_apply(v[k], inv, p.weight.data != nullptr ? w[k] : 1.0f);
+      for (int k = 0; k < kChunk; ++k) v[k] = math::rms_apply(v[k], inv, p.weight.data != nullptr ? w[k] : 1.0f);
       if (p.y.data != nullptr) p.y.store_chunk<kVector>(y_off, i, n, v);
     } else {
 #pragma unroll
@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) residual_add_rms_norm_ker
     partial = rms_accumulate_chunk(partial, h, n - i < kChunk ? static_cast<int>(n - i) : kChunk);
   }
   if (p.y.data == nullptr) return;
-  const float inv = cpu::rms_inverse_of_sum(warp_rms_total(partial), n, p.eps);
+  const float inv = math::rms_inverse_of_sum(warp_rms_total(partial), n, p.eps);
   const int64_t y_off = p.y.row_offset(row);
   for (int64_t c = lane; c < chunks; c += 32) {
     const int64_t i = c * kChunk;
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) residual_add_rms_norm_ker
     p.residual.load_chunk<false>(r_off, i, n, h);  // this lane's own writes above
     if (p.weight.data != nullptr) p.weight.load_chunk<false>(0, i, n, w);
 #pragma unroll
-    for (int k = 0; k < kChunk; ++k) h[k] = cpu::rms_apply(h[k], inv, p.weight.data != nullptr ? w[k] : 1.0f);
+    for (int k = 0; k < kChunk; ++k) h[k] = math::rms_apply(h[k], inv, p.weight.data != nullptr ? w[k] : 1.0f);
     p.y.store_chunk<false>(y_off, i, n, h);
   }
 }

@@ -1,7 +1,7 @@
 // CUDA entry points of rms_norm and fused_qkv_rms_norm (src/cuda/norm/rms_norm.cu). Called by the
-// public ops (src/cpu/rms_norm.cpp) after they have validated every argument (dtypes bf16/fp32,
+// public ops (src/ops/rms_norm.cpp) after they have validated every argument (dtypes bf16/fp32,
 // shapes, last dim contiguous, y == x exactly or disjoint, all tensors on CUDA), so these trust
-// them. Results are bit-identical to the CPU reference (shared DSV4_HD math, src/cpu/norm_math.h;
+// them. Results are bit-identical to the CPU reference (shared DSV4_HD math, src/math/rms_norm.h;
 // the FP8 q through act_quant.cuh).
 #pragma once
 

@@ -1,4 +1,4 @@
-// CUDA entry point of dsv4::inv_rope_fp8_quant (src/cpu/inv_rope_fp8_quant.cpp validates every
+// CUDA entry point of dsv4::inv_rope_fp8_quant (src/ops/inv_rope_fp8_quant.cpp validates every
 // argument, then calls this for CUDA tensors): one pass over o — each lane loads 8 consecutive
 // values of a head (one 16-byte load), rotates its rope pairs back (the CPU's rope_rotate_pair),
 // rounds them to bf16, and the lanes of a quantization block reduce its amax and store 8 codes

@@ -1,8 +1,8 @@
 // CUDA entry point of apply_rope (src/cuda/rope/apply_rope.cu). Called by the public op
-// (src/cpu/rope.cpp) after it has validated every argument except the position values, so this
+// (src/ops/rope.cpp) after it has validated every argument except the position values, so this
 // trusts dtypes, shapes and strides. A position outside [0, cos_sin.shape[0]) cannot be checked
 // on the host: the kernel leaves that token's rows of y unwritten. Results are bit-identical to
-// the CPU reference (shared DSV4_HD rotation, src/cpu/rope_common.h).
+// the CPU reference (shared DSV4_HD rotation, src/math/rope.h).
 #pragma once
 
 #include "dsv4/ops.h"

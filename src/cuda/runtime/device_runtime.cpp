@@ -11,6 +11,60 @@ namespace dsv4::rt {
 
 using cuda::check_cuda;
 
+bool built() { return true; }
+
+bool device_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+int runtime_version() { return CUDART_VERSION; }
+
+std::vector<DeviceInfo> devices(std::string* why) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  std::vector<DeviceInfo> out;
+  if (err != cudaSuccess || count == 0) {
+    if (why) *why = err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device";
+    return out;
+  }
+  for (int d = 0; d < count; ++d) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) continue;
+    out.push_back({prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.totalGlobalMem});
+  }
+  return out;
+}
+
+size_t device_free_bytes(const char* where) {
+  size_t free_bytes = 0, total_bytes = 0;
+  check_cuda(cudaMemGetInfo(&free_bytes, &total_bytes), where, "cudaMemGetInfo");
+  return free_bytes;
+}
+
+void* device_malloc(size_t bytes, const char* where) {
+  void* ptr = nullptr;
+  check_cuda(cudaMalloc(&ptr, bytes > 0 ? bytes : 256), where, "cudaMalloc");
+  return ptr;
+}
+
+void device_free(void* ptr) noexcept { cudaFree(ptr); }
+
+void copy_host_to_device(void* device_dst, const void* host_src, size_t bytes, const char* where) {
+  if (bytes == 0) return;
+  check_cuda(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice), where, "cudaMemcpy");
+}
+
+void copy_device_to_host(void* host_dst, const void* device_src, size_t bytes, const char* where) {
+  if (bytes == 0) return;
+  check_cuda(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost), where, "cudaMemcpy");
+}
+
+void memset_device(void* dst, int byte, size_t bytes, const char* where) {
+  if (bytes == 0) return;
+  check_cuda(cudaMemset(dst, byte, bytes), where, "cudaMemset");
+}
+
 PinnedBuffer::PinnedBuffer(size_t bytes) : size_(bytes) {
   void* p = nullptr;
   check_cuda(cudaHostAlloc(&p, bytes > 0 ? bytes : 1, cudaHostAllocDefault), "PinnedBuffer",

@@ -15,7 +15,7 @@
 
 #include "dsv4/dtype.h"
 
-namespace dsv4::cpu {
+namespace dsv4::math {
 
 inline constexpr int kRmsChunk = 8;
 inline constexpr int kRmsLanes = 32;
@@ -62,4 +62,4 @@ inline void rms_normalize(float* x, int64_t n, float eps, const float* weight) {
   for (int64_t i = 0; i < n; ++i) x[i] = rms_apply(x[i], inv, weight != nullptr ? weight[i] : 1.0f);
 }
 
-}  // namespace dsv4::cpu
+}  // namespace dsv4::math

@@ -8,7 +8,7 @@
 #include "dsv4/kv_layout.h"
 #include "dsv4/tensor.h"
 
-namespace dsv4::cpu {
+namespace dsv4::ops {
 
 // How strictly a tensor must be laid out: fully row-major, or only its last dim dense (rows may
 // be strided, e.g. a slice of a larger batch).
@@ -29,11 +29,7 @@ void check_optional_tensor(const char* where, const char* name, const TensorView
 // `device`. Returns the layout's logical dim.
 int check_cache(const char* where, const char* name, const KvCacheView& cache, Device device);
 
-// Host data check: every v[i] (i < n) lies in [lo, hi] ("where: name[i]: expected ...").
-void check_values_in_range(const char* where, const char* name, const int32_t* v, int64_t n,
-                           int64_t lo, int64_t hi);
-
 // The effective softmax scale: `scale`, or d_qk^-0.5 when 0. Must be finite.
 float resolve_softmax_scale(const char* where, float scale, int64_t d_qk);
 
-}  // namespace dsv4::cpu
+}  // namespace dsv4::ops

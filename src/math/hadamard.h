@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-namespace dsv4::cpu {
+namespace dsv4::math {
 
 // n^-0.5 rounded once from double: the scale of every Hadamard rotation, CPU and CUDA alike.
 inline float hadamard_scale(int n) {
@@ -27,4 +27,4 @@ inline void hadamard_rotate(float* v, int n) {
   for (int i = 0; i < n; ++i) v[i] *= scale;
 }
 
-}  // namespace dsv4::cpu
+}  // namespace dsv4::math

@@ -1,16 +1,16 @@
 // The compressor's per-element math that no other op shares (docs/spec.md §4), used by the CPU op
-// (src/cpu/compressor.cpp) and its CUDA kernels (src/cuda/compressor/) alike: the softmax
+// (src/cpu/compressor_emit.cpp) and its CUDA kernels (src/cuda/compressor/) alike: the softmax
 // weights' exp and the per-dim pooling. Every operation is IEEE-rounded on its own (dtype.h
 // ieee_*: non-fused, non-flushing PTX on the device, plain operators on the host), so both
 // backends compute bit-identical entries. The RMSNorm and RoPE of an entry are the shared ones
-// of norm_math.h and rope_common.h.
+// of math/rms_norm.h and math/rope.h.
 #pragma once
 
 #include <cstdint>
 
 #include "dsv4/dtype.h"
 
-namespace dsv4::cpu::compressor_math {
+namespace dsv4::compressor_math {
 
 // e^x for the softmax weights (x = s − max <= 0), from IEEE-rounded operations only, so host and
 // device agree bit for bit (std::exp and CUDA's expf are different approximations). Cody–Waite
@@ -52,4 +52,4 @@ DSV4_HD float pool_dim(const float* const* kv, const float* const* s, int n, int
   return ieee_div(num, den);
 }
 
-}  // namespace dsv4::cpu::compressor_math
+}  // namespace dsv4::compressor_math

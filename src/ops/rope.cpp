@@ -1,18 +1,14 @@
 // RoPE (docs/spec.md §3): frequencies (plain and YaRN), the cos/sin table, and apply_rope (forward and
-// inverse, GPT-J interleaved pairs on the last R dims).
+// inverse, GPT-J interleaved pairs on the last R dims): the host-side table and apply_rope's front
+// door.
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <vector>
 
-#include "cpu/backend.h"
-#include "cpu/rope_common.h"
-#include "cpu/rows.h"
-#include "cpu/validate.h"
 #include "dsv4/ops.h"
-#if defined(DSV4_WITH_CUDA)
-#include "cuda/rope/apply_rope.h"
-#endif
+#include "ops/backend.h"
+#include "ops/validate.h"
 
 namespace dsv4 {
 
@@ -81,44 +77,29 @@ HostTensor build_rope_cache(const RopeConfig& cfg, int64_t max_pos) {
 }
 
 void apply_rope(const TensorView& x, const TensorView& positions, const TensorView& cos_sin,
-                bool inverse, const TensorView& y, [[maybe_unused]] Stream stream) {
+                bool inverse, const TensorView& y, Stream stream) {
   constexpr const char* kOp = "apply_rope";
   check_defined(kOp, "x", x);
   check_defined(kOp, "y", y);
-  cpu::check_dtype_in(kOp, "x", x, {DType::bf16, DType::fp32});
-  cpu::check_dtype_in(kOp, "y", y, {DType::bf16, DType::fp32});
+  ops::check_dtype_in(kOp, "x", x, {DType::bf16, DType::fp32});
+  ops::check_dtype_in(kOp, "y", y, {DType::bf16, DType::fp32});
   if (x.ndim != 2 && x.ndim != 3)
     fail_expected(kOp, "x.ndim", "2 ([T, D]) or 3 ([T, H, D])", x.ndim);
   check_ndim(kOp, "y", y, x.ndim);
   for (int d = 0; d < x.ndim; ++d) check_dim(kOp, "y", y, d, x.shape[d]);
-  cpu::check_row_strided(kOp, "x", x);
-  cpu::check_output_layout(kOp, "y", y);
-  cpu::check_alias_exact_or_disjoint(kOp, "y", y, "x", x);
+  ops::check_row_strided(kOp, "x", x);
+  ops::check_output_layout(kOp, "y", y);
+  ops::check_alias_exact_or_disjoint(kOp, "y", y, "x", x);
   const int64_t T = x.shape[0], D = x.shape[x.ndim - 1];
-  cpu::check_index_vector(kOp, "positions", positions, T);
-  const int64_t R = cpu::check_rope_table(kOp, cos_sin, D);
+  ops::check_index_vector(kOp, "positions", positions, T);
+  ops::check_rope_table(kOp, cos_sin, D);
   // Rows of y are written while positions and the table are still being read.
-  cpu::check_outputs_disjoint(kOp, {{"y", y}}, {{"positions", positions}, {"cos_sin", cos_sin}});
-  if (cpu::common_device(kOp, {{"x", x}, {"positions", positions}, {"cos_sin", cos_sin},
-                               {"y", y}}) == Device::cuda) {
-    // Position values live on the device: the kernel leaves rows with an invalid one unwritten.
-    DSV4_CUDA_DISPATCH(kOp, cuda::apply_rope(x, positions, cos_sin, inverse, y, stream));
-  }
-  cpu::check_positions_in_table(kOp, positions, cos_sin);
-
-  const cpu::RowWalker x_rows(x), y_rows(y);
-  const int64_t rows = x_rows.num_rows(), heads = rows / std::max<int64_t>(T, 1);
-#pragma omp parallel if (rows > 1)
-  {
-    std::vector<float> row(static_cast<size_t>(D));
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t p = cpu::load_index(positions, r / heads);
-      cpu::load_row(x_rows.row_ptr(r), x.dtype, D, row.data());
-      cpu::rope_rotate_pairs(row.data() + (D - R), cpu::rope_table_row(cos_sin, p), R / 2, inverse);
-      cpu::store_row(row.data(), y.dtype, D, y_rows.row_ptr(r));
-    }
-  }
+  ops::check_outputs_disjoint(kOp, {{"y", y}}, {{"positions", positions}, {"cos_sin", cos_sin}});
+  const Device device = ops::common_device(
+      kOp, {{"x", x}, {"positions", positions}, {"cos_sin", cos_sin}, {"y", y}});
+  // Position values are checked by the CPU kernel; on CUDA they live on the device and the kernel
+  // leaves rows with an invalid one unwritten.
+  ops::kernel(kOp, ops::kApplyRope, device)(x, positions, cos_sin, inverse, y, stream);
 }
 
 }  // namespace dsv4

@@ -4,10 +4,10 @@
 
 #include <initializer_list>
 
-#include "cpu/backend.h"  // NamedView
+#include "ops/backend.h"  // NamedView
 #include "dsv4/tensor.h"
 
-namespace dsv4::cpu {
+namespace dsv4::ops {
 
 // t.dtype is one of `allowed` ("expected bf16 or fp32, got fp8_e4m3").
 void check_dtype_in(const char* where, const char* name, const TensorView& t,
@@ -57,4 +57,15 @@ void check_weight_scale(const char* where, const char* w_name, const TensorView&
 void check_index_vector(const char* where, const char* name, const TensorView& t,
                         int64_t expected_len);
 
-}  // namespace dsv4::cpu
+// cos_sin: fp32 [max_pos, R] with R even and 2 <= R <= head_dim, rows contiguous. Returns R.
+int64_t check_rope_table(const char* where, const TensorView& cos_sin, int64_t head_dim);
+
+// The outputs of an activation quantization of a [rows, cols] tensor in blocks of `block` (64 or
+// 128, dividing cols): xq fp8_e4m3 [rows, cols] (last dim contiguous, distinct elements) and scale
+// ue8m0 / fp32 [rows, cols / block] at any non-negative strides (the CUDA FP8 GEMMs take the
+// transpose of a contiguous [cols / block, rows] buffer), each disjoint from the other.
+void check_act_quant_outputs(const char* where, const char* xq_name, const TensorView& xq,
+                             const char* scale_name, const TensorView& scale, int64_t rows,
+                             int64_t cols, int block);
+
+}  // namespace dsv4::ops

@@ -1,12 +1,13 @@
-#include "cpu/attention_checks.h"
+#include "ops/attention_checks.h"
 
 #include <cmath>
 #include <string>
 
-#include "cpu/validate.h"
+#include "math/softmax_scale.h"
+#include "ops/validate.h"
 #include "dsv4/status.h"
 
-namespace dsv4::cpu {
+namespace dsv4::ops {
 
 void check_tensor(const char* where, const char* name, const TensorView& t, DType dtype,
                   std::initializer_list<int64_t> shape, Device device, Dense dense) {
@@ -37,17 +38,9 @@ int check_cache(const char* where, const char* name, const KvCacheView& cache, D
   return kv_geometry(cache.layout, cache.block_size).dim;
 }
 
-void check_values_in_range(const char* where, const char* name, const int32_t* v, int64_t n,
-                           int64_t lo, int64_t hi) {
-  for (int64_t i = 0; i < n; ++i)
-    if (v[i] < lo || v[i] > hi)
-      fail_expected(where, detail::concat(name, "[", i, "]"),
-                    detail::concat("a value in [", lo, ", ", hi, "]"), v[i]);
-}
-
 float resolve_softmax_scale(const char* where, float scale, int64_t d_qk) {
   if (!std::isfinite(scale)) fail_expected(where, "softmax_scale", "a finite value", scale);
-  return scale != 0.0f ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d_qk)));
+  return math::effective_softmax_scale(scale, d_qk);
 }
 
-}  // namespace dsv4::cpu
+}  // namespace dsv4::ops

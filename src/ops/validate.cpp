@@ -1,4 +1,4 @@
-#include "cpu/validate.h"
+#include "ops/validate.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -9,7 +9,7 @@
 
 #include "dsv4/checked_math.h"
 
-namespace dsv4::cpu {
+namespace dsv4::ops {
 
 void check_dtype_in(const char* where, const char* name, const TensorView& t,
                     std::initializer_list<DType> allowed) {
@@ -204,4 +204,35 @@ void check_index_vector(const char* where, const char* name, const TensorView& t
   check_row_strided(where, name, t);
 }
 
-}  // namespace dsv4::cpu
+int64_t check_rope_table(const char* where, const TensorView& cos_sin, int64_t head_dim) {
+  check_defined(where, "cos_sin", cos_sin);
+  check_dtype(where, "cos_sin", cos_sin, DType::fp32);
+  check_ndim(where, "cos_sin", cos_sin, 2);
+  check_row_strided(where, "cos_sin", cos_sin);
+  const int64_t R = cos_sin.shape[1];
+  if (R < 2 || R % 2 != 0 || R > head_dim)
+    fail_expected(where, "cos_sin.shape[1] (rope dims R)",
+                  "an even value in [2, head dim = " + std::to_string(head_dim) + "]", R);
+  return R;
+}
+
+
+void check_act_quant_outputs(const char* where, const char* xq_name, const TensorView& xq,
+                             const char* scale_name, const TensorView& scale, int64_t rows,
+                             int64_t cols, int block) {
+  check_defined(where, xq_name, xq);
+  check_defined(where, scale_name, scale);
+  if (block != 64 && block != 128) fail_expected(where, "block", "64 or 128", block);
+  if (cols % block != 0)
+    fail_expected(where, std::string(xq_name) + ".shape[1]",
+                  "a multiple of block = " + std::to_string(block), cols);
+  check_dtype(where, xq_name, xq, DType::fp8_e4m3);
+  check_dtype_in(where, scale_name, scale, {DType::ue8m0, DType::fp32});
+  check_shape(where, xq_name, xq, {rows, cols});
+  check_shape(where, scale_name, scale, {rows, cols / block});
+  check_output_layout(where, xq_name, xq);
+  check_distinct_elements(where, scale_name, scale);
+  check_disjoint(where, scale_name, scale, xq_name, xq);
+}
+
+}  // namespace dsv4::ops

@@ -1,5 +1,5 @@
 // Per-element index math of the planning utilities (include/dsv4/indexing.h), shared by the CPU
-// reference (src/cache/indexing.cpp) and the CUDA kernels (src/cuda/index/) so both paths compute
+// reference (src/cpu/indexing.cpp) and the CUDA kernels (src/cuda/index/) so both paths compute
 // every slot and workspace row with the same integer operations.
 #pragma once
 

@@ -1,0 +1,14 @@
+// The softmax scale of the sparse attention ops (docs/spec.md §6): the caller's, or d_qk^-0.5 when it
+// passes 0 — one rule for the front doors' validation and the CPU kernels.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace dsv4::math {
+
+inline float effective_softmax_scale(float scale, int64_t d_qk) {
+  return scale != 0.0f ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d_qk)));
+}
+
+}  // namespace dsv4::math

@@ -137,6 +137,13 @@ void indexer_query(const TensorView& qr, const TensorView& qr_scale, const Tenso
   } else {
     // On a device the projected q lives in the caller's workspace; dsv4::linear checks the GEMM
     // operands' device rules, and the rows kernel leaves a token with an invalid position alone.
+    // The projection's one rule a caller of this op meets is checked here, so the error names
+    // this op's argument rather than linear's.
+    if (wq_b.dtype != qr.dtype)
+      fail_expected(kOp, "wq_b.dtype",
+                    detail::concat(dtype_name(qr.dtype), ", qr's dtype (the CUDA GEMMs multiply like "
+                                   "operands: quantize qr with quantize_act_fp8 for an fp8 wq_b)"),
+                    dtype_name(wq_b.dtype));
     check_workspace(kOp, workspace, indexer_query_workspace_bytes(T, static_cast<int>(H), kKeyDim));
   }
   if (T == 0) return;

@@ -163,6 +163,17 @@ def _device_guard(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
+def _step_input(where: str, batch: "BatchDescription", x: torch.Tensor, dim: int) -> torch.Tensor:
+    """x, detached, after checking the step's arguments: batch a BatchDescription and x a tensor
+    [batch.num_tokens, dim] (checked before anything is planned or allocated from either)."""
+    if not isinstance(batch, BatchDescription):
+        raise Error(f"{where}: batch: expected a BatchDescription, got {type(batch).__name__}")
+    x = tensor_arg(where, "x", x).detach()
+    if x.dim() != 2 or x.shape[0] != batch.num_tokens or x.shape[1] != dim:
+        raise Error(f"{where}: x.shape: expected [{batch.num_tokens}, {dim}], got {list(x.shape)}")
+    return x
+
+
 def _plan_order_rows(batch: "BatchDescription", x: torch.Tensor):
     """The layer runs decodes first: the batch's requests in that order (ids, contexts, num_new),
     x's rows gathered into it on x's device, and the function that scatters y back."""
@@ -328,13 +339,7 @@ class Attention(_LayerWrapper):
         nothing.
         """
         where = "Attention.forward"
-        if not isinstance(batch, BatchDescription):
-            raise Error(f"{where}: batch: expected a BatchDescription, got {type(batch).__name__}")
-        x = tensor_arg(where, "x", x).detach()
-        # x must match the batch before anything is planned or allocated from either.
-        if x.dim() != 2 or x.shape[0] != batch.num_tokens or x.shape[1] != self.config.dim:
-            raise Error(f"{where}: x.shape: expected [{batch.num_tokens}, "
-                        f"{self.config.dim}], got {list(x.shape)}")
+        x = _step_input(where, batch, x, self.config.dim)
         if self.backend == "triton":
             return self._forward_triton(batch, x)
         if self.device.type == "cpu":
@@ -441,12 +446,7 @@ class AttentionStack:
     def forward(self, batch: BatchDescription, x: torch.Tensor) -> torch.Tensor:
         """x [T, dim] → y [T, dim] float32 on the stack's device, rows in batch order."""
         where = "AttentionStack.forward"
-        if not isinstance(batch, BatchDescription):
-            raise Error(f"{where}: batch: expected a BatchDescription, got {type(batch).__name__}")
-        x = tensor_arg(where, "x", x).detach()
-        if x.dim() != 2 or x.shape[0] != batch.num_tokens or x.shape[1] != self.config.dim:
-            raise Error(f"{where}: x.shape: expected [{batch.num_tokens}, {self.config.dim}], "
-                        f"got {list(x.shape)}")
+        x = _step_input(where, batch, x, self.config.dim)
         x = x.to(self.device, torch.float32).contiguous()
         if self.backend == "triton":
             return self._forward_triton(batch, x)

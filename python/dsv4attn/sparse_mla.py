@@ -25,7 +25,7 @@ import torch
 
 from . import Error, _C
 from ._args import int_arg, tensor_arg
-from .layer import BatchDescription, _LayerWrapper, _load_weights
+from .layer import BatchDescription, _LayerWrapper, _load_weights, _step_input
 
 __all__ = ["SparseMlaAttention", "SparseMlaWeights", "reference_sparse_mla_layer"]
 
@@ -66,12 +66,7 @@ class SparseMlaAttention(_LayerWrapper):
         request's context must equal the tokens this layer has cached for it (0 for a new
         request); a rejected batch raises dsv4attn.Error and changes nothing."""
         where = "SparseMlaAttention.forward"
-        if not isinstance(batch, BatchDescription):
-            raise Error(f"{where}: batch: expected a BatchDescription, got {type(batch).__name__}")
-        x = tensor_arg(where, "x", x).detach()
-        if x.dim() != 2 or x.shape[0] != batch.num_tokens or x.shape[1] != self.config.dim:
-            raise Error(f"{where}: x.shape: expected [{batch.num_tokens}, {self.config.dim}], "
-                        f"got {list(x.shape)}")
+        x = _step_input(where, batch, x, self.config.dim)
         if x.device.type != "cpu":
             raise Error(f"{where}: x.device: expected cpu (the layer's device), got {x.device}")
         x = x.contiguous()

@@ -26,6 +26,7 @@ const std::vector<OpSpec>& op_table() {
     add_attention_ops(ops);
     add_indexing_ops(ops);
     add_compressor_indexer_ops(ops);
+    add_sparse_mla_ops(ops);
     return ops;
   }();
   return table;

@@ -48,6 +48,7 @@ void add_dense_ops(std::vector<OpSpec>& ops);
 void add_attention_ops(std::vector<OpSpec>& ops);
 void add_indexing_ops(std::vector<OpSpec>& ops);
 void add_compressor_indexer_ops(std::vector<OpSpec>& ops);
+void add_sparse_mla_ops(std::vector<OpSpec>& ops);
 
 // ---- helpers for the generators ---------------------------------------------------------------
 int64_t draw(Rng& rng, int64_t lo, int64_t hi);  // uniform in [lo, hi]

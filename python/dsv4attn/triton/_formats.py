@@ -29,8 +29,9 @@ def fp8_e4m3_to_f32(code):
     e = (c >> 3) & 0xF
     m = c & 0x7
     normal = (sign | ((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
-    sub = m.to(tl.float32) * (1.0 / 512.0)
-    sub = tl.where(sign != 0, -sub, sub)
+    # The sign goes in as a bit: a negation may lower to 0 - x, which turns code 0x80 into +0.
+    sub = ((m.to(tl.float32) * (1.0 / 512.0)).to(tl.uint32, bitcast=True) | sign).to(
+        tl.float32, bitcast=True)
     v = tl.where(e == 0, sub, normal)
     nan = (sign | 0x7FC00000).to(tl.float32, bitcast=True)  # NaN keeps its sign
     return tl.where((e == 15) & (m == 7), nan, v)

@@ -38,6 +38,16 @@ def to_dev(*ts):
     return out if len(out) > 1 else out[0]
 
 
+def fp8_codes(t: torch.Tensor) -> torch.Tensor:
+    """e4m3fn codes as uint8 with the two NaN codes (0x7F, 0xFF) folded into 0x7F. A NaN that
+    arithmetic creates (0 × a NaN scale, inf − inf) takes the platform's default sign: set on
+    x86 (the CPU reference), clear on NVIDIA GPUs. A NaN that an input carries keeps its sign on
+    both, and no consumer reads a NaN's sign, so only NaN-ness is compared."""
+    c = t.cpu().view(torch.uint8).clone()
+    c[c == 0xFF] = 0x7F
+    return c
+
+
 def poisoned(shape, dtype):
     """An output buffer on DEVICE full of NaN (0x7F.. for ints, 0x7F for bytes) so unwritten
     elements show."""

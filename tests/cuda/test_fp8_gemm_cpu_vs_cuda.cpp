@@ -1,7 +1,10 @@
-// The FP8 projections on CUDA (block-scaled cuBLASLt GEMMs: x 1 × 128, w 128 × 128 fp32 scales in
+// The FP8 projections on CUDA (block-scaled GEMMs: x 1 × 128, w 128 × 128 fp32 scales in
 // cuBLASLt's layouts) against the CPU reference GEMM on the same FP8 operands, through the public
 // linear / grouped_wo_a: decode sizes (T 1 … 256), prefill sizes, N / K multiples of 128 and the
-// real V4-Flash projections; outputs poisoned on both sides, every element compared.
+// real V4-Flash projections; outputs poisoned on both sides, every element compared. Decode sizes
+// with few output tiles run the skinny FP8 kernel (skinny_fp8_gemm.h: T ≤ 128, N a multiple of
+// 64, K split over CTAs when a workspace is given), the others cuBLASLt; both accumulate each
+// 128-deep slice in one FP8 wgmma chain, so one tolerance covers both.
 //
 // Tolerance, CUDA vs CPU: |y_cuda − y_cpu| ≤ 2e-3 · Σ_k |x_k w_k| (+ one bf16 ulp for a bf16 y).
 // Both sides form the same exact products (e4m3 × e4m3 fits fp32) and apply the same scales per
@@ -156,6 +159,12 @@ std::vector<Fp8LinearCase> fp8_linear_grid() {
   for (const auto& s : flash)
     for (int64_t T : {4, 128, 256, 2048}) grid.push_back({s.name, T, s.N, s.K, DType::bf16});
   grid.push_back({"wkv", 16384, 512, 4096, DType::fp32});
+  // The skinny kernel's edges: token tiles of 16 / 64 / 128 with padded tokens, N not a multiple
+  // of 128 (the last 64 columns share a weight scale row with none after them), K blocks that the
+  // split leaves uneven (7, 14), the smallest problem (one K block).
+  grid.push_back({"skinny", 20, 192, 896, DType::bf16});
+  grid.push_back({"skinny", 36, 64, 128, DType::fp32});
+  grid.push_back({"skinny", 100, 320, 1792, DType::fp32});
   return grid;
 }
 
@@ -298,7 +307,8 @@ TEST_P(Fp8GroupedWoACpuVsCuda, SameResults) {
 }
 
 // The V4-Flash shape (8 groups of 1024 × 4096) at decode and prefill sizes, a tiny-config shape
-// (L 64 < 128: one partial scale block per group), an odd T, and T = 0.
+// (L 64 < 128: one partial scale block per group), an odd T, uneven K splits of the skinny kernel
+// (7 K blocks, L 192), and T = 0.
 INSTANTIATE_TEST_SUITE_P(Grid, Fp8GroupedWoACpuVsCuda,
                          ::testing::Values(Fp8GroupedCase{4, 8, 1024, 4096, DType::bf16},
                                            Fp8GroupedCase{128, 8, 1024, 4096, DType::bf16},
@@ -306,6 +316,7 @@ INSTANTIATE_TEST_SUITE_P(Grid, Fp8GroupedWoACpuVsCuda,
                                            Fp8GroupedCase{2048, 8, 1024, 4096, DType::bf16},
                                            Fp8GroupedCase{8, 4, 64, 2048, DType::bf16},
                                            Fp8GroupedCase{68, 4, 256, 512, DType::fp32},
+                                           Fp8GroupedCase{12, 3, 192, 896, DType::bf16},
                                            Fp8GroupedCase{0, 8, 128, 512, DType::bf16}),
                          [](const auto& info) {
                            const Fp8GroupedCase& c = info.param;

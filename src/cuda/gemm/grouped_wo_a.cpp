@@ -1,14 +1,16 @@
 // Host side of the CUDA grouped_wo_a: the CUDA-only dtype and scale-layout rules, then one
-// strided-batched cuBLASLt matmul over the G groups (bf16 / fp32), or one block-scaled FP8 matmul
-// per group (matmul_xwT runs block-scaled FP8 one matrix per call) with the G of them side by side
-// on fanned-out streams: at decode sizes one group's GEMM (T × o_lora_rank outputs) fills only a
-// few SMs, so back to back the eight of V4 cost eight GEMM latencies.
+// strided-batched cuBLASLt matmul over the G groups (bf16 / fp32); for FP8, one launch of the
+// skinny FP8 GEMM over all G groups at decode sizes (skinny_fp8_gemm.h), else one block-scaled
+// cuBLASLt matmul per group (matmul_xwT runs block-scaled FP8 one matrix per call) with the G of
+// them side by side on fanned-out streams: one group's GEMM (T × o_lora_rank outputs) fills only
+// a few SMs, so back to back the eight of V4 cost eight GEMM latencies.
 #include "cuda/gemm/grouped_wo_a.h"
 
 #include <algorithm>
 
 #include "cuda/common/stream_fanout.h"
 #include "cuda/gemm/cublaslt_matmul.h"
+#include "cuda/gemm/skinny_fp8_gemm.h"
 
 namespace dsv4::cuda {
 
@@ -46,8 +48,34 @@ void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorVi
                             wo_a_scale.strides[1], wo_a_scale.strides[2], Dg);
   // Group g's activation scales are blocks [g·Dg/128, (g+1)·Dg/128) of o_scale's T-major layout:
   // a T-major block of their own, g·(Dg/128)·T floats in.
-  // Each stream of the fan-out gets its own slice of the cuBLASLt workspace (256-byte aligned).
   const int64_t scale_blocks = Dg / 128;
+  SkinnyFp8Gemm skinny;
+  skinny.batch = G;
+  skinny.T = p.T;
+  skinny.N = L;
+  skinny.K = Dg;
+  skinny.x = o.data;
+  skinny.x_ld = o.strides[0];
+  skinny.x_batch_stride = Dg;  // fp8: one byte per element
+  skinny.x_scale = static_cast<const float*>(o_scale.data);
+  skinny.x_scale_batch_stride = scale_blocks * o_scale.strides[1];
+  skinny.w = wo_a.data;
+  skinny.w_ld = wo_a.strides[1];
+  skinny.w_batch_stride = wo_a.strides[0];
+  skinny.w_scale = static_cast<const float*>(wo_a_scale.data);
+  skinny.w_scale_ld = wo_a_scale.strides[1];
+  skinny.w_scale_batch_stride = wo_a_scale.strides[0];
+  skinny.y = z.data;
+  skinny.y_dtype = z.dtype;
+  skinny.y_ld = z.strides[0];
+  skinny.y_batch_stride = L;
+  skinny.workspace = workspace.data;
+  skinny.workspace_bytes = workspace_bytes;
+  if (skinny_fp8_gemm_fits(skinny)) {
+    skinny_fp8_gemm(skinny, stream);
+    return;
+  }
+  // Each stream of the fan-out gets its own slice of the cuBLASLt workspace (256-byte aligned).
   const int64_t streams = std::min<int64_t>(G, kMaxFanout);
   const int64_t slice = workspace_bytes / streams / 256 * 256;
   run_fanned_out(kOp, stream, static_cast<int>(G), [&](int g, Stream group_stream) {

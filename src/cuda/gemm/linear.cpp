@@ -1,8 +1,10 @@
-// Host side of the CUDA linear: the CUDA-only dtype and scale-layout rules, then one cuBLASLt
-// matmul.
+// Host side of the CUDA linear: the CUDA-only dtype and scale-layout rules, then one GEMM: the
+// skinny FP8 kernel for decode-sized FP8 problems it takes (skinny_fp8_gemm.h says why), else one
+// cuBLASLt matmul.
 #include "cuda/gemm/linear.h"
 
 #include "cuda/gemm/cublaslt_matmul.h"
+#include "cuda/gemm/skinny_fp8_gemm.h"
 
 namespace dsv4::cuda {
 
@@ -31,6 +33,28 @@ void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
   p.y_ld = y.strides[0];
   p.workspace = workspace.data;
   p.workspace_bytes = workspace_bytes;
+  if (x.dtype == DType::fp8_e4m3) {
+    SkinnyFp8Gemm skinny;
+    skinny.T = p.T;
+    skinny.N = p.N;
+    skinny.K = p.K;
+    skinny.x = x.data;
+    skinny.x_ld = x.strides[0];
+    skinny.x_scale = p.x_scale;
+    skinny.w = w.data;
+    skinny.w_ld = w.strides[0];
+    skinny.w_scale = p.w_scale;
+    skinny.w_scale_ld = w_scale.strides[0];
+    skinny.y = y.data;
+    skinny.y_dtype = y.dtype;
+    skinny.y_ld = y.strides[0];
+    skinny.workspace = workspace.data;
+    skinny.workspace_bytes = workspace_bytes;
+    if (skinny_fp8_gemm_fits(skinny)) {
+      skinny_fp8_gemm(skinny, stream);
+      return;
+    }
+  }
   matmul_xwT(kOp, p, stream);
 }
 

@@ -1,5 +1,9 @@
-// Fused q head-norm + q RoPE + kv RoPE + KV quantization + paged insert: one block per token.
-//   1. q: warp w normalizes heads w, w + 8, … in place: lane l owns the head's chunks l, l + 32, …
+// Fused q head-norm + q RoPE + kv RoPE + KV quantization + paged insert. Grid (token, head group):
+// block (t, y) normalizes token t's heads 8·y … 8·y + 7 (one per warp; the groups stride by
+// gridDim.y when there are more), and blocks (t, 0) also encode and store the token's kv. One
+// block per token used to walk all 64–128 heads with its 8 warps in turn: a chain of dependent
+// loads per head that held a decode step at ~30 µs whatever its size (measured on the H200).
+//   1. q: warp w of block y normalizes head 8·y + w in place: lane l owns the head's chunks l, l + 32, …
 //      (8 consecutive values, one 16-byte load of bf16 when q's rows are 16-byte aligned), adds
 //      their squares, the butterfly gives every lane the head's factor (warp_rms.cuh: the CPU's
 //      summation order), then the lane reloads its chunks, normalizes them, rotates the rope pairs
@@ -14,6 +18,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 
 #include "cuda/common/check.h"
@@ -66,7 +71,7 @@ __global__ void __launch_bounds__(kThreads) qnorm_rope_kv_insert_kernel(const In
   constexpr int kChunk = FloatRows::kChunk;
   const int64_t chunks = (D + kChunk - 1) / kChunk;
   float v[kChunk];
-  for (int64_t h = warp; h < p.heads; h += kWarps) {
+  for (int64_t h = blockIdx.y * kWarps + warp; h < p.heads; h += int64_t{gridDim.y} * kWarps) {
     const int64_t q_off = p.q.row_offset(t * p.heads + h);
     float partial = 0.0f;
     for (int64_t c = lane; c < chunks; c += 32) {
@@ -86,6 +91,8 @@ __global__ void __launch_bounds__(kThreads) qnorm_rope_kv_insert_kernel(const In
       p.q.store_chunk<kVector>(q_off, i, D, v);
     }
   }
+
+  if (blockIdx.y != 0) return;  // uniform: the kv row is block (t, 0)'s
 
   // 2. kv: RoPE into shared memory.
   const int64_t kv_off = p.kv.row_offset(t);
@@ -156,10 +163,15 @@ void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const Tenso
              kOp, ": kv.shape[1]: expected the layout's dim (at most ", kMaxDim, "), got ",
              p.kv.row_len);
   DSV4_CHECK(T <= INT_MAX, kOp, ": kv: expected at most ", INT_MAX, " tokens, got ", T);
+  // One head group per 8 heads (at least one block per token, for kv; at most the grid's y limit,
+  // beyond which the groups stride).
+  constexpr int64_t kMaxGroups = 65535;
+  const dim3 grid(static_cast<unsigned>(T),
+                  static_cast<unsigned>(std::clamp<int64_t>((p.heads + kWarps - 1) / kWarps, 1, kMaxGroups)));
   if (p.q.rows_aligned16())
-    qnorm_rope_kv_insert_kernel<true><<<static_cast<unsigned>(T), kThreads, 0, stream>>>(p);
+    qnorm_rope_kv_insert_kernel<true><<<grid, kThreads, 0, stream>>>(p);
   else
-    qnorm_rope_kv_insert_kernel<false><<<static_cast<unsigned>(T), kThreads, 0, stream>>>(p);
+    qnorm_rope_kv_insert_kernel<false><<<grid, kThreads, 0, stream>>>(p);
   check_launch(kOp);
 }
 

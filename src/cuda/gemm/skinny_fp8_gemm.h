@@ -1,0 +1,61 @@
+// The block-scaled FP8 GEMM for decode-sized problems (sm_90a): y[b] = x[b] · w[b]ᵀ with DeepSeek's
+// scales (x one fp32 per row and 128 columns, w one per 128 × 128 block), for at most
+// kSkinnyMaxTokens rows of x, optionally batched (grouped_wo_a's G groups in one launch).
+//
+// Why not cuBLASLt there: its block-scaled kernels tile the output 128 × 128, so a decode GEMM
+// (T ≤ 128 rows, N of 512 … 8192) has N/128 CTAs, each walking all of K alone — measured on the
+// H200 at 10–16 µs per V4 projection whatever T is, where reading the weight once takes 1–4 µs.
+// This kernel tiles N by 64 and splits K over more CTAs (partial sums in the caller's workspace,
+// added in split order by a second kernel, so results are deterministic), which spreads the
+// weight read over the whole GPU.
+//
+// Numerics: every 128-deep slice of K is one fp32 wgmma accumulation (4 steps of 32) started from
+// zero, then scaled by w_scale · x_scale and added to an fp32 total, slice by slice, as cuBLASLt
+// and the CPU reference do; the order of the additions differs from both (the CPU/CUDA tolerance
+// of the FP8 GEMM tests covers it).
+#pragma once
+
+#include <cstdint>
+
+#include "dsv4/ops.h"
+
+namespace dsv4::cuda {
+
+// The most rows of x (tokens) the kernel takes; larger problems fill cuBLASLt's tiles.
+inline constexpr int64_t kSkinnyMaxTokens = 128;
+
+struct SkinnyFp8Gemm {
+  int64_t batch = 1, T = 0, N = 0, K = 0;
+  // x: fp8 e4m3 [batch ×] T × K, rows x_ld bytes apart, batches x_batch_stride bytes apart.
+  const void* x = nullptr;
+  int64_t x_ld = 0, x_batch_stride = 0;
+  // x_scale: the scale of x[b][t][128·kb …] at x_scale[b · x_scale_batch_stride + kb · T + t].
+  const float* x_scale = nullptr;
+  int64_t x_scale_batch_stride = 0;
+  // w: fp8 e4m3 [batch ×] N × K, rows w_ld bytes apart.
+  const void* w = nullptr;
+  int64_t w_ld = 0, w_batch_stride = 0;
+  // w_scale: block (nb, kb) at w_scale[b · w_scale_batch_stride + nb · w_scale_ld + kb].
+  const float* w_scale = nullptr;
+  int64_t w_scale_ld = 0, w_scale_batch_stride = 0;
+  // y: bf16 or fp32 [batch ×] T × N, rows y_ld elements apart, batches y_batch_stride elements.
+  void* y = nullptr;
+  DType y_dtype = DType::bf16;
+  int64_t y_ld = 0, y_batch_stride = 0;
+  // Optional device workspace (256-byte aligned) for the split-K partial sums; without enough of
+  // it K is not split.
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
+};
+
+// Whether the kernel takes the problem and beats cuBLASLt's tiling there: 1 ≤ T ≤
+// kSkinnyMaxTokens, N a multiple of 64, K a positive multiple of 128, x and w rows and batches
+// 16-byte aligned (cp.async), batch ≤ 65535, and fewer cuBLASLt output tiles (batch · ⌈N/128⌉)
+// than the GPU has SMs. Callers take the cuBLASLt path otherwise.
+bool skinny_fp8_gemm_fits(const SkinnyFp8Gemm& g);
+
+// Enqueues the GEMM on `stream` (a problem skinny_fp8_gemm_fits accepts): no allocation, no
+// synchronization, capturable in a CUDA graph.
+void skinny_fp8_gemm(const SkinnyFp8Gemm& g, Stream stream);
+
+}  // namespace dsv4::cuda

@@ -82,6 +82,24 @@ int64_t check_matmul_workspace(const char* where, const TensorView& workspace) {
   return workspace.shape[0];
 }
 
+void check_fp8_matmul(const char* where, const MatmulXwT& p) {
+  leading_dim(where, p.x_name, p.x.ld, p.T, p.K);
+  leading_dim(where, p.w_name, p.w.ld, p.N, p.K);
+  leading_dim(where, p.y_name, p.y_ld, p.T, p.N);
+  DSV4_CHECK(p.x_scale != nullptr && p.w_scale != nullptr, where, ": FP8 matmuls take both scales");
+  // cuBLASLt (13.1, sm90) reads the 1x128 activation scales [K/128, T] with rows T apart and
+  // offers no algorithm unless those rows are 16-byte aligned (measured: T = 4, 8, 12, 16, 228
+  // run; 1, 2, 3, 5, 15, 17, 227 do not; bench/probes/cublaslt_blockscale_probe.cu).
+  if (p.T % kFp8GemmRowMultiple != 0)
+    fail(where, ": ", p.x_name, ".shape[0]: expected a multiple of ", kFp8GemmRowMultiple,
+         " rows for an FP8 block-scaled GEMM on CUDA (cuBLASLt needs the 1x128 activation "
+         "scales' rows 16-byte aligned); pad the rows (the layer pads its steps), got ", p.T);
+  if (reinterpret_cast<uintptr_t>(p.x_scale) % 16 != 0 || reinterpret_cast<uintptr_t>(p.w_scale) % 16 != 0)
+    fail(where, ": the block scales of ", p.x_name, " and ", p.w_name,
+         ": expected 16-byte aligned addresses on CUDA (cuBLASLt reads them as vectors), got ", p.x_scale,
+         " and ", p.w_scale);
+}
+
 void matmul_xwT(const char* where, const MatmulXwT& p, Stream stream) {
   if (p.batch == 0 || p.T == 0 || p.N == 0) return;
   const int64_t ab = static_cast<int64_t>(dtype_size(p.ab_dtype));
@@ -116,19 +134,8 @@ void matmul_xwT(const char* where, const MatmulXwT& p, Stream stream) {
   key.y_align = alignment_bytes(p.y, y_ld * yb, key.y_batch_stride * yb);
   key.workspace_bytes = p.workspace != nullptr ? p.workspace_bytes : 0;
   if (p.ab_dtype == DType::fp8_e4m3) {
-    DSV4_CHECK(p.batch == 1 && p.x_scale != nullptr && p.w_scale != nullptr, where,
-               ": FP8 matmuls take both scales and no batch");
-    // cuBLASLt (13.1, sm90) reads the 1x128 activation scales [K/128, T] with rows T apart and
-    // offers no algorithm unless those rows are 16-byte aligned (measured: T = 4, 8, 12, 16, 228
-    // run; 1, 2, 3, 5, 15, 17, 227 do not; bench/probes/cublaslt_blockscale_probe.cu).
-    if (p.T % kFp8GemmRowMultiple != 0)
-      fail(where, ": ", p.x_name, ".shape[0]: expected a multiple of ", kFp8GemmRowMultiple,
-           " rows for an FP8 block-scaled GEMM on CUDA (cuBLASLt needs the 1x128 activation "
-           "scales' rows 16-byte aligned); pad the rows (the layer pads its steps), got ", p.T);
-    if (reinterpret_cast<uintptr_t>(p.x_scale) % 16 != 0 || reinterpret_cast<uintptr_t>(p.w_scale) % 16 != 0)
-      fail(where, ": the block scales of ", p.x_name, " and ", p.w_name,
-           ": expected 16-byte aligned addresses on CUDA (cuBLASLt reads them as vectors), got ", p.x_scale,
-           " and ", p.w_scale);
+    DSV4_CHECK(p.batch == 1, where, ": FP8 matmuls take no batch");
+    check_fp8_matmul(where, p);
   }
   MatmulPlan& plan = cached_matmul_plan(where, key, p.x_scale, p.w_scale, p.x_name, p.w_name, p.y_name);
   plan.run(where, p.x.data, p.x_scale, p.w.data, p.w_scale, p.y, key.workspace_bytes > 0 ? p.workspace : nullptr,

@@ -71,7 +71,13 @@ void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorVi
   skinny.y_batch_stride = L;
   skinny.workspace = workspace.data;
   skinny.workspace_bytes = workspace_bytes;
-  if (skinny_fp8_gemm_fits(skinny)) {
+  if (p.T > 0 && skinny_fp8_gemm_fits(skinny)) {
+    MatmulXwT group0 = p;  // the rules each group's cuBLASLt call would check
+    group0.x = {o.data, o.strides[0], 0};
+    group0.x_scale = skinny.x_scale;
+    group0.w = {wo_a.data, wo_a.strides[1], 0};
+    group0.w_scale = skinny.w_scale;
+    check_fp8_matmul(kOp, group0);
     skinny_fp8_gemm(skinny, stream);
     return;
   }

@@ -33,7 +33,8 @@ void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
   p.y_ld = y.strides[0];
   p.workspace = workspace.data;
   p.workspace_bytes = workspace_bytes;
-  if (x.dtype == DType::fp8_e4m3) {
+  if (x.dtype == DType::fp8_e4m3 && p.T > 0) {
+    check_fp8_matmul(kOp, p);
     SkinnyFp8Gemm skinny;
     skinny.T = p.T;
     skinny.N = p.N;

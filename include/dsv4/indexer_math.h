@@ -19,9 +19,12 @@ namespace dsv4::indexer_math {
 
 // Entries a query at position p may see: the fully emitted windows, (p+1) div r (0 for p < 0).
 // Computed without forming p + 1, which overflows for p = INT64_MAX (positions are caller data
-// the CPU checks against this count).
+// the CPU checks against this count). With r = 1 that position's count, INT64_MAX + 1, saturates
+// at INT64_MAX: no cache holds that many entries, so the checks refuse it all the same.
 DSV4_HD int64_t visible_entries(int64_t p, int ratio) {
-  return p < 0 ? 0 : p / ratio + (p % ratio == ratio - 1 ? 1 : 0);
+  if (p < 0) return 0;
+  const int64_t whole = p / ratio;
+  return p % ratio == ratio - 1 && whole < INT64_MAX ? whole + 1 : whole;
 }
 
 // Lanes of the dot product: lane l sums the products of dims l, l+8, l+16, ... in order.

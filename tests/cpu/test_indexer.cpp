@@ -455,6 +455,10 @@ TEST(IndexerTopkErrors, BadInputWritesNothing) {
       [&] { indexer_topk(scores, pos, 4, TensorView(scores.data<float>(), DType::int32, {2, 3})); },
       {"indices: expected memory disjoint from scores"});
   dense_test::expect_error([&] { indexer_topk(scores, pos, 0, idx); }, {"ratio"});
+  // The last position at ratio 1 sees INT64_MAX + 1 entries: refused like any count past the
+  // scores (found by the fuzzer as a signed overflow in visible_entries).
+  pos.data<int64_t>()[1] = INT64_MAX;
+  dense_test::expect_error([&] { indexer_topk(scores, pos, 1, idx); }, {"scores.shape[1]"});
   EXPECT_TRUE(same_bytes(idx, before));
 }
 

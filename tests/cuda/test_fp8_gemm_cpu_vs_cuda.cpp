@@ -2,8 +2,8 @@
 // cuBLASLt's layouts) against the CPU reference GEMM on the same FP8 operands, through the public
 // linear / grouped_wo_a: decode sizes (T 1 … 256), prefill sizes, N / K multiples of 128 and the
 // real V4-Flash projections; outputs poisoned on both sides, every element compared. Decode sizes
-// with few output tiles run the skinny FP8 kernel (skinny_fp8_gemm.h: T ≤ 128, N a multiple of
-// 64, K split over CTAs when a workspace is given), the others cuBLASLt; both accumulate each
+// with few output tiles run the skinny FP8 kernel (skinny_fp8_gemm.h: T ≤ 32, N a multiple of 64,
+// K split over CTAs when a workspace is given), the others cuBLASLt; both accumulate each
 // 128-deep slice in one FP8 wgmma chain, so one tolerance covers both.
 //
 // Tolerance, CUDA vs CPU: |y_cuda − y_cpu| ≤ 2e-3 · Σ_k |x_k w_k| (+ one bf16 ulp for a bf16 y).
@@ -157,14 +157,14 @@ std::vector<Fp8LinearCase> fp8_linear_grid() {
       {"wq_a", 1024, 4096}, {"wkv", 512, 4096}, {"wq_b", 32768, 1024}, {"indexer_wq_b", 8192, 1024},
       {"wo_b", 4096, 8192}};
   for (const auto& s : flash)
-    for (int64_t T : {4, 128, 256, 2048}) grid.push_back({s.name, T, s.N, s.K, DType::bf16});
+    for (int64_t T : {4, 32, 128, 256, 2048}) grid.push_back({s.name, T, s.N, s.K, DType::bf16});
   grid.push_back({"wkv", 16384, 512, 4096, DType::fp32});
-  // The skinny kernel's edges: token tiles of 16 / 64 / 128 with padded tokens, N not a multiple
-  // of 128 (the last 64 columns share a weight scale row with none after them), K blocks that the
-  // split leaves uneven (7, 14), the smallest problem (one K block).
+  // The skinny kernel's edges: token tiles of 16 and 32, full and with padded tokens; N not a
+  // multiple of 128 (the last 64 columns own a weight scale row alone); K blocks that the split
+  // leaves uneven (7, 14); the smallest problem (one K block).
   grid.push_back({"skinny", 20, 192, 896, DType::bf16});
-  grid.push_back({"skinny", 36, 64, 128, DType::fp32});
-  grid.push_back({"skinny", 100, 320, 1792, DType::fp32});
+  grid.push_back({"skinny", 32, 64, 128, DType::fp32});
+  grid.push_back({"skinny", 16, 320, 1792, DType::fp32});
   return grid;
 }
 
@@ -199,9 +199,11 @@ TEST(Fp8LinearCuda, CachedPlanTakesEachCallsScales) {
 // Capturable in a CUDA graph (no synchronization, allocation or host copy inside a call once the
 // shape's plan exists): capture one FP8 linear with a workspace on a stream, then replay the graph
 // on new activations written into the captured buffers — each replay gives the new data's result.
-TEST(Fp8LinearCuda, CapturedInACudaGraphAndReplayedOnNewData) {
+class Fp8LinearGraph : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(Fp8LinearGraph, CapturedInACudaGraphAndReplayedOnNewData) {
   DSV4_SKIP_WITHOUT_GPU();
-  const int64_t T = 128, N = 1024, K = 4096;  // a decode-sized wq_a
+  const int64_t T = GetParam(), N = 1024, K = 4096;  // a decode-sized wq_a
   const Fp8Weight w = make_weight(0, N, K, 7);
   const DeviceTensor wd = DeviceTensor::from_host(w.op.values), wsd = DeviceTensor::from_host(w.cuda_scale);
   const TensorView ws = scale_window(wsd, K / 128);
@@ -236,6 +238,11 @@ TEST(Fp8LinearCuda, CapturedInACudaGraphAndReplayedOnNewData) {
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
+
+// 32 tokens run the skinny kernel (split K, then the reduction: two kernels in the graph), 128
+// cuBLASLt's.
+INSTANTIATE_TEST_SUITE_P(Tokens, Fp8LinearGraph, ::testing::Values(int64_t{32}, int64_t{128}),
+                         [](const auto& info) { return "T" + std::to_string(info.param); });
 
 // CUDA-only FP8 rules: dsv4::Error naming the argument, nothing written.
 TEST(Fp8LinearCuda, RejectedAndNothingWritten) {

@@ -1,7 +1,7 @@
 // The skinny block-scaled FP8 GEMM (skinny_fp8_gemm.h), sm_90a.
 //
 // Work split: CTA (n tile, split, batch) computes y[b][:, 64·n_tile …+64] over the K blocks
-// [split · kblocks_per_split, …) for all T (≤ 128) tokens:
+// [split · kblocks_per_split, …) for all T (≤ kSkinnyMaxTokens) tokens:
 //   warpgroup 0 (128 threads): math — per K block C = W_tile · X_tileᵀ (wgmma m64 n{kCols} k32 × 4,
 //                              fp32, from zero), then total += C · w_scale · x_scale[token];
 //                              at the end the totals go to y (one split) or to the split's
@@ -222,8 +222,8 @@ int sm_count() {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The token tile (wgmma N) of a problem of T tokens.
-int token_tile(int64_t T) { return T <= 16 ? 16 : T <= 32 ? 32 : T <= 64 ? 64 : 128; }
+// The token tile (wgmma N) of a problem of T <= kSkinnyMaxTokens tokens.
+int token_tile(int64_t T) { return T <= 16 ? 16 : 32; }
 
 // The TMA map of a [batch, rows, K] fp8 operand read in boxes of box_rows × 128 bytes (one SW128
 // span per row). One batch: any 16-byte multiple serves as the unused batch stride.
@@ -288,12 +288,10 @@ void skinny_fp8_gemm(const SkinnyFp8Gemm& g, Stream stream) {
   p.partial = splits > 1 ? static_cast<float*>(g.workspace) : nullptr;
 
   const dim3 grid(static_cast<unsigned>(g.N / kTileRows), static_cast<unsigned>(splits), static_cast<unsigned>(g.batch));
-  switch (token_tile(g.T)) {
-    case 16: launch<16>(p, grid, stream); break;
-    case 32: launch<32>(p, grid, stream); break;
-    case 64: launch<64>(p, grid, stream); break;
-    default: launch<128>(p, grid, stream); break;
-  }
+  if (token_tile(g.T) == 16)
+    launch<16>(p, grid, stream);
+  else
+    launch<32>(p, grid, stream);
   check_launch(kWhere);
   if (splits > 1) {
     const int64_t blocks = std::clamp<int64_t>(ceil_div(partial_bytes / 4, kReduceThreads), 1, 4 * int64_t{sm_count()});

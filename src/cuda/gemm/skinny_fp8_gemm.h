@@ -3,7 +3,7 @@
 // kSkinnyMaxTokens rows of x, optionally batched (grouped_wo_a's G groups in one launch).
 //
 // Why not cuBLASLt there: its block-scaled kernels tile the output 128 × 128, so a decode GEMM
-// (T ≤ 128 rows, N of 512 … 8192) has N/128 CTAs, each walking all of K alone — measured on the
+// (a few rows, N of 512 … 8192) has N/128 CTAs, each walking all of K alone — measured on the
 // H200 at 10–16 µs per V4 projection whatever T is, where reading the weight once takes 1–4 µs.
 // This kernel tiles N by 64 and splits K over more CTAs (partial sums in the caller's workspace,
 // added in split order by a second kernel, so results are deterministic), which spreads the
@@ -21,8 +21,12 @@
 
 namespace dsv4::cuda {
 
-// The most rows of x (tokens) the kernel takes; larger problems fill cuBLASLt's tiles.
-inline constexpr int64_t kSkinnyMaxTokens = 128;
+// The most rows of x (tokens) the kernel takes. Measured on the H200 (V4-Flash layer, graph
+// replay): at 1-4 tokens it runs wo_a in 17 µs against 56 µs for cuBLASLt's eight fanned-out
+// groups, and wq_a / wkv / wo_b in 12-20 µs against 16-33 µs; at 128 tokens it lost (wo_a 48 µs
+// against 30, wo_b 46 against 26: its K loop waits on each 128-deep product before the next), so
+// larger problems stay on cuBLASLt.
+inline constexpr int64_t kSkinnyMaxTokens = 32;
 
 struct SkinnyFp8Gemm {
   int64_t batch = 1, T = 0, N = 0, K = 0;

@@ -34,7 +34,7 @@ if(DSV4_FUZZ_SANITIZE)
   set(DSV4_FUZZ_LIB_SOURCES ${DSV4_CPU_SOURCES})
   list(FILTER DSV4_FUZZ_LIB_SOURCES EXCLUDE REGEX "/src/(layer|weights)/|/config_json\\.cpp$")
   # A CUDA build drops the no-device runtime from DSV4_CPU_SOURCES; this copy is CPU-only.
-  list(APPEND DSV4_FUZZ_LIB_SOURCES ${PROJECT_SOURCE_DIR}/src/runtime/device_runtime_none.cpp)
+  list(APPEND DSV4_FUZZ_LIB_SOURCES ${DSV4_RUNTIME_NONE_SOURCES})
   list(REMOVE_DUPLICATES DSV4_FUZZ_LIB_SOURCES)
   add_library(dsv4attn_sanitized STATIC EXCLUDE_FROM_ALL ${DSV4_FUZZ_LIB_SOURCES})
   target_include_directories(dsv4attn_sanitized

@@ -1,8 +1,10 @@
 // The few CUDA runtime services the layer's orchestration, DeviceTensor and the tools need beyond
-// the ops — device memory, page-locked staging memory, events, private streams and graph
-// capture — behind a header with no CUDA types, so src/layer/, src/core/ and tools/ stay
-// backend-neutral. Implemented in src/cuda/runtime/ when CUDA is built; otherwise
-// (device_runtime_none.cpp, chosen by the build) whatever needs a GPU throws dsv4::Error.
+// the ops — device memory, page-locked staging memory, events, private streams, synchronization
+// and graph capture — behind a header with no CUDA types, so src/layer/, src/core/ and tools/
+// stay backend-neutral and ask at run time (built(), device_available()) whether there is a GPU.
+// Implemented in src/cuda/runtime/ when CUDA is built; otherwise (device_runtime_none.cpp, chosen
+// by the build) whatever needs a GPU throws dsv4::Error. Siblings of this header in src/runtime/
+// (random_fill.h, ceiling_gemm.h) follow the same split.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +28,7 @@ struct DeviceInfo {
   int sm_major = 0, sm_minor = 0;
   int sms = 0;
   size_t total_bytes = 0;
+  size_t l2_bytes = 0;  // benchmarks rotate their inputs beyond it
 };
 // The visible GPUs; empty, with the reason in `why`, when there are none.
 std::vector<DeviceInfo> devices(std::string* why);
@@ -40,6 +43,13 @@ void device_free(void* ptr) noexcept;
 void copy_host_to_device(void* device_dst, const void* host_src, size_t bytes, const char* where);
 void copy_device_to_host(void* host_dst, const void* device_src, size_t bytes, const char* where);
 void memset_device(void* dst, int byte, size_t bytes, const char* where);
+
+// Blocks the calling host thread until the work enqueued on `stream` (synchronize_stream), or on
+// every stream of the current device (synchronize_device), is done; an asynchronous fault of that
+// work throws dsv4::Error naming `where`. Tool and test setup only: a forward never waits.
+// Without CUDA nothing can have been enqueued, so both return at once.
+void synchronize_stream(Stream stream, const char* where);
+void synchronize_device(const char* where);
 
 // Page-locked host memory (cudaHostAlloc): host-to-device copies from it are truly
 // asynchronous, where copies from pageable memory make the stream wait for the host.

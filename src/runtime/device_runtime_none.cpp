@@ -3,15 +3,17 @@
 // (an event never recorded, a stream that is never capturing) works.
 #include "dsv4/status.h"
 #include "runtime/device_runtime.h"
+#include "runtime/not_built.h"
 
 namespace dsv4::rt {
+
+void fail_not_built(const char* where) {
+  fail(where, ": CUDA backend not built (configure with DSV4_CUDA=ON on a machine with nvcc)");
+}
 
 namespace {
 [[noreturn]] void no_cuda(const char* what) {
   fail(what, ": the library was built without CUDA");
-}
-[[noreturn]] void not_built(const char* where) {
-  fail(where, ": CUDA backend not built (configure with DSV4_CUDA=ON on a machine with nvcc)");
 }
 }  // namespace
 
@@ -22,17 +24,19 @@ std::vector<DeviceInfo> devices(std::string* why) {
   if (why) *why = "the library was built without CUDA";
   return {};
 }
-size_t device_free_bytes(const char* where) { not_built(where); }
-void* device_malloc(size_t, const char* where) { not_built(where); }
+size_t device_free_bytes(const char* where) { fail_not_built(where); }
+void* device_malloc(size_t, const char* where) { fail_not_built(where); }
 void device_free(void*) noexcept {}
 // Nothing to copy needs no device (as on CUDA, where an empty copy is a no-op).
 void copy_host_to_device(void*, const void*, size_t bytes, const char* where) {
-  if (bytes > 0) not_built(where);
+  if (bytes > 0) fail_not_built(where);
 }
 void copy_device_to_host(void*, const void*, size_t bytes, const char* where) {
-  if (bytes > 0) not_built(where);
+  if (bytes > 0) fail_not_built(where);
 }
-void memset_device(void*, int, size_t, const char* where) { not_built(where); }
+void memset_device(void*, int, size_t, const char* where) { fail_not_built(where); }
+void synchronize_stream(Stream, const char*) {}
+void synchronize_device(const char*) {}
 
 PinnedBuffer::PinnedBuffer(size_t) { no_cuda("PinnedBuffer"); }
 Event::Event(bool timing) : timing_(timing) {}

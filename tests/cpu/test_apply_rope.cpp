@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda_dispatch_support.h"
 #include "dense_test_support.h"
 #include "dsv4/ops.h"
 #include "rope_reference.h"
@@ -203,10 +204,9 @@ TEST(ApplyRopeErrors, RejectBadArgumentsAndWriteNothing) {
   expect_error([&] { dsv4::apply_rope(x.view().slice0(0, 2), p.view().slice0(0, 2), table, false, y_shifted); },
                {"y", "overlapping"});
   expect_error([&] { dsv4::apply_rope(on_cuda(x), p, table, false, on_cuda(y)); }, {"device"});
-#ifndef DSV4_WITH_CUDA  // with CUDA built, all-CUDA views reach the kernel (tests/cuda)
-  expect_error([&] { dsv4::apply_rope(on_cuda(x), on_cuda(p), on_cuda(table.view()), false, on_cuda(y)); },
-               {"apply_rope", "CUDA backend not"});
-#endif
+  dsv4::test::expect_cuda_dispatch("apply_rope", dsv4::ops::kApplyRope, [&] {
+    dsv4::apply_rope(on_cuda(x), on_cuda(p), on_cuda(table.view()), false, on_cuda(y));
+  });
   EXPECT_EQ(bytes_of(x), x_before);
   EXPECT_EQ(bytes_of(y), y_before);
   EXPECT_EQ(bytes_of(y_shape), std::vector<uint8_t>(y_shape.nbytes(), 0xFF));

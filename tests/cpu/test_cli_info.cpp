@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cli_test_support.h"
+#include "dsv4/device_tensor.h"
 
 namespace {
 
@@ -64,6 +65,18 @@ TEST(CliBench, ListsCasesAndRejectsBadOptions) {
   const Result reps = run_cli("bench --reps 5");
   EXPECT_NE(reps.status, 0);
   EXPECT_NE(reps.output.find("--reps: expected >= 20"), std::string::npos) << reps.output;
+}
+
+// Without a GPU the harness refuses to run cases, saying why: a build without the CUDA backend,
+// or none visible (the harness asks the library at run time, so one binary says either).
+TEST(CliBench, WithoutGpuSaysWhyAndRunsNothing) {
+  if (dsv4::cuda_available()) GTEST_SKIP() << "a CUDA device is present (the GPU suite runs the cases)";
+  const Result r = run_cli("bench --filter prefill_flash --cooldown-ms 0");
+  EXPECT_EQ(r.status, 2) << r.output;
+  const std::string why = dsv4::cuda_built() ? "dsv4 bench: no CUDA device found; the benchmarks need a GPU"
+                                             : "dsv4 bench: this build has no CUDA backend; the benchmarks need a GPU";
+  EXPECT_NE(r.output.find(why), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("median of"), std::string::npos) << r.output;  // no table header
 }
 
 }  // namespace

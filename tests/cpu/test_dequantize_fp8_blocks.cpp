@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda_dispatch_support.h"
 #include "dense_test_support.h"
 #include "dsv4/ops.h"
 
@@ -183,10 +184,9 @@ TEST(DequantizeFp8BlocksErrors, RejectBadArgumentsAndWriteNothing) {
   expect_error([&] { dsv4::dequantize_fp8_blocks(x, s, 128, 128, y_broadcast); }, {"y", "do not overlap"});
   expect_error([&] { dsv4::dequantize_fp8_blocks(x, s, 128, 128, y_alias); }, {"y"});
   expect_error([&] { dsv4::dequantize_fp8_blocks(on_cuda(x), s, 128, 128, y); }, {"device", "cuda", "cpu"});
-#ifndef DSV4_WITH_CUDA  // with CUDA built, these host pointers would reach the CUDA path (tests/cuda)
-  expect_error([&] { dsv4::dequantize_fp8_blocks(on_cuda(x), on_cuda(s), 128, 128, on_cuda(y)); },
-               {"dequantize_fp8_blocks", "CUDA backend not"});
-#endif
+  dsv4::test::expect_cuda_dispatch("dequantize_fp8_blocks", dsv4::ops::kDequantizeFp8Blocks, [&] {
+    dsv4::dequantize_fp8_blocks(on_cuda(x), on_cuda(s), 128, 128, on_cuda(y));
+  });
   EXPECT_EQ(bytes_of(y), before);
   EXPECT_EQ(bytes_of(y_bad), std::vector<uint8_t>(y_bad.nbytes(), 0xFF));
 }

@@ -8,6 +8,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda_dispatch_support.h"
 #include "dense_operands.h"
 #include "dsv4/ops.h"
 
@@ -96,10 +97,9 @@ TEST(GroupedWoAErrors, RejectBadArgumentsAndWriteNothing) {
   expect_error([&] { dsv4::grouped_wo_a(o.values, o.scale, w2d.values, {}, z); }, {"wo_a.ndim", "3"});
   expect_error([&] { dsv4::grouped_wo_a(o.values, o.scale, w.values, w.scale, z_over_o); }, {"z", "disjoint from o"});
   expect_error([&] { dsv4::grouped_wo_a(o.values, o.scale, w.values, w.scale, on_cuda(z)); }, {"device"});
-#ifndef DSV4_WITH_CUDA  // with CUDA built, these host pointers would reach the CUDA path (tests/cuda)
-  expect_error([&] { dsv4::grouped_wo_a(on_cuda(o.values), on_cuda(o.scale), on_cuda(w.values), on_cuda(w.scale), on_cuda(z)); },
-               {"grouped_wo_a", "CUDA backend not"});
-#endif
+  dsv4::test::expect_cuda_dispatch("grouped_wo_a", dsv4::ops::kGroupedWoA, [&] {
+    dsv4::grouped_wo_a(on_cuda(o.values), on_cuda(o.scale), on_cuda(w.values), on_cuda(w.scale), on_cuda(z));
+  });
   EXPECT_EQ(bytes_of(z), before);
   EXPECT_EQ(bytes_of(z192), std::vector<uint8_t>(z192.nbytes(), 0xFF));
 }

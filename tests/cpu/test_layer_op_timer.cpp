@@ -1,10 +1,12 @@
-// The host-clock op timer of `dsv4 bench layer` (tools/dsv4/layer_op_timer.h) and the medians it
-// folds repeated forwards into.
+// The host-clock op timer of `dsv4 bench layer` (tools/dsv4/layer_op_timer.h), the medians it
+// folds repeated forwards into, and the CUDA-event timer's refusal without a GPU.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <string>
 #include <thread>
 
+#include "dsv4/device_tensor.h"
 #include "dsv4/status.h"
 #include "layer_op_timer.h"
 
@@ -60,6 +62,24 @@ TEST(LayerOpTimer, MediansPerOpAndOfTotals) {
   EXPECT_DOUBLE_EQ(m.gpu_us, (11 + 22) / 2.0);  // 7, 11, 22, 33
   EXPECT_DOUBLE_EQ(dsv4::bench::median({5, 1, 3}), 3);
   EXPECT_DOUBLE_EQ(dsv4::bench::median({}), 0);
+}
+
+// Without the CUDA backend the CUDA-event timer cannot be made; with it but no device, its first
+// mark (the first event) fails. Either way a dsv4::Error, never a timing of nothing.
+TEST(LayerOpTimer, CudaEventTimerWithoutGpuIsAnError) {
+  if (dsv4::cuda_available()) GTEST_SKIP() << "a CUDA device is present (the GPU suite runs bench layer)";
+  if (!dsv4::cuda_built()) {
+    try {
+      dsv4::bench::CudaEventOpTimer timer;
+      ADD_FAILURE() << "a CUDA event timer without the CUDA backend";
+    } catch (const dsv4::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("CUDA event timer: this build has no CUDA backend"), std::string::npos)
+          << e.what();
+    }
+    return;
+  }
+  dsv4::bench::CudaEventOpTimer timer;
+  EXPECT_THROW(timer.begin("a", nullptr), dsv4::Error);
 }
 
 }  // namespace

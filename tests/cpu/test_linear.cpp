@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda_dispatch_support.h"
 #include "dense_operands.h"
 #include "dsv4/ops.h"
 #include "dsv4/weights.h"
@@ -174,10 +175,8 @@ TEST(LinearErrors, RejectBadArgumentsAndWriteNothing) {
   y_broadcast.strides[0] = 0;
   expect_error([&] { dsv4::linear(x.values, {}, wb.values, {}, y_broadcast); }, {"y", "do not overlap", "stride of 0"});
   expect_error([&] { dsv4::linear(on_cuda(x.values), {}, wb.values, {}, y); }, {"device", "cuda", "cpu"});
-#ifndef DSV4_WITH_CUDA  // with CUDA built, these host pointers would reach the CUDA path (tests/cuda)
-  expect_error([&] { dsv4::linear(on_cuda(x.values), {}, on_cuda(wb.values), {}, on_cuda(y)); },
-               {"linear", "CUDA backend not"});
-#endif
+  dsv4::test::expect_cuda_dispatch("linear", dsv4::ops::kLinear,
+                                    [&] { dsv4::linear(on_cuda(x.values), {}, on_cuda(wb.values), {}, on_cuda(y)); });
   EXPECT_EQ(bytes_of(y), before);
   EXPECT_EQ(bytes_of(y_bad), std::vector<uint8_t>(y_bad.nbytes(), 0xFF));
 }

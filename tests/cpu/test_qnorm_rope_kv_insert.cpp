@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda_dispatch_support.h"
 #include "dense_test_support.h"
 #include "dsv4/ops.h"
 #include "rope_reference.h"
@@ -251,13 +252,18 @@ class QnormRopeKvInsertErrors : public ::testing::Test {
   dsv4::KvCacheView view() const { return {cache.view(), KvLayout::model1_fp8, static_cast<int>(B), 1.0f}; }
 
   void SetUp() override { cache.fill_bytes(0x5A); }
+  // Runs `check` (which expects the calls it makes to be refused), then checks q, kv and the cache
+  // are unchanged.
+  void expect_unchanged(const std::function<void()>& check, const std::string& what) {
+    const auto q0 = bytes_of(b.q), kv0 = bytes_of(b.kv), c0 = bytes_of(cache);
+    check();
+    EXPECT_EQ(bytes_of(b.q), q0) << what;
+    EXPECT_EQ(bytes_of(b.kv), kv0) << what;
+    EXPECT_EQ(bytes_of(cache), c0) << what;
+  }
   // Runs the call expecting the error, then checks q, kv and the cache are unchanged.
   void expect_rejected(const std::function<void()>& call, std::vector<std::string> parts) {
-    const auto q0 = bytes_of(b.q), kv0 = bytes_of(b.kv), c0 = bytes_of(cache);
-    expect_error(call, parts);
-    EXPECT_EQ(bytes_of(b.q), q0) << parts.front();
-    EXPECT_EQ(bytes_of(b.kv), kv0) << parts.front();
-    EXPECT_EQ(bytes_of(cache), c0) << parts.front();
+    expect_unchanged([&] { expect_error(call, parts); }, parts.front());
   }
   void call(const TensorView& slots, const TensorView& positions) {
     dsv4::qnorm_rope_kv_insert(b.q, b.kv, positions, rope_table(false), kEps, view(), slots);
@@ -336,13 +342,16 @@ TEST_F(QnormRopeKvInsertErrors, ShapesDtypesAndCache) {
                   {"slot_mapping.dtype", "int64 or int32"});
   expect_rejected([&] { dsv4::qnorm_rope_kv_insert(on_cuda(b.q), b.kv, b.positions, table, kEps, view(), b.slots); },
                   {"device"});
-#ifndef DSV4_WITH_CUDA  // with CUDA built, all-CUDA views reach the kernel (tests/cuda)
   dsv4::KvCacheView cuda_cache = view();
   cuda_cache.data = on_cuda(cuda_cache.data);
-  expect_rejected([&] { dsv4::qnorm_rope_kv_insert(on_cuda(b.q), on_cuda(b.kv), on_cuda(b.positions),
-                                                   on_cuda(table.view()), kEps, cuda_cache, on_cuda(b.slots)); },
-                  {"qnorm_rope_kv_insert", "CUDA backend not"});
-#endif
+  expect_unchanged(
+      [&] {
+        dsv4::test::expect_cuda_dispatch("qnorm_rope_kv_insert", dsv4::ops::kQnormRopeKvInsert, [&] {
+          dsv4::qnorm_rope_kv_insert(on_cuda(b.q), on_cuda(b.kv), on_cuda(b.positions), on_cuda(table.view()),
+                                     kEps, cuda_cache, on_cuda(b.slots));
+        });
+      },
+      "all-CUDA arguments");
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <tuple>
 
+#include "cuda_dispatch_support.h"
 #include "dense_operands.h"
 #include "dsv4/ops.h"
 
@@ -123,10 +124,8 @@ TEST(QuantizeActFp8Errors, RejectBadArgumentsAndWriteNothing) {
   expect_error([&] { dsv4::quantize_act_fp8(strided, 128, xq128, sc1); }, {"x.stride(-1)", "expected 1"});
   expect_error([&] { dsv4::quantize_act_fp8(x, 128, xq, TensorView{}); }, {"scale", "empty view"});
   expect_error([&] { dsv4::quantize_act_fp8(on_cuda(x), 128, xq, sc); }, {"xq.device", "cuda"});
-#ifndef DSV4_WITH_CUDA  // with CUDA built, these host pointers would reach the CUDA path (tests/cuda)
-  expect_error([&] { dsv4::quantize_act_fp8(on_cuda(x), 128, on_cuda(xq), on_cuda(sc)); },
-               {"quantize_act_fp8", "CUDA backend not"});
-#endif
+  dsv4::test::expect_cuda_dispatch("quantize_act_fp8", dsv4::ops::kQuantizeActFp8,
+                                    [&] { dsv4::quantize_act_fp8(on_cuda(x), 128, on_cuda(xq), on_cuda(sc)); });
   EXPECT_EQ(bytes_of(xq), before_q);
   EXPECT_EQ(bytes_of(sc), before_s);
   EXPECT_EQ(bytes_of(xq128), std::vector<uint8_t>(xq128.nbytes(), 0xFF));

@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda_dispatch_support.h"
 #include "dense_test_support.h"
 #include "dsv4/ops.h"
 
@@ -134,9 +135,8 @@ TEST(RmsNormErrors, RejectBadArgumentsAndWriteNothing) {
   expect_error([&] { dsv4::rms_norm(x, {}, -1.0f, y); }, {"eps", ">= 0"});
   expect_error([&] { dsv4::rms_norm(x, {}, NAN, y); }, {"eps"});
   expect_error([&] { dsv4::rms_norm(x, {}, kEps, on_cuda(y)); }, {"y.device"});
-#ifndef DSV4_WITH_CUDA  // with CUDA built, all-CUDA views reach the kernel (tests/cuda)
-  expect_error([&] { dsv4::rms_norm(on_cuda(x), {}, kEps, on_cuda(y)); }, {"rms_norm", "CUDA backend not"});
-#endif
+  dsv4::test::expect_cuda_dispatch("rms_norm", dsv4::ops::kRmsNorm,
+                                    [&] { dsv4::rms_norm(on_cuda(x), {}, kEps, on_cuda(y)); });
   EXPECT_EQ(bytes_of(x), x_before);
   EXPECT_EQ(bytes_of(y), y_before);
   EXPECT_EQ(bytes_of(y_shape), std::vector<uint8_t>(y_shape.nbytes(), 0xFF));

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_dispatch_support.h"
 #include "dsv4/ops.h"
 #include "sparse_attention_cases.h"
 
@@ -520,8 +521,7 @@ TEST(SparseDecode, BadInputThrowsAndWritesNothing) {
   }
 }
 
-#ifndef DSV4_WITH_CUDA
-TEST(SparseDecode, CudaTensorsWithoutCudaBackendThrow) {
+TEST(SparseDecode, CudaTensorsReachTheCudaKernelOrNameTheMissingBackend) {
   DecodeProblem p(small_case());
   dsv4::SparseDecodeArgs a = p.args();
   for (TensorView* t : {&a.q, &a.k_cache.data, &a.indices, &a.extra_k_cache.data, &a.extra_indices,
@@ -531,8 +531,11 @@ TEST(SparseDecode, CudaTensorsWithoutCudaBackendThrow) {
   HostTensor ws(DType::uint8, {s.workspace_bytes});
   TensorView wsv = ws;
   wsv.device = dsv4::Device::cuda;
-  dsv4::test::expect_error([&] { dsv4::sparse_decode(a, s, wsv); }, {"not built"});
+  for (HostTensor* t : {&p.out, &p.lse, &ws}) t->fill_bytes(0xA5);
+  dsv4::test::expect_cuda_dispatch("sparse_decode", dsv4::ops::kSparseDecode,
+                                    [&] { dsv4::sparse_decode(a, s, wsv); });
+  for (const HostTensor* t : {&p.out, &p.lse, &ws})
+    for (size_t i = 0; i < t->nbytes(); ++i) ASSERT_EQ(t->data<uint8_t>()[i], 0xA5) << i;
 }
-#endif
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_dispatch_support.h"
 #include "dsv4/ops.h"
 #include "sparse_attention_cases.h"
 
@@ -267,14 +268,15 @@ TEST(SparsePrefill, BadInputThrowsAndWritesNothing) {
   }
 }
 
-#ifndef DSV4_WITH_CUDA
-TEST(SparsePrefill, CudaTensorsWithoutCudaBackendThrow) {
+TEST(SparsePrefill, CudaTensorsReachTheCudaKernelOrNameTheMissingBackend) {
   PrefillProblem p(PrefillCase{"cuda", 16, 512, 2, 100, 64, true, true}, 3);
   dsv4::SparsePrefillArgs a = p.args();
   for (TensorView* t : {&a.q, &a.kv, &a.indices, &a.topk_length, &a.attn_sink, &a.out, &a.max_logits, &a.lse})
     t->device = dsv4::Device::cuda;
-  dsv4::test::expect_error([&] { dsv4::sparse_prefill(a); }, {"not built"});
+  for (HostTensor* t : {&p.out, &p.max_logits, &p.lse}) t->fill_bytes(0xA5);
+  dsv4::test::expect_cuda_dispatch("sparse_prefill", dsv4::ops::kSparsePrefill, [&] { dsv4::sparse_prefill(a); });
+  for (const HostTensor* t : {&p.out, &p.max_logits, &p.lse})
+    for (size_t i = 0; i < t->nbytes(); ++i) ASSERT_EQ(t->data<uint8_t>()[i], 0xA5) << i;
 }
-#endif
 
 }  // namespace

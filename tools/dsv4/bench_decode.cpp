@@ -16,12 +16,8 @@
 #include "bench_harness.h"
 #include "dsv4/kv_layout.h"
 #include "dsv4/ops.h"
-
-#if defined(DSV4_WITH_CUDA)
-#include <cuda_runtime.h>
-
-#include "cuda/common/random_fill.h"
-#endif
+#include "runtime/device_runtime.h"
+#include "runtime/random_fill.h"
 
 namespace dsv4::bench {
 namespace {
@@ -36,11 +32,6 @@ struct DecodeShape {
   int extra_topk, extra_block;  // extra scope (0: none)
   double anchor_us, anchor_tflops;  // FlashMLA on the same GPU (docs/performance.md), 0 = none
 };
-
-#if defined(DSV4_WITH_CUDA)
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("bench decode: ", what, ": ", cudaGetErrorString(e));
-}
 
 // A paged cache of valid random tokens: one host-encoded pattern (≤ 64 MiB) repeated.
 KvCacheView make_cache(KvLayout layout, int block_size, int64_t slots, std::shared_ptr<void>& owner) {
@@ -60,8 +51,8 @@ KvCacheView make_cache(KvLayout layout, int block_size, int64_t slots, std::shar
   owner = device_alloc(static_cast<size_t>(blocks * bb));
   for (int64_t blk = 0; blk < blocks; blk += pattern_blocks) {
     const int64_t n = std::min(pattern_blocks, blocks - blk);
-    check(cudaMemcpy(static_cast<uint8_t*>(owner.get()) + blk * bb, pattern.data(), n * bb,
-                     cudaMemcpyHostToDevice), "upload cache");
+    rt::copy_host_to_device(static_cast<uint8_t*>(owner.get()) + blk * bb, pattern.data(),
+                            static_cast<size_t>(n * bb), "bench decode: upload cache");
   }
   KvCacheView view;
   view.data = TensorView(owner.get(), DType::uint8, {blocks, bb}, Device::cuda);
@@ -69,7 +60,6 @@ KvCacheView make_cache(KvLayout layout, int block_size, int64_t slots, std::shar
   view.block_size = block_size;
   return view;
 }
-#endif
 
 Case make_case(const DecodeShape& s) {
   const int d_qk = s.layout == KvLayout::model1_fp8 ? model1::kDim : v32::kDim;
@@ -93,7 +83,6 @@ Case make_case(const DecodeShape& s) {
   // Input sets: enough that one pass over them is 2× the H100's 50 MB L2 (a constant, so listing
   // the cases needs no device).
   c.rotations = static_cast<int>(std::clamp(std::ceil(2.0 * 50e6 / touched), 1.0, 512.0));
-#if defined(DSV4_WITH_CUDA)
   c.setup = [s, d_qk, rows, topk_total, sets = c.rotations]() -> LaunchFn {
     auto keep = std::make_shared<std::vector<std::shared_ptr<void>>>();
     auto cache_slots = [&](int topk, int block) {  // ≥ 4× what one call touches and ≥ 1 GiB
@@ -110,20 +99,18 @@ Case make_case(const DecodeShape& s) {
     auto out = device_alloc(static_cast<size_t>(rows) * s.h * kDv * 2);
     auto lse = device_alloc(static_cast<size_t>(rows) * s.h * 4);
     auto sink = device_alloc(static_cast<size_t>(s.h) * 4);
-    cuda::fill_random_bf16(q.get(), q_n * sets, 11, -1.f, 1.f, nullptr);
-    cuda::fill_random_int32(static_cast<int32_t*>(idx.get()), static_cast<size_t>(rows) * s.topk * sets, 12,
+    rt::fill_random_bf16(q.get(), q_n * sets, 11, -1.f, 1.f, nullptr);
+    rt::fill_random_int32(static_cast<int32_t*>(idx.get()), static_cast<size_t>(rows) * s.topk * sets, 12,
                             static_cast<int32_t>(main.num_slots()), nullptr);
     if (s.extra_topk > 0)
-      cuda::fill_random_int32(static_cast<int32_t*>(eidx.get()), static_cast<size_t>(rows) * s.extra_topk * sets,
+      rt::fill_random_int32(static_cast<int32_t*>(eidx.get()), static_cast<size_t>(rows) * s.extra_topk * sets,
                               13, static_cast<int32_t>(extra.num_slots()), nullptr);
     std::vector<float> sink_h(s.h);
     for (int h = 0; h < s.h; ++h) sink_h[h] = -1.f + 2.f * h / s.h;
-    check(cudaMemcpy(sink.get(), sink_h.data(), sink_h.size() * 4, cudaMemcpyHostToDevice), "upload sink");
-    int num_sms = 0;
-    check(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
-    const DecodeSchedule sch = make_decode_schedule(s.b, s.s_q, s.h, topk_total, num_sms, kDv);
+    rt::copy_host_to_device(sink.get(), sink_h.data(), sink_h.size() * 4, "bench decode: upload sink");
+    const DecodeSchedule sch = make_decode_schedule(s.b, s.s_q, s.h, topk_total, device_sm_count(), kDv);
     auto ws = device_alloc(static_cast<size_t>(std::max<int64_t>(sch.workspace_bytes, 16)));
-    check(cudaDeviceSynchronize(), "input setup");
+    rt::synchronize_device("bench decode: input setup");
     *keep = {main_owner, extra_owner, q, idx, eidx, out, lse, sink, ws};
 
     SparseDecodeArgs base;
@@ -133,7 +120,7 @@ Case make_case(const DecodeShape& s) {
     base.out = TensorView(out.get(), DType::bf16, {s.b, s.s_q, s.h, kDv}, Device::cuda);
     base.lse = TensorView(lse.get(), DType::fp32, {s.b, s.s_q, s.h}, Device::cuda);
     const TensorView wsv(ws.get(), DType::uint8, {std::max<int64_t>(sch.workspace_bytes, 16)}, Device::cuda);
-    return [s, d_qk, rows, q_n, base, wsv, sch, keep](CUstream_st* stream, int set) {
+    return [s, d_qk, rows, q_n, base, wsv, sch, keep](Stream stream, int set) {
       SparseDecodeArgs a = base;
       const auto& buffers = *keep;
       a.q = TensorView(static_cast<uint16_t*>(buffers[2].get()) + set * q_n, DType::bf16, {s.b, s.s_q, s.h, d_qk},
@@ -146,9 +133,6 @@ Case make_case(const DecodeShape& s) {
       sparse_decode(a, sch, wsv, stream);
     };
   };
-#else
-  c.setup = []() -> LaunchFn { fail("bench decode: CUDA backend not built"); };
-#endif
   return c;
 }
 

@@ -13,12 +13,8 @@
 
 #include "bench_harness.h"
 #include "dsv4/ops.h"
-
-#if defined(DSV4_WITH_CUDA)
-#include <cuda_runtime.h>
-
-#include "cuda/common/random_fill.h"
-#endif
+#include "runtime/device_runtime.h"
+#include "runtime/random_fill.h"
 
 namespace dsv4::bench {
 namespace {
@@ -29,21 +25,15 @@ struct GemmShape {
   int64_t N, K;
 };
 
-#if defined(DSV4_WITH_CUDA)
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("bench gemm: ", what, ": ", cudaGetErrorString(e));
-}
-
 // FP8 codes of random values (rows × cols) through quantize_act_fp8 (realistic codes and scales):
 // the codes into `codes`, the fp32 1 × 128 scales into `scale` (any layout).
 void random_fp8(void* codes, const TensorView& scale, int64_t rows, int64_t cols, uint64_t seed) {
   auto tmp = device_alloc(static_cast<size_t>(rows * cols * 2));
-  cuda::fill_random_bf16(tmp.get(), static_cast<size_t>(rows * cols), seed, -1.f, 1.f, nullptr);
+  rt::fill_random_bf16(tmp.get(), static_cast<size_t>(rows * cols), seed, -1.f, 1.f, nullptr);
   quantize_act_fp8(TensorView(tmp.get(), DType::bf16, {rows, cols}, Device::cuda), 128,
                    TensorView(codes, DType::fp8_e4m3, {rows, cols}, Device::cuda), scale);
-  check(cudaDeviceSynchronize(), "fp8 fill");
+  rt::synchronize_device("bench gemm: fp8 fill");
 }
-#endif
 
 Case make_case(const GemmShape& s, int64_t M) {
   const int64_t G = std::max<int64_t>(s.groups, 1), N = s.N, K = s.K;
@@ -59,7 +49,6 @@ Case make_case(const GemmShape& s, int64_t M) {
   c.memory_bound = c.flops / c.bytes < kFp8TflopsCeiling * 1e12 / (kHbmGbpsCeiling * 1e9);
   c.fp8 = true;  // measured against the FP8 tensor-core ceiling
   c.rotations = c.memory_bound ? static_cast<int>(std::clamp(std::ceil(2.0 * 50e6 / weight_bytes), 1.0, 64.0)) : 1;
-#if defined(DSV4_WITH_CUDA)
   c.setup = [s, M, G, N, K, kb, nb, row, sets = c.rotations]() -> LaunchFn {
     auto x = device_alloc(static_cast<size_t>(M * K * G));
     auto xs = device_alloc(static_cast<size_t>(kb * G * M * 4));
@@ -78,7 +67,7 @@ Case make_case(const GemmShape& s, int64_t M) {
     std::vector<float> ws_h(static_cast<size_t>(G * nb * row));
     for (size_t i = 0; i < ws_h.size(); ++i) ws_h[i] = std::ldexp(1.0f, -6 - static_cast<int>(i % 3));
     auto ws = device_alloc(ws_h.size() * 4);
-    check(cudaMemcpy(ws.get(), ws_h.data(), ws_h.size() * 4, cudaMemcpyHostToDevice), "upload w_scale");
+    rt::copy_host_to_device(ws.get(), ws_h.data(), ws_h.size() * 4, "bench gemm: upload w_scale");
     auto y = device_alloc(static_cast<size_t>(M * N * G * 2));
     auto work = device_alloc(static_cast<size_t>(kGemmWorkspaceBytes));
     const TensorView workspace(work.get(), DType::uint8, {kGemmWorkspaceBytes}, Device::cuda);
@@ -89,7 +78,7 @@ Case make_case(const GemmShape& s, int64_t M) {
     w_scale.shape[w_scale.ndim - 1] = kb;
     auto keep = std::make_shared<std::vector<std::shared_ptr<void>>>(
         std::vector<std::shared_ptr<void>>{x, xs, w, ws, y, work});
-    return [s, G, N, K, w_elems, xv, x_scale, w_scale, yv, workspace, keep](CUstream_st* stream, int set) {
+    return [s, G, N, K, w_elems, xv, x_scale, w_scale, yv, workspace, keep](Stream stream, int set) {
       void* w_set = static_cast<uint8_t*>((*keep)[2].get()) + set * w_elems;
       if (s.groups > 0)
         grouped_wo_a(xv, x_scale, TensorView(w_set, DType::fp8_e4m3, {G, N, K}, Device::cuda), w_scale, yv,
@@ -99,9 +88,6 @@ Case make_case(const GemmShape& s, int64_t M) {
                stream);
     };
   };
-#else
-  c.setup = []() -> LaunchFn { fail("bench gemm: CUDA backend not built"); };
-#endif
   return c;
 }
 

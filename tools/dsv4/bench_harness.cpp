@@ -16,10 +16,7 @@
 
 #include "args.h"
 #include "dsv4/status.h"
-
-#if defined(DSV4_WITH_CUDA)
-#include <cuda_runtime.h>
-#endif
+#include "runtime/device_runtime.h"
 
 namespace dsv4::bench {
 namespace {
@@ -29,13 +26,17 @@ std::vector<RegisteredGroup>& groups() {
   return g;
 }
 
-#if defined(DSV4_WITH_CUDA)
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("dsv4 bench: ", what, ": ", cudaGetErrorString(e));
-}
-#endif
+constexpr const char* kWhere = "dsv4 bench";
 
-[[maybe_unused]] std::string utc_now() {  // unused when CUDA is not built
+// The first device (the one the cases run on); throws without one.
+rt::DeviceInfo first_device() {
+  std::string why;
+  const std::vector<rt::DeviceInfo> gpus = rt::devices(&why);
+  if (gpus.empty()) fail(kWhere, ": no CUDA device (", why, ")");
+  return gpus.front();
+}
+
+std::string utc_now() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
@@ -61,62 +62,48 @@ void usage() {
 Registrar::Registrar(const char* group, CaseFactory factory) { groups().push_back({group, factory}); }
 const std::vector<RegisteredGroup>& registered_groups() { return groups(); }
 
-#if defined(DSV4_WITH_CUDA)
 Timing time_launch(const LaunchFn& launch, int rotations, int warmup, int reps) {
-  cudaStream_t stream = nullptr;
-  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  for (int i = 0; i < warmup; ++i) launch(stream, i % rotations);
-  check(cudaStreamSynchronize(stream), "warm-up");
-  std::vector<cudaEvent_t> events(2 * static_cast<size_t>(reps));
-  for (auto& e : events) check(cudaEventCreate(&e), "cudaEventCreate");
+  const rt::OwnedStream stream;
+  std::vector<rt::Event> events;
+  events.reserve(2 * static_cast<size_t>(reps));
+  // An event is created on its first record: record each once here, so no creation falls between
+  // a timed launch and the event that ends it.
+  for (int i = 0; i < 2 * reps; ++i) events.emplace_back(/*timing=*/true).record(stream.get());
+  for (int i = 0; i < warmup; ++i) launch(stream.get(), i % rotations);
+  rt::synchronize_stream(stream.get(), "dsv4 bench: warm-up");
   for (int i = 0; i < reps; ++i) {
-    check(cudaEventRecord(events[2 * i], stream), "cudaEventRecord");
-    launch(stream, (warmup + i) % rotations);
-    check(cudaEventRecord(events[2 * i + 1], stream), "cudaEventRecord");
+    events[2 * i].record(stream.get());
+    launch(stream.get(), (warmup + i) % rotations);
+    events[2 * i + 1].record(stream.get());
   }
-  check(cudaStreamSynchronize(stream), "timed runs");
+  rt::synchronize_stream(stream.get(), "dsv4 bench: timed runs");
   std::vector<double> us(reps);
-  for (int i = 0; i < reps; ++i) {
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]), "cudaEventElapsedTime");
-    us[i] = 1000.0 * ms;
-  }
-  for (auto& e : events) cudaEventDestroy(e);
-  cudaStreamDestroy(stream);
+  for (int i = 0; i < reps; ++i) us[i] = 1000.0 * rt::Event::elapsed_ms(events[2 * i], events[2 * i + 1]);
   std::sort(us.begin(), us.end());
   return {us[us.size() / 2], us.front(), us.back(), reps};
 }
 
 std::shared_ptr<void> device_alloc(size_t bytes) {
-  void* p = nullptr;
-  check(cudaMalloc(&p, bytes), "cudaMalloc");
-  return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  return std::shared_ptr<void>(rt::device_malloc(bytes, kWhere), rt::device_free);
 }
 
 int device_count() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+  std::string why;
+  return static_cast<int>(rt::devices(&why).size());
 }
 
 std::string device_name() {
-  cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  return std::string(prop.name) + " (" + std::to_string(prop.multiProcessorCount) + " SMs, sm_" +
-         std::to_string(prop.major) + std::to_string(prop.minor) + ")";
+  const rt::DeviceInfo d = first_device();
+  return d.name + " (" + std::to_string(d.sms) + " SMs, sm_" + std::to_string(d.sm_major) +
+         std::to_string(d.sm_minor) + ")";
 }
 
+int device_sm_count() { return first_device().sms; }
+
 int rotations_beyond_l2(double bytes_per_set) {
-  int l2 = 0;
-  check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0), "L2 size");
+  const double l2 = static_cast<double>(first_device().l2_bytes);
   return std::max(1, static_cast<int>(std::ceil(2.0 * l2 / std::max(bytes_per_set, 1.0))));
 }
-#else
-Timing time_launch(const LaunchFn&, int, int, int) { fail("dsv4 bench: CUDA backend not built"); }
-std::shared_ptr<void> device_alloc(size_t) { fail("dsv4 bench: CUDA backend not built"); }
-int device_count() { return 0; }
-std::string device_name() { return "none"; }
-int rotations_beyond_l2(double) { return 1; }
-#endif
 
 int run_bench_cli(const std::vector<std::string>& args) {
   std::string filter, json_path;
@@ -155,10 +142,10 @@ int run_bench_cli(const std::vector<std::string>& args) {
     for (const auto& [group, c] : selected) std::printf("%-8s %-44s %s\n", group.c_str(), c.name.c_str(), c.config.c_str());
     return 0;
   }
-#if !defined(DSV4_WITH_CUDA)
-  std::fprintf(stderr, "dsv4 bench: this build has no CUDA backend; the benchmarks need a GPU\n");
-  return 2;
-#else
+  if (!rt::built()) {
+    std::fprintf(stderr, "dsv4 bench: this build has no CUDA backend; the benchmarks need a GPU\n");
+    return 2;
+  }
   if (device_count() == 0) {
     std::fprintf(stderr, "dsv4 bench: no CUDA device found; the benchmarks need a GPU\n");
     return 2;
@@ -214,7 +201,6 @@ int run_bench_cli(const std::vector<std::string>& args) {
     f << doc.dump(2) << "\n";
   }
   return 0;
-#endif
 }
 
 }  // namespace dsv4::bench

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-struct CUstream_st;
+#include "dsv4/ops.h"  // Stream
 
 namespace dsv4::bench {
 
@@ -22,7 +22,7 @@ inline constexpr double kHbmGbpsCeiling = 2960.0;
 
 // Launches one run on `stream`; `rotation` picks the input set (inputs rotate beyond L2 for
 // memory-bound cases so the timing does not measure the cache).
-using LaunchFn = std::function<void(CUstream_st* stream, int rotation)>;
+using LaunchFn = std::function<void(Stream stream, int rotation)>;
 
 struct Case {
   std::string name;       // unique; matched by --filter
@@ -59,10 +59,12 @@ struct Timing {
 // Times `launch` with CUDA events around each run: `warmup` untimed runs, then `reps` timed ones.
 Timing time_launch(const LaunchFn& launch, int rotations, int warmup, int reps);
 
-// Device helpers for case setup (throw dsv4::Error on failure).
+// Device helpers for case setup, through the library's runtime services (src/runtime/): the
+// harness decides at run time whether there is a GPU. They throw dsv4::Error on failure.
 std::shared_ptr<void> device_alloc(size_t bytes);  // freed when the last owner goes
 int device_count();
 std::string device_name();
+int device_sm_count();
 // Number of input sets whose total size exceeds 2× the L2 cache (at least 1).
 int rotations_beyond_l2(double bytes_per_set);
 

@@ -6,12 +6,8 @@
 
 #include "bench_harness.h"
 #include "dsv4/ops.h"
-
-#if defined(DSV4_WITH_CUDA)
-#include <cuda_runtime.h>
-
-#include "cuda/common/random_fill.h"
-#endif
+#include "runtime/device_runtime.h"
+#include "runtime/random_fill.h"
 
 namespace dsv4::bench {
 namespace {
@@ -45,7 +41,6 @@ Case make_case(const PrefillShape& s, bool sink, bool with_length) {
   c.memory_bound = false;
   c.anchor_us = s.anchor_us;
   c.anchor_tflops = s.anchor_tflops;
-#if defined(DSV4_WITH_CUDA)
   c.setup = [s, sink, with_length]() -> LaunchFn {
     const size_t q_n = size_t(kSq) * s.heads * s.d_qk, kv_n = size_t(s.s_kv) * s.d_qk;
     const size_t idx_n = size_t(kSq) * s.topk, o_n = size_t(kSq) * s.heads * kDv;
@@ -53,17 +48,16 @@ Case make_case(const PrefillShape& s, bool sink, bool with_length) {
     auto out = device_alloc(o_n * 2), ml = device_alloc(size_t(kSq) * s.heads * 4);
     auto lse = device_alloc(size_t(kSq) * s.heads * 4);
     auto sink_buf = device_alloc(size_t(s.heads) * 4), len_buf = device_alloc(size_t(kSq) * 4);
-    cuda::fill_random_bf16(q.get(), q_n, 1, -1.f, 1.f, nullptr);
-    cuda::fill_random_bf16(kv.get(), kv_n, 2, -1.f, 1.f, nullptr);
-    cuda::fill_random_int32(static_cast<int32_t*>(idx.get()), idx_n, 3, s.s_kv, nullptr);
+    rt::fill_random_bf16(q.get(), q_n, 1, -1.f, 1.f, nullptr);
+    rt::fill_random_bf16(kv.get(), kv_n, 2, -1.f, 1.f, nullptr);
+    rt::fill_random_int32(static_cast<int32_t*>(idx.get()), idx_n, 3, s.s_kv, nullptr);
     std::vector<float> sink_h(s.heads);
     for (int h = 0; h < s.heads; ++h) sink_h[h] = -1.f + 2.f * h / s.heads;
     std::vector<int32_t> len_h(kSq);
     for (int t = 0; t < kSq; ++t) len_h[t] = topk_length_of(t, s.topk);
-    if (cudaMemcpy(sink_buf.get(), sink_h.data(), sink_h.size() * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
-        cudaMemcpy(len_buf.get(), len_h.data(), len_h.size() * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
-        cudaDeviceSynchronize() != cudaSuccess)
-      fail("bench prefill: input setup failed");
+    rt::copy_host_to_device(sink_buf.get(), sink_h.data(), sink_h.size() * 4, "bench prefill: upload sink");
+    rt::copy_host_to_device(len_buf.get(), len_h.data(), len_h.size() * 4, "bench prefill: upload topk_length");
+    rt::synchronize_device("bench prefill: input setup");
     SparsePrefillArgs a;
     a.q = TensorView(q.get(), DType::bf16, {kSq, s.heads, s.d_qk}, Device::cuda);
     a.kv = TensorView(kv.get(), DType::bf16, {s.s_kv, 1, s.d_qk}, Device::cuda);
@@ -75,11 +69,8 @@ Case make_case(const PrefillShape& s, bool sink, bool with_length) {
     a.lse = TensorView(lse.get(), DType::fp32, {kSq, s.heads}, Device::cuda);
     // The closure owns the buffers (shared_ptr copies) for as long as the case runs.
     return [a, keep = std::vector<std::shared_ptr<void>>{q, kv, idx, out, ml, lse, sink_buf, len_buf}](
-               CUstream_st* stream, int) { sparse_prefill(a, stream); };
+               Stream stream, int) { sparse_prefill(a, stream); };
   };
-#else
-  c.setup = []() -> LaunchFn { fail("bench prefill: CUDA backend not built"); };
-#endif
   return c;
 }
 

@@ -16,13 +16,8 @@
 #include "dsv4/weights.h"
 #include "layer_cost_model.h"
 #include "layer_op_timer.h"
-
-#if defined(DSV4_WITH_CUDA)
-#include <cuda_runtime.h>
-
-#include "cuda/common/check.h"
-#include "cuda/common/random_fill.h"
-#endif
+#include "runtime/device_runtime.h"
+#include "runtime/random_fill.h"
 
 namespace dsv4::bench {
 
@@ -46,15 +41,13 @@ class LayerRunner {
               int64_t max_tokens)
       : cuda_(s.cuda), stream_(make_stream(s.cuda)), timer_(make_timer(s.cuda)),
         layer_(cfg, layer, random_attention_weights(cfg, layer, s.seed, s.fp8_weights),
-               options(s, caches, stream_.get(), timer_.get())) {
+               options(s, caches, stream(), timer_.get())) {
     const std::vector<int64_t> dims{max_tokens, cfg.dim};
     if (cuda_) {
-#if defined(DSV4_WITH_CUDA)
       x_dev_ = DeviceTensor(DType::bf16, dims);
       y_dev_ = DeviceTensor(DType::fp32, dims);
-      cuda::fill_random_bf16(x_dev_.view().data, x_dev_.numel(), s.seed, -1.0f, 1.0f, stream_.get());
+      rt::fill_random_bf16(x_dev_.view().data, x_dev_.numel(), s.seed, -1.0f, 1.0f, stream());
       sync();
-#endif
     } else {
       x_host_ = HostTensor(DType::fp32, dims);
       y_host_ = HostTensor(DType::fp32, dims);
@@ -111,28 +104,11 @@ class LayerRunner {
   }
 
  private:
-  struct StreamDeleter {
-    void operator()(CUstream_st* s) const {
-#if defined(DSV4_WITH_CUDA)
-      if (s) cudaStreamDestroy(s);
-#else
-      (void)s;
-#endif
-    }
-  };
-  using StreamPtr = std::unique_ptr<CUstream_st, StreamDeleter>;
-
-  static StreamPtr make_stream(bool cuda) {
-#if defined(DSV4_WITH_CUDA)
-    if (cuda) {
-      cudaStream_t s = nullptr;
-      cuda::check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "bench layer", "cudaStreamCreate");
-      return StreamPtr(s);
-    }
-#endif
-    (void)cuda;
-    return StreamPtr(nullptr);
+  // The CUDA layer's own stream; none (nullptr) on the CPU.
+  static std::unique_ptr<rt::OwnedStream> make_stream(bool cuda) {
+    return cuda ? std::make_unique<rt::OwnedStream>() : nullptr;
   }
+  Stream stream() const { return stream_ ? stream_->get() : nullptr; }
   static std::unique_ptr<TimingOpTimer> make_timer(bool cuda) {
     if (cuda) return std::make_unique<CudaEventOpTimer>();
     return std::make_unique<HostOpTimer>();
@@ -148,14 +124,12 @@ class LayerRunner {
     return o;
   }
   void sync() {
-#if defined(DSV4_WITH_CUDA)
-    if (cuda_) cuda::check_cuda(cudaStreamSynchronize(stream_.get()), "bench layer", "cudaStreamSynchronize");
-#endif
+    if (cuda_) rt::synchronize_stream(stream(), "bench layer");
   }
 
   bool cuda_;
   // Destroyed in reverse: the layer (which uses the timer and the stream) goes first.
-  StreamPtr stream_;
+  std::unique_ptr<rt::OwnedStream> stream_;
   std::unique_ptr<TimingOpTimer> timer_;
   Attention layer_;
   DeviceTensor x_dev_, y_dev_;

@@ -5,10 +5,6 @@
 
 #include "dsv4/status.h"
 
-#if defined(DSV4_WITH_CUDA)
-#include <cuda_runtime.h>
-#endif
-
 namespace dsv4::bench {
 
 namespace {
@@ -103,26 +99,14 @@ void HostOpTimer::reset() {
 
 // ---- CUDA events --------------------------------------------------------------------------
 
-#if defined(DSV4_WITH_CUDA)
-namespace {
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("bench layer: op timer: ", what, ": ", cudaGetErrorString(e));
-}
-}  // namespace
-
-CudaEventOpTimer::CudaEventOpTimer() = default;
-
-CudaEventOpTimer::~CudaEventOpTimer() {
-  for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+CudaEventOpTimer::CudaEventOpTimer() {
+  if (!rt::built()) fail("bench layer: CUDA event timer: this build has no CUDA backend");
 }
 
 void CudaEventOpTimer::record(Stream stream) {
-  if (used_ == events_.size()) {  // grows during the first (warm-up) forwards only
-    cudaEvent_t e = nullptr;
-    check(cudaEventCreate(&e), "cudaEventCreate");
-    events_.push_back(e);
-  }
-  check(cudaEventRecord(static_cast<cudaEvent_t>(events_[used_++]), stream), "cudaEventRecord");
+  if (used_ == events_.size()) events_.emplace_back(/*timing=*/true);  // grows in the first forwards only
+  events_[used_].record(stream);
+  ++used_;
   host_marks_.push_back(Clock::now());
 }
 
@@ -141,17 +125,12 @@ void CudaEventOpTimer::end(Stream stream) {
 
 ForwardTimes CudaEventOpTimer::collect() {
   require_complete(names_, ended_);
-  check(cudaEventSynchronize(static_cast<cudaEvent_t>(events_[used_ - 1])), "cudaEventSynchronize");
-  auto ms = [&](size_t a, size_t b) {
-    float t = 0;
-    check(cudaEventElapsedTime(&t, static_cast<cudaEvent_t>(events_[a]), static_cast<cudaEvent_t>(events_[b])),
-          "cudaEventElapsedTime");
-    return 1000.0 * t;
-  };
+  // elapsed_ms waits for the later event of each pair.
+  auto us = [&](size_t a, size_t b) { return 1000.0 * rt::Event::elapsed_ms(events_[a], events_[b]); };
   ForwardTimes out;
   for (size_t i = 0; i < names_.size(); ++i)
-    add_op(out, names_[i], ms(i, i + 1), us_between(host_marks_[i], host_marks_[i + 1]));
-  out.gpu_us = ms(0, used_ - 1);
+    add_op(out, names_[i], us(i, i + 1), us_between(host_marks_[i], host_marks_[i + 1]));
+  out.gpu_us = us(0, used_ - 1);
   out.host_us = us_between(host_marks_.front(), host_marks_.back());
   reset();
   return out;
@@ -164,14 +143,5 @@ void CudaEventOpTimer::reset() {
   used_ = 0;
   ended_ = false;
 }
-#else
-CudaEventOpTimer::CudaEventOpTimer() { fail("bench layer: CUDA event timer: this build has no CUDA backend"); }
-CudaEventOpTimer::~CudaEventOpTimer() = default;
-void CudaEventOpTimer::record(Stream) {}
-void CudaEventOpTimer::begin(const char*, Stream) {}
-void CudaEventOpTimer::end(Stream) {}
-ForwardTimes CudaEventOpTimer::collect() { fail("bench layer: CUDA event timer: this build has no CUDA backend"); }
-void CudaEventOpTimer::reset() {}
-#endif
 
 }  // namespace dsv4::bench

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "dsv4/layer.h"
+#include "runtime/device_runtime.h"
 
 namespace dsv4::bench {
 
@@ -65,13 +66,11 @@ class HostOpTimer final : public TimingOpTimer {
   bool ended_ = false;
 };
 
-// CUDA events on the layer's stream (the CUDA backend); host clocks beside them.
+// CUDA events on the layer's stream (the CUDA backend); host clocks beside them. Constructing
+// one in a build without CUDA throws dsv4::Error.
 class CudaEventOpTimer final : public TimingOpTimer {
  public:
   CudaEventOpTimer();
-  ~CudaEventOpTimer() override;
-  CudaEventOpTimer(const CudaEventOpTimer&) = delete;
-  CudaEventOpTimer& operator=(const CudaEventOpTimer&) = delete;
 
   void begin(const char* op, Stream stream) override;
   void end(Stream stream) override;
@@ -80,7 +79,7 @@ class CudaEventOpTimer final : public TimingOpTimer {
 
  private:
   void record(Stream stream);
-  std::vector<void*> events_;  // cudaEvent_t pool, reused by every forward
+  std::vector<rt::Event> events_;  // timing events, a pool reused by every forward
   size_t used_ = 0;            // events recorded in the current forward
   std::vector<std::string> names_;
   std::vector<Clock::time_point> host_marks_;

@@ -31,7 +31,8 @@ std::vector<DeviceInfo> devices(std::string* why) {
   for (int d = 0; d < count; ++d) {
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) continue;
-    out.push_back({prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.totalGlobalMem});
+    out.push_back({prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.totalGlobalMem,
+                   static_cast<size_t>(prop.l2CacheSize)});
   }
   return out;
 }
@@ -63,6 +64,14 @@ void copy_device_to_host(void* host_dst, const void* device_src, size_t bytes, c
 void memset_device(void* dst, int byte, size_t bytes, const char* where) {
   if (bytes == 0) return;
   check_cuda(cudaMemset(dst, byte, bytes), where, "cudaMemset");
+}
+
+void synchronize_stream(Stream stream, const char* where) {
+  check_cuda(cudaStreamSynchronize(stream), where, "cudaStreamSynchronize");
+}
+
+void synchronize_device(const char* where) {
+  check_cuda(cudaDeviceSynchronize(), where, "cudaDeviceSynchronize");
 }
 
 PinnedBuffer::PinnedBuffer(size_t bytes) : size_(bytes) {

@@ -1,12 +1,15 @@
-#include "cuda/common/random_fill.h"
+// CUDA implementation of src/runtime/random_fill.h.
+#include "runtime/random_fill.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "cuda/common/check.h"
 
-namespace dsv4::cuda {
+namespace dsv4::rt {
 namespace {
+
+using cuda::check_launch;
 
 // splitmix64: a counter-based generator, so every element is independent of the launch shape.
 __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
@@ -35,17 +38,17 @@ unsigned grid_for(size_t n) { return static_cast<unsigned>(n / 256 + 1 < 4096 ? 
 
 }  // namespace
 
-void fill_random_bf16(void* dst, size_t n, uint64_t seed, float lo, float hi, CUstream_st* stream) {
+void fill_random_bf16(void* dst, size_t n, uint64_t seed, float lo, float hi, Stream stream) {
   if (n == 0) return;
   fill_bf16_kernel<<<grid_for(n), 256, 0, stream>>>(static_cast<__nv_bfloat16*>(dst), n, seed, lo, hi - lo);
   check_launch("fill_random_bf16");
 }
 
-void fill_random_int32(int32_t* dst, size_t n, uint64_t seed, int32_t bound, CUstream_st* stream) {
+void fill_random_int32(int32_t* dst, size_t n, uint64_t seed, int32_t bound, Stream stream) {
   if (n == 0) return;
   DSV4_CHECK(bound > 0, "fill_random_int32: bound: expected > 0, got ", bound);
   fill_int32_kernel<<<grid_for(n), 256, 0, stream>>>(dst, n, seed, static_cast<uint32_t>(bound));
   check_launch("fill_random_int32");
 }
 
-}  // namespace dsv4::cuda
+}  // namespace dsv4::rt

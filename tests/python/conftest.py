@@ -20,6 +20,9 @@ DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 
 @pytest.fixture(params=DEVICES)
 def device(request):
+    # With its index: tensors report cuda:N, and torch.device("cuda") != torch.device("cuda", 0).
+    if request.param == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device(request.param)
 
 

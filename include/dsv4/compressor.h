@@ -99,7 +99,7 @@ struct CompressorConfig {
 // kv_rows = x·wkvᵀ, score_rows = x·wgateᵀ + ape[positions[t] mod r] (rows of both in fp32).
 //   x [T, dim] bf16/fp32; wkv, wgate [coff·D, dim] bf16/fp32; ape [r, coff·D] fp32;
 //   positions [T] int32/int64 (>= 0); kv_rows, score_rows [T, coff·D] fp32 (inner-contiguous).
-// CUDA: the two GEMMs are dsv4::linear on `stream` (cuBLASLt), so x, wkv and wgate must share
+// CUDA: the two GEMMs are dsv4::linear on `stream`, so x, wkv and wgate must share
 // one dtype (bf16 or fp32) and no operand may have overlapping rows (else dsv4::Error before
 // anything is written); positions are not checked on the host: a row with a negative position
 // gets NaN scores. Should cuBLASLt find no algorithm for the second GEMM only (linear throws),
@@ -108,6 +108,12 @@ void compressor_project(const CompressorConfig& cfg, const TensorView& x, const 
                         const TensorView& wgate, const TensorView& ape, const TensorView& positions,
                         const TensorView& kv_rows, const TensorView& score_rows,
                         Stream stream = nullptr);
+// The same with a GEMM workspace for the two projections, as linear's (CUDA; ignored on the CPU):
+// with one, a decode-sized projection may split K across thread blocks (deterministically).
+void compressor_project(const CompressorConfig& cfg, const TensorView& x, const TensorView& wkv,
+                        const TensorView& wgate, const TensorView& ape, const TensorView& positions,
+                        const TensorView& kv_rows, const TensorView& score_rows,
+                        const TensorView& workspace, Stream stream);
 
 // ---- (b) state update + emission -----------------------------------------------------------
 // The tokens of one call. Requests are the rows of the block tables; each request's tokens form

@@ -291,6 +291,7 @@ Attention::Impl::WorkspaceBound Attention::Impl::workspace_bound(int64_t max_tok
   if (ratio) {
     const int64_t coff = ratio == 4 ? 2 : 1;
     add(2 * 4 * T * coff * D);  // compressor kv / score rows
+    if (device == Device::cuda) add(kCompressorGemmWorkspaceBytes);
     add(4 * T * K);             // local entries
     add(4 * T);                 // lens
   }

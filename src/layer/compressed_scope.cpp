@@ -24,12 +24,13 @@ void CompressedScope::compress(const CompressorConfig& ccfg, const CompressorWei
                                const TensorView& state_table, const TensorView& out_table,
                                const TensorView& x, const TensorView& positions,
                                const TensorView& token_to_req, const TensorView& context_lens,
-                               const TensorView& cos_sin, Scratch& scratch, Stream stream) {
+                               const TensorView& cos_sin, const TensorView& gemm_workspace,
+                               Scratch& scratch, Stream stream) {
   const int64_t T = x.size(0);
   TensorView kv_rows = scratch.tensor(DType::fp32, {T, ccfg.proj_width()});
   TensorView score_rows = scratch.tensor(DType::fp32, {T, ccfg.proj_width()});
   compressor_project(ccfg, x, w.wkv.value, w.wgate.value, w.ape, positions, kv_rows, score_rows,
-                     stream);
+                     gemm_workspace, stream);
   CompressorStateView sv{compressor_state_rows(state, ccfg), state_table, state.spec().block_size};
   CompressorOutputView ov;
   if (ccfg.target == CompressorTarget::kv_cache)
@@ -53,11 +54,15 @@ CompressedIndices CompressedScope::launch(const CompressedPlan& p, const StepUpl
   };
   const int64_t T = x.size(0);
   const TensorView context = upload.view(p.context);
+  // Both compressors run in order on `stream`: one workspace serves them.
+  const TensorView gemm_workspace = x.device == Device::cuda
+                                        ? scratch.tensor(DType::uint8, {kCompressorGemmWorkspaceBytes})
+                                        : TensorView{};
 
   op("compressor");
   compress(main_, *w_.compressor, *caches_.compressor_state, *caches_.compressed,
            upload.view(p.state_table), upload.view(p.out_table), x, positions, token_to_req,
-           context, cos_sin, scratch, stream);
+           context, cos_sin, gemm_workspace, scratch, stream);
 
   CompressedIndices out;
   out.topk = p.topk;
@@ -75,7 +80,7 @@ CompressedIndices CompressedScope::launch(const CompressedPlan& p, const StepUpl
   op("indexer_compressor");
   compress(indexer_, iw.compressor, *caches_.indexer_state, *caches_.indexer_keys,
            upload.view(p.index_state_table), upload.view(p.index_key_table), x, positions,
-           token_to_req, context, cos_sin, scratch, stream);
+           token_to_req, context, cos_sin, gemm_workspace, scratch, stream);
   out.local = scratch.tensor(DType::int32, {T, out.topk});
   out.lens = scratch.tensor(DType::int32, {T});
   const int HI = cfg_.index_n_heads;

@@ -24,6 +24,10 @@
 
 namespace dsv4 {
 
+// The GEMM workspace of the scope's compressor projections on CUDA (their own: the scope runs on
+// a side stream beside the layer's projections, which use the layer's).
+inline constexpr int64_t kCompressorGemmWorkspaceBytes = int64_t{4} << 20;
+
 struct CompressedIndices {
   TensorView local;  // [T, topk] int32 request-local entry numbers, -1 padded (scratch)
   TensorView lens;   // [T] int32 valid entries per token (scratch)
@@ -54,7 +58,8 @@ class CompressedScope {
                 PagedCache& out_cache, const TensorView& state_table,
                 const TensorView& out_table, const TensorView& x, const TensorView& positions,
                 const TensorView& token_to_req, const TensorView& context_lens,
-                const TensorView& cos_sin, Scratch& scratch, Stream stream);
+                const TensorView& cos_sin, const TensorView& gemm_workspace, Scratch& scratch,
+                Stream stream);
 
   const ModelConfig& cfg_;
   const LayerWeightViews& w_;

@@ -13,6 +13,13 @@ namespace dsv4 {
 void compressor_project(const CompressorConfig& cfg, const TensorView& x, const TensorView& wkv,
                         const TensorView& wgate, const TensorView& ape, const TensorView& positions,
                         const TensorView& kv_rows, const TensorView& score_rows, Stream stream) {
+  compressor_project(cfg, x, wkv, wgate, ape, positions, kv_rows, score_rows, TensorView{}, stream);
+}
+
+void compressor_project(const CompressorConfig& cfg, const TensorView& x, const TensorView& wkv,
+                        const TensorView& wgate, const TensorView& ape, const TensorView& positions,
+                        const TensorView& kv_rows, const TensorView& score_rows,
+                        const TensorView& workspace, Stream stream) {
   constexpr const char* kOp = "compressor_project";
   cfg.validate(kOp);
   const int64_t width = cfg.proj_width();
@@ -84,8 +91,9 @@ void compressor_project(const CompressorConfig& cfg, const TensorView& x, const 
   // The two projections (dsv4::linear on the same backend), then the backend's ape bias (looked
   // up first: a backend without it fails before anything is written).
   ops::CompressorAddApeFn* const add_ape = ops::kernel(kOp, ops::kCompressorProject, dev);
-  linear(x, {}, wkv, {}, kv_rows, stream);
-  linear(x, {}, wgate, {}, score_rows, stream);
+  // One workspace serves both: the two GEMMs run one after the other on `stream`.
+  linear(x, {}, wkv, {}, kv_rows, workspace, stream);
+  linear(x, {}, wgate, {}, score_rows, workspace, stream);
   add_ape(cfg, ape, positions, score_rows, stream);
 }
 

@@ -1,7 +1,7 @@
-// The CPU reference against the CUDA twins of the dense ops — linear and grouped_wo_a (cuBLASLt),
-// dequantize_fp8_blocks and quantize_act_fp8 (kernels) — both through the public API on the same
-// inputs (host copies for the CPU, DeviceTensor copies for CUDA), outputs poisoned with 0xFF on
-// both sides and every element compared. Skipped without a GPU.
+// The CPU reference against the CUDA twins of the dense ops — linear and grouped_wo_a (cuBLASLt and
+// the skinny kernel), dequantize_fp8_blocks and quantize_act_fp8 (kernels) — both through the
+// public API on the same inputs (host copies for the CPU, DeviceTensor copies for CUDA), outputs
+// poisoned with 0xFF on both sides and every element compared. Skipped without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -123,11 +123,15 @@ TEST_P(LinearCpuVsCuda, SameResults) {
 // T 0 / 1 / small / over a 64-row tile; K and N multiples of 16, multiples of 8 only, and odd
 // (cuBLASLt gets the real alignments and must find an algorithm for each); the layer's
 // projections at reduced width (dim 4096 → q_lora 1024, q_lora 1024 → H·D, o_lora·G → dim).
+// bf16 problems of at most 32 rows with N a multiple of 64 and K of 64 run the skinny kernel
+// (skinny_gemm.h): T 1 … 4 of those shapes, and its token tiles of 16 and 32 full and padded
+// ({17, 192, 320}: 3 K blocks, 5 column tiles; {32, 64, 64}: one of each).
 std::vector<LinearCase> linear_grid() {
   std::vector<LinearCase> grid;
   const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
       {0, 256, 128}, {1, 256, 128}, {5, 320, 200}, {70, 128, 64}, {133, 384, 96},
-      {7, 200, 72},  {9, 77, 33},   {1, 24, 8},    {3, 4096, 1024}, {2, 1024, 4096}, {4, 8192, 512}};
+      {7, 200, 72},  {9, 77, 33},   {1, 24, 8},    {3, 4096, 1024}, {2, 1024, 4096}, {4, 8192, 512},
+      {17, 192, 320}, {32, 64, 64}, {16, 4096, 2048}};
   for (const auto& [T, K, N] : shapes) {
     grid.push_back({T, K, N, DType::bf16, DType::bf16});
     grid.push_back({T, K, N, DType::bf16, DType::fp32});
@@ -147,8 +151,8 @@ INSTANTIATE_TEST_SUITE_P(Grid, LinearCpuVsCuda, ::testing::ValuesIn(linear_grid(
 
 // Strided views: x a column window of a wider matrix (like q / kv split from one projection's
 // output), starting `offset` elements in, and y with padded rows whose padding stays untouched.
-void run_strided_linear(int64_t offset) {
-  const int64_t T = 6, K = 256, N = 72, pad = 40;
+void run_strided_linear(int64_t offset, int64_t N = 72) {
+  const int64_t T = 6, K = 256, pad = 40;
   const HostTensor wide = random_tensor(DType::bf16, {T, K + pad}, 9);
   const Operand w = make_operand(Enc::bf16, 0, N, K, 1, 1, 10);
   HostTensor y_cpu_buf = poisoned(DType::fp32, {T, N + 8});
@@ -174,6 +178,10 @@ void run_strided_linear(int64_t offset) {
 TEST(LinearCpuVsCudaLayout, StridedViews16ByteAligned) {
   DSV4_SKIP_WITHOUT_GPU();
   run_strided_linear(8);  // 16-byte aligned window, row stride 592 bytes
+}
+TEST(LinearCpuVsCudaLayout, StridedViewsSkinnyKernel) {
+  DSV4_SKIP_WITHOUT_GPU();
+  run_strided_linear(8, 128);  // N 128: the skinny kernel, its TMA maps over the window's rows
 }
 TEST(LinearCpuVsCudaLayout, StridedViewsOddOffset) {
   DSV4_SKIP_WITHOUT_GPU();

@@ -2,7 +2,7 @@
 // cuBLASLt's layouts) against the CPU reference GEMM on the same FP8 operands, through the public
 // linear / grouped_wo_a: decode sizes (T 1 … 256), prefill sizes, N / K multiples of 128 and the
 // real V4-Flash projections; outputs poisoned on both sides, every element compared. Decode sizes
-// with few output tiles run the skinny FP8 kernel (skinny_fp8_gemm.h: T ≤ 32, N a multiple of 64,
+// with few output tiles run the skinny kernel (skinny_gemm.h: T ≤ 32, N a multiple of 64,
 // K split over CTAs when a workspace is given), the others cuBLASLt; both accumulate each
 // 128-deep slice in one FP8 wgmma chain, so one tolerance covers both.
 //

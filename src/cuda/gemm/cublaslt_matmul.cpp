@@ -82,10 +82,11 @@ int64_t check_matmul_workspace(const char* where, const TensorView& workspace) {
   return workspace.shape[0];
 }
 
-void check_fp8_matmul(const char* where, const MatmulXwT& p) {
+void check_matmul(const char* where, const MatmulXwT& p) {
   leading_dim(where, p.x_name, p.x.ld, p.T, p.K);
   leading_dim(where, p.w_name, p.w.ld, p.N, p.K);
   leading_dim(where, p.y_name, p.y_ld, p.T, p.N);
+  if (p.ab_dtype != DType::fp8_e4m3) return;
   DSV4_CHECK(p.x_scale != nullptr && p.w_scale != nullptr, where, ": FP8 matmuls take both scales");
   // cuBLASLt (13.1, sm90) reads the 1x128 activation scales [K/128, T] with rows T apart and
   // offers no algorithm unless those rows are 16-byte aligned (measured: T = 4, 8, 12, 16, 228
@@ -135,7 +136,7 @@ void matmul_xwT(const char* where, const MatmulXwT& p, Stream stream) {
   key.workspace_bytes = p.workspace != nullptr ? p.workspace_bytes : 0;
   if (p.ab_dtype == DType::fp8_e4m3) {
     DSV4_CHECK(p.batch == 1, where, ": FP8 matmuls take no batch");
-    check_fp8_matmul(where, p);
+    check_matmul(where, p);
   }
   MatmulPlan& plan = cached_matmul_plan(where, key, p.x_scale, p.w_scale, p.x_name, p.w_name, p.y_name);
   plan.run(where, p.x.data, p.x_scale, p.w.data, p.w_scale, p.y, key.workspace_bytes > 0 ? p.workspace : nullptr,

@@ -84,11 +84,12 @@ void check_weight_scale_layout(const char* where, const char* name, int64_t rows
 // device, 256-byte aligned. Returns its size in bytes (0 for none).
 int64_t check_matmul_workspace(const char* where, const TensorView& workspace);
 
-// The rules matmul_xwT enforces on an FP8 problem, alone: rows that do not overlap (ld >= the row
-// length wherever a matrix has more than one row), T a multiple of kFp8GemmRowMultiple, 16-byte
-// aligned scales. The callers that run an FP8 problem on the skinny kernel instead check them too,
-// so a problem is accepted or refused the same whichever kernel runs it. Throws dsv4::Error.
-void check_fp8_matmul(const char* where, const MatmulXwT& p);
+// The rules matmul_xwT enforces on a problem, alone: rows that do not overlap (ld >= the row
+// length wherever a matrix has more than one row); for FP8 also T a multiple of
+// kFp8GemmRowMultiple and 16-byte aligned scales. The callers that run a problem on the skinny
+// kernel instead check them too, so a problem is accepted or refused the same whichever kernel
+// runs it. Throws dsv4::Error.
+void check_matmul(const char* where, const MatmulXwT& p);
 
 // Enqueues y = x · wᵀ for every batch on `stream`. T, N or batch 0 → nothing; K = 0 → y = 0.
 // Leading dimensions must cover a row (ld >= K for x and w, y_ld >= N) wherever a matrix has more

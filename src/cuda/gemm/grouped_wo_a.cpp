@@ -1,6 +1,6 @@
 // Host side of the CUDA grouped_wo_a: the CUDA-only dtype and scale-layout rules, then one
 // strided-batched cuBLASLt matmul over the G groups (bf16 / fp32); for FP8, one launch of the
-// skinny FP8 GEMM over all G groups at decode sizes (skinny_fp8_gemm.h), else one block-scaled
+// skinny GEMM over all G groups at decode sizes (skinny_gemm.h), else one block-scaled
 // cuBLASLt matmul per group (matmul_xwT runs block-scaled FP8 one matrix per call) with the G of
 // them side by side on fanned-out streams: one group's GEMM (T × o_lora_rank outputs) fills only
 // a few SMs, so back to back the eight of V4 cost eight GEMM latencies.
@@ -10,7 +10,7 @@
 
 #include "cuda/common/stream_fanout.h"
 #include "cuda/gemm/cublaslt_matmul.h"
-#include "cuda/gemm/skinny_fp8_gemm.h"
+#include "cuda/gemm/skinny_gemm.h"
 
 namespace dsv4::cuda {
 
@@ -49,7 +49,7 @@ void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorVi
   // Group g's activation scales are blocks [g·Dg/128, (g+1)·Dg/128) of o_scale's T-major layout:
   // a T-major block of their own, g·(Dg/128)·T floats in.
   const int64_t scale_blocks = Dg / 128;
-  SkinnyFp8Gemm skinny;
+  SkinnyGemm skinny;
   skinny.batch = G;
   skinny.T = p.T;
   skinny.N = L;
@@ -71,14 +71,14 @@ void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorVi
   skinny.y_batch_stride = L;
   skinny.workspace = workspace.data;
   skinny.workspace_bytes = workspace_bytes;
-  if (p.T > 0 && skinny_fp8_gemm_fits(skinny)) {
+  if (p.T > 0 && skinny_gemm_fits(skinny)) {
     MatmulXwT group0 = p;  // the rules each group's cuBLASLt call would check
     group0.x = {o.data, o.strides[0], 0};
     group0.x_scale = skinny.x_scale;
     group0.w = {wo_a.data, wo_a.strides[1], 0};
     group0.w_scale = skinny.w_scale;
-    check_fp8_matmul(kOp, group0);
-    skinny_fp8_gemm(skinny, stream);
+    check_matmul(kOp, group0);
+    skinny_gemm(skinny, stream);
     return;
   }
   // Each stream of the fan-out gets its own slice of the cuBLASLt workspace (256-byte aligned).

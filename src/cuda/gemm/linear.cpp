@@ -1,10 +1,10 @@
 // Host side of the CUDA linear: the CUDA-only dtype and scale-layout rules, then one GEMM: the
-// skinny FP8 kernel for decode-sized FP8 problems it takes (skinny_fp8_gemm.h says why), else one
-// cuBLASLt matmul.
+// skinny kernel for the decode-sized fp8 / bf16 problems it takes (skinny_gemm.h says why), else
+// one cuBLASLt matmul.
 #include "cuda/gemm/linear.h"
 
 #include "cuda/gemm/cublaslt_matmul.h"
-#include "cuda/gemm/skinny_fp8_gemm.h"
+#include "cuda/gemm/skinny_gemm.h"
 
 namespace dsv4::cuda {
 
@@ -33,9 +33,10 @@ void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
   p.y_ld = y.strides[0];
   p.workspace = workspace.data;
   p.workspace_bytes = workspace_bytes;
-  if (x.dtype == DType::fp8_e4m3 && p.T > 0) {
-    check_fp8_matmul(kOp, p);
-    SkinnyFp8Gemm skinny;
+  if (p.T > 0 && (x.dtype == DType::fp8_e4m3 || x.dtype == DType::bf16)) {
+    check_matmul(kOp, p);
+    SkinnyGemm skinny;
+    skinny.ab_dtype = x.dtype;
     skinny.T = p.T;
     skinny.N = p.N;
     skinny.K = p.K;
@@ -45,14 +46,14 @@ void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
     skinny.w = w.data;
     skinny.w_ld = w.strides[0];
     skinny.w_scale = p.w_scale;
-    skinny.w_scale_ld = w_scale.strides[0];
+    skinny.w_scale_ld = x.dtype == DType::fp8_e4m3 ? w_scale.strides[0] : 0;
     skinny.y = y.data;
     skinny.y_dtype = y.dtype;
     skinny.y_ld = y.strides[0];
     skinny.workspace = workspace.data;
     skinny.workspace_bytes = workspace_bytes;
-    if (skinny_fp8_gemm_fits(skinny)) {
-      skinny_fp8_gemm(skinny, stream);
+    if (skinny_gemm_fits(skinny)) {
+      skinny_gemm(skinny, stream);
       return;
     }
   }

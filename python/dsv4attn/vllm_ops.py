@@ -288,12 +288,25 @@ def deepseek_v4_fp8_einsum(o_fp8: torch.Tensor, o_scale: torch.Tensor, wo_a: tor
         # transpose of a contiguous [blocks, T] buffer (what fused_inv_rope_fp8_quant returns),
         # weight scales with rows padded to a multiple of 4 (converted here; a serving engine
         # does it once at load).
-        if o2_scale.stride() != (1, T) and T > 1:
+        # Rows come in multiples of 4 there (kFp8GemmRowMultiple: cuBLASLt reads the activation
+        # scales' rows 16-byte aligned): vLLM's token counts are any, so a ragged T is padded
+        # with zero rows (scale 1) whose outputs are dropped.
+        Tp = -(-T // 4) * 4
+        if Tp != T:
+            codes = o2.view(torch.uint8)  # fp8 through its bytes: cat need not know the dtype
+            o2 = torch.cat([codes, codes.new_zeros(Tp - T, codes.shape[1])]).view(o2.dtype)
+            o2_scale = torch.cat([o2_scale.float(), o2_scale.new_ones(Tp - T, o2_scale.shape[1],
+                                                                      dtype=torch.float32)])
+        if o2_scale.stride() != (1, Tp) and Tp > 1:
             o2_scale = o2_scale.t().contiguous().t()
         ws32 = ws.float()
         pad = (-ws32.shape[-1]) % 4
         ws_padded = torch.nn.functional.pad(ws32, (0, pad), value=1.0)[..., :ws32.shape[-1]]
-        torch.ops.dsv4.grouped_wo_a(o2, o2_scale.float(), w, ws_padded, z_flat.view(T, G * L))
+        z_rows = z_flat.view(T, G * L) if Tp == T else \
+            torch.empty(Tp, G * L, dtype=z.dtype, device=z.device)
+        torch.ops.dsv4.grouped_wo_a(o2, o2_scale.float(), w, ws_padded, z_rows)
+        if z_rows.shape[0] != T:
+            z_flat.view(T, G * L).copy_(z_rows[:T])
     else:
         torch.ops.dsv4.grouped_wo_a(o2, o2_scale, w, ws, z_flat.view(T, G * L))
     if z_flat is not z:

@@ -168,6 +168,10 @@ std::vector<InsertCase> insert_grid() {
   grid.push_back({KvLayout::model1_fp8, 1, 64, 64, DType::int64, true});
   grid.push_back({KvLayout::model1_fp8, 37, 64, 64, DType::int64, true});
   grid.push_back({KvLayout::model1_fp8, 0, 64, 64, DType::int64, true});
+  // 600 tokens: the kernel's one-block-per-token grid (steps of 512 tokens or more); the cases
+  // above take its head-group grid.
+  grid.push_back({KvLayout::model1_fp8, 600, 64, 64, DType::int64, true});
+  grid.push_back({KvLayout::v32_fp8, 600, 16, 64, DType::int32, false});
   return grid;
 }
 INSTANTIATE_TEST_SUITE_P(Grid, QnormRopeKvInsertCpuVsCuda, ::testing::ValuesIn(insert_grid()), [](const auto& info) {

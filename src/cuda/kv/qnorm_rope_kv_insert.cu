@@ -1,8 +1,10 @@
 // Fused q head-norm + q RoPE + kv RoPE + KV quantization + paged insert. Grid (token, head group):
-// block (t, y) normalizes token t's heads 8·y … 8·y + 7 (one per warp; the groups stride by
-// gridDim.y when there are more), and blocks (t, 0) also encode and store the token's kv. One
-// block per token used to walk all 64–128 heads with its 8 warps in turn: a chain of dependent
-// loads per head that held a decode step at ~30 µs whatever its size (measured on the H200).
+// block (t, y) normalizes token t's heads 8·y + w, 8·(y + gridDim.y) + w, … (warp w), and blocks
+// (t, 0) also encode and store the token's kv. Decode-sized steps get one group per 8 heads: one
+// block per token walking all 64–128 heads with its 8 warps in turn is a chain of dependent loads
+// per head that held a decode step at ~30 µs whatever its size (measured on the H200). Steps of
+// kTokensFillingTheGpu tokens or more keep one block per token, which their token count already
+// spreads over the GPU (split there, a 16384-token prefill ran 13 % slower).
 //   1. q: warp w of block y normalizes head 8·y + w in place: lane l owns the head's chunks l, l + 32, …
 //      (8 consecutive values, one 16-byte load of bf16 when q's rows are 16-byte aligned), adds
 //      their squares, the butterfly gives every lane the head's factor (warp_rms.cuh: the CPU's
@@ -163,11 +165,12 @@ void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const Tenso
              kOp, ": kv.shape[1]: expected the layout's dim (at most ", kMaxDim, "), got ",
              p.kv.row_len);
   DSV4_CHECK(T <= INT_MAX, kOp, ": kv: expected at most ", INT_MAX, " tokens, got ", T);
-  // One head group per 8 heads (at least one block per token, for kv; at most the grid's y limit,
-  // beyond which the groups stride).
+  // Small steps: one head group per 8 heads (at least one block per token, for kv; at most the
+  // grid's y limit, beyond which the groups stride). Large steps: one block per token.
+  constexpr int64_t kTokensFillingTheGpu = 512;
   constexpr int64_t kMaxGroups = 65535;
-  const dim3 grid(static_cast<unsigned>(T),
-                  static_cast<unsigned>(std::clamp<int64_t>((p.heads + kWarps - 1) / kWarps, 1, kMaxGroups)));
+  const int64_t groups = T >= kTokensFillingTheGpu ? 1 : std::clamp<int64_t>((p.heads + kWarps - 1) / kWarps, 1, kMaxGroups);
+  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(groups));
   if (p.q.rows_aligned16())
     qnorm_rope_kv_insert_kernel<true><<<grid, kThreads, 0, stream>>>(p);
   else

@@ -26,6 +26,12 @@ struct SlotParams {
   int block_size;
 };
 
+// Entries a lane converts per round: all of their reads are issued before any write. One at a
+// time, each entry was a chain of two dependent loads that its store then fenced off from the
+// next entry's (in may alias out, so the compiler cannot hoist a load above a store): 16 chains
+// per lane held a 512-entry row at ~10 µs (measured on the H200).
+constexpr int kEntriesPerRound = 8;
+
 __global__ void __launch_bounds__(kThreadsPerBlock) local_to_global_kernel(const SlotParams p) {
   const int64_t t = warp_row();
   if (t >= p.tokens) return;
@@ -34,12 +40,26 @@ __global__ void __launch_bounds__(kThreadsPerBlock) local_to_global_kernel(const
   const int32_t* in = p.local + t * p.local_stride;
   int32_t* out = p.global + t * p.global_stride;
   int valid = 0;
-  for (int64_t k = lane; k < p.k; k += 32) {
-    // Each element is read and written by the same lane, read first: in may alias out.
-    const int32_t g =
-        row ? index_math::paged_slot(row, p.requests.max_blocks, p.block_size, in[k]) : -1;
-    out[k] = g;
-    valid += g >= 0;
+  for (int64_t base = lane; base < p.k; base += 32 * kEntriesPerRound) {
+    // Each element is read and written by the same lane, read first (in may alias out), and the
+    // lane's elements are distinct: reading the round's entries before writing any is safe.
+    int32_t g[kEntriesPerRound];
+#pragma unroll
+    for (int i = 0; i < kEntriesPerRound; ++i) {
+      const int64_t k = base + 32 * i;
+      g[i] = k < p.k ? in[k] : -1;
+    }
+#pragma unroll
+    for (int i = 0; i < kEntriesPerRound; ++i)
+      g[i] = row ? index_math::paged_slot(row, p.requests.max_blocks, p.block_size, g[i]) : -1;
+#pragma unroll
+    for (int i = 0; i < kEntriesPerRound; ++i) {
+      const int64_t k = base + 32 * i;
+      if (k < p.k) {
+        out[k] = g[i];
+        valid += g[i] >= 0;
+      }
+    }
   }
   valid = warp_sum(valid);
   if (p.lens != nullptr && lane == 0) p.lens[t * p.lens_stride] = valid;

@@ -1,7 +1,7 @@
-// FP8 projection benchmark cases (`dsv4 bench --filter gemm`): the block-scaled FP8 cuBLASLt GEMMs
-// of a V4-Flash layer (x 1 × 128 and w 128 × 128 fp32 scales, bf16 out, through the public
+// FP8 projection benchmark cases (`dsv4 bench --filter gemm`): the block-scaled FP8 GEMMs of a
+// V4-Flash layer (x 1 × 128 and w 128 × 128 fp32 scales, bf16 out, through the public
 // dsv4::linear / grouped_wo_a with a kGemmWorkspaceBytes workspace) at prefill (16384 rows) and
-// decode (128 rows). FLOPs 2 · M · N · K; bytes = x + w + y + scales once (the floor's count).
+// decode (128 rows: cuBLASLt; 16 rows: the skinny kernel, src/cuda/gemm/skinny_gemm.h). FLOPs 2 · M · N · K; bytes = x + w + y + scales once (the floor's count).
 // Decode cases are memory-bound (the weight dominates) and rotate weight sets beyond L2; the
 // percent column is against the FP8 tensor-core ceiling (compute-bound) or the copy ceiling.
 #include <algorithm>
@@ -98,7 +98,7 @@ std::vector<Case> gemm_cases() {
       {"indexer_wq_b", 0, 8192, 1024}, {"wo_a_grouped", 8, 1024, 4096}, {"wo_b", 0, 4096, 8192},
   };
   std::vector<Case> cases;
-  for (int64_t M : {int64_t{16384}, int64_t{128}})
+  for (int64_t M : {int64_t{16384}, int64_t{128}, int64_t{16}})
     for (const auto& s : shapes) cases.push_back(make_case(s, M));
   return cases;
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dsv4/batch.h"
+#include "dsv4/caller_step.h"
 #include "dsv4/config.h"
 #include "dsv4/ops.h"
 #include "dsv4/paged_cache.h"
@@ -56,6 +57,13 @@ struct AttentionOptions {
   // Prefill requests are gathered into the bf16 workspace this many at a time, so the gather
   // workspace is bounded by the group, not the batch (the V4 wrapper's chunks of 4).
   int prefill_group_requests = 4;
+  // Caller-owned caches (a serving engine's, as vLLM hands them to its attention wrapper): the
+  // layer allocates no cache and keeps no per-request state. The caller binds its cache tensors
+  // (bind_caches) and runs steps with forward(const CallerStep&, ...), which take the requests,
+  // slots and block tables from the caller. Of `caches` only layout and swa_block_size apply (the
+  // pool sizes are the caller's tensors'). Off (the default, `dsv4 run`): the layer owns its
+  // caches and runs forward(const BatchPlan&, ...).
+  bool caller_caches = false;
 };
 
 // What one layer holds in memory on its device (bytes).
@@ -75,6 +83,7 @@ class Attention {
   Attention(Attention&&) noexcept;
   Attention& operator=(Attention&&) noexcept;
 
+  // Self-managed caches (AttentionOptions::caller_caches off; refused otherwise):
   // x [T, dim] → y [T, dim] fp32. T = plan.num_tokens(). Each request's `context` must equal the
   // tokens this layer has cached for it (new requests: 0 and registered automatically). Throws
   // dsv4::Error on bad input, before changing any state.
@@ -106,6 +115,20 @@ class Attention {
 
   // Forgets a finished request and returns its cache blocks.
   void release(int64_t req_id);
+
+  // ---- caller-owned caches (AttentionOptions::caller_caches) ---------------------------------
+  // Binds the caller's cache tensors (include/dsv4/paged_cache.h CallerCaches: on the layer's
+  // device, any block stride >= the block's bytes); later steps read and write them. Rebinding
+  // (new tensors) is allowed between steps. Throws dsv4::Error naming the field that does not
+  // fit, before changing anything; also when the layer owns its caches.
+  void bind_caches(const CallerCaches& caches);
+  // One step on the bound caches: x [T, dim] → y [T, dim] fp32 as forward(BatchPlan) (same
+  // devices, dtypes and CUDA behaviour), with the requests, positions, SWA slots and block tables
+  // of `step` (include/dsv4/caller_step.h, host arrays). Every argument is checked before
+  // anything is written (Error names it); the caches' contents are the caller's contract (each
+  // request's entries and compressor rings as the earlier steps of that request left them).
+  void forward(const CallerStep& step, const TensorView& x, const TensorView& y);
+  bool caller_caches() const;
 
   const ModelConfig& config() const;
   int layer_index() const;

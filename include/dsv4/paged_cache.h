@@ -50,12 +50,22 @@ struct CacheSpec {
 };
 
 // One paged cache: storage (host memory it owns, or external device memory), a pool and the
-// block tables of the requests using it.
+// block tables of the requests using it. Or, caller-owned (the second constructor): a view of a
+// serving engine's cache tensor, whose blocks the engine assigns (its block tables come with
+// each step: include/dsv4/caller_step.h); such a cache has no pool blocks to hand out and
+// refuses add_request / append.
 class PagedCache {
  public:
   // external_storage == nullptr: allocate host storage of num_blocks * block_bytes bytes.
   explicit PagedCache(CacheSpec spec, void* external_storage = nullptr,
                       Device device = Device::cpu);
+  // Caller-owned: `storage` uint8 [num_blocks, spec.block_bytes], bytes dense within a block
+  // (strides[1] == 1) and any block stride strides[0] >= block_bytes (vLLM pads its pages);
+  // spec.num_blocks is taken from it. Caches with a layout follow check_kv_cache's rules.
+  // Throws dsv4::Error naming `where` and `name` for a tensor that does not fit.
+  PagedCache(CacheSpec spec, const TensorView& storage, const char* where, const char* name);
+  bool caller_owned() const { return caller_owned_; }
+  int64_t block_stride() const { return block_stride_; }  // bytes from one block to the next
 
   const CacheSpec& spec() const { return spec_; }
   BlockPool& pool() { return pool_; }
@@ -82,7 +92,7 @@ class PagedCache {
 
   uint8_t* storage() const { return storage_; }
   Device device() const { return device_; }
-  TensorView storage_view() const;  // uint8 [num_blocks, block_bytes]
+  TensorView storage_view() const;  // uint8 [num_blocks, block_bytes], block stride block_stride()
   KvCacheView kv_view(float tensor_scale = 1.0f) const;  // needs spec().layout
 
  private:
@@ -99,6 +109,8 @@ class PagedCache {
   std::shared_ptr<uint8_t[]> owned_;
   uint8_t* storage_ = nullptr;
   Device device_ = Device::cpu;
+  int64_t block_stride_ = 0;
+  bool caller_owned_ = false;
   std::map<int64_t, Request> requests_;
 };
 
@@ -165,5 +177,26 @@ struct LayerCaches {
 };
 LayerCaches make_layer_caches(const ModelConfig& cfg, LayerKind kind,
                               const LayerCacheOptions& opts = {});
+
+// A serving engine's cache tensors for one layer (AttentionOptions::caller_caches): each uint8
+// [num_blocks, block_bytes] with bytes dense within a block and any block stride >= block_bytes
+// (multiple of 16 for the KV caches; the compressor rings, read as fp32 rows, need dense blocks:
+// stride == block_bytes). Block sizes are the LayerCacheOptions' (swa_block_size) and
+// CacheDefaults' (compressed: 256 / ratio, indexer keys: 64, rings: ratio rows), so block_bytes
+// is: swa / compressed the layout's kv_geometry; indexer_keys 64 x 132; compressor_state ratio x
+// state_row_bytes(ratio, head_dim); indexer_state 4 x state_row_bytes(4, index_head_dim).
+// Which are needed depends on the kind (as LayerCaches); the others must be left undefined.
+struct CallerCaches {
+  TensorView swa;
+  TensorView compressed;        // C4A, C128A
+  TensorView compressor_state;  // C4A, C128A
+  TensorView indexer_keys;      // C4A
+  TensorView indexer_state;     // C4A
+};
+// LayerCaches over `storage` (nothing allocated; every cache caller_owned()), all on `device`.
+// Throws dsv4::Error naming the CallerCaches field that is missing, extra or does not fit.
+LayerCaches make_caller_layer_caches(const ModelConfig& cfg, LayerKind kind,
+                                     const LayerCacheOptions& opts, const CallerCaches& storage,
+                                     Device device);
 
 }  // namespace dsv4

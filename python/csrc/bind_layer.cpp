@@ -108,7 +108,8 @@ void bind_weights(nb::module_& m) {
 Attention make_attention(const ModelConfig& cfg, const IntArg& layer_arg, const AttentionWeights& w,
                          const IntArg& swa_blocks, const IntArg& compressed_blocks,
                          const IntArg& state_blocks, const IntArg& swa_block_size,
-                         bool fp8_activations, const std::string& backend, bool cuda_graphs) {
+                         bool fp8_activations, const std::string& backend, bool cuda_graphs,
+                         bool caller_caches) {
   constexpr const char* k = "Attention";
   const int layer = int_arg(k, "layer", layer_arg);
   check_weights_for(k, w, cfg, layer);
@@ -122,7 +123,49 @@ Attention make_attention(const ModelConfig& cfg, const IntArg& layer_arg, const 
   opts.fp8_activations = fp8_activations;  // Python's flag covers every FP8 activation quantization
   opts.fp8_gemm_activations = fp8_activations;
   opts.cuda_graphs = cuda_graphs;
+  opts.caller_caches = caller_caches;
   return Attention(cfg, layer, w, opts);
+}
+
+// Caller-owned caches (AttentionOptions::caller_caches): the engine's cache tensors as byte views
+// [num_blocks, block_bytes] (python/dsv4attn/layer.py reshapes vLLM's tensors to that, keeping
+// their block stride) and one step's metadata (host tensors).
+void bind_caller_caches(Attention& a, const TensorArg& swa, const TensorArg& compressed,
+                        const TensorArg& compressor_state, const TensorArg& indexer_keys,
+                        const TensorArg& indexer_state) {
+  constexpr const char* k = "Attention.bind_caches";
+  CallerCaches c;
+  c.swa = optional_tensor_arg(k, "caches.swa", swa);
+  c.compressed = optional_tensor_arg(k, "caches.compressed", compressed);
+  c.compressor_state = optional_tensor_arg(k, "caches.compressor_state", compressor_state);
+  c.indexer_keys = optional_tensor_arg(k, "caches.indexer_keys", indexer_keys);
+  c.indexer_state = optional_tensor_arg(k, "caches.indexer_state", indexer_state);
+  a.bind_caches(c);
+}
+
+void forward_caller_step(Attention& a, const TensorArg& query_start_loc, const TensorArg& seq_lens,
+                         const TensorArg& positions, const TensorArg& slot_mapping,
+                         const TensorArg& swa_table, const TensorArg& compressed_table,
+                         const TensorArg& state_table, const TensorArg& keys_table,
+                         const TensorArg& index_state_table, const TensorArg& x,
+                         const TensorArg& y, uintptr_t stream) {
+  constexpr const char* k = "Attention.forward_step";
+  CallerStep st;
+  st.query_start_loc = tensor_arg(k, "step.query_start_loc", query_start_loc);
+  st.seq_lens = tensor_arg(k, "step.seq_lens", seq_lens);
+  st.positions = tensor_arg(k, "step.positions", positions);
+  st.slot_mapping = tensor_arg(k, "step.slot_mapping", slot_mapping);
+  st.swa_block_table = optional_tensor_arg(k, "step.swa_block_table", swa_table);
+  st.compressed_block_table = optional_tensor_arg(k, "step.compressed_block_table", compressed_table);
+  st.compressor_state_block_table =
+      optional_tensor_arg(k, "step.compressor_state_block_table", state_table);
+  st.indexer_keys_block_table = optional_tensor_arg(k, "step.indexer_keys_block_table", keys_table);
+  st.indexer_state_block_table =
+      optional_tensor_arg(k, "step.indexer_state_block_table", index_state_table);
+  const TensorView xv = tensor_arg(k, "x", x), yv = tensor_arg(k, "y", y);
+  nb::gil_scoped_release release;
+  if (a.backend() == Backend::cuda) a.set_stream(stream_of(stream));
+  a.forward(st, xv, yv);
 }
 
 
@@ -154,15 +197,26 @@ void bind_attention(nb::module_& m) {
           [](Attention* self, const ModelConfig& cfg, const IntArg& layer,
              const AttentionWeights& w, const IntArg& swa_blocks, const IntArg& compressed_blocks,
              const IntArg& state_blocks, const IntArg& swa_block_size, bool fp8_activations,
-             const std::string& backend, bool cuda_graphs) {
+             const std::string& backend, bool cuda_graphs, bool caller_caches) {
             new (self) Attention(make_attention(cfg, layer, w, swa_blocks, compressed_blocks,
                                                 state_blocks, swa_block_size, fp8_activations,
-                                                backend, cuda_graphs));
+                                                backend, cuda_graphs, caller_caches));
           },
           arg("config"), arg("layer").none(), arg("weights"), arg("swa_blocks").none(),
           arg("compressed_blocks").none(), arg("state_blocks").none(),
           arg("swa_block_size").none(), arg("fp8_activations"), arg("backend") = "cpu",
-          arg("cuda_graphs") = true)
+          arg("cuda_graphs") = true, arg("caller_caches") = false)
+      .def("bind_caches", &bind_caller_caches, arg("swa").none(), arg("compressed").none(),
+           arg("compressor_state").none(), arg("indexer_keys").none(), arg("indexer_state").none(),
+           "Caller-owned caches: uint8 [num_blocks, block_bytes] views (any block stride)")
+      .def("forward_step", &forward_caller_step, arg("query_start_loc").none(),
+           arg("seq_lens").none(), arg("positions").none(), arg("slot_mapping").none(),
+           arg("swa_block_table").none(), arg("compressed_block_table").none(),
+           arg("compressor_state_block_table").none(), arg("indexer_keys_block_table").none(),
+           arg("indexer_state_block_table").none(), arg("x").none(), arg("y").none(),
+           arg("stream") = 0,
+           "One step on caller-owned caches (include/dsv4/caller_step.h); metadata on the host")
+      .def_prop_ro("caller_caches", &Attention::caller_caches)
       .def("forward", &forward_op<Attention, kAttentionForward>, arg("req_ids"), arg("contexts"), arg("num_new"),
            arg("x").none(), arg("y").none(), Release(),
            "x [T, dim] bf16/fp32 → y [T, dim] fp32 (CPU, contiguous); rows follow the given "

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from typing import List, Mapping, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -242,6 +242,24 @@ class _LayerWrapper:
         return self.weights.tensors(self.config)
 
 
+def _cache_bytes(where: str, name: str, cache: torch.Tensor) -> torch.Tensor:
+    """A caller's cache tensor as the uint8 [num_blocks, block_bytes] view the layer binds,
+    keeping its block stride: [num_blocks, block_bytes] of any dtype (viewed as bytes), or
+    [num_blocks, block_size, row] with dense blocks (vLLM's page shape)."""
+    t = tensor_arg(where, f"caches.{name}", cache)
+    if t.dim() not in (2, 3) or t.stride(-1) != 1:
+        raise Error(f"{where}: caches.{name}: expected [num_blocks, block_bytes] or [num_blocks, "
+                    f"block_size, row] with a contiguous last dim, got shape {list(t.shape)}, "
+                    f"strides {tuple(t.stride())}")
+    if t.dim() == 3:
+        if t.shape[1] > 1 and t.stride(1) != t.shape[2]:
+            raise Error(f"{where}: caches.{name}.stride(1): expected {t.shape[2]} (dense "
+                        f"blocks), got {t.stride(1)}")
+        block = t.shape[1] * t.shape[2]
+        t = t.as_strided((t.shape[0], block), (t.stride(0) if t.shape[0] > 1 else block, 1))
+    return t if t.dtype == torch.uint8 else t.view(torch.uint8)
+
+
 class Attention(_LayerWrapper):
     """One attention layer with its weights and paged caches, on the CPU or a CUDA device.
 
@@ -271,14 +289,22 @@ class Attention(_LayerWrapper):
         module docstring); None: $DSV4_BACKEND, else native. The Triton layer keeps the same
         cache layouts and block policies; it has no CUDA graphs (cuda_graphs is ignored) and
         reserve() only reports memory.
+    caller_caches: the caller (a serving engine, as vLLM) owns the caches: bind_caches() takes
+        its cache tensors and forward_step() its per-step metadata; the layer allocates no cache
+        and keeps no per-request state (forward() and release() are refused). Native backend
+        only; of the cache options only swa_block_size applies.
     """
 
     def __init__(self, config, layer: int, weights: WeightsArg = None, *, seed: int = 1,
                  fp8_weights: bool = True, swa_blocks: int = 256, compressed_blocks: int = 256,
                  state_blocks: int = 64, swa_block_size: int = 64, fp8_activations: bool = True,
                  device: Union[torch.device, str] = "cpu", cuda_graphs: bool = True,
-                 backend: Union[str, None] = None):
+                 backend: Union[str, None] = None, caller_caches: bool = False):
         self.backend = selected_backend(backend)
+        if caller_caches and self.backend != "native":
+            raise Error(f"Attention: caller_caches: the {self.backend} backend keeps its own "
+                        f"caches; use backend='native'")
+        self._bound_caches = None
         if isinstance(config, str):
             config = _C.ModelConfig.builtin(config)
         self.config = config
@@ -296,7 +322,71 @@ class Attention(_LayerWrapper):
         with self._device_guard():
             self._layer = _C.Attention(config, layer, w, swa_blocks, compressed_blocks,
                                        state_blocks, swa_block_size, fp8_activations,
-                                       self.device.type, cuda_graphs)
+                                       self.device.type, cuda_graphs, bool(caller_caches))
+
+    # ---- caller-owned caches (caller_caches=True) ---------------------------------------------
+    _CACHE_NAMES = ("swa", "compressed", "compressor_state", "indexer_keys", "indexer_state")
+
+    def bind_caches(self, swa: torch.Tensor, compressed: Optional[torch.Tensor] = None,
+                    compressor_state: Optional[torch.Tensor] = None,
+                    indexer_keys: Optional[torch.Tensor] = None,
+                    indexer_state: Optional[torch.Tensor] = None) -> None:
+        """The caller's cache tensors, on the layer's device: per cache [num_blocks, block_bytes]
+        bytes (uint8, or any dtype viewed as bytes), or [num_blocks, block_size, row] with dense
+        blocks (vLLM's shape); any block stride for swa / compressed (MODEL1_FP8 pages) and
+        indexer_keys, dense blocks for the fp32 compressor rings. Which are needed depends on
+        the kind: SWA swa; C128A + compressed, compressor_state; C4A all five. Block sizes:
+        swa_block_size, 256 / ratio (compressed), 64 (indexer keys), ratio rows (rings). The
+        tensors are kept alive while bound."""
+        tensors = dict(zip(self._CACHE_NAMES, (swa, compressed, compressor_state, indexer_keys,
+                                               indexer_state)))
+        views = {name: (None if t is None else _cache_bytes("Attention.bind_caches", name, t))
+                 for name, t in tensors.items()}
+        with self._device_guard():
+            self._layer.bind_caches(**views)
+        self._bound_caches = tensors
+
+    def forward_step(self, x: torch.Tensor, query_start_loc: torch.Tensor,
+                     seq_lens: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                     block_tables: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """One step on the bound caches, with vLLM's metadata: query_start_loc [R + 1] (from 0;
+        decodes first), seq_lens [R] (tokens after the step), positions [T], slot_mapping [T]
+        (SWA slots) and block_tables {cache name: int [R, *]} for the caches of the kind (names
+        as bind_caches'). The metadata is read on the host: pass CPU tensors (vLLM's *_cpu
+        mirrors); CUDA tensors are copied to the host, which synchronizes. x [T, dim] → y [T, dim]
+        float32 on the layer's device (x as forward() takes it). Every argument is checked
+        before anything is written (dsv4attn.Error names it); see include/dsv4/caller_step.h."""
+        where = "Attention.forward_step"
+        if not isinstance(block_tables, dict) or not set(block_tables) <= set(self._CACHE_NAMES):
+            raise Error(f"{where}: block_tables: expected a dict with keys among "
+                        f"{list(self._CACHE_NAMES)}, got {block_tables!r:.200}")
+
+        def host(name, t, dtype):
+            t = tensor_arg(where, name, t)
+            return t.to("cpu", dtype)
+
+        meta = [host("query_start_loc", query_start_loc, torch.int32),
+                host("seq_lens", seq_lens, torch.int32),
+                host("positions", positions, torch.int64),
+                host("slot_mapping", slot_mapping, torch.int64)]
+        tables = [None if block_tables.get(n) is None else
+                  host(f"block_tables[{n!r}]", block_tables[n], torch.int32)
+                  for n in self._CACHE_NAMES]
+        x = tensor_arg(where, "x", x)
+        if x.dim() != 2:
+            raise Error(f"{where}: x.ndim: expected 2 ([T, dim]), got {x.dim()}")
+        if self.device.type == "cpu":
+            x = x.contiguous()
+        else:
+            if x.dtype not in (torch.float32, torch.bfloat16):
+                raise Error(f"{where}: x.dtype: expected float32 or bfloat16, got {x.dtype}")
+            x = x.to(self.device, torch.bfloat16).contiguous()
+        y = torch.empty((x.shape[0], self.config.dim), dtype=torch.float32, device=self.device)
+        with self._device_guard():
+            stream = (torch.cuda.current_stream(self.device).cuda_stream
+                      if self.device.type == "cuda" else 0)
+            self._layer.forward_step(*meta, *tables, x, y, stream)
+        return y
 
     def _device_guard(self):
         return _device_guard(self.device)

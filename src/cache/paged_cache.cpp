@@ -71,7 +71,10 @@ CacheSpec checked_spec(CacheSpec spec) {
 }  // namespace
 
 PagedCache::PagedCache(CacheSpec spec, void* external_storage, Device device)
-    : spec_(checked_spec(std::move(spec))), pool_(spec_.num_blocks), device_(device) {
+    : spec_(checked_spec(std::move(spec))),
+      pool_(spec_.num_blocks),
+      device_(device),
+      block_stride_(spec_.block_bytes) {
   if (external_storage != nullptr) {
     storage_ = static_cast<uint8_t*>(external_storage);
     return;
@@ -90,7 +93,38 @@ PagedCache::PagedCache(CacheSpec spec, void* external_storage, Device device)
   }
 }
 
+PagedCache::PagedCache(CacheSpec spec, const TensorView& storage, const char* where,
+                       const char* name)
+    : spec_(checked_spec([&] {
+        const std::string n = name;
+        if (!storage.defined()) fail(where, ": ", n, ": expected the caller's cache tensor, got none");
+        check_dtype(where, name, storage, DType::uint8);
+        check_ndim(where, name, storage, 2);
+        spec.num_blocks = static_cast<int32_t>(std::min<int64_t>(storage.shape[0], INT32_MAX));
+        if (spec.num_blocks != storage.shape[0])
+          fail_expected(where, n + ".shape[0] (blocks)", "<= INT32_MAX", storage.shape[0]);
+        return std::move(spec);
+      }())),
+      pool_(0),
+      storage_(static_cast<uint8_t*>(storage.data)),
+      device_(storage.device),
+      block_stride_(storage.shape[0] > 1 ? storage.strides[0] : spec_.block_bytes),
+      caller_owned_(true) {
+  const std::string n = name;
+  if (storage.shape[1] != spec_.block_bytes || storage.strides[1] != 1)
+    fail(where, ": ", n, ": expected [num_blocks, ", spec_.block_bytes, "] uint8 (", spec_.name,
+         " blocks of ", spec_.block_size, " entries) with dense blocks, got shape ",
+         storage.shape_str(), ", strides [", storage.strides[0], ", ", storage.strides[1], "]");
+  if (block_stride_ < spec_.block_bytes)
+    fail_expected(where, n + ".strides[0] (block stride)", ">= " + std::to_string(spec_.block_bytes),
+                  block_stride_);
+  if (spec_.layout) check_kv_cache(where, name, kv_view());
+}
+
 void PagedCache::add_request(int64_t req) {
+  if (caller_owned_)
+    fail("PagedCache(", spec_.name, ")::add_request: the cache is caller-owned (its block tables "
+         "come from the caller)");
   if (requests_.count(req))
     fail("PagedCache(", spec_.name, ")::add_request: request ", req, " already exists");
   requests_.emplace(req, Request{});
@@ -149,6 +183,9 @@ std::vector<int64_t> PagedCache::append(int64_t req, int64_t count) {
 }
 
 void PagedCache::append(int64_t req, int64_t count, int64_t* slots) {
+  if (caller_owned_)
+    fail("PagedCache(", spec_.name, ")::append: the cache is caller-owned (its block tables come "
+         "from the caller)");
   if (count < 0)
     fail_expected("PagedCache(" + spec_.name + ")::append", "count", ">= 0", count);
   auto it = requests_.find(req);
@@ -189,8 +226,9 @@ int64_t PagedCache::slot_of(int64_t req, int64_t entry) const {
 }
 
 TensorView PagedCache::storage_view() const {
-  return TensorView(storage_, DType::uint8, {int64_t{spec_.num_blocks}, spec_.block_bytes},
-                    device_);
+  TensorView v(storage_, DType::uint8, {int64_t{spec_.num_blocks}, spec_.block_bytes}, device_);
+  v.strides[0] = block_stride_;
+  return v;
 }
 
 KvCacheView PagedCache::kv_view(float tensor_scale) const {
@@ -230,27 +268,63 @@ HostTensor pack_block_tables(const PagedCache& cache, const std::vector<int64_t>
 // ================================ LayerCaches ===============================================
 
 namespace {
-// One cache of a layer, its storage on `lc`'s device: host memory owned by the cache, or a
-// DeviceTensor owned by `lc` (the PagedCache only borrows it).
-std::unique_ptr<PagedCache> make_cache(LayerCaches& lc, Device device, std::string name,
-                                       int block_size, int64_t block_bytes, int32_t num_blocks,
-                                       int64_t retain, std::optional<KvLayout> layout) {
+// The specs of the caches a layer of `kind` has, in LayerCaches' order, each with the member it
+// fills. Storage is the caller's business (make_layer_caches / make_caller_layer_caches).
+struct LayerCacheSlot {
+  std::unique_ptr<PagedCache> LayerCaches::*member;
+  TensorView CallerCaches::*caller;
+  const char* caller_name;
   CacheSpec spec;
-  spec.name = std::move(name);
-  spec.block_size = block_size;
-  spec.block_bytes = block_bytes;
-  spec.num_blocks = num_blocks;
-  spec.retain = retain;
-  spec.layout = layout;
-  if (device == Device::cpu) return std::make_unique<PagedCache>(std::move(spec));
-  if (spec.block_bytes == 0 && layout) spec.block_bytes = kv_geometry(*layout, block_size).block_bytes;
-  DSV4_CHECK(spec.block_bytes > 0 && spec.num_blocks > 0, "make_layer_caches: ", spec.name,
-             " cache: block_bytes ", spec.block_bytes, " and num_blocks ", spec.num_blocks,
-             " must be positive");
-  lc.device_storage.emplace_back(DType::uint8,
-                                 std::vector<int64_t>{int64_t{spec.num_blocks} * spec.block_bytes});
-  return std::make_unique<PagedCache>(std::move(spec), lc.device_storage.back().data<uint8_t>(),
-                                      device);
+};
+std::vector<LayerCacheSlot> layer_cache_slots(const ModelConfig& cfg, LayerKind kind,
+                                              const LayerCacheOptions& opts, const char* where) {
+  cfg.validate();
+  const KvGeometry g = kv_geometry(opts.layout, opts.swa_block_size);
+  if (g.dim != cfg.head_dim)
+    fail_expected(where, "opts.layout",
+                  "a layout of dim " + std::to_string(cfg.head_dim) + " (config " + cfg.name + ")",
+                  std::string(kv_layout_name(opts.layout)) + " (dim " + std::to_string(g.dim) + ")");
+  auto spec = [](std::string name, int block_size, int64_t block_bytes, int32_t num_blocks,
+                 int64_t retain, std::optional<KvLayout> layout) {
+    CacheSpec s;
+    s.name = std::move(name);
+    s.block_size = block_size;
+    s.block_bytes = block_bytes == 0 && layout ? kv_geometry(*layout, block_size).block_bytes
+                                               : block_bytes;
+    s.num_blocks = num_blocks;
+    s.retain = retain;
+    s.layout = layout;
+    return s;
+  };
+  std::vector<LayerCacheSlot> slots;
+  // SWA keeps the last W tokens; blocks wholly older than that are recycled.
+  slots.push_back({&LayerCaches::swa, &CallerCaches::swa, "caches.swa",
+                   spec("swa", opts.swa_block_size, 0, opts.swa_blocks,
+                        cfg.window_size > 0 ? cfg.window_size : 0, opts.layout)});
+  if (kind == LayerKind::swa) return slots;
+
+  const int ratio = kind == LayerKind::c4a ? 4 : 128;
+  slots.push_back({&LayerCaches::compressed, &CallerCaches::compressed, "caches.compressed",
+                   spec("compressed", CacheDefaults::compressed_block(ratio), 0,
+                        opts.compressed_blocks, 0, opts.layout)});
+  slots.push_back({&LayerCaches::compressor_state, &CallerCaches::compressor_state,
+                   "caches.compressor_state",
+                   spec("compressor_state", CacheDefaults::state_block(ratio),
+                        CacheDefaults::state_block(ratio) * CacheDefaults::state_row_bytes(ratio, cfg.head_dim),
+                        opts.state_blocks, CacheDefaults::state_retain(ratio), std::nullopt)});
+  if (kind == LayerKind::c128a) return slots;
+
+  if (cfg.index_head_dim != CacheDefaults::kIndexerKeyDim)
+    fail_expected(where, "cfg.index_head_dim", CacheDefaults::kIndexerKeyDim, cfg.index_head_dim);
+  slots.push_back({&LayerCaches::indexer_keys, &CallerCaches::indexer_keys, "caches.indexer_keys",
+                   spec("indexer_keys", CacheDefaults::kIndexerBlock,
+                        int64_t{CacheDefaults::kIndexerBlock} * CacheDefaults::kIndexerKeyRowBytes,
+                        opts.compressed_blocks, 0, std::nullopt)});
+  slots.push_back({&LayerCaches::indexer_state, &CallerCaches::indexer_state, "caches.indexer_state",
+                   spec("indexer_state", CacheDefaults::state_block(4),
+                        CacheDefaults::state_block(4) * CacheDefaults::state_row_bytes(4, cfg.index_head_dim),
+                        opts.state_blocks, CacheDefaults::state_retain(4), std::nullopt)});
+  return slots;
 }
 }  // namespace
 
@@ -268,39 +342,59 @@ void LayerCaches::remove_request(int64_t req) {
 
 LayerCaches make_layer_caches(const ModelConfig& cfg, LayerKind kind,
                               const LayerCacheOptions& opts) {
-  cfg.validate();
-  const KvGeometry g = kv_geometry(opts.layout, opts.swa_block_size);
-  if (g.dim != cfg.head_dim)
-    fail_expected("make_layer_caches", "opts.layout",
-                  "a layout of dim " + std::to_string(cfg.head_dim) + " (config " + cfg.name + ")",
-                  std::string(kv_layout_name(opts.layout)) + " (dim " + std::to_string(g.dim) + ")");
   LayerCaches lc;
   lc.kind = kind;
-  // SWA keeps the last W tokens; blocks wholly older than that are recycled.
-  lc.swa = make_cache(lc, opts.device, "swa", opts.swa_block_size, 0, opts.swa_blocks,
-                      cfg.window_size > 0 ? cfg.window_size : 0, opts.layout);
-  if (kind == LayerKind::swa) return lc;
+  for (LayerCacheSlot& s : layer_cache_slots(cfg, kind, opts, "make_layer_caches")) {
+    // Host storage is owned by the cache; device storage by `lc` (the PagedCache borrows it).
+    if (opts.device == Device::cpu) {
+      lc.*s.member = std::make_unique<PagedCache>(std::move(s.spec));
+      continue;
+    }
+    DSV4_CHECK(s.spec.block_bytes > 0 && s.spec.num_blocks > 0, "make_layer_caches: ", s.spec.name,
+               " cache: block_bytes ", s.spec.block_bytes, " and num_blocks ", s.spec.num_blocks,
+               " must be positive");
+    lc.device_storage.emplace_back(DType::uint8,
+                                   std::vector<int64_t>{int64_t{s.spec.num_blocks} * s.spec.block_bytes});
+    lc.*s.member = std::make_unique<PagedCache>(std::move(s.spec),
+                                                lc.device_storage.back().data<uint8_t>(), opts.device);
+  }
+  return lc;
+}
 
-  const int ratio = kind == LayerKind::c4a ? 4 : 128;
-  lc.compressed = make_cache(lc, opts.device, "compressed", CacheDefaults::compressed_block(ratio), 0,
-                             opts.compressed_blocks, 0, opts.layout);
-  lc.compressor_state =
-      make_cache(lc, opts.device, "compressor_state", CacheDefaults::state_block(ratio),
-                 CacheDefaults::state_block(ratio) * CacheDefaults::state_row_bytes(ratio, cfg.head_dim),
-                 opts.state_blocks, CacheDefaults::state_retain(ratio), std::nullopt);
-  if (kind == LayerKind::c128a) return lc;
-
-  if (cfg.index_head_dim != CacheDefaults::kIndexerKeyDim)
-    fail_expected("make_layer_caches", "cfg.index_head_dim",
-                  CacheDefaults::kIndexerKeyDim, cfg.index_head_dim);
-
-  lc.indexer_keys = make_cache(lc, opts.device, "indexer_keys", CacheDefaults::kIndexerBlock,
-                               int64_t{CacheDefaults::kIndexerBlock} * CacheDefaults::kIndexerKeyRowBytes,
-                               opts.compressed_blocks, 0, std::nullopt);
-  lc.indexer_state = make_cache(
-      lc, opts.device, "indexer_state", CacheDefaults::state_block(4),
-      CacheDefaults::state_block(4) * CacheDefaults::state_row_bytes(4, cfg.index_head_dim),
-      opts.state_blocks, CacheDefaults::state_retain(4), std::nullopt);
+LayerCaches make_caller_layer_caches(const ModelConfig& cfg, LayerKind kind,
+                                     const LayerCacheOptions& opts, const CallerCaches& storage,
+                                     Device device) {
+  constexpr const char* where = "Attention::bind_caches";
+  std::vector<LayerCacheSlot> slots = layer_cache_slots(cfg, kind, opts, where);
+  // A cache the kind does not have must not be given (a caller mixing up layers is told so).
+  const std::pair<TensorView CallerCaches::*, const char*> all[] = {
+      {&CallerCaches::swa, "caches.swa"},
+      {&CallerCaches::compressed, "caches.compressed"},
+      {&CallerCaches::compressor_state, "caches.compressor_state"},
+      {&CallerCaches::indexer_keys, "caches.indexer_keys"},
+      {&CallerCaches::indexer_state, "caches.indexer_state"}};
+  for (const auto& [field, name] : all) {
+    const bool wanted = std::any_of(slots.begin(), slots.end(),
+                                    [&](const LayerCacheSlot& s) { return s.caller == field; });
+    if (!wanted && (storage.*field).defined())
+      fail(where, ": ", name, ": expected none (a ", layer_kind_name(kind), " layer has no such cache)");
+  }
+  LayerCaches lc;
+  lc.kind = kind;
+  for (LayerCacheSlot& s : slots) {
+    const TensorView& t = storage.*s.caller;
+    if (t.defined() && t.device != device)
+      fail_expected(where, std::string(s.caller_name) + ".device",
+                    device == Device::cuda ? "cuda (the layer's)" : "cpu (the layer's)",
+                    t.device == Device::cuda ? "cuda" : "cpu");
+    const bool ring = s.spec.retain > 0 && !s.spec.layout;  // compressor rings: fp32 rows
+    lc.*s.member = std::make_unique<PagedCache>(std::move(s.spec), t, where, s.caller_name);
+    const PagedCache& c = *(lc.*s.member);
+    if (ring && c.block_stride() != c.spec().block_bytes)
+      fail_expected(where, std::string(s.caller_name) + ".strides[0] (block stride)",
+                    std::to_string(c.spec().block_bytes) + " (dense: the ring is read as fp32 rows)",
+                    c.block_stride());
+  }
   return lc;
 }
 

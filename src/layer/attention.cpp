@@ -76,6 +76,10 @@ struct Attention::Impl {
   rt::Event side_fork, side_join;                // its fork from / join into the layer's stream
 
   void check_inputs(const BatchPlan& plan, const TensorView& x, const TensorView& y) const;
+  void check_io(int64_t T, const TensorView& x, const TensorView& y) const;
+  // Which forward the layer's cache mode allows (`forward`: "caller" or "own").
+  void require_mode(bool caller, const char* where) const;
+  uint64_t cache_generation = 0;      // changes when caller caches are bound (graphs read them)
   // Grows the cos/sin table (doubling, up to max_position) to cover positions [0, len). A table
   // for all of max_position (1M for v4-flash) would cost 256 MB and seconds per layer.
   void ensure_rope(int64_t len) {
@@ -93,7 +97,10 @@ struct Attention::Impl {
   // x as the layer's ops take it: the caller's tensor on the CPU; on CUDA a bf16 device tensor
   // (a host x is rounded to bf16 and uploaded, as a serving engine's hidden states are bf16).
   TensorView stage_input(const TensorView& x);
-  void forward(const BatchPlan& plan, const TensorView& x, const TensorView& y);
+  // step: the caller's step on caller-owned caches (plan is then its check_caller plan); else
+  // the layer books the step in its own caches.
+  void forward(const BatchPlan& plan, const CallerStep* step, const TensorView& x,
+               const TensorView& y);
   // Marks the start of the named op's launches for the optional per-op timer.
   void op(const char* name) const {
     if (timing()) opts.op_timer->begin(name, opts.stream);
@@ -109,7 +116,7 @@ struct Attention::Impl {
   };
   WorkspaceBound workspace_bound(int64_t max_tokens, int max_requests, int64_t max_context) const;
   uint64_t memory_generation() const {
-    return scratch.generation() + upload.generation() + rope_generation;
+    return scratch.generation() + upload.generation() + rope_generation + cache_generation;
   }
 
   // ---- a step: planned on the host (StepPlanner), then launched ----------------------------
@@ -167,7 +174,9 @@ Attention::Attention(const ModelConfig& cfg, int layer, AttentionWeights weights
   m.device = opts.backend == Backend::cuda ? Device::cuda : Device::cpu;
   LayerCacheOptions cache_opts = opts.caches;
   cache_opts.device = m.device;
-  m.caches = make_layer_caches(cfg, m.kind, cache_opts);
+  // Caller-owned caches arrive with bind_caches (until then the layer has none).
+  m.caches.kind = m.kind;
+  if (!opts.caller_caches) m.caches = make_layer_caches(cfg, m.kind, cache_opts);
   m.weights = std::make_unique<LayerWeightStore>(m.w, m.device);
   if (m.device == Device::cuda) check_cuda_fp8_inputs(m.weights->views(), opts);
   m.scratch = Scratch(m.device, opts.stream);
@@ -205,7 +214,7 @@ LayerMemory Attention::memory() const {
   for (const PagedCache* c : {m.caches.swa.get(), m.caches.compressed.get(),
                               m.caches.compressor_state.get(), m.caches.indexer_keys.get(),
                               m.caches.indexer_state.get()})
-    if (c) mem.caches += c->storage_view().numel();
+    if (c && !c->caller_owned()) mem.caches += c->storage_view().numel();
   mem.workspace = m.scratch.capacity();
   mem.workspace_used = m.scratch.high_water();
   mem.step_upload = m.upload.capacity();
@@ -229,20 +238,60 @@ LayerMemory Attention::reserve(int64_t max_tokens, int max_requests, int64_t max
 }
 
 void Attention::release(int64_t req_id) {
+  impl_->require_mode(false, "Attention::release");
   impl_->planner->release(req_id);
 }
 
-void Attention::check_plan(const BatchPlan& plan) const { impl_->planner->check(plan); }
+void Attention::check_plan(const BatchPlan& plan) const {
+  impl_->require_mode(false, "Attention::check_plan");
+  impl_->planner->check(plan);
+}
 
 void Attention::forward(const BatchPlan& plan, const TensorView& x, const TensorView& y) {
+  impl_->require_mode(false, kWhere);
   impl_->check_inputs(plan, x, y);
   if (plan.num_tokens() == 0) return;  // an empty step (x, y [0, dim] may have no data)
-  impl_->forward(plan, x, y);
+  impl_->forward(plan, nullptr, x, y);
+}
+
+bool Attention::caller_caches() const { return impl_->opts.caller_caches; }
+
+void Attention::bind_caches(const CallerCaches& caches) {
+  Impl& m = *impl_;
+  m.require_mode(true, "Attention::bind_caches");
+  LayerCaches bound = make_caller_layer_caches(m.cfg, m.kind, m.opts.caches, caches, m.device);
+  m.caches = std::move(bound);  // the planner and the compressed scope see them through m.caches
+  ++m.cache_generation;
+}
+
+void Attention::forward(const CallerStep& step, const TensorView& x, const TensorView& y) {
+  constexpr const char* where = "Attention::forward(CallerStep)";
+  Impl& m = *impl_;
+  m.require_mode(true, where);
+  if (!m.caches.swa) fail(where, ": no caches are bound (call bind_caches first)");
+  check_ndim(where, "x", x, 2);
+  m.check_io(x.size(0), x, y);
+  const BatchPlan plan = m.planner->check_caller(step, x.size(0));
+  if (plan.num_tokens() == 0) return;
+  m.forward(plan, &step, x, y);
+}
+
+void Attention::Impl::require_mode(bool caller, const char* where) const {
+  if (caller && !opts.caller_caches)
+    fail(where, ": the layer owns its caches (AttentionOptions::caller_caches is off); use "
+         "forward(const BatchPlan&, ...)");
+  if (!caller && opts.caller_caches)
+    fail(where, ": the layer runs on caller-owned caches (AttentionOptions::caller_caches); use "
+         "bind_caches and forward(const CallerStep&, ...)");
 }
 
 void Attention::Impl::check_inputs(const BatchPlan& plan, const TensorView& x,
                                    const TensorView& y) const {
-  const int64_t T = plan.num_tokens();
+  check_io(plan.num_tokens(), x, y);
+  planner->check(plan);
+}
+
+void Attention::Impl::check_io(int64_t T, const TensorView& x, const TensorView& y) const {
   const char* host_or_layer =
       device == Device::cuda ? "cpu or cuda (the layer's backend)" : "cpu";
   if (x.device != Device::cpu && x.device != device)
@@ -258,7 +307,6 @@ void Attention::Impl::check_inputs(const BatchPlan& plan, const TensorView& x,
   check_shape(kWhere, "y", y, {T, cfg.dim});
   check_dtype(kWhere, "y", y, DType::fp32);
   check_contiguous(kWhere, "y", y);
-  planner->check(plan);
 }
 
 TensorView Attention::Impl::stage_input(const TensorView& x) {
@@ -331,13 +379,14 @@ Attention::Impl::WorkspaceBound Attention::Impl::workspace_bound(int64_t max_tok
   b.scratch_bytes = bytes + 256 * (tensors + 8);
   // The upload: per token positions, slots, token_to_req; per request context, lengths and the
   // block tables of every cache (widths rounded up to 2^k).
-  const int64_t swa_blocks = round_up_pow2((max_context + caches.swa->spec().block_size - 1) /
-                                           caches.swa->spec().block_size);
+  // (Block sizes from the options: caller-owned caches may not be bound yet.)
+  const int64_t swa_block = opts.caches.swa_block_size;
+  const int64_t swa_blocks = round_up_pow2((max_context + swa_block - 1) / swa_block);
   int64_t tables = swa_blocks;
   if (ratio) {
     const int64_t entries = max_context / ratio + 1;
-    tables += 2 * round_up_pow2(entries / caches.compressed->spec().block_size + 1);
-    tables += 2 * round_up_pow2(caches.compressor_state->spec().retain + 1);
+    tables += 2 * round_up_pow2(entries / CacheDefaults::compressed_block(ratio) + 1);
+    tables += 2 * round_up_pow2(CacheDefaults::state_retain(ratio) + 1);
   }
   b.upload_bytes = 20 * T + R * (4 * tables + 40) + 64 * 32;
   return b;
@@ -349,7 +398,8 @@ bool Attention::Impl::graph_step(const BatchPlan& plan) const {
          !rt::is_capturing(opts.stream);
 }
 
-void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, const TensorView& y) {
+void Attention::Impl::forward(const BatchPlan& plan, const CallerStep* step, const TensorView& x_in,
+                              const TensorView& y) {
   const int64_t T = plan.num_tokens();
   const Stream stream = opts.stream;
   // Temporaries that outgrew the arena are released (and the arena grown) as the forward ends,
@@ -369,8 +419,9 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, con
   for (int r = 0; r < plan.num_requests(); ++r) longest = std::max(longest, plan.seq_len(r));
   ensure_rope(longest);
 
-  // Register new requests (check_inputs verified the others' context).
-  planner->add_requests(plan);
+  // Register new requests (check_inputs verified the others' context). Caller-owned caches keep
+  // no requests in the layer.
+  if (step == nullptr) planner->add_requests(plan);
 
   // CUDA steps run over a multiple of kFp8GemmRowMultiple token rows (the FP8 GEMMs' rule); a
   // decode graph's bucket is one already.
@@ -380,7 +431,8 @@ void Attention::Impl::forward(const BatchPlan& plan, const TensorView& x_in, con
             : device == Device::cuda ? (T + kFp8GemmRowMultiple - 1) / kFp8GemmRowMultiple * kFp8GemmRowMultiple
                                      : T;
   upload.begin();
-  const StepPlan sp = planner->plan(plan, rows, graph, upload);
+  const StepPlan sp = step ? planner->plan_caller(plan, *step, rows, graph, upload)
+                           : planner->plan(plan, rows, graph, upload);
   upload.commit(stream);
 
   const TensorView x = stage_input(x_in);

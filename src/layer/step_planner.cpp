@@ -118,7 +118,186 @@ StepUpload::Array StepPlanner::put_tables(const PagedCache& cache, int64_t rows,
   return upload.tables(tables_, rows, round ? round_up_pow2(width) : width, cache.spec().name.c_str());
 }
 
+PagedCache& StepPlanner::cache(CacheRole role) const {
+  switch (role) {
+    case CacheRole::swa: return *caches_.swa;
+    case CacheRole::compressed: return *caches_.compressed;
+    case CacheRole::compressor_state: return *caches_.compressor_state;
+    case CacheRole::indexer_keys: return *caches_.indexer_keys;
+    case CacheRole::indexer_state: return *caches_.indexer_state;
+  }
+  fail("StepPlanner: unknown cache role");
+}
+
+namespace {
+const TensorView& caller_table(const CallerStep& step, int role) {
+  const TensorView* tables[] = {&step.swa_block_table, &step.compressed_block_table,
+                                &step.compressor_state_block_table, &step.indexer_keys_block_table,
+                                &step.indexer_state_block_table};
+  return *tables[role];
+}
+constexpr const char* kCallerTableNames[] = {
+    "step.swa_block_table", "step.compressed_block_table", "step.compressor_state_block_table",
+    "step.indexer_keys_block_table", "step.indexer_state_block_table"};
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int32_t table_at(const TensorView& t, int64_t r, int64_t k) {
+  return t.ptr<int32_t>()[r * t.strides[0] + k * t.strides[1]];
+}
+}  // namespace
+
+std::pair<int64_t, int64_t> StepPlanner::used_blocks(CacheRole role, int64_t context,
+                                                     int64_t seq_len) const {
+  const int64_t B = cache(role).spec().block_size;
+  switch (role) {
+    case CacheRole::swa: {
+      // What the layer's own SWA cache keeps mapped (PagedCache's retain rule, entries before
+      // the step): the window of the step's first token and everything after it.
+      const int64_t W = cfg_.window_size;
+      const int64_t first = W > 0 && context > W ? (context - W) / B : 0;
+      return {first, ceil_div(seq_len, B)};
+    }
+    case CacheRole::compressed:
+    case CacheRole::indexer_keys:
+      return {0, ceil_div(compressor_entries_after(ratio_, seq_len), B)};
+    case CacheRole::compressor_state:
+      return {0, ceil_div(main_.ring_rows(), B)};
+    case CacheRole::indexer_state:
+      return {0, ceil_div(indexer_.ring_rows(), B)};
+  }
+  return {0, 0};
+}
+
+StepUpload::Array StepPlanner::table(CacheRole role, const BatchPlan& plan, const CallerStep* step,
+                                     int64_t rows, bool round, StepUpload& upload) {
+  if (step == nullptr) return put_tables(cache(role), rows, round, upload);
+  const TensorView& t = caller_table(*step, static_cast<int>(role));
+  int64_t width = 1;
+  for (int r = 0; r < plan.num_requests(); ++r)
+    width = std::max(width, used_blocks(role, plan.requests[r].context, plan.seq_len(r)).second);
+  if (round) width = round_up_pow2(width);
+  const StepUpload::Array a = upload.put_uninit(DType::int32, {rows, width});
+  int32_t* packed = upload.host_data<int32_t>(a);
+  std::fill(packed, packed + rows * width, -1);
+  for (int r = 0; r < plan.num_requests(); ++r) {
+    const auto [first, end] = used_blocks(role, plan.requests[r].context, plan.seq_len(r));
+    for (int64_t k = first; k < end; ++k) packed[r * width + k] = table_at(t, r, k);
+  }
+  return a;
+}
+
+BatchPlan StepPlanner::check_caller(const CallerStep& step, int64_t T) const {
+  constexpr const char* where = "Attention::forward(CallerStep)";
+  auto host_tensor = [&](const char* name, const TensorView& t, DType dtype, int ndim) {
+    check_defined(where, name, t);
+    check_device(where, name, t, Device::cpu);
+    check_dtype(where, name, t, dtype);
+    check_ndim(where, name, t, ndim);
+  };
+  host_tensor("step.query_start_loc", step.query_start_loc, DType::int32, 1);
+  const int64_t R = step.query_start_loc.shape[0] - 1;
+  if (R < 0) fail_expected(where, "step.query_start_loc.shape[0]", ">= 1 (R + 1)", R + 1);
+  host_tensor("step.seq_lens", step.seq_lens, DType::int32, 1);
+  check_shape(where, "step.seq_lens", step.seq_lens, {R});
+  host_tensor("step.positions", step.positions, DType::int64, 1);
+  check_shape(where, "step.positions", step.positions, {T});
+  host_tensor("step.slot_mapping", step.slot_mapping, DType::int64, 1);
+  check_shape(where, "step.slot_mapping", step.slot_mapping, {T});
+  auto qsl = [&](int64_t r) {
+    return int64_t{step.query_start_loc.ptr<int32_t>()[r * step.query_start_loc.strides[0]]};
+  };
+  auto seq_len = [&](int64_t r) {
+    return int64_t{step.seq_lens.ptr<int32_t>()[r * step.seq_lens.strides[0]]};
+  };
+  if (qsl(0) != 0) fail_expected(where, "step.query_start_loc[0]", 0, qsl(0));
+  if (qsl(R) != T)
+    fail_expected(where, "step.query_start_loc[R] (the step's tokens, x.shape[0])", T, qsl(R));
+  std::vector<RequestStep> steps;
+  steps.reserve(static_cast<size_t>(R));
+  bool prefill_seen = false;
+  for (int64_t r = 0; r < R; ++r) {
+    const std::string row = "[" + std::to_string(r) + "]";
+    const int64_t n = qsl(r + 1) - qsl(r);
+    if (n < 1)
+      fail_expected(where, "step.query_start_loc" + row + ".." + std::to_string(r + 1),
+                    "increasing (every request has >= 1 new token)", n);
+    if (seq_len(r) < n || seq_len(r) > cfg_.max_position)
+      fail_expected(where, "step.seq_lens" + row,
+                    std::to_string(n) + " (its new tokens) .. max_position " +
+                        std::to_string(cfg_.max_position),
+                    seq_len(r));
+    const RequestStep s{r, seq_len(r) - n, n};
+    if (s.is_decode() && prefill_seen)
+      fail(where, ": step.query_start_loc: request ", r, " is a decode after a prefill chunk; "
+           "expected decodes first (vLLM's reordered batch)");
+    prefill_seen = prefill_seen || !s.is_decode();
+    steps.push_back(s);
+  }
+  const BatchPlan plan = BatchPlan::make(std::move(steps));
+
+  // Block tables: defined exactly for the caches this kind has; the blocks each request uses in
+  // range.
+  for (int role = 0; role < 5; ++role) {
+    const TensorView& t = caller_table(step, role);
+    const char* name = kCallerTableNames[role];
+    const bool has = (role == 0) || (role <= 2 && ratio_ != 0) || ratio_ == 4;
+    if (!has) {
+      if (t.defined()) fail(where, ": ", name, ": expected none (this layer kind has no such cache)");
+      continue;
+    }
+    host_tensor(name, t, DType::int32, 2);
+    check_dim(where, name, t, 0, R);
+    const CacheRole cr = static_cast<CacheRole>(role);
+    const int32_t num_blocks = cache(cr).spec().num_blocks;
+    for (int r = 0; r < plan.num_requests(); ++r) {
+      const auto [first, end] = used_blocks(cr, plan.requests[r].context, plan.seq_len(r));
+      if (t.shape[1] < end)
+        fail_expected(where, std::string(name) + ".shape[1]",
+                      ">= " + std::to_string(end) + " (blocks of request " + std::to_string(r) + ")",
+                      t.shape[1]);
+      for (int64_t k = first; k < end; ++k) {
+        const int32_t b = table_at(t, r, k);
+        if (b < 0 || b >= num_blocks)
+          fail_expected(where,
+                        std::string(name) + "[" + std::to_string(r) + "][" + std::to_string(k) + "]",
+                        "a block id in 0.." + std::to_string(num_blocks - 1) + " (used by this step)", b);
+      }
+    }
+  }
+  // Per token: consecutive positions after each request's context, slots where its table says.
+  const TensorView& swa_table = step.swa_block_table;
+  const int64_t B = caches_.swa->spec().block_size;
+  for (int64_t t = 0; t < T; ++t) {
+    const int r = plan.token_to_req[t];
+    const int64_t pos = step.positions.ptr<int64_t>()[t * step.positions.strides[0]];
+    if (pos != plan.positions[t])
+      fail_expected(where, "step.positions[" + std::to_string(t) + "]",
+                    std::to_string(plan.positions[t]) + " (request " + std::to_string(r) +
+                        "'s next position: seq_lens - new tokens + i)",
+                    pos);
+    const int64_t want = int64_t{table_at(swa_table, r, pos / B)} * B + pos % B;
+    const int64_t slot = step.slot_mapping.ptr<int64_t>()[t * step.slot_mapping.strides[0]];
+    if (slot != want)
+      fail_expected(where, "step.slot_mapping[" + std::to_string(t) + "]",
+                    std::to_string(want) + " (step.swa_block_table's slot of position " +
+                        std::to_string(pos) + ")",
+                    slot);
+  }
+  return plan;
+}
+
 StepPlan StepPlanner::plan(const BatchPlan& plan, int64_t rows, bool graph, StepUpload& upload) {
+  StepPlan sp = plan_step(plan, nullptr, rows, graph, upload);
+  for (const RequestStep& s : plan.requests) cached_[s.req_id] = s.context + s.num_new;
+  return sp;
+}
+
+StepPlan StepPlanner::plan_caller(const BatchPlan& plan, const CallerStep& step, int64_t rows,
+                                  bool graph, StepUpload& upload) {
+  return plan_step(plan, &step, rows, graph, upload);
+}
+
+StepPlan StepPlanner::plan_step(const BatchPlan& plan, const CallerStep* step, int64_t rows,
+                                bool graph, StepUpload& upload) {
   const bool round = graph;
   const int R = plan.num_requests();
   const int64_t T = plan.num_tokens();
@@ -143,15 +322,25 @@ StepPlan StepPlanner::plan(const BatchPlan& plan, int64_t rows, bool graph, Step
   std::copy(plan.token_to_req.begin(), plan.token_to_req.end(), token_to_req);
   for (int64_t t = T; t < rows; ++t) token_to_req[t] = graph ? static_cast<int32_t>(R + (t - T)) : -1;
   std::fill(slots + T, slots + rows, -1);
-  for (int r = 0; r < R; ++r) {
-    const RequestStep& s = plan.requests[r];
-    caches_.swa->append(s.req_id, s.num_new, slots + plan.query_start_loc[r]);
+  if (step == nullptr) {
+    for (int r = 0; r < R; ++r) {
+      const RequestStep& s = plan.requests[r];
+      caches_.swa->append(s.req_id, s.num_new, slots + plan.query_start_loc[r]);
+    }
+  } else {
+    for (int64_t t = 0; t < T; ++t)
+      slots[t] = step->slot_mapping.ptr<int64_t>()[t * step->slot_mapping.strides[0]];
   }
-  sp.swa_table = put_tables(*caches_.swa, sp.R, round, upload);
-  if (ratio_) sp.compressed = plan_compressed(plan, sp.R, upload, round);
+  sp.swa_table = table(CacheRole::swa, plan, step, sp.R, round, upload);
+  if (ratio_) sp.compressed = plan_compressed(plan, step, sp.R, upload, round);
+  plan_prefill_groups(plan, sp, upload);
+  return sp;
+}
 
+void StepPlanner::plan_prefill_groups(const BatchPlan& plan, StepPlan& sp, StepUpload& upload) const {
   // Prefill requests in groups of at most prefill_group_requests: the gather workspace holds one
   // group, so its size does not grow with the batch.
+  const int R = plan.num_requests();
   const int W = cfg_.window_size;
   const int group = prefill_group_requests_;
   for (int g0 = plan.num_decodes; g0 < R; g0 += group) {
@@ -182,12 +371,10 @@ StepPlan StepPlanner::plan(const BatchPlan& plan, int64_t rows, bool graph, Step
     if (ratio_) g.compressed_lens = upload.put<int32_t>({n}, cseq);
     sp.prefill_groups.push_back(std::move(g));
   }
-  for (const RequestStep& s : plan.requests) cached_[s.req_id] = s.context + s.num_new;
-  return sp;
 }
 
-CompressedPlan StepPlanner::plan_compressed(const BatchPlan& plan, int64_t rows,
-                                            StepUpload& upload, bool round) {
+CompressedPlan StepPlanner::plan_compressed(const BatchPlan& plan, const CallerStep* step,
+                                            int64_t rows, StepUpload& upload, bool round) {
   const int R = plan.num_requests();
   CompressedPlan out;
   out.context = upload.put_uninit(DType::int64, {rows});
@@ -200,18 +387,18 @@ CompressedPlan StepPlanner::plan_compressed(const BatchPlan& plan, int64_t rows,
     max_visible = std::max<int64_t>(max_visible, plan.seq_len(r) / ratio_);
     const int64_t n = compressor_entries_after(ratio_, s.context + s.num_new) -
                       compressor_entries_after(ratio_, s.context);
-    if (n > 0) {
+    if (n > 0 && step == nullptr) {
       caches_.compressed->append(s.req_id, n, nullptr);
       if (ratio_ == 4) caches_.indexer_keys->append(s.req_id, n, nullptr);
     }
   }
-  out.state_table = put_tables(*caches_.compressor_state, rows, round, upload);
-  out.out_table = put_tables(*caches_.compressed, rows, round, upload);
+  out.state_table = table(CacheRole::compressor_state, plan, step, rows, round, upload);
+  out.out_table = table(CacheRole::compressed, plan, step, rows, round, upload);
   if (ratio_ == 128) {
     out.topk = static_cast<int>(round ? round_up_pow2(max_visible) : max_visible);
   } else {
-    out.index_state_table = put_tables(*caches_.indexer_state, rows, round, upload);
-    out.index_key_table = put_tables(*caches_.indexer_keys, rows, round, upload);
+    out.index_state_table = table(CacheRole::indexer_state, plan, step, rows, round, upload);
+    out.index_key_table = table(CacheRole::indexer_keys, plan, step, rows, round, upload);
     out.topk = cfg_.index_topk;
     const int64_t cols = std::max<int64_t>(max_visible, 1);
     out.score_cols = round ? round_up_pow2(cols) : cols;

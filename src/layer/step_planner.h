@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "dsv4/batch.h"
+#include "dsv4/caller_step.h"
 #include "dsv4/compressor.h"
 #include "dsv4/config.h"
 #include "dsv4/paged_cache.h"
@@ -75,11 +76,35 @@ class StepPlanner {
   // Forgets the request (its cache blocks are freed).
   void release(int64_t req);
 
+  // ---- caller-owned caches (AttentionOptions::caller_caches) -------------------------------
+  // Checks every array of `step` (include/dsv4/caller_step.h) against the step's `T` tokens and
+  // the caches (block ids in range wherever the step reads or writes) and returns the step as a
+  // BatchPlan whose request ids are the step's rows. Throws dsv4::Error naming the argument.
+  BatchPlan check_caller(const CallerStep& step, int64_t T) const;
+  // plan() for a step checked by check_caller: the caller's slots and block tables (blocks the
+  // step does not touch are sent as -1) instead of the layer's bookkeeping, which it never
+  // touches (the caller's caches hold no per-request state in the layer).
+  StepPlan plan_caller(const BatchPlan& plan, const CallerStep& step, int64_t rows, bool graph,
+                       StepUpload& upload);
+
  private:
+  enum class CacheRole { swa, compressed, compressor_state, indexer_keys, indexer_state };
+  PagedCache& cache(CacheRole role) const;
+  // The blocks [first, end) of a request's table in `role` that a step over positions
+  // [context, seq_len) reads or writes (the rest may be anything in a caller's table).
+  std::pair<int64_t, int64_t> used_blocks(CacheRole role, int64_t context, int64_t seq_len) const;
+  // The step's table of `role`: the layer's (step == nullptr) or the caller's.
+  StepUpload::Array table(CacheRole role, const BatchPlan& plan, const CallerStep* step,
+                          int64_t rows, bool round, StepUpload& upload);
+  // plan() (step == nullptr: books the step's entries in the layer's caches) and plan_caller().
+  StepPlan plan_step(const BatchPlan& plan, const CallerStep* step, int64_t rows, bool graph,
+                     StepUpload& upload);
+  void plan_prefill_groups(const BatchPlan& plan, StepPlan& sp, StepUpload& upload) const;
   // `growth`: scratch of one pair per request (overwritten).
   void check_compressed_capacity(const BatchPlan& plan, bool new_requests,
                                  std::vector<std::pair<int64_t, int64_t>>& growth) const;
-  CompressedPlan plan_compressed(const BatchPlan& plan, int64_t rows, StepUpload& upload, bool round);
+  CompressedPlan plan_compressed(const BatchPlan& plan, const CallerStep* step, int64_t rows,
+                                 StepUpload& upload, bool round);
   // The block tables of this step's requests in `cache` as int32 [rows, width] (width: the
   // longest table, rounded up to 2^k when `round`).
   StepUpload::Array put_tables(const PagedCache& cache, int64_t rows, bool round, StepUpload& upload);

@@ -20,8 +20,9 @@ namespace dsv4 {
 
 // Queries: x [T, n, d] bf16/fp32 (row strides allowed), d = 128; positions [T] int32/int64 in
 // [0, cos_sin.shape[0]); cos_sin fp32 [max_pos, R] (R <= d). Outputs codes [T, n, d] fp8_e4m3
-// and scales [T, n] fp32 (powers of two), disjoint from the inputs. CPU only for now (CUDA
-// tensors: dsv4::Error).
+// and scales [T, n] fp32 (powers of two), disjoint from the inputs. CPU and CUDA, bit-identical;
+// on CUDA position values are not read on the host: a row whose position is outside the table
+// gets zero codes and a NaN scale (the CPU refuses it).
 void sparse_mla_indexer_quantize(const TensorView& x, const TensorView& positions,
                                  const TensorView& cos_sin, const TensorView& codes,
                                  const TensorView& scales, Stream stream = nullptr);
@@ -29,7 +30,9 @@ void sparse_mla_indexer_quantize(const TensorView& x, const TensorView& position
 // Keys: k [T, d] bf16/fp32 (the projection x · wkᵀ), LayerNorm (fp32, biased variance, eps) with
 // weight and bias [d] bf16/fp32, then the query rows' RoPE, rotation and FP8, written to the key
 // cache at slot_mapping[t] (int32/int64 [T]; -1 = don't store). Slots must be -1 or inside the
-// cache and distinct, positions inside the table: checked before anything is written. CPU only.
+// cache and distinct, positions inside the table: checked before anything is written on the CPU.
+// CUDA (bit-identical): those values are not read on the host; a key whose slot is outside the
+// cache or whose position is outside the table is not stored, and keys sharing a slot race.
 void sparse_mla_indexer_key_insert(const TensorView& k, const TensorView& norm_weight,
                                    const TensorView& norm_bias, float eps,
                                    const TensorView& positions, const TensorView& cos_sin,

@@ -31,9 +31,7 @@ const BackendDecl& backend_named(const std::string& name) {
 const std::set<OpId> kNotInTriton = {OpId::residual_add_rms_norm, OpId::synthetic_hidden,
                                      OpId::kv_quantize, OpId::sparse_mla_indexer_quantize,
                                      OpId::sparse_mla_indexer_key_insert};
-const std::set<OpId> kNotInCuda = {OpId::kv_quantize, OpId::kv_dequantize,
-                                   OpId::sparse_mla_indexer_quantize,
-                                   OpId::sparse_mla_indexer_key_insert};
+const std::set<OpId> kNotInCuda = {OpId::kv_quantize, OpId::kv_dequantize};
 
 TEST(OpTable, BackendsAreTheBuildsTableFiles) {
   std::vector<std::string> names;

@@ -10,6 +10,7 @@
 #include "cuda/common/index_vector.cuh"
 #include "cuda/common/rope_table.cuh"
 #include "cuda/indexer/indexer.h"
+#include "cuda/indexer/warp_row128.cuh"
 #include "dsv4/fp8_block.h"
 #include "dsv4/indexer_math.h"
 #include "dsv4/ops.h"
@@ -17,7 +18,7 @@
 namespace dsv4::cuda {
 namespace {
 
-constexpr int kDim = indexer_keys::kDim;  // 128 = 32 lanes × 4 values
+constexpr int kDim = warp_row128::kDim;
 constexpr int kWarpsPerBlock = 8;
 
 struct QueryRowsParams {
@@ -35,9 +36,7 @@ struct QueryRowsParams {
   int64_t weights_stride0;
 };
 
-// Lane l holds dims 4l .. 4l+3 of the row. Each Hadamard stage is element-wise on the previous
-// stage (v[k] ← v[k] + v[k+s], v[k+s] ← v[k] − v[k+s] for k without bit s), so computing the
-// stages with shuffles gives the CPU's butterflies bit for bit.
+// Lane l holds dims 4l .. 4l+3 of the row (warp_row128.cuh).
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) query_rows_kernel(QueryRowsParams p) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -50,46 +49,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) query_rows_kernel(QueryRo
   const int64_t pos = p.positions[t];
   const bool valid = p.table.contains(pos);
 
-  if (valid) {
-    // GPT-J pairs (2i, 2i+1) of the last R dims; pairs never straddle lanes (4l is even).
-    const int first = kDim - 2 * p.table.half;
-    for (int m = 0; m < 2; ++m) {
-      const int d = 4 * lane + 2 * m;
-      if (d < first) continue;
-      p.table.rotate(pos, (d - first) / 2, v[2 * m], v[2 * m + 1]);
-    }
-  }
-
-  // Hadamard stages s = 1, 2 inside the lane, s = 4 .. 64 across lanes (partner lane l ^ s/4).
-  for (int j = 0; j < 4; j += 2) {  // s = 1
-    const float a = v[j], b = v[j + 1];
-    v[j] = ieee_add(a, b);
-    v[j + 1] = ieee_sub(a, b);
-  }
-  for (int j = 0; j < 2; ++j) {  // s = 2
-    const float a = v[j], b = v[j + 2];
-    v[j] = ieee_add(a, b);
-    v[j + 2] = ieee_sub(a, b);
-  }
-  for (int lane_bit = 1; lane_bit < 32; lane_bit *= 2) {
-    const bool upper = (lane & lane_bit) != 0;  // this lane holds the v[k+s] side
-    for (int j = 0; j < 4; ++j) {
-      const float other = __shfl_xor_sync(0xffffffffu, v[j], lane_bit);
-      v[j] = upper ? ieee_sub(other, v[j]) : ieee_add(v[j], other);
-    }
-  }
-  for (int j = 0; j < 4; ++j) v[j] = ieee_mul(v[j], p.hadamard_scale);
-
-  // fp8_quantize_block over the 128 values: amax (order-free), the UE8M0 exponent, the codes.
-  float amax = 0.0f;
-  for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fabsf(v[j]));
-  for (int off = 16; off > 0; off /= 2)
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  const int32_t k = ue8m0_exponent_for_amax(amax);
-  const float inv = exp2_int(-k);
+  if (valid) warp_row128::rope_pairs(v, lane, p.table, pos);
+  warp_row128::hadamard(v, lane, p.hadamard_scale);
+  uint8_t code[4];
+  const int32_t k = warp_row128::quantize(v, code);
 
   uint8_t* codes = p.q_fp8 + t * p.q_fp8_stride0 + h * p.q_fp8_stride1 + 4 * lane;
-  for (int j = 0; j < 4; ++j) codes[j] = valid ? float_to_fp8_e4m3(ieee_mul(v[j], inv)) : 0;
+  for (int j = 0; j < 4; ++j) codes[j] = valid ? code[j] : 0;
   if (lane == 0) {
     p.q_scale[t * p.q_scale_stride0 + h] = valid ? exp2_int(k) : __int_as_float(0x7fc00000);
     float* w = p.weights + t * p.weights_stride0 + h;

@@ -13,6 +13,7 @@
 #include "cuda/gemm/linear.h"
 #include "cuda/index/indexing.h"
 #include "cuda/indexer/indexer.h"
+#include "cuda/indexer/sparse_mla_indexer.h"
 #include "cuda/kv/dequantize_and_gather.h"
 #include "cuda/kv/qnorm_rope_kv_insert.h"
 #include "cuda/norm/rms_norm.h"
@@ -117,6 +118,14 @@ const OpRow kRowsTable[] = {
     row(kSyntheticHidden, DSV4_CUDA_KERNEL(cuda::synthetic_hidden),
         {"ids, positions int64 -> bf16, fp32", "row-strided", "any dim", true,
          "bit-identical to the CPU"}),
+    row(kSparseMlaIndexerQuantize, DSV4_CUDA_KERNEL(cuda::sparse_mla_indexer_quantize),
+        {"x: bf16, fp32 -> fp8_e4m3 codes + fp32 power-of-two scales", "row-strided",
+         "d 128, rope <= d", false,
+         "bit-identical to the CPU; a position outside the table: zero codes, NaN scale"}),
+    row(kSparseMlaIndexerKeyInsert, DSV4_CUDA_KERNEL(cuda::sparse_mla_indexer_key_insert),
+        {"k, norm weight / bias: bf16, fp32", "FP8 indexer key cache (4-byte aligned)",
+         "d 128, rope <= d", false,
+         "bit-identical to the CPU; keys with slot -1, outside the cache or the table not stored"}),
 };
 
 }  // namespace

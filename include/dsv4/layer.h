@@ -14,6 +14,7 @@
 #include "dsv4/ops.h"
 #include "dsv4/paged_cache.h"
 #include "dsv4/tensor.h"
+#include "dsv4/tensor_parallel.h"
 #include "dsv4/weights.h"
 
 namespace dsv4 {
@@ -64,6 +65,12 @@ struct AttentionOptions {
   // pool sizes are the caller's tensors'). Off (the default, `dsv4 run`): the layer owns its
   // caches and runs forward(const BatchPlan&, ...).
   bool caller_caches = false;
+  // Tensor parallelism (include/dsv4/tensor_parallel.h): the layer is rank tp.rank of tp.size. It
+  // is given the whole layer's weights and keeps its shard (weights() returns the shard), runs
+  // n_heads / tp.size heads, and ends each forward with tp.communicator's all-reduce of y (on
+  // `stream`; a CUDA layer's communicator must be a CUDA one, e.g. NCCL). Without a communicator
+  // y is this rank's partial sum. Default: one rank, the whole layer.
+  TensorParallel tp;
 };
 
 // What one layer holds in memory on its device (bytes).
@@ -130,7 +137,7 @@ class Attention {
   void forward(const CallerStep& step, const TensorView& x, const TensorView& y);
   bool caller_caches() const;
 
-  const ModelConfig& config() const;
+  const ModelConfig& config() const;  // the model's (all heads, whatever AttentionOptions::tp)
   int layer_index() const;
   LayerKind kind() const;
   Backend backend() const;

@@ -55,7 +55,8 @@ void check_cuda_fp8_inputs(const LayerWeightViews& wv, const AttentionOptions& o
 }  // namespace
 
 struct Attention::Impl {
-  ModelConfig cfg;
+  ModelConfig model_cfg;  // the model's config
+  ModelConfig cfg;        // this tensor-parallel rank's: its heads and wo_a groups (= model_cfg at tp 1)
   int layer = 0;
   LayerKind kind = LayerKind::swa;
   AttentionWeights w;
@@ -165,11 +166,16 @@ Attention::Attention(const ModelConfig& cfg, int layer, AttentionWeights weights
          cuda_built() ? "no CUDA device is visible" : "the library was built without CUDA",
          "; use Backend::cpu");
   Impl& m = *impl_;
-  m.cfg = cfg;
+  m.model_cfg = cfg;
   m.layer = layer;
   m.kind = cfg.layer_kind(layer);
-  m.w = std::move(weights);
-  validate_attention_weights(m.w, cfg, "Attention");
+  validate_attention_weights(weights, cfg, "Attention");
+  check_tensor_parallel(cfg, opts.tp, "Attention: AttentionOptions");
+  if (opts.tp.communicator && opts.tp.communicator->device() != (opts.backend == Backend::cuda ? Device::cuda : Device::cpu))
+    fail("Attention: AttentionOptions: tp.communicator: expected one for the layer's backend's memory, got ",
+         opts.tp.communicator->device() == Device::cuda ? "a CUDA one" : "a host one");
+  m.cfg = tensor_parallel_config(cfg, opts.tp.size);
+  m.w = opts.tp.size == 1 ? std::move(weights) : shard_attention_weights(weights, cfg, opts.tp);
   m.opts = opts;
   m.device = opts.backend == Backend::cuda ? Device::cuda : Device::cpu;
   LayerCacheOptions cache_opts = opts.caches;
@@ -192,7 +198,7 @@ Attention::~Attention() = default;
 Attention::Attention(Attention&&) noexcept = default;
 Attention& Attention::operator=(Attention&&) noexcept = default;
 
-const ModelConfig& Attention::config() const { return impl_->cfg; }
+const ModelConfig& Attention::config() const { return impl_->model_cfg; }
 int Attention::layer_index() const { return impl_->layer; }
 LayerKind Attention::kind() const { return impl_->kind; }
 Backend Attention::backend() const { return impl_->opts.backend; }
@@ -393,7 +399,8 @@ Attention::Impl::WorkspaceBound Attention::Impl::workspace_bound(int64_t max_tok
 }
 
 bool Attention::Impl::graph_step(const BatchPlan& plan) const {
-  return device == Device::cuda && opts.cuda_graphs && !timing() &&
+  const Communicator* comm = opts.tp.communicator;
+  return device == Device::cuda && opts.cuda_graphs && !timing() && (!comm || comm->graph_capturable()) &&
          plan.num_decodes == plan.num_requests() && plan.num_tokens() <= kMaxGraphTokens &&
          !rt::is_capturing(opts.stream);
 }
@@ -705,6 +712,11 @@ void Attention::Impl::project_output(const Step& st, const TensorView& y) {
   const GemmInput zin = make_gemm_input(z, z_fp8, ws, stream);
   const auto [zb, zb_scale] = zin.for_weight(wv.wo_b);
   linear(zb, zb_scale, wv.wo_b.value, wv.wo_b.scale, y, gemm_workspace, stream);
+  // Tensor parallelism: wo_b was row-parallel, so y is this rank's partial sum until reduced.
+  if (opts.tp.communicator) {
+    op("tp_allreduce");
+    opts.tp.communicator->allreduce_sum(y, stream);
+  }
 }
 
 }  // namespace dsv4

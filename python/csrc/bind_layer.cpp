@@ -109,7 +109,7 @@ Attention make_attention(const ModelConfig& cfg, const IntArg& layer_arg, const 
                          const IntArg& swa_blocks, const IntArg& compressed_blocks,
                          const IntArg& state_blocks, const IntArg& swa_block_size,
                          bool fp8_activations, const std::string& backend, bool cuda_graphs,
-                         bool caller_caches) {
+                         bool caller_caches, const IntArg& tp_rank, const IntArg& tp_size) {
   constexpr const char* k = "Attention";
   const int layer = int_arg(k, "layer", layer_arg);
   check_weights_for(k, w, cfg, layer);
@@ -124,6 +124,9 @@ Attention make_attention(const ModelConfig& cfg, const IntArg& layer_arg, const 
   opts.fp8_gemm_activations = fp8_activations;
   opts.cuda_graphs = cuda_graphs;
   opts.caller_caches = caller_caches;
+  // Tensor parallelism: this rank's shard; y is its partial sum, reduced by the Python caller.
+  opts.tp.rank = int_arg(k, "tp_rank", tp_rank);
+  opts.tp.size = int_arg(k, "tp_size", tp_size);
   return Attention(cfg, layer, w, opts);
 }
 
@@ -197,15 +200,18 @@ void bind_attention(nb::module_& m) {
           [](Attention* self, const ModelConfig& cfg, const IntArg& layer,
              const AttentionWeights& w, const IntArg& swa_blocks, const IntArg& compressed_blocks,
              const IntArg& state_blocks, const IntArg& swa_block_size, bool fp8_activations,
-             const std::string& backend, bool cuda_graphs, bool caller_caches) {
+             const std::string& backend, bool cuda_graphs, bool caller_caches,
+             const IntArg& tp_rank, const IntArg& tp_size) {
             new (self) Attention(make_attention(cfg, layer, w, swa_blocks, compressed_blocks,
                                                 state_blocks, swa_block_size, fp8_activations,
-                                                backend, cuda_graphs, caller_caches));
+                                                backend, cuda_graphs, caller_caches, tp_rank,
+                                                tp_size));
           },
           arg("config"), arg("layer").none(), arg("weights"), arg("swa_blocks").none(),
           arg("compressed_blocks").none(), arg("state_blocks").none(),
           arg("swa_block_size").none(), arg("fp8_activations"), arg("backend") = "cpu",
-          arg("cuda_graphs") = true, arg("caller_caches") = false)
+          arg("cuda_graphs") = true, arg("caller_caches") = false,
+          arg("tp_rank").none() = 0, arg("tp_size").none() = 1)
       .def("bind_caches", &bind_caller_caches, arg("swa").none(), arg("compressed").none(),
            arg("compressor_state").none(), arg("indexer_keys").none(), arg("indexer_state").none(),
            "Caller-owned caches: uint8 [num_blocks, block_bytes] views (any block stride)")

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -293,13 +293,21 @@ class Attention(_LayerWrapper):
         its cache tensors and forward_step() its per-step metadata; the layer allocates no cache
         and keeps no per-request state (forward() and release() are refused). Native backend
         only; of the cache options only swa_block_size applies.
+    tp_rank, tp_size, reduce: tensor parallelism (docs/design.md "Tensor parallelism"; native
+        backend only): the layer keeps rank tp_rank's shard of tp_size (its n_heads/tp_size
+        heads of wq_b and attn_sink, its wo_a groups, its columns of wo_b) and its forward
+        returns that rank's partial y, passed first to `reduce` if given — a callable summing y
+        in place over the ranks, e.g. `lambda y: torch.distributed.all_reduce(y, group=pg)`
+        (on the CUDA layer it runs on torch's current stream, which the forward used).
     """
 
     def __init__(self, config, layer: int, weights: WeightsArg = None, *, seed: int = 1,
                  fp8_weights: bool = True, swa_blocks: int = 256, compressed_blocks: int = 256,
                  state_blocks: int = 64, swa_block_size: int = 64, fp8_activations: bool = True,
                  device: Union[torch.device, str] = "cpu", cuda_graphs: bool = True,
-                 backend: Union[str, None] = None, caller_caches: bool = False):
+                 backend: Union[str, None] = None, caller_caches: bool = False,
+                 tp_rank: int = 0, tp_size: int = 1,
+                 reduce: Optional[Callable[[torch.Tensor], object]] = None):
         self.backend = selected_backend(backend)
         if caller_caches and self.backend != "native":
             raise Error(f"Attention: caller_caches: the {self.backend} backend keeps its own "
@@ -308,6 +316,10 @@ class Attention(_LayerWrapper):
         if isinstance(config, str):
             config = _C.ModelConfig.builtin(config)
         self.config = config
+        self.tp_rank, self.tp_size, self._reduce = tp_rank, tp_size, reduce
+        if self.backend == "triton" and (tp_size != 1 or reduce is not None):
+            raise Error(f"Attention: tp_size: expected 1 with backend triton (tensor parallelism "
+                        f"is the native backend's), got {tp_size}")
         if self.backend == "triton":
             self.device = _triton_device(device, "Attention")
             w = _load_weights(config, layer, weights, seed, fp8_weights)
@@ -322,7 +334,8 @@ class Attention(_LayerWrapper):
         with self._device_guard():
             self._layer = _C.Attention(config, layer, w, swa_blocks, compressed_blocks,
                                        state_blocks, swa_block_size, fp8_activations,
-                                       self.device.type, cuda_graphs, bool(caller_caches))
+                                       self.device.type, cuda_graphs, bool(caller_caches),
+                                       tp_rank, tp_size)
 
     # ---- caller-owned caches (caller_caches=True) ---------------------------------------------
     _CACHE_NAMES = ("swa", "compressed", "compressor_state", "indexer_keys", "indexer_state")
@@ -386,6 +399,8 @@ class Attention(_LayerWrapper):
             stream = (torch.cuda.current_stream(self.device).cuda_stream
                       if self.device.type == "cuda" else 0)
             self._layer.forward_step(*meta, *tables, x, y, stream)
+            if self._reduce is not None:
+                self._reduce(y)
         return y
 
     def _device_guard(self):
@@ -439,6 +454,8 @@ class Attention(_LayerWrapper):
             x = x.contiguous()
             y = torch.empty((x.shape[0], self.config.dim), dtype=torch.float32)
             self._layer.forward(batch.request_ids, batch.contexts, batch.num_new, x, y)
+            if self._reduce is not None:
+                self._reduce(y)
             return y
         if x.device.type not in ("cpu", "cuda") or (x.device.type == "cuda" and x.device != self.device):
             raise Error(f"Attention.forward: x.device: expected cpu or {self.device}, got {x.device}")
@@ -450,6 +467,8 @@ class Attention(_LayerWrapper):
         with self._device_guard():
             self._layer.set_stream(torch.cuda.current_stream(self.device).cuda_stream)
             self._layer.forward(ids, ctx, new, x, y)
+            if self._reduce is not None:
+                self._reduce(y)
         return scatter(y)
 
     __call__ = forward

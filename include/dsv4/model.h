@@ -7,10 +7,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "dsv4/batch.h"
+#include "dsv4/communicator.h"
 #include "dsv4/config.h"
 #include "dsv4/device_tensor.h"
 #include "dsv4/layer.h"
@@ -26,6 +28,10 @@ struct StackOptions {
   bool fp8_weights = true;      // random weights: FP8 e4m3 with 128x128 UE8M0 scales (as shipped)
   AttentionOptions attention;   // V3.2 layers take its fp8 flags, num_sms, and
                                 // caches.swa_blocks / swa_block_size for their caches
+  // Tensor-parallel ranks per V4 layer (docs/design.md "Tensor parallelism"). > 1: CPU backend
+  // only, the ranks emulated in this process — each layer's tp shards run on tp threads and sum
+  // y through an in-process group (caches replicated per rank, as on real ranks).
+  int tp = 1;
 };
 
 class AttentionStack {
@@ -51,8 +57,11 @@ class AttentionStack {
   void set_stream(Stream stream);
 
   int num_layers() const { return static_cast<int>(sparse_mla() ? mla_layers_.size() : layers_.size()); }
-  // The i-th layer of a V4 stack (a V3.2 stack: dsv4::Error; see sparse_mla_layer).
+  // The i-th layer of a V4 stack (a V3.2 stack: dsv4::Error; see sparse_mla_layer); with tp > 1
+  // its rank 0.
   Attention& layer(int i);
+  // The i-th V4 layer's whole weights (with tp > 1 each rank holds a shard of them).
+  const AttentionWeights& layer_weights(int i) const;
   // The i-th layer of a V3.2 stack (a V4 stack: dsv4::Error).
   SparseMlaAttention& sparse_mla_layer(int i);
   bool sparse_mla() const { return cfg_.family == "v3.2"; }
@@ -63,9 +72,17 @@ class AttentionStack {
   const ModelConfig& config() const { return cfg_; }
 
  private:
+  // Layer l's tp ranks on their threads (tp > 1), rank 0's y into `y`.
+  void forward_ranks(size_t l, const BatchPlan& plan, const TensorView& x, const TensorView& y);
   ModelConfig cfg_;
   std::vector<Attention> layers_;               // V4
   std::vector<SparseMlaAttention> mla_layers_;  // V3.2
+  // tp > 1: the in-process group, ranks 1.. of every layer (peers_[r - 1][i]), their outputs, and
+  // every layer's whole weights.
+  std::vector<std::unique_ptr<Communicator>> tp_group_;
+  std::vector<std::vector<Attention>> peers_;
+  std::vector<HostTensor> peer_out_;
+  std::vector<AttentionWeights> whole_weights_;
   Stream stream_ = nullptr;
   // The residual stream's buffers (grown on demand): on the host for the CPU backend, on the GPU
   // for CUDA.

@@ -1,6 +1,8 @@
 #include "dsv4/model.h"
 
+#include <exception>
 #include <sstream>
+#include <thread>
 
 #include "dsv4/ops.h"
 #include "dsv4/safetensors.h"
@@ -67,13 +69,59 @@ AttentionStack::AttentionStack(const ModelConfig& cfg, const StackOptions& opts)
     }
     return;
   }
+  if (opts.tp < 1) fail_expected("AttentionStack", "tp", ">= 1", opts.tp);
+  if (opts.tp > 1 && opts.attention.backend != Backend::cpu)
+    fail("AttentionStack: tp ", opts.tp, ": expected the CPU backend (tensor parallelism over "
+         "GPUs takes one Attention per GPU with an NCCL group, make_nccl_group; the stack "
+         "emulates ranks on the CPU only)");
+  if (opts.tp > 1) {
+    tp_group_ = make_in_process_group(opts.tp);
+    peers_.resize(static_cast<size_t>(opts.tp - 1));
+  }
   layers_.reserve(ids.size());
   for (int l : ids) {
     AttentionWeights w = ckpt ? load_attention_weights(*ckpt, cfg, l)
                               : random_attention_weights(cfg, l, opts.seed, opts.fp8_weights);
-    layers_.emplace_back(cfg, l, std::move(w), opts.attention);
+    for (int r = 0; r < opts.tp; ++r) {
+      AttentionOptions rank_opts = opts.attention;
+      if (opts.tp > 1) rank_opts.tp = {r, opts.tp, tp_group_[static_cast<size_t>(r)].get()};
+      (r == 0 ? layers_ : peers_[static_cast<size_t>(r - 1)]).emplace_back(cfg, l, w, rank_opts);
+    }
+    if (opts.tp > 1) whole_weights_.push_back(std::move(w));
   }
   stream_ = opts.attention.stream;
+}
+
+// Ranks 1.. on threads of their own while rank 0 runs here; each rank's forward ends with the
+// group's sum of y, so every rank's y holds the layer's output. An error of any rank is rethrown
+// (the plan was checked on every rank before, so an error is a bug, not bad input).
+void AttentionStack::forward_ranks(size_t l, const BatchPlan& plan, const TensorView& x,
+                                   const TensorView& y) {
+  std::vector<std::exception_ptr> errors(peers_.size() + 1);
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < peers_.size(); ++r)
+    threads.emplace_back([&, r] {
+      try {
+        peers_[r][l].forward(plan, x, peer_out_[r].view().slice0(0, plan.num_tokens()));
+      } catch (...) {
+        errors[r + 1] = std::current_exception();
+      }
+    });
+  try {
+    layers_[l].forward(plan, x, y);
+  } catch (...) {
+    errors[0] = std::current_exception();
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+const AttentionWeights& AttentionStack::layer_weights(int i) const {
+  if (sparse_mla())
+    fail("AttentionStack::layer_weights: config '", cfg_.name, "' is DeepSeek-V3.2 (use sparse_mla_layer)");
+  return peers_.empty() ? layers_.at(static_cast<size_t>(i)).weights()
+                        : whole_weights_.at(static_cast<size_t>(i));
 }
 
 void AttentionStack::forward(const BatchPlan& plan, const TensorView& x, const TensorView& y,
@@ -91,6 +139,8 @@ void AttentionStack::forward(const BatchPlan& plan, const TensorView& x, const T
   }
   // Every layer accepts the step before the first one changes its caches.
   for (const Attention& a : layers_) a.check_plan(plan);
+  for (const std::vector<Attention>& rank : peers_)
+    for (const Attention& a : rank) a.check_plan(plan);
   for (const SparseMlaAttention& a : mla_layers_) a.check_plan(plan);
   if (T == 0) return;
 
@@ -108,6 +158,8 @@ void AttentionStack::forward(const BatchPlan& plan, const TensorView& x, const T
       residual_ = HostTensor(DType::fp32, {T, dim});
       normed_ = HostTensor(normed_dtype, {T, dim});
       out_ = HostTensor(DType::fp32, {T, dim});
+      peer_out_.assign(peers_.size(), HostTensor());
+      for (HostTensor& t : peer_out_) t = HostTensor(DType::fp32, {T, dim});
     }
     capacity_rows_ = T;
   }
@@ -134,6 +186,8 @@ void AttentionStack::forward(const BatchPlan& plan, const TensorView& x, const T
     residual_add_rms_norm(h, l == 0 ? TensorView() : out, {}, eps, normed, stream);
     if (sparse_mla())
       mla_layers_[l].forward(plan, normed, out);
+    else if (!peers_.empty())
+      forward_ranks(l, plan, normed, out);
     else
       layers_[l].forward(plan, normed, out);
     if (layer_io) {
@@ -167,6 +221,8 @@ void AttentionStack::set_stream(Stream stream) {
 
 void AttentionStack::release(int64_t req_id) {
   for (Attention& a : layers_) a.release(req_id);
+  for (std::vector<Attention>& rank : peers_)
+    for (Attention& a : rank) a.release(req_id);
   for (SparseMlaAttention& a : mla_layers_) a.release(req_id);
 }
 

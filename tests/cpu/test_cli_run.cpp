@@ -128,3 +128,33 @@ TEST(CliRun, BadArgumentsAreErrors) {
 }
 
 }  // namespace
+
+namespace {
+
+// --tp 2 on the CPU: the tiny config's 16 heads / 4 groups as two ranks on threads summing y in
+// process. The check passes, and each layer's error against the float64 reference equals tp 1's
+// up to the fp32 reordering of wo_b's sum (tests/cpu/test_tensor_parallel.cpp: < 1e-5 of |y|).
+TEST(CliRun, TensorParallelRanksOnThreadsMatchOneRank) {
+  dsv4_test::TempDir dir;
+  const std::string args = std::string(kArgs) + " --backend cpu --json ";
+  const Result one = run_cli(args + dir.file("tp1.json"));
+  const Result two = run_cli(args + dir.file("tp2.json") + " --tp 2");
+  ASSERT_EQ(one.status, 0) << one.output;
+  ASSERT_EQ(two.status, 0) << two.output;
+  nlohmann::json j1, j2;
+  std::ifstream(dir.file("tp1.json")) >> j1;
+  std::ifstream(dir.file("tp2.json")) >> j2;
+  EXPECT_EQ(j2["tp"].get<int>(), 2);
+  ASSERT_EQ(j1["check"]["layers"].size(), j2["check"]["layers"].size());
+  for (size_t l = 0; l < j1["check"]["layers"].size(); ++l)
+    EXPECT_NEAR(j1["check"]["layers"][l]["max_rel_err"].get<double>(),
+                j2["check"]["layers"][l]["max_rel_err"].get<double>(), 1e-4);
+}
+
+TEST(CliRun, TensorParallelBadRankCountsAreRefused) {
+  const Result r = run_cli("--model tiny --backend cpu --tp 3 --quiet");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("tp.size: expected a divisor of n_heads 16, got 3"), std::string::npos) << r.output;
+}
+
+}  // namespace

@@ -13,6 +13,8 @@
 #include "dsv4/device_tensor.h"
 #include "dsv4/model.h"
 #include "dsv4/status.h"
+#include "dsv4/tensor_parallel.h"
+#include "runtime/device_runtime.h"
 #include "kv_pools.h"
 #include "serving_sim.h"
 
@@ -32,6 +34,8 @@ const std::vector<FlagSpec> kFlags = {
     {"max-running", true, "most requests running at once (default 0: as many as the cache holds)", "N"},
     {"seed", true, "seed for weights and inputs (default 1)", "S"},
     {"backend", true, "cpu | cuda | auto (default auto)", "B"},
+    {"tp", true, "tensor-parallel ranks per layer, a divisor of the heads and wo_a groups; the CPU "
+                 "backend emulates them as threads summing y in process (default 1)", "N"},
     {"check", false, "re-run a sample of requests through the float64 reference; exit 3 if off"},
     {"check-requests", true, "requests to check with --check (default 1)", "N"},
     {"tolerance", true, "--check tolerance, max|y-ref|/max|ref| per token (default 3e-2 cpu, 8e-2 cuda)", "T"},
@@ -78,10 +82,11 @@ void print_table(const SimReport& rep) {
 }
 
 nlohmann::json to_json(const SimReport& rep, const ModelConfig& cfg, const SimConfig& sc,
-                       const KvPoolSizes& pools, int64_t kv_budget, const char* backend) {
+                       const KvPoolSizes& pools, int64_t kv_budget, const char* backend, int tp) {
   nlohmann::json j;
   j["model"] = cfg.name;
   j["backend"] = backend;
+  j["tp"] = tp;
   j["requests"] = sc.requests;
   j["prompt_lens"] = sc.prompt_lens;
   j["decode_steps"] = sc.decode_steps;
@@ -138,6 +143,15 @@ int cmd_run(const Args& raw) {
     fail("run: --backend cuda: ", cuda_built() ? "no CUDA device is visible" : "this build has no CUDA backend",
          "; use --backend cpu (or auto)");
   so.attention.backend = use_cuda ? Backend::cuda : Backend::cpu;
+  so.tp = static_cast<int>(a.get_int("tp", 1, 1, 128));
+  if (so.tp > 1 && v32) fail("run: --tp: the DeepSeek-V3.2 sparse-MLA layer has no tensor-parallel split");
+  if (so.tp > 1 && use_cuda)
+    fail("run: --tp ", so.tp, " --backend cuda: needs ", so.tp, " GPUs driven by one NCCL group; ",
+         rt::devices(nullptr).size() < static_cast<size_t>(so.tp)
+             ? "only " + std::to_string(rt::devices(nullptr).size()) + " visible"
+             : std::string("the multi-GPU stack is not built yet (the layer takes tp with NCCL)"),
+         "; use --backend cpu to emulate the ranks");
+  if (so.tp > 1) check_tensor_parallel(cfg, {0, so.tp, nullptr}, "run: --tp");
 
   // Every count is read exactly and bounded here, before it sizes anything: a sequence never
   // exceeds max_position (so prompt + steps below cannot overflow), a step's tokens fit int32.
@@ -176,9 +190,10 @@ int cmd_run(const Args& raw) {
   so.attention.caches.state_blocks = pools.state_blocks;
 
   const bool quiet = a.has("quiet");
-  std::fprintf(stderr, "dsv4 run: model %s, %d layers, %d requests, backend %s\n", cfg.name.c_str(),
+  std::fprintf(stderr, "dsv4 run: model %s, %d layers, %d requests, backend %s%s\n", cfg.name.c_str(),
                so.layers.empty() ? cfg.n_layers() : static_cast<int>(so.layers.size()), sc.requests,
-               use_cuda ? "cuda" : "cpu");
+               use_cuda ? "cuda" : "cpu",
+               so.tp > 1 ? (", tp " + std::to_string(so.tp) + " (ranks as threads)").c_str() : "");
   const std::string blocks =
       v32 ? std::to_string(pools.swa_blocks) + " blocks of latent rows and indexer keys per layer"
           : std::to_string(pools.swa_blocks) + " SWA, " + std::to_string(pools.compressed_blocks) +
@@ -202,7 +217,7 @@ int cmd_run(const Args& raw) {
   if (a.has("json")) {
     std::ofstream f(a.get_string("json"));
     if (!f) fail("run: --json: cannot write '", a.get_string("json"), "'");
-    f << to_json(rep, cfg, sc, pools, kv_budget, use_cuda ? "cuda" : "cpu").dump(2) << "\n";
+    f << to_json(rep, cfg, sc, pools, kv_budget, use_cuda ? "cuda" : "cpu", so.tp).dump(2) << "\n";
   }
   return rep.check_passed ? 0 : 3;
 }

@@ -195,7 +195,7 @@ SimReport run_serving_sim(AttentionStack& stack, const SimConfig& sc,
       ReferenceOptions ro;
       const std::vector<double> ref =
           stack.sparse_mla() ? reference_sparse_mla_layer(cfg, stack.sparse_mla_layer(l).weights(), xin, ro)
-                             : reference_attention_layer(cfg, lc.layer, stack.layer(l).weights(), xin, ro);
+                             : reference_attention_layer(cfg, lc.layer, stack.layer_weights(l), xin, ro);
       for (const auto& [pos, io_rows] : rows) {
         double num = 0, den = 0;
         for (int i = 0; i < cfg.dim; ++i) {

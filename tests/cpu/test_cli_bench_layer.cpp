@@ -60,12 +60,12 @@ TEST(CliBenchLayer, CpuTinyReportHasEveryKindPhaseAndConsistentFloors) {
       const double compute = 1e-6 * (op["flop_fp8"].get<double>() / ceil["fp8_tflops"].get<double>() +
                                      op["flop_bf16"].get<double>() / ceil["bf16_tflops"].get<double>());
       const double memory = 1e-3 * op["bytes"].get<double>() / ceil["copy_gbps"].get<double>();
-      EXPECT_NEAR(op["floor_us"].get<double>(), std::max(compute, memory), 1e-9 * std::max(compute, memory))
+      EXPECT_NEAR(op["flop"].get<double>(), std::max(compute, memory), 1e-9 * std::max(compute, memory))
           << op["name"];
       EXPECT_DOUBLE_EQ(op["flop"].get<double>(), op["flop_fp8"].get<double>() + op["flop_bf16"].get<double>());
       EXPECT_GT(op["bytes"].get<double>(), 0) << op["name"];
       EXPECT_GE(op["gpu_us"].get<double>(), 0);
-      sum += op["floor_us"].get<double>();
+      sum += op["flop"].get<double>();
     }
     EXPECT_NEAR(c["floor_us"].get<double>(), sum, 1e-9 * sum);
     EXPECT_GT(sum, 0);
@@ -126,6 +126,38 @@ TEST(CliBenchLayer, BadArgumentsAreErrors) {
   const Result v32 = bench_layer("--model v3.2 --list");
   EXPECT_EQ(v32.status, 1);
   EXPECT_NE(v32.output.find("DeepSeek-V4"), std::string::npos) << v32.output;
+}
+
+}  // namespace
+
+namespace {
+
+// --tp 2 times rank 0's shard of the tiny layer: the report records tp, its ops are priced on the
+// shard (wo_a counts half the whole layer's FLOPs), and a tp that does not divide
+// the heads is refused before anything runs.
+TEST(CliBenchLayer, TensorParallelTimesOneRanksShard) {
+  dsv4_test::TempDir dir;
+  const auto wo_a_flop = [&](const std::string& extra, const std::string& file) {
+    const dsv4_test::CliResult r = dsv4_test::run_cli(
+        "bench layer --backend cpu --model tiny --kind swa --phase decode --decode-requests 1 --reps 1 --json " +
+            dir.file(file) + extra,
+        "OMP_NUM_THREADS=1");
+    EXPECT_EQ(r.status, 0) << r.output;
+    nlohmann::json j;
+    std::ifstream(dir.file(file)) >> j;
+    for (const auto& op : j["cases"][0]["ops"])
+      if (op["name"] == "wo_a") return std::make_pair(j["settings"]["tp"].get<int>(), op["flop"].get<double>());
+    return std::make_pair(0, 0.0);
+  };
+  const auto [tp1, flop1] = wo_a_flop("", "tp1.json");
+  const auto [tp2, flop2] = wo_a_flop(" --tp 2", "tp2.json");
+  EXPECT_EQ(tp1, 1);
+  EXPECT_EQ(tp2, 2);
+  EXPECT_GT(flop1, 0.0);
+  EXPECT_DOUBLE_EQ(2 * flop2, flop1);
+  const dsv4_test::CliResult bad = dsv4_test::run_cli("bench layer --backend cpu --model tiny --tp 3");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.output.find("--tp: tp.size: expected a divisor of n_heads 16, got 3"), std::string::npos) << bad.output;
 }
 
 }  // namespace

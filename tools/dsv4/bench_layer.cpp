@@ -23,6 +23,7 @@
 #include "bench_harness.h"
 #include "dsv4/device_tensor.h"
 #include "dsv4/status.h"
+#include "dsv4/tensor_parallel.h"
 #include "hw_ceilings.h"
 #include "layer_bench_report.h"
 #include "layer_bench_runner.h"
@@ -64,6 +65,8 @@ const std::vector<FlagSpec> kFlags = {
     {"plot", true, "draw the report with bench/plot_layer.py (matplotlib) into FILE.png", "FILE"},
     {"commit", true, "commit recorded in the report (default: git of the source tree, else $DSV4_COMMIT)", "SHA"},
     {"seed", true, "seed of weights and inputs (default 1)", "S"},
+    {"tp", true, "time one rank's shard of an N-way tensor-parallel split (rank 0: heads/N, wo_a "
+                 "groups/N) on one device, without the all-reduce of y (default 1)", "N"},
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -169,6 +172,7 @@ LayerBenchSettings parse_settings(const ParsedArgs& a) {
   s.prefill_reps = static_cast<int>(a.get_int("prefill-reps", gpu_sizes ? 5 : 2));
   s.cooldown_ms = static_cast<int>(a.get_int("cooldown-ms", s.cuda ? 1000 : 0));
   s.seed = static_cast<uint64_t>(a.get_int("seed", 1));
+  s.tp = static_cast<int>(a.get_int("tp", 1, 1, 128));
   const std::string weights = a.get_string("weights", "fp8");
   if (weights != "fp8" && weights != "bf16") fail_expected("bench layer", "--weights", "fp8 or bf16", weights);
   s.fp8_weights = weights == "fp8";
@@ -190,7 +194,7 @@ nlohmann::json settings_json(const LayerBenchSettings& s) {
           {"mtp_requests", s.mtp_requests},     {"build_chunk", s.build_chunk}, {"warmup", s.warmup},
           {"reps", s.reps},                     {"prefill_reps", s.prefill_reps}, {"cooldown_ms", s.cooldown_ms},
           {"weights", s.fp8_weights ? "fp8" : "bf16"}, {"wall", s.wall == WallMode::graph ? "graph" : "eager"},
-          {"seed", s.seed}};
+          {"seed", s.seed}, {"tp", s.tp}};
 }
 
 // What runs: each model's first layer of each selected kind, and the selected cases.
@@ -265,6 +269,7 @@ int run_layer_bench_cli(const std::vector<std::string>& raw) {
   }
   const LayerBenchSettings s = parse_settings(a);
   const Selection sel = select(a, s);
+  for (const auto& layers : sel.layers) check_tensor_parallel(layers.first, {0, s.tp, nullptr}, "bench layer: --tp");
   if (a.has("list")) {
     print_list(sel);
     return 0;
@@ -286,6 +291,9 @@ int run_layer_bench_cli(const std::vector<std::string>& raw) {
   report.ceilings = s.cuda ? measure_cuda_ceilings() : measure_cpu_ceilings();
   std::printf("dsv4 bench layer: %s, backend %s, commit %s, %s\n", report.device.c_str(), report.backend.c_str(),
               report.commit.c_str(), report.date.c_str());
+  if (s.tp > 1)
+    std::printf("tp %d: rank 0's shard (n_heads/%d heads, o_groups/%d wo_a groups), the all-reduce of y not "
+                "timed\n", s.tp, s.tp, s.tp);
   print_ceilings(stdout, report.ceilings);
   std::fflush(stdout);
   const Ceilings& ceil = report.ceilings.value;

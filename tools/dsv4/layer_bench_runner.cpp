@@ -13,6 +13,7 @@
 #include "dsv4/layer.h"
 #include "dsv4/paged_cache.h"
 #include "dsv4/status.h"
+#include "dsv4/tensor_parallel.h"
 #include "dsv4/weights.h"
 #include "layer_cost_model.h"
 #include "layer_op_timer.h"
@@ -121,6 +122,7 @@ class LayerRunner {
     o.caches = caches;
     o.op_timer = timer;
     o.cuda_graphs = s.wall == WallMode::graph;
+    o.tp = {0, s.tp, nullptr};  // rank 0's shard; y stays its partial sum
     return o;
   }
   void sync() {
@@ -170,7 +172,7 @@ CaseReport make_report(const ModelConfig& cfg, int layer, LayerKind kind, const 
   r.forward_us = median(forward_us);
   r.gpu_us = med.gpu_us;
   r.host_us = med.host_us;
-  const StepShape shape = StepShape::make(cfg, kind, first_plan, s.fp8_weights);
+  const StepShape shape = StepShape::make(tensor_parallel_config(cfg, s.tp), kind, first_plan, s.fp8_weights);
   for (const OpTime& o : med.ops) {
     OpReport op{o.name, o.gpu_us, o.host_us, op_cost(o.name, shape), 0.0};
     if (op.cost) op.floor_us = op.cost->floor_us(ceil);

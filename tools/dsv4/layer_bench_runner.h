@@ -40,6 +40,10 @@ struct LayerBenchSettings {
   bool fp8_weights = true;
   WallMode wall = WallMode::graph;  // the CLI defaults to eager on the CPU (no graphs there)
   uint64_t seed = 1;
+  // > 1: time rank 0's shard of a tp-way tensor-parallel split (its n_heads/tp heads and
+  // o_groups/tp wo_a groups, include/dsv4/tensor_parallel.h) without the all-reduce of y, which
+  // needs tp GPUs; ops are priced on the shard's shape.
+  int tp = 1;
 };
 
 // prefill-8x(P/8), prefill-4x(P/4)@(P/2), decode-N for each N, mtp-Mx2 (P = prefill_tokens).

@@ -234,7 +234,10 @@ def test_fused_inv_rope_fp8_quant(device, n_groups, heads_per_group, tma_aligned
 
 def test_o_projection_fp8_einsum(device):
     """inverse RoPE + FP8 quant + grouped FP8 einsum == float64 einsum of the dequantized
-    operands (the GEMM itself is exact up to fp32 accumulation: 1e-4 relative)."""
+    operands. The products are exact; the CPU sums them in fp32 (1e-4), the GPU's FP8 tensor
+    cores keep about 14 mantissa bits within each 128-deep slice, so there the bound is the CUDA
+    FP8 GEMM tests' 2e-3 · Σ|o w| (tests/cuda/test_fp8_gemm_cpu_vs_cuda.cpp; measured on the
+    H200: 2e-4 absolute here, against a bound of about 4e-2)."""
     T, G, hpg, D, L = 3, 4, 2, 512, 128
     o = torch.randn(T, G * hpg, D, dtype=torch.bfloat16, device=device)
     positions = torch.tensor([0, 9, 77], device=device)
@@ -253,7 +256,11 @@ def test_o_projection_fp8_einsum(device):
     w_deq = (w_fp8.double().view(G * L // 128, 128, Dg // 128, 128)
              * w_scale[:, None, :, None]).view(G, L, Dg)
     want = torch.einsum("tgr,glr->tgl", o_deq.view(T, G, Dg), w_deq)
-    assert torch.allclose(z.cpu().double(), want, rtol=1e-4, atol=1e-4)
+    if device.type == "cuda":
+        abs_sum = torch.einsum("tgr,glr->tgl", o_deq.view(T, G, Dg).abs(), w_deq.abs())
+        assert torch.all((z.cpu().double() - want).abs() <= 2e-3 * abs_sum + 1e-6)
+    else:
+        assert torch.allclose(z.cpu().double(), want, rtol=1e-4, atol=1e-4)
 
 
 def test_vllm_ops_errors():

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dsv4/config.h"
+#include "dsv4/kv_layout.h"
 #include "dsv4/weights.h"
 
 namespace dsv4 {
@@ -25,6 +26,12 @@ namespace dsv4 {
 struct ReferenceOptions {
   bool fp8_activations = true;       // AttentionOptions::fp8_activations
   bool fp8_gemm_activations = true;  // AttentionOptions::fp8_gemm_activations
+  // The layer's SWA / compressed cache layout (LayerCacheOptions::layout): what a cached row
+  // hands back. MODEL1_FP8: nope dims FP8 in blocks of 64, rope dims bf16. BF16: every dim bf16
+  // (the SWA rows unquantized, as the FlashInfer port's full-width cache). FP8_PER_TENSOR: every
+  // dim FP8 e4m3 at the cache's scale, 1. Compressed entries hold the model's FP8-rounded values
+  // (docs/spec.md §4) in the layout's encoding. The V3.2 reference ignores it (its own layout).
+  KvLayout kv_layout = KvLayout::model1_fp8;
 };
 
 // x: [L, dim] row-major; returns y [L, dim].

@@ -32,6 +32,29 @@ void cache_round(double* v, int D, int R) {
   for (int i = D - R; i < D; ++i) v[i] = round_bf16(static_cast<float>(v[i]));
 }
 
+// Every dim FP8 e4m3 at scale 1: what an FP8_PER_TENSOR cache (the layer's scale) hands back.
+void fp8_tensor_round(double* v, int D) {
+  for (int i = 0; i < D; ++i) v[i] = fp8_e4m3_to_float(float_to_fp8_e4m3(static_cast<float>(v[i])));
+}
+
+// An SWA row as the layer's cache hands it back (ReferenceOptions::kv_layout).
+void swa_row_round(double* v, int D, int R, KvLayout layout) {
+  switch (layout) {
+    case KvLayout::bf16:
+      for (int i = 0; i < D; ++i) v[i] = round_bf16(static_cast<float>(v[i]));
+      return;
+    case KvLayout::fp8_per_tensor: fp8_tensor_round(v, D); return;
+    default: cache_round(v, D, R); return;
+  }
+}
+
+// A compressed entry as the layer's cache hands it back: the model's FP8-rounded values
+// (MODEL1's rounding, exact in bf16), FP8_PER_TENSOR encoding them once more.
+void entry_round(double* v, int D, int R, KvLayout layout) {
+  cache_round(v, D, R);
+  if (layout == KvLayout::fp8_per_tensor) fp8_tensor_round(v, D);
+}
+
 // A compressor's projections of every position and its emitted entries (docs/spec.md §4).
 struct Compressor {
   int r = 0, coff = 1, hd = 0;
@@ -120,7 +143,7 @@ std::vector<double> reference_attention_layer(const ModelConfig& cfg, int layer,
     rmsnorm(kv, D, &kv_norm, eps);
     bf16_round(kv, D);
     rotate(kv, D, freqs, static_cast<double>(p));
-    cache_round(kv, static_cast<int>(D), static_cast<int>(R));  // the SWA row as cached
+    swa_row_round(kv, static_cast<int>(D), static_cast<int>(R), opts.kv_layout);  // the SWA row as cached
   }
 
   std::unique_ptr<Compressor> comp, icomp;
@@ -158,7 +181,7 @@ std::vector<double> reference_attention_layer(const ModelConfig& cfg, int layer,
         const int64_t j = (p + 1) / ratio - 1;
         std::vector<double> e = comp->pool(j, eps);
         rotate(e.data(), D, freqs, static_cast<double>(j * ratio));
-        cache_round(e.data(), static_cast<int>(D), static_cast<int>(R));
+        entry_round(e.data(), static_cast<int>(D), static_cast<int>(R), opts.kv_layout);
         entries.push_back(std::move(e));
       }
       const int64_t visible = (p + 1) / ratio;

@@ -137,6 +137,26 @@ def test_matches_float64_reference(layer, fp8_activations):
         assert err.max() <= 1e-2, err.max()
 
 
+@pytest.mark.parametrize("layer", KINDS)
+def test_bf16_cache_layout_matches_its_float64_reference(layer):
+    """kv_layout="bf16" (full-width bf16 cache rows): the same 300-token prompt, without FP8
+    activations, against the reference told the layout (SWA rows bf16, compressed entries the
+    model's FP8-rounded values): within the 1e-2 of the test above. The reference of the MODEL1
+    layout must not match it (its FP8-rounded SWA rows differ by FP8 steps: a layout that were
+    ignored would pass the first bound and fail this one)."""
+    L = 300
+    a = small_layer(layer, fp8_activations=False, kv_layout="bf16")
+    x = hidden(L, 7)
+    y = a.forward(dsv4attn.BatchDescription([7], [0], [L]), x)
+    want = dsv4attn.reference_attention_layer(TINY, layer, a.weights, x, fp8_activations=False,
+                                              kv_layout="bf16")
+    assert row_rel_err(y, want).max() <= 1e-2
+    model1 = dsv4attn.reference_attention_layer(TINY, layer, a.weights, x, fp8_activations=False)
+    assert row_rel_err(y, model1).max() > 2e-2
+    with pytest.raises(dsv4attn.Error, match="kv_layout"):
+        small_layer(layer, kv_layout="fp8")
+
+
 # ---------------------------------------------------------------- (c) chunking and decode
 def run_request(layer, length, chunk, decodes=0):
     """One request of `length` tokens prefilled in chunks, then `decodes` single tokens."""

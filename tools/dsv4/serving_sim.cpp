@@ -193,6 +193,7 @@ SimReport run_serving_sim(AttentionStack& stack, const SimConfig& sc,
       std::vector<double> xin;
       for (const auto& [pos, io_rows] : rows) xin.insert(xin.end(), io_rows.first.begin(), io_rows.first.end());
       ReferenceOptions ro;
+      ro.kv_layout = sc.kv_layout;
       const std::vector<double> ref =
           stack.sparse_mla() ? reference_sparse_mla_layer(cfg, stack.sparse_mla_layer(l).weights(), xin, ro)
                              : reference_attention_layer(cfg, lc.layer, stack.layer_weights(l), xin, ro);

@@ -28,6 +28,7 @@ struct SimConfig {
   // other side of an FP8 / bf16 rounding boundary) measure up to ~1.3e-2; semantic errors (a
   // missing scope, the sink, a RoPE position) are an order of magnitude above.
   double check_tolerance = 3e-2;     // CPU backend; `dsv4 run` uses 5e-2 for CUDA (cmd_run.cpp)
+  KvLayout kv_layout = KvLayout::model1_fp8;  // the layers' cache layout, for the reference's rounding
 };
 
 // Throws dsv4::Error naming the flag for a config `dsv4 run` cannot simulate on `model`.

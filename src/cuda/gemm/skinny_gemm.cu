@@ -26,6 +26,7 @@
 #include <limits>
 
 #include "cuda/common/check.h"
+#include "cuda/common/device_props.h"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/smem_layout.cuh"
 #include "cuda/common/tma.h"
@@ -240,18 +241,6 @@ void launch(const Params& p, dim3 grid, cudaStream_t stream) {
   skinny_gemm_kernel<Operands, kCols><<<grid, kThreads, kSmem, stream>>>(p);
 }
 
-int sm_count() {
-  constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices] = {};
-  int device = 0;
-  DSV4_CUDA_CHECK("skinny_gemm", cudaGetDevice(&device));
-  if (device >= 0 && device < kMaxDevices && cached[device] > 0) return cached[device];
-  int sms = 0;
-  DSV4_CUDA_CHECK("skinny_gemm", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  if (device >= 0 && device < kMaxDevices) cached[device] = sms;
-  return sms;
-}
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The token tile (wgmma N) of a problem of T <= kSkinnyMaxTokens tokens.
@@ -305,7 +294,7 @@ bool skinny_gemm_fits(const SkinnyGemm& g) {
       !aligned16(g.w, row_pitch_bytes(g.w_ld, g.N, g.K, eb), g.w_batch_stride * eb))
     return false;
   if (g.y_dtype != DType::bf16 && g.y_dtype != DType::fp32) return false;
-  return g.batch * ceil_div(g.N, 128) < sm_count();
+  return g.batch * ceil_div(g.N, 128) < current_device_sm_count("skinny_gemm");
 }
 
 void skinny_gemm(const SkinnyGemm& g, Stream stream) {
@@ -334,9 +323,10 @@ void skinny_gemm(const SkinnyGemm& g, Stream stream) {
   // Split K until about two CTAs per SM (each CTA then streams a fraction of its weight rows),
   // as far as the workspace holds the partial sums and their traffic (written, then read back)
   // stays within half the weight's bytes: splits · T · N · 4 · 2 <= N · K · eb / 2.
+  const int64_t sms = current_device_sm_count(kWhere);
   const int64_t tiles = g.N / kTileRows * g.batch;
   const int64_t partial_bytes = g.batch * g.T * g.N * static_cast<int64_t>(sizeof(float));
-  int64_t splits = std::clamp<int64_t>(ceil_div(2 * int64_t{sm_count()}, tiles), 1, p.kblocks);
+  int64_t splits = std::clamp<int64_t>(ceil_div(2 * sms, tiles), 1, p.kblocks);
   splits = std::min<int64_t>({splits, g.workspace != nullptr ? g.workspace_bytes / partial_bytes : 1,
                               g.K * eb / (16 * g.T), 65535});
   if (splits < 2) splits = 1;
@@ -351,7 +341,7 @@ void skinny_gemm(const SkinnyGemm& g, Stream stream) {
     launch_tiles<Bf16Operands>(p, g.T, grid, stream);
   check_launch(kWhere);
   if (splits > 1) {
-    const int64_t blocks = std::clamp<int64_t>(ceil_div(partial_bytes / 4, kReduceThreads), 1, 4 * int64_t{sm_count()});
+    const int64_t blocks = std::clamp<int64_t>(ceil_div(partial_bytes / 4, kReduceThreads), 1, 4 * sms);
     reduce_splits_kernel<<<static_cast<unsigned>(blocks), kReduceThreads, 0, stream>>>(p, static_cast<int>(splits));
     check_launch(kWhere);
   }

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "cuda/common/check.h"
+#include "cuda/common/device_props.h"
 #include "cuda/common/index_vector.cuh"
 #include "cuda/indexer/indexer.h"
 #include "cuda/indexer/scores/config.h"
@@ -35,13 +36,6 @@ int auto_tokens_per_cta(int64_t T, int64_t requests, int max_tokens) {
   int g = 1;
   while (g * 2 <= max_tokens && g * 2 <= per_request) g *= 2;
   return g;
-}
-
-int sm_count() {
-  int device = 0, sms = 0;
-  DSV4_CUDA_CHECK(kOp, cudaGetDevice(&device));
-  DSV4_CUDA_CHECK(kOp, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
 }
 
 bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
@@ -105,7 +99,7 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
   const int64_t groups = (T + tokens - 1) / tokens;
   int64_t chunk = tiling.chunk_tiles;
   if (chunk <= 0) {
-    const int64_t target = int64_t{kCtasPerSmTarget} * sm_count();
+    const int64_t target = int64_t{kCtasPerSmTarget} * current_device_sm_count(kOp);
     chunk = std::clamp<int64_t>((tiles * groups + target - 1) / target, 1, tiles);
   }
   chunk = std::max(chunk, (tiles + kMaxGridY - 1) / kMaxGridY);

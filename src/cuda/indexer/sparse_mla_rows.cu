@@ -8,13 +8,13 @@
 // in dim order from shared memory — so identical inputs give identical codes, scales and bytes.
 #include <cuda_runtime.h>
 
-#include <climits>
 #include <cstdint>
 
 #include "cuda/common/check.h"
 #include "cuda/common/float_rows.cuh"
 #include "cuda/common/index_vector.cuh"
 #include "cuda/common/rope_table.cuh"
+#include "cuda/index/warp_rows.cuh"
 #include "cuda/indexer/sparse_mla_indexer.h"
 #include "cuda/indexer/warp_row128.cuh"
 #include "math/hadamard.h"
@@ -23,19 +23,12 @@ namespace dsv4::cuda {
 namespace {
 
 namespace wr = warp_row128;
+using index_rows::kWarpsPerBlock;  // one warp per row, as the index kernels (warp_rows.cuh)
 constexpr int kDim = wr::kDim;
-constexpr int kWarpsPerBlock = 8;
 constexpr uint32_t kNaNBits = 0x7fc00000u;
 
-// The warp's row and lane; rows >= num_rows leave (whole warps).
-struct WarpRow {
-  int64_t row;
-  int lane, warp;
-};
-__device__ __forceinline__ WarpRow warp_row() {
-  return {static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32, static_cast<int>(threadIdx.x % 32),
-          static_cast<int>(threadIdx.x / 32)};
-}
+// The calling warp's index in its block: which shared-memory stage (128 floats) is its own.
+__device__ __forceinline__ int warp_in_block() { return static_cast<int>(threadIdx.x / 32); }
 
 __device__ __forceinline__ void load_row4(const FloatRows& rows, int64_t r, int lane, float (&v)[4]) {
   const int64_t off = rows.row_offset(r);
@@ -65,19 +58,20 @@ struct QuantizeParams {
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) quantize_rows_kernel(const QuantizeParams p) {
   __shared__ float stage[kWarpsPerBlock][kDim];
-  const WarpRow w = warp_row();
-  if (w.row >= p.x.num_rows) return;
-  const int64_t t = w.row / p.heads, h = w.row % p.heads;
+  const int64_t row = index_rows::warp_row();
+  if (row >= p.x.num_rows) return;  // whole warps leave together
+  const int lane = index_rows::lane_id();
+  const int64_t t = row / p.heads, h = row % p.heads;
   const int64_t pos = p.positions[t];
   const bool valid = p.table.contains(pos);
   float v[4];
-  load_row4(p.x, w.row, w.lane, v);
+  load_row4(p.x, row, lane, v);
   uint8_t codes[4] = {0, 0, 0, 0};
   int32_t k = 0;
-  if (valid) k = prepare_row(v, w.lane, p.table, pos, p.hadamard_scale, stage[w.warp], codes);  // uniform
-  uint8_t* out = p.codes + t * p.codes_stride0 + h * p.codes_stride1 + 4 * w.lane;
+  if (valid) k = prepare_row(v, lane, p.table, pos, p.hadamard_scale, stage[warp_in_block()], codes);  // uniform
+  uint8_t* out = p.codes + t * p.codes_stride0 + h * p.codes_stride1 + 4 * lane;
   for (int j = 0; j < 4; ++j) out[j] = codes[j];
-  if (w.lane == 0)
+  if (lane == 0)
     p.scales[t * p.scales_stride0 + h * p.scales_stride1] = valid ? exp2_int(k) : __uint_as_float(kNaNBits);
 }
 
@@ -99,24 +93,25 @@ struct KeyInsertParams {
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) key_insert_kernel(const KeyInsertParams p) {
   __shared__ float stage[kWarpsPerBlock][kDim];
-  const WarpRow w = warp_row();
-  if (w.row >= p.k.num_rows) return;
-  const int64_t slot = p.slots[w.row], pos = p.positions[w.row];
+  const int64_t row = index_rows::warp_row();
+  if (row >= p.k.num_rows) return;  // whole warps leave together
+  const int lane = index_rows::lane_id();
+  const int64_t slot = p.slots[row], pos = p.positions[row];
   if (slot < 0 || slot >= p.num_slots || !p.table.contains(pos)) return;  // uniform
   float v[4];
-  load_row4(p.k, w.row, w.lane, v);
+  load_row4(p.k, row, lane, v);
 
   // LayerNorm with the CPU's sequential sums (lane 0, dims in order), broadcast.
-  float* row = stage[w.warp];
-  for (int j = 0; j < 4; ++j) row[4 * w.lane + j] = v[j];
+  float* values = stage[warp_in_block()];
+  for (int j = 0; j < 4; ++j) values[4 * lane + j] = v[j];
   __syncwarp();
   float mean = 0.0f, inv = 0.0f;
-  if (w.lane == 0) {
-    for (int i = 0; i < kDim; ++i) mean = ieee_add(mean, row[i]);
+  if (lane == 0) {
+    for (int i = 0; i < kDim; ++i) mean = ieee_add(mean, values[i]);
     mean = ieee_div(mean, static_cast<float>(kDim));
     float var = 0.0f;
     for (int i = 0; i < kDim; ++i) {
-      const float d = ieee_sub(row[i], mean);
+      const float d = ieee_sub(values[i], mean);
       var = ieee_add(var, ieee_mul(d, d));
     }
     inv = ieee_div(1.0f, ieee_sqrt(ieee_add(ieee_div(var, static_cast<float>(kDim)), p.eps)));
@@ -125,24 +120,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) key_insert_kernel(const K
   inv = __shfl_sync(0xffffffffu, inv, 0);
   __syncwarp();  // the stage is read before rope_halves writes it
   for (int j = 0; j < 4; ++j) {
-    const int i = 4 * w.lane + j;
+    const int i = 4 * lane + j;
     const float weight = load_float(p.norm_weight, p.weight_bf16, i), bias = load_float(p.norm_bias, p.bias_bf16, i);
     v[j] = ieee_add(ieee_mul(ieee_mul(ieee_sub(v[j], mean), inv), weight), bias);
   }
 
   uint8_t codes[4];
-  const int32_t k = prepare_row(v, w.lane, p.table, pos, p.hadamard_scale, row, codes);
+  const int32_t k = prepare_row(v, lane, p.table, pos, p.hadamard_scale, values, codes);
   uint8_t* block = p.cache + (slot / p.block_size) * p.block_stride;
   const int offset = static_cast<int>(slot % p.block_size);
-  uint8_t* out = block + indexer_key_data_offset(offset) + 4 * w.lane;
+  uint8_t* out = block + indexer_key_data_offset(offset) + 4 * lane;
   for (int j = 0; j < 4; ++j) out[j] = codes[j];
-  if (w.lane == 0) *reinterpret_cast<float*>(block + indexer_key_scale_offset(p.block_size, offset)) = exp2_int(k);
-}
-
-unsigned blocks_for(const char* op, int64_t rows) {
-  const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  DSV4_CHECK(blocks <= INT_MAX, op, ": ", rows, " rows exceed one launch");
-  return static_cast<unsigned>(blocks);
+  if (lane == 0) *reinterpret_cast<float*>(block + indexer_key_scale_offset(p.block_size, offset)) = exp2_int(k);
 }
 
 }  // namespace
@@ -164,7 +153,7 @@ void sparse_mla_indexer_quantize(const TensorView& x, const TensorView& position
   p.scales = scales.ptr<float>();
   p.scales_stride0 = scales.strides[0];
   p.scales_stride1 = scales.strides[1];
-  quantize_rows_kernel<<<blocks_for(kOp, p.x.num_rows), kWarpsPerBlock * 32, 0, stream>>>(p);
+  quantize_rows_kernel<<<index_rows::blocks_for(kOp, p.x.num_rows), kWarpsPerBlock * 32, 0, stream>>>(p);
   check_launch(kOp);
 }
 
@@ -190,7 +179,7 @@ void sparse_mla_indexer_key_insert(const TensorView& k, const TensorView& norm_w
   p.block_stride = keys.data.strides[0];
   p.num_slots = keys.num_slots();
   p.block_size = keys.block_size;
-  key_insert_kernel<<<blocks_for(kOp, p.k.num_rows), kWarpsPerBlock * 32, 0, stream>>>(p);
+  key_insert_kernel<<<index_rows::blocks_for(kOp, p.k.num_rows), kWarpsPerBlock * 32, 0, stream>>>(p);
   check_launch(kOp);
 }
 

@@ -27,6 +27,7 @@
 #include "cuda/attention/sparse_prefill/math.cuh"
 #include "cuda/attention/sparse_prefill/producer.cuh"
 #include "cuda/common/check.h"
+#include "cuda/common/device_props.h"
 #include "cuda/common/ptx.cuh"
 
 namespace dsv4::cuda::sparse_prefill_detail {
@@ -80,9 +81,7 @@ void launch(const Params& params, CUstream_st* stream) {
   (void)attribute_set;
   const int head_groups = (params.num_heads + Cfg::kHeads - 1) / Cfg::kHeads;
   const int64_t items = int64_t{params.s_q} * head_groups;
-  int device = 0, sms = 0;
-  DSV4_CUDA_CHECK("sparse_prefill", cudaGetDevice(&device));
-  DSV4_CUDA_CHECK("sparse_prefill", cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = current_device_sm_count("sparse_prefill");
   const dim3 grid(static_cast<unsigned>(items < sms ? items : sms));  // persistent: one CTA per SM
   sparse_prefill_kernel<D_QK><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
   check_launch("sparse_prefill");

@@ -3,7 +3,8 @@
 # and Python extension for the device's python3; then the steps named on the command line, in
 # order: graphs (the layer graph/residual GPU tests), quick (bench/scripts/layer_quick.py),
 # gputests (the whole GPU suite), pytest (the Python tests), run (dsv4 run --backend cuda --check),
-# kernels (the sparse kernels against a base tree's: see kernels_step). BUILD_TARGETS overrides the
+# kernels (the sparse kernels against a base tree's: see kernels_step), flashmla (FlashMLA's
+# side_by_side.py from the carried .peers/flashmla). BUILD_TARGETS overrides the
 # targets built first (default: dsv4_gpu_tests dsv4 _C).
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -119,6 +120,15 @@ for step in "$@"; do
         tee "$OUT/triton.log" | tail -40 ;;
     kernels)
       kernels_step ;;
+    flashmla)
+      # FlashMLA beside us on its own inputs (docs/performance.md): its snapshot is copied from
+      # ../shared/peers/flashmla into the ignored .peers/ and carried; built here (~2 min).
+      log FlashMLA build
+      bash .peers/flashmla/build.sh /tmp/flashmla 2>&1 | tail -3
+      log FlashMLA side by side
+      PYTHONPATH="/tmp/flashmla:/tmp/flashmla/tests:$PYTHONPATH" timeout "${SBS_TIMEOUT:-420}" \
+        $PY .peers/flashmla/side_by_side.py ${SBS_MODES:-decode prefill} --json "$OUT/side_by_side.json" 2>&1 |
+        tee "$OUT/side_by_side.log" | grep -E "speed|SUMMARY|Error" | cut -c1-260 ;;
     run)
       log dsv4 run on the GPU
       timeout 200 ./build/dsv4 run --backend cuda --model v4-flash --layers 0,2,3 --requests 4 \

@@ -1,5 +1,5 @@
 // The CPU kernel of sparse_decode: each (b, s_q, split) item attends its slice of the
-// concatenated index list (main scope, then the extra one) into the workspace partials, then the
+// row's compact index list (the main scope's counted entries, then the extra one's) into the workspace partials, then the
 // shared combine merges the splits and applies the sink.
 #include <algorithm>
 #include <cstdint>
@@ -30,10 +30,12 @@ struct Scope {
                  indices.strides[0], indices.strides[1], lengths.ptr<const int32_t>(),
                  indices.shape[2]};
   }
-  int64_t counted(int64_t bi) const { return lengths ? lengths[bi] : topk; }
-  // Dequantizes slot k of query row (bi, si) into `dst`; false when invalid.
+  // Entries of query batch bi that count: topk_length clamped to [0, topk].
+  int64_t counted(int64_t bi) const {
+    return lengths ? std::clamp<int64_t>(lengths[bi], 0, topk) : topk;
+  }
+  // Dequantizes slot k (< counted(bi)) of query row (bi, si) into `dst`; false when invalid.
   bool fetch(int64_t bi, int64_t si, int64_t k, float* dst) const {
-    if (k >= counted(bi)) return false;
     const int32_t slot = indices[bi * indices_b_stride + si * indices_s_stride + k];
     if (slot < 0) return false;
     const int bs = geometry.block_size;
@@ -55,7 +57,9 @@ struct DecodeDims {
   }
 };
 
-// Each (b, s_q, split) item attends its slice of the concatenated index list into the partials.
+// Each (b, s_q, split) item attends its slice of the row's compact list into the partials: the
+// main scope's counted entries, then the extra scope's (as the CUDA kernel cuts its splits, so a
+// split past the row's counted entries is an empty row).
 void attend_splits(const SparseDecodeArgs& a, const DecodeDims& dims,
                    const DecodeSchedule& schedule, const TensorView& partial_o,
                    const TensorView& partial_lse) {
@@ -63,7 +67,6 @@ void attend_splits(const SparseDecodeArgs& a, const DecodeDims& dims,
   const bool has_extra = dims.extra_topk > 0;
   const Scope extra = has_extra ? Scope::of(a.extra_k_cache, a.extra_indices, a.extra_topk_length)
                                 : Scope{};
-  const int64_t topk_total = dims.topk + dims.extra_topk;
   const int64_t rows = dims.b * dims.s_q, splits = schedule.num_splits;
   const int h = static_cast<int>(dims.h), d_qk = static_cast<int>(dims.d_qk), d_v = a.d_v;
   const uint16_t* q = a.q.ptr<const uint16_t>();
@@ -78,12 +81,13 @@ void attend_splits(const SparseDecodeArgs& a, const DecodeDims& dims,
       const int64_t row = item / splits, split = item % splits;
       const int64_t bi = row / dims.s_q, si = row % dims.s_q;
       attention.set_query(q + bi * a.q.strides[0] + si * a.q.strides[1], a.q.strides[2]);
-      const int64_t begin = std::min(split * schedule.split_len, topk_total);
-      const int64_t end = std::min(begin + schedule.split_len, topk_total);
-      // Slot k of the concatenated list: main scope for k < topk, then the extra scope.
+      const int64_t main_len = main.counted(bi);
+      const int64_t total = main_len + (has_extra ? extra.counted(bi) : 0);
+      const int64_t begin = std::min(split * schedule.split_len, total);
+      const int64_t end = std::min(begin + schedule.split_len, total);
+      // Entry k of the compact list: the main scope's for k < main_len, then the extra scope's.
       attention.attend(begin, end, [&](int64_t k, float* dst) {
-        return k < dims.topk ? main.fetch(bi, si, k, dst)
-                             : extra.fetch(bi, si, k - dims.topk, dst);
+        return k < main_len ? main.fetch(bi, si, k, dst) : extra.fetch(bi, si, k - main_len, dst);
       });
       for (int hi = 0; hi < h; ++hi) {
         const int64_t head_row = row * h + hi;

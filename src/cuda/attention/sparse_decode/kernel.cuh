@@ -45,35 +45,45 @@ namespace dsv4::cuda::decode {
 
 namespace detail {
 
-// The valid lengths of a query row's two scopes (topk_length applied), read once per CTA so no
-// later index read waits on them.
+// The valid lengths of a query row's two scopes (topk_length applied, negative lengths as 0),
+// read once per CTA so no later index read waits on them.
+//
+// Positions are compacted: a row's work is the list [main 0..len.main | extra 0..len.extra) of
+// only its valid-length entries, and the splits cut that list. Slots past a scope's topk_length
+// are never gathered, so a row with short lengths runs fewer tiles (a split past the row's end
+// runs none and reports an empty row: lse −inf, zero output), as FlashMLA skips them too.
 struct RowLengths {
   int main, extra;
+  __device__ __forceinline__ int total() const { return main + extra; }
+  // Whether compact position `pos` lies in the main scope.
+  __device__ __forceinline__ bool in_main(int pos) const { return pos < main; }
 };
+__device__ __forceinline__ int scope_length(const DecodeScope& s, int b) {
+  return s.topk_length != nullptr ? max(0, min(s.topk, __ldg(s.topk_length + b))) : s.topk;
+}
 __device__ __forceinline__ RowLengths row_lengths(const DecodeParams& p, int b) {
-  return {p.main.topk_length != nullptr ? min(p.main.topk, __ldg(p.main.topk_length + b)) : p.main.topk,
-          p.extra.topk_length != nullptr ? min(p.extra.topk, __ldg(p.extra.topk_length + b)) : p.extra.topk};
+  return {scope_length(p.main, b), scope_length(p.extra, b)};
 }
 
-// The index at position `pos` of the concatenated list [main | extra] of query row (batch, seq),
-// or −1 (nothing read) when the position is past the split or past its scope's length. Not yet
-// range-checked: slot_in_cache() does that where the value is used, so issuing the read does
-// not wait for it. Scope fields are picked one by one with selects: a run-time choice of a whole
-// struct inside the kernel parameters could be copied to local memory.
+// The index at compact position `pos` of query row (batch, seq), or −1 (nothing read) when the
+// position is past the split (whose end is at most len.total(), so the scope-local position is
+// within its valid length). Not yet range-checked: slot_in_cache() does that where the value is
+// used, so issuing the read does not wait for it. Scope fields are picked one by one with
+// selects: a run-time choice of a whole struct inside the kernel parameters could be copied to
+// local memory.
 __device__ __forceinline__ int32_t raw_index(const DecodeParams& p, int batch, int seq, int pos,
                                              int split_end, const RowLengths& len) {
   if (pos >= split_end) return -1;
-  const bool in_main = pos < p.main.topk;
-  const int local = in_main ? pos : pos - p.main.topk;
-  if (local >= (in_main ? len.main : len.extra)) return -1;
+  const bool in_main = len.in_main(pos);
+  const int local = in_main ? pos : pos - len.main;
   const int64_t row_offset =
       static_cast<int64_t>(batch) * (in_main ? p.main.indices_b_stride : p.extra.indices_b_stride) +
       static_cast<int64_t>(seq) * (in_main ? p.main.indices_s_stride : p.extra.indices_s_stride);
   return __ldg((in_main ? p.main.indices : p.extra.indices) + row_offset + local);
 }
-// The cache slot of index `idx` at position `pos`, or −1 when it is −1 or outside that scope's cache.
-__device__ __forceinline__ int32_t slot_in_cache(const DecodeParams& p, int pos, int32_t idx) {
-  const bool in_main = pos < p.main.topk;
+// The cache slot of index `idx` of the main (in_main) or extra scope, or −1 when it is −1 or
+// outside that scope's cache.
+__device__ __forceinline__ int32_t slot_in_cache(const DecodeParams& p, bool in_main, int32_t idx) {
   return idx >= 0 && idx < (in_main ? p.main.num_slots : p.extra.num_slots) ? idx : -1;
 }
 
@@ -93,14 +103,13 @@ template <KvLayout L, int kCluster>
 inline constexpr int kProducerBuffers = kCluster == 2 && L == KvLayout::model1_fp8 ? 2 : 1;
 
 // Where a valid slot's bytes live: its data row (V32: the whole token) and, for MODEL1, its
-// 8-byte scale row. The scope is picked by the slot's position `pos` in the concatenated list.
+// 8-byte scale row, in the main (in_main) or the extra scope's cache.
 struct SlotBytes {
   const uint8_t* data;
   const uint8_t* scales;
 };
 template <KvLayout L>
-__device__ __forceinline__ SlotBytes slot_bytes(const DecodeParams& p, int pos, int32_t slot) {
-  const bool in_main = pos < p.main.topk;
+__device__ __forceinline__ SlotBytes slot_bytes(const DecodeParams& p, bool in_main, int32_t slot) {
   const int block_size = in_main ? p.main.block_size : p.extra.block_size;
   const int block = slot / block_size;
   const int offset = slot - block * block_size;
@@ -119,9 +128,9 @@ __device__ __forceinline__ SlotBytes slot_bytes(const DecodeParams& p, int pos, 
 // row in one bulk request, thread 1 the MODEL1 scale row. Issued one tile before the slot's
 // register loads, so those hit L2 instead of waiting on DRAM.
 template <KvLayout L>
-__device__ __forceinline__ void prefetch_slot(const DecodeParams& p, int pos, int32_t slot, int sub) {
+__device__ __forceinline__ void prefetch_slot(const DecodeParams& p, bool in_main, int32_t slot, int sub) {
   if (slot < 0) return;
-  const SlotBytes bytes = slot_bytes<L>(p, pos, slot);
+  const SlotBytes bytes = slot_bytes<L>(p, in_main, slot);
   if (sub == 0) {
     ptx::prefetch_l2_bulk(bytes.data, L == KvLayout::model1_fp8 ? model1::kDataBytes : v32::kTokenBytes);
   } else if (L == KvLayout::model1_fp8 && sub == 1) {
@@ -131,13 +140,13 @@ __device__ __forceinline__ void prefetch_slot(const DecodeParams& p, int pos, in
 
 // Issues the register loads of slot `slot`: nothing is read for an invalid slot.
 template <KvLayout L, int kCluster>
-__device__ __forceinline__ void load_slot(const DecodeParams& p, int pos, int32_t slot, int sub,
+__device__ __forceinline__ void load_slot(const DecodeParams& p, bool in_main, int32_t slot, int sub,
                                           TileRegs<L, kCluster>& regs) {
   using T = LayoutTraits<L>;
   constexpr int kStep = kThreadsPerKey<kCluster>;
   regs.valid = slot >= 0;
   if (!regs.valid) return;
-  const SlotBytes bytes = slot_bytes<L>(p, pos, slot);
+  const SlotBytes bytes = slot_bytes<L>(p, in_main, slot);
   if constexpr (L == KvLayout::model1_fp8) {
     const uint2 s = __ldg(reinterpret_cast<const uint2*>(bytes.scales));
     regs.scales = make_uint4(s.x, s.y, 0u, 0u);
@@ -219,10 +228,11 @@ __device__ __forceinline__ auto v_half(const uint8_t* stage, int half) {
                      SmemTileKTransposed<kTileKeys, kDv / 2>{});
 }
 
-// Where one CTA works: its query row (= batch · s_q + seq), head block, split and rank in its
-// cluster.
+// Where one CTA works: its query row (= batch · s_q + seq), head block, split of the row's
+// compact list and rank in its cluster.
 struct CtaWork {
   int row, batch, seq, head_block, split, split_begin, split_end, num_tiles, rank;
+  RowLengths len;  // the row's valid lengths: its compact list is len.total() long
 };
 
 // Named barrier (0 is __syncthreads) of both consumer warpgroups (256 threads): Q loaded, and the
@@ -251,7 +261,7 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
   const bool records_peer = kCluster == 2 && my_sub == 1;
   const int my_pos = w.split_begin + my_key;  // my slot's position in tile 0
   const int peer_pos = w.split_begin + peer_key;
-  const RowLengths len = row_lengths(p, w.batch);
+  const RowLengths& len = w.len;
   uint32_t peer_stages = 0, peer_full = 0;
   if constexpr (kCluster == 2) {
     peer_stages = ptx::map_to_cta(plan.kv[0], 1 - w.rank);
@@ -264,14 +274,16 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
 #pragma unroll
   for (int b = 0; b < kBuffers; ++b) {
     const int pos = my_pos + b * kTileKeys;
-    load_slot<L, kCluster>(p, pos, slot_in_cache(p, pos, index_at(pos)), my_sub, regs[b]);
+    const bool in_main = len.in_main(pos);
+    load_slot<L, kCluster>(p, in_main, slot_in_cache(p, in_main, index_at(pos)), my_sub, regs[b]);
     peer_index[b] = records_peer ? index_at(peer_pos + b * kTileKeys) : -1;
   }
   int32_t index1 = index_at(my_pos + kBuffers * kTileKeys);        // tile t + kBuffers
   int32_t index2 = index_at(my_pos + (kBuffers + 1) * kTileKeys);  // tile t + kBuffers + 1
   {
     const int pos = my_pos + kBuffers * kTileKeys;
-    prefetch_slot<L>(p, pos, slot_in_cache(p, pos, index1), my_sub);
+    const bool in_main = len.in_main(pos);
+    prefetch_slot<L>(p, in_main, slot_in_cache(p, in_main, index1), my_sub);
   }
   for (int t0 = 0; t0 < w.num_tiles; t0 += kBuffers) {
 #pragma unroll
@@ -286,7 +298,7 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
       if (my_sub == 0) plan.key_valid[stage][my_key] = regs[b].valid;
       if (records_peer) {
         const int pos = peer_pos + t * kTileKeys;
-        plan.key_valid[stage][peer_key] = slot_in_cache(p, pos, peer_index[b]) >= 0;
+        plan.key_valid[stage][peer_key] = slot_in_cache(p, len.in_main(pos), peer_index[b]) >= 0;
       }
       ptx::fence_proxy_async_smem();  // the stage is read by wgmma
       if (kCluster == 2 && tid == 0) {
@@ -296,9 +308,10 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
       }
       // Refill this buffer with tile t + kBuffers (−1 past the split: nothing loaded).
       const int pos = my_pos + (t + kBuffers) * kTileKeys;
-      load_slot<L, kCluster>(p, pos, slot_in_cache(p, pos, index1), my_sub, regs[b]);
+      const bool in_main = len.in_main(pos), next_in_main = len.in_main(pos + kTileKeys);
+      load_slot<L, kCluster>(p, in_main, slot_in_cache(p, in_main, index1), my_sub, regs[b]);
       if (records_peer) peer_index[b] = index_at(peer_pos + (t + kBuffers) * kTileKeys);
-      prefetch_slot<L>(p, pos + kTileKeys, slot_in_cache(p, pos + kTileKeys, index2), my_sub);
+      prefetch_slot<L>(p, next_in_main, slot_in_cache(p, next_in_main, index2), my_sub);
       index1 = index2;
       index2 = index_at(pos + 2 * kTileKeys);
     }
@@ -505,7 +518,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
   w.batch = w.row / p.s_q;
   w.seq = w.row - w.batch * p.s_q;
   w.split_begin = w.split * p.split_len;
-  w.split_end = min(w.split_begin + p.split_len, p.topk_total);
+  w.len = detail::row_lengths(p, w.batch);
+  w.split_end = min(w.split_begin + p.split_len, w.len.total());
   w.num_tiles = w.split_end > w.split_begin ? (w.split_end - w.split_begin + kTileKeys - 1) / kTileKeys : 0;
   w.rank = kCluster == 2 ? static_cast<int>(ptx::cluster_ctarank()) : 0;
 

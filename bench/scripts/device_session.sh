@@ -121,8 +121,9 @@ for step in "$@"; do
     kernels)
       kernels_step ;;
     flashmla)
-      # FlashMLA beside us on its own inputs (docs/performance.md): its snapshot is copied from
-      # ../shared/peers/flashmla into the ignored .peers/ and carried; built here (~2 min).
+      # FlashMLA beside us on its own inputs (docs/performance.md): its measurement-only snapshot
+      # (build.sh, side_by_side.py, sources) is copied into the ignored .peers/flashmla and
+      # carried; built here (~2 min).
       log FlashMLA build
       bash .peers/flashmla/build.sh /tmp/flashmla 2>&1 | tail -3
       log FlashMLA side by side

@@ -275,8 +275,8 @@ class Attention(_LayerWrapper):
         128, the compressor state one window per block). SWA blocks beyond the window are
         recycled; running out raises dsv4attn.Error before anything changes.
     kv_layout: the SWA and compressed caches' layout: "model1" (MODEL1_FP8, FlashMLA's; default)
-        or "bf16" (full-width bf16 rows, as the FlashInfer port's cache; native backend on
-        "cpu" only so far: the CUDA sparse decode reads MODEL1_FP8 only).
+        or "bf16" (full-width bf16 rows, as the FlashInfer port's cache; the native backend,
+        "cpu" and "cuda").
     fp8_activations: quantize activations to FP8 as production does (per token and 128 columns,
         UE8M0): the attention output before wo_a, and the input of every projection whose weight
         is FP8. Required on "cuda" for FP8 weights (FP8 tensor cores take FP8 inputs).

@@ -165,11 +165,6 @@ Attention::Attention(const ModelConfig& cfg, int layer, AttentionWeights weights
     fail("Attention: backend cuda: ",
          cuda_built() ? "no CUDA device is visible" : "the library was built without CUDA",
          "; use Backend::cpu");
-  // The CUDA sparse decode reads MODEL1_FP8 caches only so far (the BF16 and FP8_PER_TENSOR
-  // layouts run on the CPU backend); refused here rather than at the first decode.
-  if (opts.backend == Backend::cuda && opts.caches.layout != KvLayout::model1_fp8)
-    fail("Attention: AttentionOptions: caches.layout: expected MODEL1_FP8 on the CUDA backend (its sparse "
-         "decode reads no other layout yet), got ", kv_layout_name(opts.caches.layout));
   Impl& m = *impl_;
   m.model_cfg = cfg;
   m.layer = layer;

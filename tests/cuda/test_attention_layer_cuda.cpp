@@ -55,9 +55,11 @@ std::vector<float> hidden(int dim, int64_t req, int64_t pos) {
 
 // fp8_weights: the released checkpoints' FP8 projections (on CUDA: FP8 tensor cores, which take
 // FP8 inputs only, so fp8_act must be on); else a bf16 checkpoint.
+// layout: the SWA and compressed caches' (MODEL1_FP8, or BF16: the FlashInfer port's full-width rows).
 Attention make_layer(const ModelConfig& cfg, int layer, Backend backend, bool fp8_act = true,
-                     bool fp8_weights = true) {
+                     bool fp8_weights = true, KvLayout layout = KvLayout::model1_fp8) {
   AttentionOptions opts;
+  opts.caches.layout = layout;
   opts.backend = backend;
   opts.fp8_activations = fp8_act;
   opts.caches.swa_blocks = 64;
@@ -109,6 +111,7 @@ struct LayerCase {
   const char* name;
   bool fp8_act = true;      // FP8 activations before wo_a (production)
   bool fp8_weights = true;  // FP8 projection weights (the released checkpoints)
+  KvLayout layout = KvLayout::model1_fp8;  // the SWA and compressed caches' layout
 };
 std::ostream& operator<<(std::ostream& os, const LayerCase& c) { return os << c.name; }
 bool selects(const LayerCase& c) { return c.layer == 1; }  // the C4A layer of the tiny config
@@ -153,8 +156,9 @@ void expect_close(const std::vector<double>& errs_in, bool fp8_act, bool top_k_s
 
 TEST_P(CudaLayerTest, MatchesCpuBackendOverMixedBatches) {
   DSV4_SKIP_WITHOUT_GPU();
-  Attention cpu = make_layer(cfg, GetParam().layer, Backend::cpu, GetParam().fp8_act, GetParam().fp8_weights);
-  Attention gpu = make_layer(cfg, GetParam().layer, Backend::cuda, GetParam().fp8_act, GetParam().fp8_weights);
+  const LayerCase& c = GetParam();
+  Attention cpu = make_layer(cfg, c.layer, Backend::cpu, c.fp8_act, c.fp8_weights, c.layout);
+  Attention gpu = make_layer(cfg, c.layer, Backend::cuda, c.fp8_act, c.fp8_weights, c.layout);
   const Outputs want = run_schedule(cpu, Io::host);
   const Outputs got = run_schedule(gpu, Io::host);
   ASSERT_EQ(want.size(), got.size());
@@ -166,8 +170,9 @@ TEST_P(CudaLayerTest, MatchesCpuBackendOverMixedBatches) {
 
 TEST_P(CudaLayerTest, DeviceAndHostTensorsGiveTheSameBits) {
   DSV4_SKIP_WITHOUT_GPU();
-  Attention a = make_layer(cfg, GetParam().layer, Backend::cuda, GetParam().fp8_act, GetParam().fp8_weights);
-  Attention b = make_layer(cfg, GetParam().layer, Backend::cuda, GetParam().fp8_act, GetParam().fp8_weights);
+  const LayerCase& c = GetParam();
+  Attention a = make_layer(cfg, c.layer, Backend::cuda, c.fp8_act, c.fp8_weights, c.layout);
+  Attention b = make_layer(cfg, c.layer, Backend::cuda, c.fp8_act, c.fp8_weights, c.layout);
   const Outputs host = run_schedule(a, Io::host);
   const Outputs dev = run_schedule(b, Io::device);
   for (const auto& [key, row] : host)
@@ -178,7 +183,8 @@ TEST_P(CudaLayerTest, DeviceAndHostTensorsGiveTheSameBits) {
 // Request 1 of the schedule against the unbatched float64 reference (positions 0..147).
 TEST_P(CudaLayerTest, MatchesFloat64Reference) {
   DSV4_SKIP_WITHOUT_GPU();
-  Attention gpu = make_layer(cfg, GetParam().layer, Backend::cuda, GetParam().fp8_act, GetParam().fp8_weights);
+  const LayerCase& c = GetParam();
+  Attention gpu = make_layer(cfg, c.layer, Backend::cuda, c.fp8_act, c.fp8_weights, c.layout);
   const Outputs got = run_schedule(gpu, Io::host);
   const int L = 148;
   std::vector<double> x;
@@ -187,8 +193,9 @@ TEST_P(CudaLayerTest, MatchesFloat64Reference) {
     x.insert(x.end(), h.begin(), h.end());
   }
   const AttentionWeights w = random_attention_weights(cfg, GetParam().layer, kSeed, GetParam().fp8_weights);
-  const std::vector<double> ref = reference_attention_layer(cfg, GetParam().layer, w, x,
-                                                            ReferenceOptions{GetParam().fp8_act, true});
+  ReferenceOptions ro{c.fp8_act, true};
+  ro.kv_layout = c.layout;
+  const std::vector<double> ref = reference_attention_layer(cfg, c.layer, w, x, ro);
   std::vector<double> errs;
   for (int p = 0; p < L; ++p)
     errs.push_back(row_rel_err(got.at({1, p}), std::vector<double>(ref.begin() + int64_t{p} * cfg.dim,
@@ -243,7 +250,12 @@ INSTANTIATE_TEST_SUITE_P(Kinds, CudaLayerTest,
                                            LayerCase{0, "SWA_bf16_weights", false, false},
                                            LayerCase{1, "C4A_bf16_weights", false, false},
                                            LayerCase{2, "C128A_bf16_weights", false, false},
-                                           LayerCase{1, "C4A_bf16_weights_fp8_o", true, false}),
+                                           LayerCase{1, "C4A_bf16_weights_fp8_o", true, false},
+                                           // BF16 caches: the same bounds, since the MODEL1
+                                           // rounding both backends shared is simply absent.
+                                           LayerCase{0, "SWA_bf16_cache", true, true, KvLayout::bf16},
+                                           LayerCase{1, "C4A_bf16_cache", true, true, KvLayout::bf16},
+                                           LayerCase{2, "C128A_bf16_cache", true, true, KvLayout::bf16}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -40,9 +40,18 @@ DeviceBuffer<T> upload_or_empty(const std::vector<T>& host) {
 }
 
 int64_t block_bytes_of(KvLayout layout, int block_size) {
-  if (layout == KvLayout::model1_fp8) return (int64_t{block_size} * 584 + 575) / 576 * 576;
-  return int64_t{block_size} * 656;
+  switch (layout) {
+    case KvLayout::model1_fp8: return (int64_t{block_size} * 584 + 575) / 576 * 576;
+    case KvLayout::v32_fp8: return int64_t{block_size} * 656;
+    case KvLayout::bf16: return int64_t{block_size} * 1024;
+    case KvLayout::fp8_per_tensor: return int64_t{block_size} * 512;
+  }
+  return 0;
 }
+int dim_of(KvLayout layout) { return layout == KvLayout::v32_fp8 ? 576 : 512; }
+// FP8_PER_TENSOR caches of these tests: a scale that is not a power of two, so the kernel's
+// rounding of fp8 · scale to bf16 is exercised.
+constexpr float kTensorScale = 0.0371f;
 
 // One paged cache, host bytes (poisoned with 0xFF = NaN except encoded tokens).
 struct HostCache {
@@ -54,16 +63,26 @@ struct HostCache {
       : layout(l), block_size(bs), num_blocks((slots + bs - 1) / bs), block_bytes(block_bytes_of(l, bs)),
         bytes(static_cast<size_t>(num_blocks * block_bytes), 0xFF) {}
   int64_t num_slots() const { return num_blocks * block_size; }
-  int dim() const { return layout == KvLayout::model1_fp8 ? 512 : 576; }
+  int dim() const { return dim_of(layout); }
   void encode(int64_t slot, const std::vector<float>& v) {
-    const KvGeometry g{layout, block_size, dim(), layout == KvLayout::model1_fp8 ? 584 : 656, block_bytes};
-    kv_encode_token(g, bytes.data() + (slot / block_size) * block_bytes, static_cast<int>(slot % block_size), v.data());
+    const KvGeometry g = kv_geometry(layout, block_size);
+    kv_encode_token(g, bytes.data() + (slot / block_size) * block_bytes, static_cast<int>(slot % block_size), v.data(),
+                    kTensorScale);
   }
-  // Hand decode of value i of a slot (docs/spec.md §7), independent of kv_layout.h's decoder.
+  // Hand decode of value i of a slot (docs/spec.md §7), independent of kv_layout.h's decoder, as
+  // the kernel hands it to the tensor cores: bf16. For the block-scaled FP8 layouts that is exact
+  // (fp8 times a power of two); for FP8_PER_TENSOR it is bf16(fp8 · scale), rounded once from the
+  // fp32 product (the kernel's stated contract for that layout).
   double value(int64_t slot, int i) const {
     const uint8_t* blk = bytes.data() + (slot / block_size) * block_bytes;
     const int off = static_cast<int>(slot % block_size);
     uint16_t bits;
+    if (layout == KvLayout::bf16) {
+      std::memcpy(&bits, blk + int64_t{off} * 1024 + 2 * i, 2);
+      return bf16_bits_to_float(bits);
+    }
+    if (layout == KvLayout::fp8_per_tensor)
+      return bf16_bits_to_float(float_to_bf16_bits(fp8_e4m3_to_float(blk[int64_t{off} * 512 + i]) * kTensorScale));
     if (layout == KvLayout::model1_fp8) {
       const uint8_t* row = blk + off * 576;
       if (i >= 448) {
@@ -114,7 +133,7 @@ struct Problem {
   float scale;
 
   Problem(const Case& cs, std::mt19937& rng)
-      : c(cs), d_qk(cs.layout == KvLayout::model1_fp8 ? 512 : 576), rows(int64_t{cs.b} * cs.s_q),
+      : c(cs), d_qk(dim_of(cs.layout)), rows(int64_t{cs.b} * cs.s_q),
         main_cache(cs.layout, cs.block, std::max<int64_t>(2 * rows * cs.topk, 64)),
         extra_cache(cs.layout, cs.extra_block > 0 ? cs.extra_block : 64,
                     std::max<int64_t>(2 * rows * cs.extra_topk, 64)),
@@ -243,6 +262,7 @@ DeviceResult run_cuda(const Problem& pb) {
   a.k_cache.data = TensorView(kc.data(), DType::uint8, {pb.main_cache.num_blocks, pb.main_cache.block_bytes}, gpu);
   a.k_cache.layout = c.layout;
   a.k_cache.block_size = c.block;
+  a.k_cache.tensor_scale = kTensorScale;
   a.indices = TensorView(ki.data(), DType::int32, {c.b, c.s_q, c.topk}, gpu);
   if (!pb.main.lengths.empty()) a.topk_length = TensorView(kl.data(), DType::int32, {c.b}, gpu);
   if (c.extra_topk > 0) {
@@ -250,6 +270,7 @@ DeviceResult run_cuda(const Problem& pb) {
                                       {pb.extra_cache.num_blocks, pb.extra_cache.block_bytes}, gpu);
     a.extra_k_cache.layout = c.layout;
     a.extra_k_cache.block_size = c.extra_block;
+    a.extra_k_cache.tensor_scale = kTensorScale;
     a.extra_indices = TensorView(ei.data(), DType::int32, {c.b, c.s_q, c.extra_topk}, gpu);
     if (!pb.extra.lengths.empty()) a.extra_topk_length = TensorView(el.data(), DType::int32, {c.b}, gpu);
   }
@@ -329,6 +350,15 @@ std::vector<Case> grid() {
       {"no_cluster_h192_v32", L::v32_fp8, 192, 2, 1, 300, 64, 0, 0, 2, false, true},
       // A whole split of −1 in a cluster: both CTAs mask every key of every tile.
       {"cluster_all_invalid", L::v32_fp8, 128, 1, 2, 256, 64, 0, 0, 2, false, true, 1.0},
+      // The full-width layouts (FlashInfer port): BF16 rows copied by cp.async (never in a
+      // cluster, H 128 included), FP8 with one tensor scale (clusters at H 128).
+      {"bf16_h64_b2_sq2_direct", L::bf16, 64, 2, 2, 128, 64, 512, 64, 1, false, true},
+      {"bf16_h64_b16_sq1_split2", L::bf16, 64, 16, 1, 128, 256, 512, 64, 2, true, false},
+      {"bf16_h128_b2_sq2_blk2_split3", L::bf16, 128, 2, 2, 128, 64, 1024, 2, 3, true, true},
+      {"bf16_padded_h32_odd_topk", L::bf16, 32, 1, 2, 100, 16, 37, 2, 1, false, true},
+      {"fp8t_h64_b2_sq2_direct", L::fp8_per_tensor, 64, 2, 2, 128, 256, 512, 64, 1, false, true},
+      {"fp8t_h128_b2_sq2_blk2_split4", L::fp8_per_tensor, 128, 2, 2, 128, 64, 1024, 2, 4, true, true},
+      {"fp8t_h192_no_cluster_split2", L::fp8_per_tensor, 192, 1, 1, 300, 64, 0, 0, 2, false, false},
   };
 }
 

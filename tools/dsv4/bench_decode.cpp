@@ -62,8 +62,8 @@ KvCacheView make_cache(KvLayout layout, int block_size, int64_t slots, std::shar
 }
 
 Case make_case(const DecodeShape& s) {
-  const int d_qk = s.layout == KvLayout::model1_fp8 ? model1::kDim : v32::kDim;
-  const int token_bytes = s.layout == KvLayout::model1_fp8 ? model1::kTokenBytes : v32::kTokenBytes;
+  const KvGeometry geometry = kv_geometry(s.layout, s.block);
+  const int d_qk = geometry.dim, token_bytes = geometry.token_bytes;
   const int64_t rows = int64_t{s.b} * s.s_q;
   const int topk_total = s.topk + s.extra_topk;
   Case c;
@@ -150,6 +150,11 @@ std::vector<Case> decode_cases() {
       {"flash_b16_h64_sq1_128+512", L::model1_fp8, 16, 1, 64, 128, 256, 512, 64, 0, 0},
       {"pro_b1_h128_sq1_128+1024", L::model1_fp8, 1, 1, 128, 128, 256, 1024, 64, 0, 0},
       {"pro_b16_h128_sq1_128+1024", L::model1_fp8, 16, 1, 128, 128, 256, 1024, 64, 0, 0},
+      // The full-width layouts (FlashInfer port) at the V4 shapes above, beside MODEL1's.
+      {"flash_b128_h64_sq2_128+512_bf16", L::bf16, 128, 2, 64, 128, 256, 512, 64, 0, 0},
+      {"flash_b128_h64_sq2_128+512_fp8t", L::fp8_per_tensor, 128, 2, 64, 128, 256, 512, 64, 0, 0},
+      {"pro_b128_h128_sq2_128+1024_blk64_bf16", L::bf16, 128, 2, 128, 128, 256, 1024, 64, 0, 0},
+      {"pro_b128_h128_sq2_128+1024_blk64_fp8t", L::fp8_per_tensor, 128, 2, 128, 128, 256, 1024, 64, 0, 0},
   };
   std::vector<Case> cases;
   for (const auto& s : shapes) cases.push_back(make_case(s));

@@ -35,7 +35,7 @@ const std::vector<FlagSpec> kFlags = {
     {"seed", true, "seed for weights and inputs (default 1)", "S"},
     {"backend", true, "cpu | cuda | auto (default auto)", "B"},
     {"kv-layout", true, "layout of the SWA and compressed KV caches: model1 (MODEL1_FP8, default) or bf16 "
-                        "(full-width bf16 rows, CPU backend so far)", "L"},
+                        "(full-width bf16 rows)", "L"},
     {"tp", true, "tensor-parallel ranks per layer, a divisor of the heads and wo_a groups; the CPU "
                  "backend emulates them as threads summing y in process (default 1)", "N"},
     {"check", false, "re-run a sample of requests through the float64 reference; exit 3 if off"},
@@ -154,9 +154,6 @@ int cmd_run(const Args& raw) {
   else fail_expected("run", "--kv-layout", "model1 or bf16", kv_layout);
   if (kv_layout != "model1" && v32)
     fail("run: --kv-layout ", kv_layout, ": the DeepSeek-V3.2 layer has its own 656-byte cache layout");
-  if (kv_layout != "model1" && use_cuda)
-    fail("run: --kv-layout ", kv_layout, " --backend cuda: the CUDA sparse decode reads MODEL1_FP8 caches only "
-         "so far; use --backend cpu");  // (Attention refuses it too)
   so.tp = static_cast<int>(a.get_int("tp", 1, 1, 128));
   if (so.tp > 1 && v32) fail("run: --tp: the DeepSeek-V3.2 sparse-MLA layer has no tensor-parallel split");
   if (so.tp > 1 && use_cuda)

@@ -55,15 +55,6 @@ void set_combine_outputs(combine::CombineParams& c, const TensorView& out, const
   c.s_q = static_cast<int>(s_q);
 }
 
-// Bytes of one cache block as the layout defines it (docs/spec.md §7).
-int64_t min_block_bytes(KvLayout layout, int block_size) {
-  if (layout == KvLayout::model1_fp8) {
-    const int64_t raw = int64_t{block_size} * model1::kTokenBytes;
-    return (raw + model1::kBlockAlign - 1) / model1::kBlockAlign * model1::kBlockAlign;
-  }
-  return int64_t{block_size} * v32::kTokenBytes;
-}
-
 sd::DecodeScope make_scope(const char* name, const KvCacheView& cache, KvLayout layout,
                            const TensorView& indices, const TensorView& topk_length, int64_t b,
                            int64_t s_q) {
@@ -75,7 +66,7 @@ sd::DecodeScope make_scope(const char* name, const KvCacheView& cache, KvLayout 
   check_ndim(kOp, name, cache.data, 2);
   DSV4_CHECK(cache.block_size >= 1, kOp, ": ", name, ".block_size: expected >= 1, got ",
              cache.block_size);
-  const int64_t need = min_block_bytes(layout, cache.block_size);
+  const int64_t need = kv_geometry(layout, cache.block_size).block_bytes;
   if (cache.data.shape[1] < need) fail_expected(kOp, std::string(name) + ".data.shape[1]", need, cache.data.shape[1]);
   const int64_t block_stride = cache.data.shape[0] > 1 ? cache.data.strides[0] : need;
   DSV4_CHECK(cache.data.strides[1] == 1 && block_stride >= need && block_stride % 16 == 0 &&
@@ -95,6 +86,7 @@ sd::DecodeScope make_scope(const char* name, const KvCacheView& cache, KvLayout 
   scope.indices_s_stride = indices.strides[1];
   scope.block_size = cache.block_size;
   scope.topk = static_cast<int>(indices.shape[2]);
+  scope.tensor_scale = cache.tensor_scale;  // FP8_PER_TENSOR's (finite, > 0: check_kv_cache)
   if (topk_length.defined()) {
     check_cuda_vector(kOp, "topk_length", topk_length, DType::int32, b);
     scope.topk_length = topk_length.ptr<const int32_t>();
@@ -106,10 +98,8 @@ sd::DecodeScope make_scope(const char* name, const KvCacheView& cache, KvLayout 
 
 void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
                    const TensorView& workspace, Stream stream) {
-  const KvLayout layout = args.k_cache.layout;
-  DSV4_CHECK(layout == KvLayout::model1_fp8 || layout == KvLayout::v32_fp8, kOp,
-             ": k_cache.layout: expected MODEL1_FP8 or V32_FP8, got ", kv_layout_name(layout));
-  const int64_t d_qk = layout == KvLayout::model1_fp8 ? model1::kDim : v32::kDim;
+  const KvLayout layout = args.k_cache.layout;  // every layout; the extra scope's must match
+  const int64_t d_qk = kv_geometry(layout, 1).dim;
   check_defined(kOp, "q", args.q);
   check_device(kOp, "q", args.q, Device::cuda);
   check_dtype(kOp, "q", args.q, DType::bf16);
@@ -168,10 +158,11 @@ void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
     p.partial_lse = reinterpret_cast<float*>(workspace.ptr<uint8_t>() + partial_o_bytes);
   }
 
-  if (layout == KvLayout::model1_fp8) {
-    sd::launch_sparse_decode<KvLayout::model1_fp8>(p, stream);
-  } else {
-    sd::launch_sparse_decode<KvLayout::v32_fp8>(p, stream);
+  switch (layout) {
+    case KvLayout::model1_fp8: sd::launch_sparse_decode<KvLayout::model1_fp8>(p, stream); break;
+    case KvLayout::v32_fp8: sd::launch_sparse_decode<KvLayout::v32_fp8>(p, stream); break;
+    case KvLayout::bf16: sd::launch_sparse_decode<KvLayout::bf16>(p, stream); break;
+    case KvLayout::fp8_per_tensor: sd::launch_sparse_decode<KvLayout::fp8_per_tensor>(p, stream); break;
   }
   if (schedule.num_splits > 1) {
     combine::CombineParams c;

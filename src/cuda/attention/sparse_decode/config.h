@@ -35,14 +35,16 @@ inline constexpr int kPRowBytes = kTileKeys * 2;  // bf16 probabilities, one row
 
 // How a producer splits a tile: with a cluster of kCluster CTAs each producer gathers
 // kTileKeys / kCluster keys, kThreadsPerKey threads per key; thread `sub` of a key loads fp8
-// chunks (16 values) sub, sub + kThreadsPerKey, ... and rope chunks (8 bf16) likewise, so a
+// chunks (16 values) sub, sub + kThreadsPerKey, ... and bf16 chunks (8 values) likewise, so a
 // thread's chunks of one quantization block sit at consecutive i (kThreadsPerKey divides the
 // chunks per block).
 template <int kCluster>
 inline constexpr int kThreadsPerKey = kProducerThreads * kCluster / kTileKeys;  // 2 or 4
-template <int kCluster>
-inline constexpr int kRopeChunksPerThread = 64 * 2 / 16 / kThreadsPerKey<kCluster>;  // 4 or 2
 
+// What the kernel needs of a cache layout (docs/spec.md §7): a token's leading kNope dims are fp8
+// codes, in scale blocks of kQuantBlock, and the rest (kBf16Dims) bf16 at byte kBf16Offset of its
+// data row (kDataBytes, prefetched whole). kDirectCopy layouts need no conversion: their rows are
+// copied into the stages by cp.async, with no register staging and no cluster sharing.
 template <KvLayout L>
 struct LayoutTraits;
 
@@ -51,7 +53,10 @@ struct LayoutTraits<KvLayout::model1_fp8> {
   static constexpr int kDqk = model1::kDim;                // 512
   static constexpr int kNope = model1::kNope;              // 448 fp8 values
   static constexpr int kQuantBlock = model1::kQuantBlock;  // one UE8M0 byte per 64
-  static constexpr int kRopeOffset = model1::kNope;        // bf16 rope right after the nope bytes
+  static constexpr int kBf16Offset = model1::kNope;        // bf16 rope right after the nope bytes
+  static constexpr int kBf16Dims = model1::kRope;
+  static constexpr int kDataBytes = model1::kDataBytes;    // 576 (scales in a row of their own)
+  static constexpr bool kDirectCopy = false;
 };
 
 template <>
@@ -59,11 +64,38 @@ struct LayoutTraits<KvLayout::v32_fp8> {
   static constexpr int kDqk = v32::kDim;                   // 576
   static constexpr int kNope = v32::kNope;                 // 512 fp8 values
   static constexpr int kQuantBlock = v32::kQuantBlock;     // one fp32 scale per 128
-  static constexpr int kRopeOffset = v32::kRopeOffset;     // 528
+  static constexpr int kBf16Offset = v32::kRopeOffset;     // 528
+  static constexpr int kBf16Dims = v32::kRope;
+  static constexpr int kDataBytes = v32::kTokenBytes;      // 656, scales inside
+  static constexpr bool kDirectCopy = false;
+};
+
+template <>
+struct LayoutTraits<KvLayout::fp8_per_tensor> {
+  static constexpr int kDqk = 512;
+  static constexpr int kNope = 512;                        // every dim fp8
+  static constexpr int kQuantBlock = 512;                  // one scale: the cache's tensor_scale
+  static constexpr int kBf16Offset = 512;
+  static constexpr int kBf16Dims = 0;
+  static constexpr int kDataBytes = 512;
+  static constexpr bool kDirectCopy = false;
+};
+
+template <>
+struct LayoutTraits<KvLayout::bf16> {
+  static constexpr int kDqk = 512;
+  static constexpr int kNope = 0;
+  static constexpr int kQuantBlock = 512;                  // unused
+  static constexpr int kBf16Offset = 0;
+  static constexpr int kBf16Dims = 512;                    // every dim bf16, copied as is
+  static constexpr int kDataBytes = 1024;
+  static constexpr bool kDirectCopy = true;
 };
 
 template <KvLayout L, int kCluster>
 inline constexpr int kFp8ChunksPerThread = LayoutTraits<L>::kNope / 16 / kThreadsPerKey<kCluster>;
+template <KvLayout L, int kCluster>
+inline constexpr int kBf16ChunksPerThread = LayoutTraits<L>::kBf16Dims * 2 / 16 / kThreadsPerKey<kCluster>;
 
 // Shared-memory plan of one CTA. Q and the two KV stages are bf16 K-major SW128 tiles
 // (smem_layout.cuh) at multiples of 1024 bytes (the swizzle atom): the tensor cores multiply one
@@ -80,14 +112,16 @@ struct SharedPlan {
   float out_scale[kHeadsPerCta];   // 1 / row sum (and the sink), from warpgroup 0 to warpgroup 1
   uint8_t key_valid[2][kTileKeys]; // per stage: whether key k's slot was valid (else S = −inf)
   // mbarriers (their arrival counts: sparse_decode_kernel, kernel.cuh)
-  uint64_t full[2];   // stage filled: every producer thread (+ the peer's st.async bytes)
+  uint64_t full[2];   // stage filled: every producer thread (+ the peer's st.async bytes; kDirectCopy:
+                      // + each producer thread's cp.async landing)
   uint64_t empty[2];  // stage consumed: every consumer warp of the cluster
   uint64_t p_ready;   // P and row_scale of the tile published by warpgroup 0
   uint64_t p_free;    // warpgroup 1 is done reading them
 };
 template <KvLayout L>
 inline constexpr int kSmemBytes = static_cast<int>(sizeof(SharedPlan<L>));
-static_assert(kSmemBytes<KvLayout::model1_fp8> <= 227 * 1024 && kSmemBytes<KvLayout::v32_fp8> <= 227 * 1024,
+static_assert(kSmemBytes<KvLayout::model1_fp8> <= 227 * 1024 && kSmemBytes<KvLayout::v32_fp8> <= 227 * 1024 &&
+                  kSmemBytes<KvLayout::bf16> <= 227 * 1024 && kSmemBytes<KvLayout::fp8_per_tensor> <= 227 * 1024,
               "shared-memory plan exceeds the sm_90 limit");
 
 // One index scope as the kernel reads it (validated by the host).
@@ -100,6 +134,7 @@ struct DecodeScope {
   const int32_t* topk_length = nullptr;  // optional [b]
   int block_size = 1;
   int topk = 0;
+  float tensor_scale = 1.0f;        // FP8_PER_TENSOR: value = fp8 · tensor_scale
 };
 
 // Strides (elements) of a [b, s_q, H, ...] tensor over its first three dims; query row

@@ -1,4 +1,6 @@
-// The sparse FP8 decode kernel (split-KV), templated on the cache layout and the cluster size.
+// The sparse decode kernel (split-KV), templated on the cache layout and the cluster size: the FP8
+// layouts (MODEL1, V3.2, per-tensor) are dequantized by the producer, BF16 rows are copied as is
+// (produce_by_copy).
 //
 // Per CTA: one query token row, 64 heads, one split of the index list; 3 warpgroups.
 // Producer (warpgroup 2), per tile of 64 index slots (with a cluster of two CTAs, this CTA's
@@ -87,12 +89,13 @@ __device__ __forceinline__ int32_t slot_in_cache(const DecodeParams& p, bool in_
   return idx >= 0 && idx < (in_main ? p.main.num_slots : p.extra.num_slots) ? idx : -1;
 }
 
-// One tile's share of a thread, in registers: its slot's fp8 chunks, rope chunks and scales.
+// One tile's share of a thread, in registers: its slot's fp8 chunks, bf16 (rope) chunks and
+// scales. (Arrays hold at least one element; loops run to the real counts.)
 template <KvLayout L, int kCluster>
 struct TileRegs {
-  uint4 fp8[kFp8ChunksPerThread<L, kCluster>];
-  uint4 rope[kRopeChunksPerThread<kCluster>];
-  uint4 scales;  // MODEL1: 7 UE8M0 bytes (+pad) in .x/.y; V32: 4 fp32 scales
+  uint4 fp8[kFp8ChunksPerThread<L, kCluster> > 0 ? kFp8ChunksPerThread<L, kCluster> : 1];
+  uint4 rope[kBf16ChunksPerThread<L, kCluster> > 0 ? kBf16ChunksPerThread<L, kCluster> : 1];
+  uint4 scales;  // MODEL1: 7 UE8M0 bytes (+pad) in .x/.y; V32: 4 fp32 scales; per tensor: .x
   bool valid;
 };
 
@@ -100,7 +103,8 @@ struct TileRegs {
 // (38 registers each). V3.2's halved share (44 registers) fits twice too, but measured slower
 // (docs/notes/decode.md, v7: 520 vs 511 µs), so it keeps one.
 template <KvLayout L, int kCluster>
-inline constexpr int kProducerBuffers = kCluster == 2 && L == KvLayout::model1_fp8 ? 2 : 1;
+inline constexpr int kProducerBuffers =
+    kCluster == 2 && (L == KvLayout::model1_fp8 || L == KvLayout::fp8_per_tensor) ? 2 : 1;
 
 // Where a valid slot's bytes live: its data row (V32: the whole token) and, for MODEL1, its
 // 8-byte scale row, in the main (in_main) or the extra scope's cache.
@@ -118,9 +122,11 @@ __device__ __forceinline__ SlotBytes slot_bytes(const DecodeParams& p, bool in_m
   if constexpr (L == KvLayout::model1_fp8) {
     return {base + offset * model1::kDataBytes,
             base + static_cast<int64_t>(block_size) * model1::kDataBytes + offset * model1::kScaleBytes};
-  } else {
+  } else if constexpr (L == KvLayout::v32_fp8) {
     const uint8_t* data = base + offset * v32::kTokenBytes;
     return {data, data + v32::kScaleOffset};
+  } else {  // BF16, FP8_PER_TENSOR: data rows only
+    return {base + offset * LayoutTraits<L>::kDataBytes, nullptr};
   }
 }
 
@@ -132,7 +138,7 @@ __device__ __forceinline__ void prefetch_slot(const DecodeParams& p, bool in_mai
   if (slot < 0) return;
   const SlotBytes bytes = slot_bytes<L>(p, in_main, slot);
   if (sub == 0) {
-    ptx::prefetch_l2_bulk(bytes.data, L == KvLayout::model1_fp8 ? model1::kDataBytes : v32::kTokenBytes);
+    ptx::prefetch_l2_bulk(bytes.data, LayoutTraits<L>::kDataBytes);
   } else if (L == KvLayout::model1_fp8 && sub == 1) {
     ptx::prefetch_l2(bytes.scales);
   }
@@ -150,15 +156,18 @@ __device__ __forceinline__ void load_slot(const DecodeParams& p, bool in_main, i
   if constexpr (L == KvLayout::model1_fp8) {
     const uint2 s = __ldg(reinterpret_cast<const uint2*>(bytes.scales));
     regs.scales = make_uint4(s.x, s.y, 0u, 0u);
-  } else {
+  } else if constexpr (L == KvLayout::v32_fp8) {
     regs.scales = __ldg(reinterpret_cast<const uint4*>(bytes.scales));
+  } else {
+    const float scale = in_main ? p.main.tensor_scale : p.extra.tensor_scale;
+    regs.scales = make_uint4(__float_as_uint(scale), 0u, 0u, 0u);
   }
 #pragma unroll
   for (int i = 0; i < kFp8ChunksPerThread<L, kCluster>; ++i)
     regs.fp8[i] = __ldg(reinterpret_cast<const uint4*>(bytes.data + 16 * (sub + kStep * i)));
 #pragma unroll
-  for (int i = 0; i < kRopeChunksPerThread<kCluster>; ++i)
-    regs.rope[i] = __ldg(reinterpret_cast<const uint4*>(bytes.data + T::kRopeOffset + 16 * (sub + kStep * i)));
+  for (int i = 0; i < kBf16ChunksPerThread<L, kCluster>; ++i)
+    regs.rope[i] = __ldg(reinterpret_cast<const uint4*>(bytes.data + T::kBf16Offset + 16 * (sub + kStep * i)));
 }
 
 // Where a producer thread's converted chunks go: its own CTA's stage and, in a cluster, the same
@@ -195,6 +204,8 @@ __device__ __forceinline__ void store_slot(const TileRegs<L, kCluster>& regs, in
     if constexpr (L == KvLayout::model1_fp8) {
       const uint32_t word = blk < 4 ? regs.scales.x : regs.scales.y;
       scale = ue8m0_to_float(static_cast<uint8_t>(word >> (8 * (blk % 4))));
+    } else if constexpr (L == KvLayout::fp8_per_tensor) {
+      scale = __uint_as_float(regs.scales.x);
     } else {
       scale = __uint_as_float(blk == 0 ? regs.scales.x : blk == 1 ? regs.scales.y
                               : blk == 2 ? regs.scales.z : regs.scales.w);
@@ -206,7 +217,7 @@ __device__ __forceinline__ void store_slot(const TileRegs<L, kCluster>& regs, in
     put_chunk<kCluster>(to, sw128_chunk_offset<kTileKeys>(key, 2 * c + 1), hi);
   }
 #pragma unroll
-  for (int i = 0; i < kRopeChunksPerThread<kCluster>; ++i) {
+  for (int i = 0; i < kBf16ChunksPerThread<L, kCluster>; ++i) {
     const int r = sub + kStep * i;
     put_chunk<kCluster>(to, sw128_chunk_offset<kTileKeys>(key, T::kNope / 8 + r),
                         regs.valid ? regs.rope[i] : make_uint4(0u, 0u, 0u, 0u));
@@ -316,6 +327,45 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
       index2 = index_at(pos + 2 * kTileKeys);
     }
   }
+}
+
+// Warpgroup 2 for a layout stored as the tensor cores read it (BF16, no cluster): per tile t the
+// thread's slot row is copied by cp.async straight into stage t%2 (zero-filled for an invalid
+// slot, which reads nothing), the row of tile t+1 is prefetched into L2 and the index of tile
+// t+2 read. The copies of tile t+1 fly while the consumers multiply tile t. The stage's `full`
+// barrier counts two arrivals per thread: one (release) for its key_valid flag, one when its
+// copies have landed (cp.async.mbarrier.arrive.noinc).
+template <KvLayout L>
+__device__ __forceinline__ void produce_by_copy(const DecodeParams& p, const CtaWork& w, SharedPlan<L>& plan) {
+  constexpr int kStep = kThreadsPerKey<1>;
+  constexpr int kChunks = LayoutTraits<L>::kDataBytes / 16;  // 16-byte chunks of a row
+  const int tid = threadIdx.x - kConsumerThreads;
+  const int my_key = tid / kStep, my_sub = tid % kStep;
+  const int my_pos = w.split_begin + my_key;
+  const RowLengths& len = w.len;
+  auto index_at = [&](int pos) { return raw_index(p, w.batch, w.seq, pos, w.split_end, len); };
+  int32_t index0 = index_at(my_pos), index1 = index_at(my_pos + kTileKeys);
+  for (int t = 0; t < w.num_tiles; ++t) {
+    const int stage = t & 1, pos = my_pos + t * kTileKeys;
+    const bool in_main = len.in_main(pos), next_in_main = len.in_main(pos + kTileKeys);
+    const int32_t slot = slot_in_cache(p, in_main, index0);
+    prefetch_slot<L>(p, next_in_main, slot_in_cache(p, next_in_main, index1), my_sub);
+    if (t >= 2) ptx::mbarrier_wait(&plan.empty[stage], ((t >> 1) + 1) & 1);  // tile t-2 consumed
+    const uint8_t* row = slot >= 0 ? slot_bytes<L>(p, in_main, slot).data : p.main.cache;
+#pragma unroll 8
+    for (int i = 0; i < kChunks / kStep; ++i) {
+      const int c = my_sub + kStep * i;
+      ptx::cp_async_16_zfill(plan.kv[stage] + sw128_chunk_offset<kTileKeys>(my_key, c), row + 16 * c, slot >= 0);
+    }
+    if (my_sub == 0) plan.key_valid[stage][my_key] = slot >= 0;
+    ptx::mbarrier_arrive(&plan.full[stage]);
+    ptx::cp_async_arrive_noinc(&plan.full[stage]);
+    index0 = index1;
+    index1 = index_at(pos + 2 * kTileKeys);
+  }
+  // No copy of this thread is left in flight when it leaves.
+  ptx::cp_async_commit();
+  ptx::cp_async_wait<0>();
 }
 
 // Both consumer warpgroups: Q rows of this head block (zero rows past H) into shared memory, in
@@ -524,8 +574,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
   w.rank = kCluster == 2 ? static_cast<int>(ptx::cluster_ctarank()) : 0;
 
   if (threadIdx.x == 0) {
-    ptx::mbarrier_init(&plan.full[0], kProducerThreads);  // every producer thread arrives
-    ptx::mbarrier_init(&plan.full[1], kProducerThreads);
+    // Every producer thread arrives (twice when it copies: its flags, then its landed copies).
+    constexpr uint32_t kFullArrivals = kProducerThreads * (LayoutTraits<L>::kDirectCopy ? 2 : 1);
+    ptx::mbarrier_init(&plan.full[0], kFullArrivals);
+    ptx::mbarrier_init(&plan.full[1], kFullArrivals);
     ptx::mbarrier_init(&plan.empty[0], 8 * kCluster);     // every consumer warp of the cluster
     ptx::mbarrier_init(&plan.empty[1], 8 * kCluster);
     ptx::mbarrier_init(&plan.p_ready, 128);               // warpgroup 0's threads
@@ -538,7 +590,12 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
   const uint32_t peer_empty = kCluster == 2 ? ptx::map_to_cta(&plan.empty[0], 1 - w.rank) : 0u;
   if (threadIdx.x >= kConsumerThreads) {
     ptx::warpgroup_regs_decrease<kProducerRegs>();
-    detail::produce<L, kCluster>(p, w, plan);
+    if constexpr (LayoutTraits<L>::kDirectCopy) {
+      static_assert(kCluster == 1, "copied layouts are not shared across a cluster");
+      detail::produce_by_copy<L>(p, w, plan);
+    } else {
+      detail::produce<L, kCluster>(p, w, plan);
+    }
   } else if (threadIdx.x >= 128) {
     ptx::warpgroup_regs_decrease<kPvRegs>();
     detail::consume_pv<L, kCluster>(p, w, plan, peer_empty);
@@ -576,15 +633,18 @@ void launch_with_cluster(const DecodeParams& params, cudaStream_t stream) {
 }  // namespace detail
 
 // Head blocks in pairs (H 128, 256, ...): adjacent CTAs of a split (head blocks 2k, 2k+1) form a
-// cluster and share the gather. Otherwise each CTA gathers its own tiles.
+// cluster and share the gather and its conversion. Otherwise, and for layouts that are copied
+// without conversion (BF16: nothing to share but L2 reads), each CTA gathers its own tiles.
 template <KvLayout L>
 void launch_sparse_decode(const DecodeParams& params, cudaStream_t stream) {
   const int num_head_blocks = (params.num_heads + kHeadsPerCta - 1) / kHeadsPerCta;
-  if (num_head_blocks % 2 == 0) {
-    detail::launch_with_cluster<L, 2>(params, stream);
-  } else {
-    detail::launch_with_cluster<L, 1>(params, stream);
+  if constexpr (!LayoutTraits<L>::kDirectCopy) {
+    if (num_head_blocks % 2 == 0) {
+      detail::launch_with_cluster<L, 2>(params, stream);
+      return;
+    }
   }
+  detail::launch_with_cluster<L, 1>(params, stream);
 }
 
 }  // namespace dsv4::cuda::decode

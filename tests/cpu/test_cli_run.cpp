@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "cli_test_support.h"
 #include "dsv4/device_tensor.h"
@@ -113,14 +114,19 @@ TEST(CliRun, V32CheckpointLoads) {
 // models what such a cache hands back (ReferenceOptions::kv_layout: SWA rows bf16, compressed
 // entries the model's FP8-rounded values); checked against MODEL1's rounding instead, the same run
 // measured 8e-2 to 1.1e-1 per layer.
-// On the CUDA backend too where a GPU is present (its sparse decode reads BF16 rows).
+// Where a GPU is present, on the CUDA backend too (its sparse decode reads BF16 rows), with
+// V4-Flash layers: the tiny model's C4A indexer sees near-tied top-k scores, which the GPU's FP8
+// tensor-core scores may order differently (tests/cuda/test_attention_layer_cuda.cpp, (f)), and
+// --check bounds every token.
 TEST(CliRun, Bf16CacheLayoutPassesCheck) {
-  std::vector<const char*> backends{"cpu"};
-  if (dsv4::cuda_available()) backends.push_back("cuda");
-  for (const char* backend : backends) {
-    const Result r = run_cli(std::string(kArgs) + " --backend " + backend + " --kv-layout bf16");
-    ASSERT_EQ(r.status, 0) << backend << ": " << r.output;
-    EXPECT_NE(r.output.find("check: passed"), std::string::npos) << backend << ": " << r.output;
+  std::vector<std::string> runs{std::string(kArgs) + " --backend cpu"};
+  if (dsv4::cuda_available())
+    runs.push_back("--model v4-flash --layers 0,2,3 --requests 4 --prompt-len 160,256,192,128 --decode-steps 8 "
+                   "--chunk 256 --check --quiet --backend cuda");
+  for (const std::string& args : runs) {
+    const Result r = run_cli(args + " --kv-layout bf16");
+    ASSERT_EQ(r.status, 0) << args << ": " << r.output;
+    EXPECT_NE(r.output.find("check: passed"), std::string::npos) << args << ": " << r.output;
   }
 }
 

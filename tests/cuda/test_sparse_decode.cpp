@@ -350,8 +350,8 @@ std::vector<Case> grid() {
       {"no_cluster_h192_v32", L::v32_fp8, 192, 2, 1, 300, 64, 0, 0, 2, false, true},
       // A whole split of −1 in a cluster: both CTAs mask every key of every tile.
       {"cluster_all_invalid", L::v32_fp8, 128, 1, 2, 256, 64, 0, 0, 2, false, true, 1.0},
-      // The full-width layouts (FlashInfer port): BF16 rows copied by cp.async (never in a
-      // cluster, H 128 included), FP8 with one tensor scale (clusters at H 128).
+      // The full-width layouts (FlashInfer port): BF16 rows copied by cp.async without a cluster,
+      // staged in registers and shared in one (H 128); FP8 with one tensor scale.
       {"bf16_h64_b2_sq2_direct", L::bf16, 64, 2, 2, 128, 64, 512, 64, 1, false, true},
       {"bf16_h64_b16_sq1_split2", L::bf16, 64, 16, 1, 128, 256, 512, 64, 2, true, false},
       {"bf16_h128_b2_sq2_blk2_split3", L::bf16, 128, 2, 2, 128, 64, 1024, 2, 3, true, true},

@@ -88,7 +88,7 @@ const OpRow kRowsTable[] = {
          true, "sm90a (CuTe, WGMMA); sink, topk_length"}),
     row(kSparseDecode, DSV4_CUDA_KERNEL(cuda::sparse_decode),
         {"q bf16; out bf16; lse fp32", "caches: MODEL1_FP8, BF16, FP8_PER_TENSOR (d_qk 512), V32_FP8 (576); two scopes",
-         "d_v 512, heads in groups of 64", true, "sm90a; split-KV + combine, fused dequant (BF16: cp.async)"}),
+         "d_v 512, heads in groups of 64", true, "sm90a; split-KV + combine, fused dequant (BF16 without a cluster: cp.async)"}),
     row(kSparseAttentionCombine, DSV4_CUDA_KERNEL(cuda::sparse_attention_combine),
         {"partials fp32 -> out bf16, lse fp32", kRows16, "d_v 512", true, "sink"}),
     row(kLocalToGlobalSlots, DSV4_CUDA_KERNEL(cuda::local_to_global_slots),

@@ -43,8 +43,10 @@ inline constexpr int kThreadsPerKey = kProducerThreads * kCluster / kTileKeys;  
 
 // What the kernel needs of a cache layout (docs/spec.md §7): a token's leading kNope dims are fp8
 // codes, in scale blocks of kQuantBlock, and the rest (kBf16Dims) bf16 at byte kBf16Offset of its
-// data row (kDataBytes, prefetched whole). kDirectCopy layouts need no conversion: their rows are
-// copied into the stages by cp.async, with no register staging and no cluster sharing.
+// data row (kDataBytes, prefetched whole). kDirectCopy layouts need no conversion: without a
+// cluster their rows are copied into the stages by cp.async (a whole row is too many registers
+// for a producer thread); in a cluster they take the register path like the others, since a
+// halved share fits and the peer's half must go through st.async anyway.
 template <KvLayout L>
 struct LayoutTraits;
 
@@ -91,6 +93,10 @@ struct LayoutTraits<KvLayout::bf16> {
   static constexpr int kDataBytes = 1024;
   static constexpr bool kDirectCopy = true;
 };
+// Whether a CTA's producer copies its rows by cp.async (produce_by_copy) instead of staging them
+// in registers (produce).
+template <KvLayout L, int kCluster>
+inline constexpr bool kCopiedRows = LayoutTraits<L>::kDirectCopy && kCluster == 1;
 
 template <KvLayout L, int kCluster>
 inline constexpr int kFp8ChunksPerThread = LayoutTraits<L>::kNope / 16 / kThreadsPerKey<kCluster>;

@@ -1,6 +1,6 @@
 // The sparse decode kernel (split-KV), templated on the cache layout and the cluster size: the FP8
 // layouts (MODEL1, V3.2, per-tensor) are dequantized by the producer, BF16 rows are copied as is
-// (produce_by_copy).
+// (by cp.async without a cluster: produce_by_copy).
 //
 // Per CTA: one query token row, 64 heads, one split of the index list; 3 warpgroups.
 // Producer (warpgroup 2), per tile of 64 index slots (with a cluster of two CTAs, this CTA's
@@ -329,7 +329,7 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
   }
 }
 
-// Warpgroup 2 for a layout stored as the tensor cores read it (BF16, no cluster): per tile t the
+// Warpgroup 2 for a layout stored as the tensor cores read it (BF16) without a cluster: per tile t the
 // thread's slot row is copied by cp.async straight into stage t%2 (zero-filled for an invalid
 // slot, which reads nothing), the row of tile t+1 is prefetched into L2 and the index of tile
 // t+2 read. The copies of tile t+1 fly while the consumers multiply tile t. The stage's `full`
@@ -575,7 +575,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
 
   if (threadIdx.x == 0) {
     // Every producer thread arrives (twice when it copies: its flags, then its landed copies).
-    constexpr uint32_t kFullArrivals = kProducerThreads * (LayoutTraits<L>::kDirectCopy ? 2 : 1);
+    constexpr uint32_t kFullArrivals = kProducerThreads * (kCopiedRows<L, kCluster> ? 2 : 1);
     ptx::mbarrier_init(&plan.full[0], kFullArrivals);
     ptx::mbarrier_init(&plan.full[1], kFullArrivals);
     ptx::mbarrier_init(&plan.empty[0], 8 * kCluster);     // every consumer warp of the cluster
@@ -590,8 +590,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
   const uint32_t peer_empty = kCluster == 2 ? ptx::map_to_cta(&plan.empty[0], 1 - w.rank) : 0u;
   if (threadIdx.x >= kConsumerThreads) {
     ptx::warpgroup_regs_decrease<kProducerRegs>();
-    if constexpr (LayoutTraits<L>::kDirectCopy) {
-      static_assert(kCluster == 1, "copied layouts are not shared across a cluster");
+    if constexpr (kCopiedRows<L, kCluster>) {
       detail::produce_by_copy<L>(p, w, plan);
     } else {
       detail::produce<L, kCluster>(p, w, plan);
@@ -633,18 +632,15 @@ void launch_with_cluster(const DecodeParams& params, cudaStream_t stream) {
 }  // namespace detail
 
 // Head blocks in pairs (H 128, 256, ...): adjacent CTAs of a split (head blocks 2k, 2k+1) form a
-// cluster and share the gather and its conversion. Otherwise, and for layouts that are copied
-// without conversion (BF16: nothing to share but L2 reads), each CTA gathers its own tiles.
+// cluster and share the gather (and the conversion). Otherwise each CTA gathers its own tiles.
 template <KvLayout L>
 void launch_sparse_decode(const DecodeParams& params, cudaStream_t stream) {
   const int num_head_blocks = (params.num_heads + kHeadsPerCta - 1) / kHeadsPerCta;
-  if constexpr (!LayoutTraits<L>::kDirectCopy) {
-    if (num_head_blocks % 2 == 0) {
-      detail::launch_with_cluster<L, 2>(params, stream);
-      return;
-    }
+  if (num_head_blocks % 2 == 0) {
+    detail::launch_with_cluster<L, 2>(params, stream);
+  } else {
+    detail::launch_with_cluster<L, 1>(params, stream);
   }
-  detail::launch_with_cluster<L, 1>(params, stream);
 }
 
 }  // namespace dsv4::cuda::decode

@@ -27,6 +27,7 @@
 
 #include "cuda/common/check.h"
 #include "cuda/common/device_props.h"
+#include "cuda/common/per_device_once.h"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/smem_layout.cuh"
 #include "cuda/common/tma.h"
@@ -232,12 +233,8 @@ __global__ void __launch_bounds__(kReduceThreads) reduce_splits_kernel(const Par
 template <class Operands, int kCols>
 void launch(const Params& p, dim3 grid, cudaStream_t stream) {
   constexpr int kSmem = kSmemBytes<kCols>;
-  static const bool attribute_set = [] {
-    DSV4_CUDA_CHECK("skinny_gemm", cudaFuncSetAttribute(skinny_gemm_kernel<Operands, kCols>,
-                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    return true;
-  }();
-  (void)attribute_set;
+  static PerDeviceOnce smem_opt_in;
+  opt_in_dynamic_smem(smem_opt_in, skinny_gemm_kernel<Operands, kCols>, kSmem, "skinny_gemm");
   skinny_gemm_kernel<Operands, kCols><<<grid, kThreads, kSmem, stream>>>(p);
 }
 

@@ -33,6 +33,7 @@
 #include "cuda/common/cluster.cuh"
 #include "cuda/common/cp_async.cuh"
 #include "cuda/common/fp8_convert.cuh"
+#include "cuda/common/per_device_once.h"
 #include "cuda/common/prefetch.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/smem_layout.cuh"
@@ -610,9 +611,8 @@ namespace detail {
 template <KvLayout L, int kCluster>
 void launch_with_cluster(const DecodeParams& params, cudaStream_t stream) {
   constexpr int kSmem = kSmemBytes<L>;
-  static const cudaError_t attr_status = cudaFuncSetAttribute(
-      sparse_decode_kernel<L, kCluster>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  check_cuda(attr_status, "sparse_decode", "cudaFuncSetAttribute(max dynamic shared memory)");
+  static PerDeviceOnce smem_opt_in;
+  opt_in_dynamic_smem(smem_opt_in, sparse_decode_kernel<L, kCluster>, kSmem, "sparse_decode");
   const int num_head_blocks = (params.num_heads + kHeadsPerCta - 1) / kHeadsPerCta;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(num_head_blocks * params.num_splits, params.num_rows);

@@ -28,6 +28,7 @@
 #include "cuda/attention/sparse_prefill/producer.cuh"
 #include "cuda/common/check.h"
 #include "cuda/common/device_props.h"
+#include "cuda/common/per_device_once.h"
 #include "cuda/common/ptx.cuh"
 
 namespace dsv4::cuda::sparse_prefill_detail {
@@ -72,13 +73,8 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
 template <int D_QK>
 void launch(const Params& params, CUstream_st* stream) {
   using Cfg = Config<D_QK>;
-  static const bool attribute_set = [] {
-    DSV4_CUDA_CHECK("sparse_prefill",
-                    cudaFuncSetAttribute(sparse_prefill_kernel<D_QK>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-    return true;
-  }();
-  (void)attribute_set;
+  static PerDeviceOnce smem_opt_in;
+  opt_in_dynamic_smem(smem_opt_in, sparse_prefill_kernel<D_QK>, Cfg::kSmemBytes, "sparse_prefill");
   const int head_groups = (params.num_heads + Cfg::kHeads - 1) / Cfg::kHeads;
   const int64_t items = int64_t{params.s_q} * head_groups;
   const int sms = current_device_sm_count("sparse_prefill");

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "cuda/common/check.h"
+#include "cuda/common/per_device_once.h"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/smem_layout.cuh"
 #include "cuda/common/wgmma.cuh"
@@ -322,12 +323,8 @@ template <int kCols, int kHeadsPadded>
 void launch_scores(const Params& params, int chunks, cudaStream_t stream) {
   constexpr int kTokens = kCols / kHeadsPadded;
   constexpr int kSmem = kSmemBytes<kCols, kTokens>;
-  static const bool attribute_set = [] {
-    DSV4_CUDA_CHECK("indexer_scores", cudaFuncSetAttribute(scores_kernel<kCols, kHeadsPadded>,
-                                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    return true;
-  }();
-  (void)attribute_set;
+  static PerDeviceOnce smem_opt_in;
+  opt_in_dynamic_smem(smem_opt_in, scores_kernel<kCols, kHeadsPadded>, kSmem, "indexer_scores");
   const int64_t groups = (params.num_tokens + kTokens - 1) / kTokens;
   const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>(chunks));
   scores_kernel<kCols, kHeadsPadded><<<grid, kThreads, kSmem, stream>>>(params);

@@ -35,6 +35,26 @@ std::vector<DeviceInfo> devices(std::string* why);
 // Free bytes of the current device's memory (throws dsv4::Error naming `where` without one).
 size_t device_free_bytes(const char* where);
 
+// The CUDA device current on the calling host thread, and making another one current (every
+// allocation, stream and launch of that thread goes to it). Throws dsv4::Error naming `where`
+// for a device that is not visible, or without CUDA.
+int current_device(const char* where);
+void set_device(int device, const char* where);
+
+// Makes `device` current on this thread for the guard's lifetime, then the one before it again;
+// device -1 changes nothing (a single-device or CPU caller). How a process that drives several
+// GPUs (tensor-parallel ranks) builds and frees each rank's state on its own GPU.
+class DeviceGuard {
+ public:
+  DeviceGuard(int device, const char* where);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;  // -1: nothing to restore
+};
+
 // Synchronous device memory for DeviceTensor (test and tool setup; never inside a forward).
 // `where` names the caller in errors. device_malloc never returns null (a zero-byte request gets
 // a small allocation, so a view of it is "defined").
@@ -150,6 +170,10 @@ bool is_capturing(Stream stream);
 void copy_host_to_device_async(void* device_dst, const void* host_src, size_t bytes,
                                Stream stream);
 void copy_device_to_device_async(void* dst, const void* src, size_t bytes, Stream stream);
+// From GPU `src_device`'s memory to GPU `dst_device`'s (NVLink or PCIe), ordered on `stream`, a
+// stream of either device (the other device's work is not waited for: order it with an Event).
+void copy_peer_async(void* dst, int dst_device, const void* src, int src_device, size_t bytes,
+                     Stream stream);
 void memset_device_async(void* dst, int byte, size_t bytes, Stream stream);
 
 }  // namespace dsv4::rt

@@ -25,6 +25,13 @@ std::vector<DeviceInfo> devices(std::string* why) {
   return {};
 }
 size_t device_free_bytes(const char* where) { fail_not_built(where); }
+int current_device(const char* where) { fail_not_built(where); }
+void set_device(int, const char* where) { fail_not_built(where); }
+// Device -1 (a CPU caller) needs no runtime; a GPU does.
+DeviceGuard::DeviceGuard(int device, const char* where) {
+  if (device >= 0) fail_not_built(where);
+}
+DeviceGuard::~DeviceGuard() = default;
 void* device_malloc(size_t, const char* where) { fail_not_built(where); }
 void device_free(void*) noexcept {}
 // Nothing to copy needs no device (as on CUDA, where an empty copy is a no-op).
@@ -63,6 +70,7 @@ void copy_host_to_device_async(void*, const void*, size_t, Stream) {
 void copy_device_to_device_async(void*, const void*, size_t, Stream) {
   no_cuda("copy_device_to_device_async");
 }
+void copy_peer_async(void*, int, const void*, int, size_t, Stream) { no_cuda("copy_peer_async"); }
 void memset_device_async(void*, int, size_t, Stream) { no_cuda("memset_device_async"); }
 
 }  // namespace dsv4::rt

@@ -43,6 +43,29 @@ size_t device_free_bytes(const char* where) {
   return free_bytes;
 }
 
+int current_device(const char* where) {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), where, "cudaGetDevice");
+  return device;
+}
+
+void set_device(int device, const char* where) {
+  check_cuda(cudaSetDevice(device), where, "cudaSetDevice");
+}
+
+DeviceGuard::DeviceGuard(int device, const char* where) {
+  if (device < 0) return;
+  const int previous = current_device(where);
+  if (previous != device) {
+    set_device(device, where);
+    previous_ = previous;
+  }
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0) cudaSetDevice(previous_);
+}
+
 void* device_malloc(size_t bytes, const char* where) {
   void* ptr = nullptr;
   check_cuda(cudaMalloc(&ptr, bytes > 0 ? bytes : 256), where, "cudaMalloc");
@@ -199,6 +222,13 @@ void copy_device_to_device_async(void* dst, const void* src, size_t bytes, Strea
   if (bytes == 0) return;
   check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream),
              "copy_device_to_device_async", "cudaMemcpyAsync");
+}
+
+void copy_peer_async(void* dst, int dst_device, const void* src, int src_device, size_t bytes,
+                     Stream stream) {
+  if (bytes == 0) return;
+  check_cuda(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, stream), "copy_peer_async",
+             "cudaMemcpyPeerAsync");
 }
 
 void memset_device_async(void* dst, int byte, size_t bytes, Stream stream) {

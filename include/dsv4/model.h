@@ -28,19 +28,26 @@ struct StackOptions {
   bool fp8_weights = true;      // random weights: FP8 e4m3 with 128x128 UE8M0 scales (as shipped)
   AttentionOptions attention;   // V3.2 layers take its fp8 flags, num_sms, and
                                 // caches.swa_blocks / swa_block_size for their caches
-  // Tensor-parallel ranks per V4 layer (docs/design.md "Tensor parallelism"). > 1: CPU backend
-  // only, the ranks emulated in this process — each layer's tp shards run on tp threads and sum
-  // y through an in-process group (caches replicated per rank, as on real ranks).
+  // Tensor-parallel ranks per V4 layer (docs/design.md "Tensor parallelism"). > 1: the stack is
+  // built tp times, rank r with every layer's shard r, its own caches (replicated, as on real
+  // ranks) and its own residual stream, and each step runs the ranks at once, one host thread
+  // each (rank 0 on the caller's), every layer's y summed over the ranks; rank 0's output is the
+  // stack's. CPU backend: the ranks sum through an in-process group. CUDA: rank r runs on GPU r
+  // (GPUs 0..tp-1 must be visible; the library built with NCCL, one NCCL group), and x, y and
+  // attention.stream are GPU 0's.
   int tp = 1;
 };
+
+class RankThreads;
 
 class AttentionStack {
  public:
   AttentionStack(const ModelConfig& cfg, const StackOptions& opts);
+  ~AttentionStack();
   AttentionStack(const AttentionStack&) = delete;  // owns caches (and device memory)
   AttentionStack& operator=(const AttentionStack&) = delete;
-  AttentionStack(AttentionStack&&) noexcept = default;
-  AttentionStack& operator=(AttentionStack&&) noexcept = default;
+  AttentionStack(AttentionStack&&) noexcept;
+  AttentionStack& operator=(AttentionStack&&) noexcept;
 
   // x [T, dim] fp32 → y [T, dim] fp32 (contiguous; may alias x), on every layer's backend. On the
   // CUDA backend x and y may be on the GPU or the host: the residual stream stays on the GPU
@@ -56,7 +63,9 @@ class AttentionStack {
   // CUDA: the stream every layer and the residual ops run on.
   void set_stream(Stream stream);
 
-  int num_layers() const { return static_cast<int>(sparse_mla() ? mla_layers_.size() : layers_.size()); }
+  int num_layers() const;
+  // Tensor-parallel ranks (StackOptions::tp).
+  int tp() const { return static_cast<int>(ranks_.size()); }
   // The i-th layer of a V4 stack (a V3.2 stack: dsv4::Error; see sparse_mla_layer); with tp > 1
   // its rank 0.
   Attention& layer(int i);
@@ -72,23 +81,19 @@ class AttentionStack {
   const ModelConfig& config() const { return cfg_; }
 
  private:
-  // Layer l's tp ranks on their threads (tp > 1), rank 0's y into `y`.
-  void forward_ranks(size_t l, const BatchPlan& plan, const TensorView& x, const TensorView& y);
+  struct Rank;  // one tensor-parallel rank's layers and residual stream (model.cpp)
+  // Rank `rank`'s whole step (on its thread, its GPU current): x into its residual stream, every
+  // layer, and (rank 0) the output into y and the layers' inputs / outputs into layer_io.
+  void forward_rank(int rank, const BatchPlan& plan, const TensorView& x, const TensorView& y,
+                    std::vector<LayerIO>* layer_io);
   ModelConfig cfg_;
-  std::vector<Attention> layers_;               // V4
-  std::vector<SparseMlaAttention> mla_layers_;  // V3.2
-  // tp > 1: the in-process group, ranks 1.. of every layer (peers_[r - 1][i]), their outputs, and
-  // every layer's whole weights.
+  // tp > 1: the group summing y (before the ranks: a layer holds its communicator) and every
+  // layer's whole weights (each rank holds its shard).
   std::vector<std::unique_ptr<Communicator>> tp_group_;
-  std::vector<std::vector<Attention>> peers_;
-  std::vector<HostTensor> peer_out_;
   std::vector<AttentionWeights> whole_weights_;
-  Stream stream_ = nullptr;
-  // The residual stream's buffers (grown on demand): on the host for the CPU backend, on the GPU
-  // for CUDA.
-  int64_t capacity_rows_ = 0;
-  HostTensor residual_, normed_, out_;
-  DeviceTensor residual_dev_, normed_dev_, out_dev_;
+  std::vector<std::unique_ptr<Rank>> ranks_;    // rank 0 first; one without tensor parallelism
+  std::unique_ptr<RankThreads> rank_threads_;   // tp > 1
+  std::vector<SparseMlaAttention> mla_layers_;  // V3.2
 };
 
 // Parses "0,2,5-7" into layer indices (each < n_layers); throws dsv4::Error on bad syntax.

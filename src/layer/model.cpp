@@ -8,7 +8,9 @@
 #include "dsv4/safetensors.h"
 #include "dsv4/sparse_mla_weights.h"
 #include "dsv4/status.h"
+#include "dsv4/tensor_parallel.h"
 #include "dsv4/weights.h"
+#include "layer/rank_threads.h"
 #include "runtime/device_runtime.h"
 
 namespace dsv4 {
@@ -44,6 +46,47 @@ std::vector<int> parse_layer_list(const std::string& spec, int n_layers) {
   return out;
 }
 
+struct AttentionStack::Rank {
+  // A GPU rank of a multi-GPU stack: its CUDA device, current while anything of it is built,
+  // run or freed. -1: the caller's current device (one GPU) or the CPU.
+  int device = -1;
+  std::vector<Attention> layers;                // V4: this rank's shard of every layer
+  std::unique_ptr<rt::OwnedStream> own_stream;  // GPU ranks 1..: the stream they run on
+  Stream stream = nullptr;
+  // The residual stream's buffers (grown on demand): on the host for the CPU backend, on the
+  // rank's GPU for CUDA.
+  int64_t capacity_rows = 0;
+  HostTensor residual, normed, out;
+  DeviceTensor residual_dev, normed_dev, out_dev;
+  // A multi-GPU stack's x lives on GPU 0: rank 0 records x_ready on its stream once x is there,
+  // rank r > 0 copies x after it and records x_copied, which rank 0's stream waits for before
+  // the caller may reuse x.
+  rt::Event x_ready, x_copied;
+
+  explicit Rank(int dev) : device(dev) {}
+  Rank(const Rank&) = delete;
+  Rank& operator=(const Rank&) = delete;
+  ~Rank() {
+    try {
+      const rt::DeviceGuard on_device(device, "AttentionStack");
+      free_resources();
+    } catch (...) {
+      free_resources();  // the device could not be made current: free from here anyway
+    }
+  }
+
+ private:
+  void free_resources() noexcept {
+    layers.clear();
+    residual_dev = DeviceTensor();
+    normed_dev = DeviceTensor();
+    out_dev = DeviceTensor();
+    x_ready = rt::Event();
+    x_copied = rt::Event();
+    own_stream.reset();
+  }
+};
+
 AttentionStack::AttentionStack(const ModelConfig& cfg, const StackOptions& opts) : cfg_(cfg) {
   cfg.validate();
   std::vector<int> ids = opts.layers;
@@ -55,6 +98,9 @@ AttentionStack::AttentionStack(const ModelConfig& cfg, const StackOptions& opts)
     if (opts.attention.backend != Backend::cpu)
       fail("AttentionStack: config '", cfg.name,
            "' is DeepSeek-V3.2, whose sparse-MLA layer runs on the CPU backend only so far");
+    if (opts.tp != 1)
+      fail_expected("AttentionStack", "tp", "1 for DeepSeek-V3.2 (its sparse-MLA layer has no "
+                    "tensor-parallel split)", opts.tp);
     SparseMlaOptions mo;
     mo.fp8_activations = opts.attention.fp8_activations;
     mo.fp8_gemm_activations = opts.attention.fp8_gemm_activations;
@@ -67,61 +113,66 @@ AttentionStack::AttentionStack(const ModelConfig& cfg, const StackOptions& opts)
                                 : random_sparse_mla_weights(cfg, l, opts.seed, opts.fp8_weights);
       mla_layers_.emplace_back(cfg, l, std::move(w), mo);
     }
+    ranks_.push_back(std::make_unique<Rank>(-1));  // the residual stream
     return;
   }
-  if (opts.tp < 1) fail_expected("AttentionStack", "tp", ">= 1", opts.tp);
-  if (opts.tp > 1 && opts.attention.backend != Backend::cpu)
-    fail("AttentionStack: tp ", opts.tp, ": expected the CPU backend (tensor parallelism over "
-         "GPUs takes one Attention per GPU with an NCCL group, make_nccl_group; the stack "
-         "emulates ranks on the CPU only)");
-  if (opts.tp > 1) {
-    tp_group_ = make_in_process_group(opts.tp);
-    peers_.resize(static_cast<size_t>(opts.tp - 1));
+  const int tp = opts.tp;
+  if (tp < 1) fail_expected("AttentionStack", "tp", ">= 1", tp);
+  check_tensor_parallel(cfg, {0, tp, nullptr}, "AttentionStack: tp");
+  // tp > 1 on CUDA: rank r on GPU r, the ranks summing y through one NCCL group.
+  const bool gpu_ranks = tp > 1 && opts.attention.backend == Backend::cuda;
+  std::vector<int> devices;
+  if (gpu_ranks) {
+    const size_t visible = rt::devices(nullptr).size();
+    if (visible < static_cast<size_t>(tp))
+      fail_expected("AttentionStack", "tp", "at most the " + std::to_string(visible) +
+                    " visible GPU(s) on the CUDA backend (rank r runs on GPU r)", tp);
+    for (int r = 0; r < tp; ++r) devices.push_back(r);
+    tp_group_ = make_nccl_group(devices);  // throws, saying why, in a build without NCCL
+  } else if (tp > 1) {
+    tp_group_ = make_in_process_group(tp);
   }
-  layers_.reserve(ids.size());
+  if (tp > 1) rank_threads_ = std::make_unique<RankThreads>(tp, devices);
+  for (int r = 0; r < tp; ++r) {
+    ranks_.push_back(std::make_unique<Rank>(gpu_ranks ? r : -1));
+    Rank& rank = *ranks_.back();
+    if (r == 0) {
+      rank.stream = opts.attention.stream;
+    } else if (gpu_ranks) {
+      const rt::DeviceGuard on_device(rank.device, "AttentionStack");
+      rank.own_stream = std::make_unique<rt::OwnedStream>();
+      rank.stream = rank.own_stream->get();
+    }
+    rank.layers.reserve(ids.size());
+  }
   for (int l : ids) {
     AttentionWeights w = ckpt ? load_attention_weights(*ckpt, cfg, l)
                               : random_attention_weights(cfg, l, opts.seed, opts.fp8_weights);
-    for (int r = 0; r < opts.tp; ++r) {
+    for (int r = 0; r < tp; ++r) {
+      Rank& rank = *ranks_[static_cast<size_t>(r)];
       AttentionOptions rank_opts = opts.attention;
-      if (opts.tp > 1) rank_opts.tp = {r, opts.tp, tp_group_[static_cast<size_t>(r)].get()};
-      (r == 0 ? layers_ : peers_[static_cast<size_t>(r - 1)]).emplace_back(cfg, l, w, rank_opts);
+      rank_opts.stream = rank.stream;
+      if (tp > 1) rank_opts.tp = {r, tp, tp_group_[static_cast<size_t>(r)].get()};
+      const rt::DeviceGuard on_device(rank.device, "AttentionStack");  // weights, caches on its GPU
+      rank.layers.emplace_back(cfg, l, w, rank_opts);
     }
-    if (opts.tp > 1) whole_weights_.push_back(std::move(w));
+    if (tp > 1) whole_weights_.push_back(std::move(w));
   }
-  stream_ = opts.attention.stream;
 }
 
-// Ranks 1.. on threads of their own while rank 0 runs here; each rank's forward ends with the
-// group's sum of y, so every rank's y holds the layer's output. An error of any rank is rethrown
-// (the plan was checked on every rank before, so an error is a bug, not bad input).
-void AttentionStack::forward_ranks(size_t l, const BatchPlan& plan, const TensorView& x,
-                                   const TensorView& y) {
-  std::vector<std::exception_ptr> errors(peers_.size() + 1);
-  std::vector<std::thread> threads;
-  for (size_t r = 0; r < peers_.size(); ++r)
-    threads.emplace_back([&, r] {
-      try {
-        peers_[r][l].forward(plan, x, peer_out_[r].view().slice0(0, plan.num_tokens()));
-      } catch (...) {
-        errors[r + 1] = std::current_exception();
-      }
-    });
-  try {
-    layers_[l].forward(plan, x, y);
-  } catch (...) {
-    errors[0] = std::current_exception();
-  }
-  for (std::thread& t : threads) t.join();
-  for (const std::exception_ptr& e : errors)
-    if (e) std::rethrow_exception(e);
-}
+AttentionStack::~AttentionStack() = default;
+AttentionStack::AttentionStack(AttentionStack&&) noexcept = default;
+AttentionStack& AttentionStack::operator=(AttentionStack&&) noexcept = default;
 
 const AttentionWeights& AttentionStack::layer_weights(int i) const {
   if (sparse_mla())
     fail("AttentionStack::layer_weights: config '", cfg_.name, "' is DeepSeek-V3.2 (use sparse_mla_layer)");
-  return peers_.empty() ? layers_.at(static_cast<size_t>(i)).weights()
-                        : whole_weights_.at(static_cast<size_t>(i));
+  return whole_weights_.empty() ? ranks_.at(0)->layers.at(static_cast<size_t>(i)).weights()
+                                : whole_weights_.at(static_cast<size_t>(i));
+}
+
+int AttentionStack::num_layers() const {
+  return static_cast<int>(sparse_mla() ? mla_layers_.size() : ranks_.empty() ? 0 : ranks_[0]->layers.size());
 }
 
 void AttentionStack::forward(const BatchPlan& plan, const TensorView& x, const TensorView& y,
@@ -137,46 +188,75 @@ void AttentionStack::forward(const BatchPlan& plan, const TensorView& x, const T
     check_dtype(kWhere, name, t, DType::fp32);
     check_contiguous(kWhere, name, t);
   }
-  // Every layer accepts the step before the first one changes its caches.
-  for (const Attention& a : layers_) a.check_plan(plan);
-  for (const std::vector<Attention>& rank : peers_)
-    for (const Attention& a : rank) a.check_plan(plan);
+  // Every layer of every rank accepts the step before the first one changes its caches (and
+  // before any rank enters a collective).
+  for (const std::unique_ptr<Rank>& rank : ranks_)
+    for (const Attention& a : rank->layers) a.check_plan(plan);
   for (const SparseMlaAttention& a : mla_layers_) a.check_plan(plan);
   if (T == 0) return;
+  if (!rank_threads_) {
+    forward_rank(0, plan, x, y, layer_io);
+    return;
+  }
+  Rank& first = *ranks_[0];
+  const bool peer_input = first.device >= 0 && x.device == Device::cuda;  // x on GPU 0
+  if (peer_input) {
+    const rt::DeviceGuard on_device(first.device, kWhere);
+    first.x_ready.record(first.stream);
+  }
+  rank_threads_->run([&](int r) {
+    forward_rank(r, plan, x, r == 0 ? y : TensorView(), r == 0 ? layer_io : nullptr);
+  });
+  if (peer_input) {
+    const rt::DeviceGuard on_device(first.device, kWhere);
+    for (size_t r = 1; r < ranks_.size(); ++r) ranks_[r]->x_copied.make_wait(first.stream);
+  }
+}
 
-  // The residual h, the normed layer input and the layer output live on the layers' device; the
-  // buffers only grow, so steady steps allocate nothing. On the GPU the normed input is bf16 (what
-  // the GEMMs take); on the CPU fp32.
-  const Stream stream = layers_.empty() ? nullptr : stream_;  // V3.2 layers: CPU only
+void AttentionStack::forward_rank(int r, const BatchPlan& plan, const TensorView& x, const TensorView& y,
+                                  std::vector<LayerIO>* layer_io) {
+  constexpr const char* kWhere = "AttentionStack::forward";
+  Rank& rank = *ranks_[static_cast<size_t>(r)];
+  const int64_t T = plan.num_tokens();
+  const int64_t dim = cfg_.dim;
+  const Device device = backend() == Backend::cpu ? Device::cpu : Device::cuda;
+  // The residual h, the normed layer input and the layer output live on the rank's device; the
+  // buffers only grow, so steady steps allocate nothing. On the GPU the normed input is bf16
+  // (what the GEMMs take); on the CPU fp32.
+  const Stream stream = rank.stream;
   const DType normed_dtype = device == Device::cuda ? DType::bf16 : DType::fp32;
-  if (capacity_rows_ < T) {
+  if (rank.capacity_rows < T) {
     if (device == Device::cuda) {
-      residual_dev_ = DeviceTensor(DType::fp32, {T, dim});
-      normed_dev_ = DeviceTensor(normed_dtype, {T, dim});
-      out_dev_ = DeviceTensor(DType::fp32, {T, dim});
+      rank.residual_dev = DeviceTensor(DType::fp32, {T, dim});
+      rank.normed_dev = DeviceTensor(normed_dtype, {T, dim});
+      rank.out_dev = DeviceTensor(DType::fp32, {T, dim});
     } else {
-      residual_ = HostTensor(DType::fp32, {T, dim});
-      normed_ = HostTensor(normed_dtype, {T, dim});
-      out_ = HostTensor(DType::fp32, {T, dim});
-      peer_out_.assign(peers_.size(), HostTensor());
-      for (HostTensor& t : peer_out_) t = HostTensor(DType::fp32, {T, dim});
+      rank.residual = HostTensor(DType::fp32, {T, dim});
+      rank.normed = HostTensor(normed_dtype, {T, dim});
+      rank.out = HostTensor(DType::fp32, {T, dim});
     }
-    capacity_rows_ = T;
+    rank.capacity_rows = T;
   }
   auto rows = [&](const OwnedTensor& host, const DeviceTensor& dev) {
     const OwnedTensor& t = device == Device::cuda ? static_cast<const OwnedTensor&>(dev) : host;
     return TensorView(t.view().data, t.dtype(), {T, dim}, device);
   };
-  const TensorView h = rows(residual_, residual_dev_);
-  const TensorView normed = rows(normed_, normed_dev_);
-  const TensorView out = rows(out_, out_dev_);
+  const TensorView h = rows(rank.residual, rank.residual_dev);
+  const TensorView normed = rows(rank.normed, rank.normed_dev);
+  const TensorView out = rows(rank.out, rank.out_dev);
   const size_t bytes = static_cast<size_t>(T * dim) * sizeof(float);
-  if (device == Device::cpu)
+  if (device == Device::cpu) {
     std::copy(x.ptr<float>(), x.ptr<float>() + T * dim, h.ptr<float>());
-  else if (x.device == Device::cuda)
+  } else if (x.device == Device::cpu) {
+    rt::copy_host_to_device_async(h.data, x.data, bytes, stream);
+  } else if (r > 0 && rank.device >= 0) {  // x is on GPU 0 (the caller's): copy it over
+    const Rank& first = *ranks_[0];
+    first.x_ready.make_wait(stream);
+    rt::copy_peer_async(h.data, rank.device, x.data, first.device, bytes, stream);
+    rank.x_copied.record(stream);
+  } else {
     rt::copy_device_to_device_async(h.data, x.data, bytes, stream);
-  else
-    copy_to_device(x, h);
+  }
 
   const size_t n_layers = static_cast<size_t>(num_layers());
   if (layer_io) layer_io->assign(n_layers, {});
@@ -186,15 +266,14 @@ void AttentionStack::forward(const BatchPlan& plan, const TensorView& x, const T
     residual_add_rms_norm(h, l == 0 ? TensorView() : out, {}, eps, normed, stream);
     if (sparse_mla())
       mla_layers_[l].forward(plan, normed, out);
-    else if (!peers_.empty())
-      forward_ranks(l, plan, normed, out);
     else
-      layers_[l].forward(plan, normed, out);
+      rank.layers[l].forward(plan, normed, out);  // with tp > 1 its y is the sum over the ranks
     if (layer_io) {
       LayerIO& io = (*layer_io)[l];
       io.in = HostTensor(DType::fp32, {T, dim});
       io.out = HostTensor(DType::fp32, {T, dim});
       if (device == Device::cuda) {
+        rt::synchronize_stream(stream, kWhere);  // the copies below run on no stream of ours
         HostTensor in_bf16(normed.dtype, {T, dim});
         copy_to_host(normed, in_bf16);
         io.in = HostTensor::copy_of(in_bf16, DType::fp32);
@@ -205,24 +284,27 @@ void AttentionStack::forward(const BatchPlan& plan, const TensorView& x, const T
       }
     }
   }
+  if (!y.data) return;  // ranks 1..: rank 0 reports the (identical) output
   residual_add_rms_norm(h, out, {}, eps, {}, stream);  // the last layer's residual add
-  if (device == Device::cpu)
+  if (device == Device::cpu) {
     std::copy(h.ptr<float>(), h.ptr<float>() + T * dim, y.ptr<float>());
-  else if (y.device == Device::cuda)
+  } else if (y.device == Device::cuda) {
     rt::copy_device_to_device_async(y.data, h.data, bytes, stream);
-  else
+  } else {
+    rt::synchronize_stream(stream, kWhere);
     copy_to_host(h, y);
+  }
 }
 
 void AttentionStack::set_stream(Stream stream) {
-  stream_ = stream;
-  for (Attention& a : layers_) a.set_stream(stream);
+  if (ranks_.empty()) return;
+  ranks_[0]->stream = stream;
+  for (Attention& a : ranks_[0]->layers) a.set_stream(stream);
 }
 
 void AttentionStack::release(int64_t req_id) {
-  for (Attention& a : layers_) a.release(req_id);
-  for (std::vector<Attention>& rank : peers_)
-    for (Attention& a : rank) a.release(req_id);
+  for (const std::unique_ptr<Rank>& rank : ranks_)
+    for (Attention& a : rank->layers) a.release(req_id);
   for (SparseMlaAttention& a : mla_layers_) a.release(req_id);
 }
 
@@ -230,7 +312,7 @@ Attention& AttentionStack::layer(int i) {
   if (sparse_mla())
     fail("AttentionStack::layer: config '", cfg_.name,
          "' is DeepSeek-V3.2; its layers are SparseMlaAttention (sparse_mla_layer)");
-  return layers_.at(static_cast<size_t>(i));
+  return ranks_.at(0)->layers.at(static_cast<size_t>(i));
 }
 
 SparseMlaAttention& AttentionStack::sparse_mla_layer(int i) {
@@ -241,13 +323,14 @@ SparseMlaAttention& AttentionStack::sparse_mla_layer(int i) {
 
 int AttentionStack::layer_index(int i) const {
   return sparse_mla() ? mla_layers_.at(static_cast<size_t>(i)).layer_index()
-                      : layers_.at(static_cast<size_t>(i)).layer_index();
+                      : ranks_.at(0)->layers.at(static_cast<size_t>(i)).layer_index();
 }
 
 LayerKind AttentionStack::layer_kind(int i) const { return cfg_.layer_kind(layer_index(i)); }
 
 Backend AttentionStack::backend() const {
-  return sparse_mla() || layers_.empty() ? Backend::cpu : layers_[0].backend();
+  return sparse_mla() || ranks_.empty() || ranks_[0]->layers.empty() ? Backend::cpu
+                                                                     : ranks_[0]->layers[0].backend();
 }
 
 }  // namespace dsv4

@@ -10,6 +10,7 @@
 #include "args.h"
 #include "commands.h"
 #include "dsv4/checked_math.h"
+#include "dsv4/communicator.h"
 #include "dsv4/device_tensor.h"
 #include "dsv4/model.h"
 #include "dsv4/status.h"
@@ -36,8 +37,9 @@ const std::vector<FlagSpec> kFlags = {
     {"backend", true, "cpu | cuda | auto (default auto)", "B"},
     {"kv-layout", true, "layout of the SWA and compressed KV caches: model1 (MODEL1_FP8, default) or bf16 "
                         "(full-width bf16 rows)", "L"},
-    {"tp", true, "tensor-parallel ranks per layer, a divisor of the heads and wo_a groups; the CPU "
-                 "backend emulates them as threads summing y in process (default 1)", "N"},
+    {"tp", true, "tensor-parallel ranks per layer, a divisor of the heads and wo_a groups: on cuda "
+                 "rank r on GPU r (N GPUs, one NCCL group), on cpu threads summing y in process "
+                 "(default 1)", "N"},
     {"check", false, "re-run a sample of requests through the float64 reference; exit 3 if off"},
     {"check-requests", true, "requests to check with --check (default 1)", "N"},
     {"tolerance", true, "--check tolerance, max|y-ref|/max|ref| per token (default 3e-2 cpu, 8e-2 cuda)", "T"},
@@ -156,13 +158,17 @@ int cmd_run(const Args& raw) {
     fail("run: --kv-layout ", kv_layout, ": the DeepSeek-V3.2 layer has its own 656-byte cache layout");
   so.tp = static_cast<int>(a.get_int("tp", 1, 1, 128));
   if (so.tp > 1 && v32) fail("run: --tp: the DeepSeek-V3.2 sparse-MLA layer has no tensor-parallel split");
-  if (so.tp > 1 && use_cuda)
-    fail("run: --tp ", so.tp, " --backend cuda: needs ", so.tp, " GPUs driven by one NCCL group; ",
-         rt::devices(nullptr).size() < static_cast<size_t>(so.tp)
-             ? "only " + std::to_string(rt::devices(nullptr).size()) + " visible"
-             : std::string("the multi-GPU stack is not built yet (the layer takes tp with NCCL)"),
-         "; use --backend cpu to emulate the ranks");
   if (so.tp > 1) check_tensor_parallel(cfg, {0, so.tp, nullptr}, "run: --tp");
+  if (so.tp > 1 && use_cuda) {
+    // Refused here, before the pools are sized and the weights made, not by the stack.
+    const size_t visible = rt::devices(nullptr).size();
+    if (visible < static_cast<size_t>(so.tp))
+      fail("run: --tp ", so.tp, " --backend cuda: expected ", so.tp, " visible GPUs (rank r runs on GPU r), got ",
+           visible, "; use --backend cpu to emulate the ranks as threads");
+    if (!nccl_built())
+      fail("run: --tp ", so.tp, " --backend cuda: this build has no NCCL (configure with DSV4_NCCL=AUTO or ON and "
+           "NCCL installed); use --backend cpu to emulate the ranks as threads");
+  }
 
   // Every count is read exactly and bounded here, before it sizes anything: a sequence never
   // exceeds max_position (so prompt + steps below cannot overflow), a step's tokens fit int32.
@@ -202,10 +208,12 @@ int cmd_run(const Args& raw) {
   so.attention.caches.state_blocks = pools.state_blocks;
 
   const bool quiet = a.has("quiet");
+  const std::string tp_note = so.tp == 1 ? ""
+                              : use_cuda ? ", tp " + std::to_string(so.tp) + " (rank r on GPU r, one thread each, NCCL)"
+                                         : ", tp " + std::to_string(so.tp) + " (ranks as threads)";
   std::fprintf(stderr, "dsv4 run: model %s, %d layers, %d requests, backend %s%s\n", cfg.name.c_str(),
                so.layers.empty() ? cfg.n_layers() : static_cast<int>(so.layers.size()), sc.requests,
-               use_cuda ? "cuda" : "cpu",
-               so.tp > 1 ? (", tp " + std::to_string(so.tp) + " (ranks as threads)").c_str() : "");
+               use_cuda ? "cuda" : "cpu", tp_note.c_str());
   const std::string blocks =
       v32 ? std::to_string(pools.swa_blocks) + " blocks of latent rows and indexer keys per layer"
           : std::to_string(pools.swa_blocks) + " SWA, " + std::to_string(pools.compressed_blocks) +

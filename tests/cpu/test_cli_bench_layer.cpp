@@ -132,9 +132,9 @@ TEST(CliBenchLayer, BadArgumentsAreErrors) {
 
 namespace {
 
-// --tp 2 times rank 0's shard of the tiny layer: the report records tp, its ops are priced on the
-// shard (wo_a counts half the whole layer's FLOPs), and a tp that does not divide
-// the heads is refused before anything runs.
+// --tp 2 on the CPU times rank 0's shard of the tiny layer: the report records tp and tp_mode
+// "shard", its ops are priced on the shard (wo_a counts half the whole layer's FLOPs), and a tp
+// that does not divide the heads is refused before anything runs.
 TEST(CliBenchLayer, TensorParallelTimesOneRanksShard) {
   dsv4_test::TempDir dir;
   const auto wo_a_flop = [&](const std::string& extra, const std::string& file) {
@@ -153,6 +153,12 @@ TEST(CliBenchLayer, TensorParallelTimesOneRanksShard) {
   const auto [tp2, flop2] = wo_a_flop(" --tp 2", "tp2.json");
   EXPECT_EQ(tp1, 1);
   EXPECT_EQ(tp2, 2);
+  // The CPU times the shard (tp_mode "shard"); ranks on GPUs: tests/nccl/test_cli_tensor_parallel.cpp.
+  for (const auto& [file, mode] : {std::pair{"tp1.json", "none"}, std::pair{"tp2.json", "shard"}}) {
+    nlohmann::json j;
+    std::ifstream(dir.file(file)) >> j;
+    EXPECT_EQ(j["settings"]["tp_mode"], mode) << file;
+  }
   EXPECT_GT(flop1, 0.0);
   EXPECT_DOUBLE_EQ(2 * flop2, flop1);
   const dsv4_test::CliResult bad = dsv4_test::run_cli("bench layer --backend cpu --model tiny --tp 3");

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dsv4/communicator.h"
 #include "dsv4/layer.h"
 #include "dsv4/weights.h"
 #include "layer_cost_model.h"
@@ -198,9 +199,18 @@ TEST(LayerCostModel, EveryOpTheLayerMarksIsModeled) {
       a.forward(plan, io.x, io.y);
     }
   }
-  EXPECT_EQ(rec.ends, 6);
+  // A tensor-parallel rank also marks its all-reduce of y (a group of one: the sum is y itself).
+  auto group = dsv4::make_in_process_group(1);
+  dsv4::AttentionOptions rank_opts;
+  rank_opts.op_timer = &rec;
+  rank_opts.tp = {0, 1, group[0].get()};
+  dsv4::Attention rank(cfg, 0, dsv4::random_attention_weights(cfg, 0, 3, true), rank_opts);
+  const BatchPlan rank_plan = BatchPlan::make({{0, 0, 4}});
+  dsv4_test::StepIo rank_io = dsv4_test::step_io(rank_plan, cfg.dim, 5);
+  rank.forward(rank_plan, rank_io.x, rank_io.y);
+  EXPECT_EQ(rec.ends, 7);
   for (const char* core : {"wq_a", "sparse_decode", "sparse_prefill", "compressor", "indexer_topk",
-                           "compressed_indices", "wo_b"})
+                           "compressed_indices", "wo_b", "tp_allreduce"})
     EXPECT_TRUE(rec.names.count(core)) << core;
   const StepShape s = shape("tiny", LayerKind::c4a, {{0, 140, 1}, {1, 0, 20}});
   for (const std::string& n : rec.names)

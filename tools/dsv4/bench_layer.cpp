@@ -21,6 +21,7 @@
 
 #include "args.h"
 #include "bench_harness.h"
+#include "dsv4/communicator.h"
 #include "dsv4/device_tensor.h"
 #include "dsv4/status.h"
 #include "dsv4/tensor_parallel.h"
@@ -65,8 +66,9 @@ const std::vector<FlagSpec> kFlags = {
     {"plot", true, "draw the report with bench/plot_layer.py (matplotlib) into FILE.png", "FILE"},
     {"commit", true, "commit recorded in the report (default: git of the source tree, else $DSV4_COMMIT)", "SHA"},
     {"seed", true, "seed of weights and inputs (default 1)", "S"},
-    {"tp", true, "time one rank's shard of an N-way tensor-parallel split (rank 0: heads/N, wo_a "
-                 "groups/N) on one device, without the all-reduce of y (default 1)", "N"},
+    {"tp", true, "N-way tensor-parallel split: with N GPUs visible (cuda, NCCL) every rank on its GPU, "
+                 "the all-reduce of y timed; else rank 0's shard (heads/N, wo_a groups/N) on one device, "
+                 "without the all-reduce (default 1)", "N"},
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -173,6 +175,9 @@ LayerBenchSettings parse_settings(const ParsedArgs& a) {
   s.cooldown_ms = static_cast<int>(a.get_int("cooldown-ms", s.cuda ? 1000 : 0));
   s.seed = static_cast<uint64_t>(a.get_int("seed", 1));
   s.tp = static_cast<int>(a.get_int("tp", 1, 1, 128));
+  s.tp_mode = s.tp == 1 ? TpMode::none
+              : s.cuda && device_count() >= s.tp && nccl_built() ? TpMode::gpus
+                                                                  : TpMode::shard;
   const std::string weights = a.get_string("weights", "fp8");
   if (weights != "fp8" && weights != "bf16") fail_expected("bench layer", "--weights", "fp8 or bf16", weights);
   s.fp8_weights = weights == "fp8";
@@ -194,7 +199,7 @@ nlohmann::json settings_json(const LayerBenchSettings& s) {
           {"mtp_requests", s.mtp_requests},     {"build_chunk", s.build_chunk}, {"warmup", s.warmup},
           {"reps", s.reps},                     {"prefill_reps", s.prefill_reps}, {"cooldown_ms", s.cooldown_ms},
           {"weights", s.fp8_weights ? "fp8" : "bf16"}, {"wall", s.wall == WallMode::graph ? "graph" : "eager"},
-          {"seed", s.seed}, {"tp", s.tp}};
+          {"seed", s.seed}, {"tp", s.tp}, {"tp_mode", tp_mode_name(s.tp_mode)}};
 }
 
 // What runs: each model's first layer of each selected kind, and the selected cases.
@@ -283,7 +288,9 @@ int run_layer_bench_cli(const std::vector<std::string>& raw) {
   const auto started = Clock::now();
   LayerBenchReport report;
   report.backend = s.cuda ? "cuda" : "cpu";
-  report.device = s.cuda ? device_name() : detail::concat("cpu (", omp_get_max_threads(), " OpenMP threads)");
+  report.device = !s.cuda ? detail::concat("cpu (", omp_get_max_threads(), " OpenMP threads)")
+                  : s.tp_mode == TpMode::gpus ? detail::concat(s.tp, " x ", device_name())
+                                              : device_name();
   report.commit = a.has("commit") ? a.get_string("commit") : source_commit();
   report.date = utc_now();
   report.settings = settings_json(s);
@@ -291,9 +298,16 @@ int run_layer_bench_cli(const std::vector<std::string>& raw) {
   report.ceilings = s.cuda ? measure_cuda_ceilings() : measure_cpu_ceilings();
   std::printf("dsv4 bench layer: %s, backend %s, commit %s, %s\n", report.device.c_str(), report.backend.c_str(),
               report.commit.c_str(), report.date.c_str());
-  if (s.tp > 1)
-    std::printf("tp %d: rank 0's shard (n_heads/%d heads, o_groups/%d wo_a groups), the all-reduce of y not "
-                "timed\n", s.tp, s.tp, s.tp);
+  if (s.tp_mode == TpMode::gpus)
+    std::printf("tp %d (tp_mode gpus): rank r on GPU r (n_heads/%d heads, o_groups/%d wo_a groups each), one "
+                "host thread each, y summed by NCCL; wall: all ranks; GPU and per-op times: rank 0's, its "
+                "tp_allreduce included\n", s.tp, s.tp, s.tp);
+  else if (s.tp_mode == TpMode::shard)
+    std::printf("tp %d (tp_mode shard): rank 0's shard (n_heads/%d heads, o_groups/%d wo_a groups) on one "
+                "device, the all-reduce of y not run (%s)\n", s.tp, s.tp, s.tp,
+                !s.cuda ? "cpu backend"
+                : !nccl_built() ? "this build has no NCCL"
+                                : detail::concat(device_count(), " GPU(s) visible").c_str());
   print_ceilings(stdout, report.ceilings);
   std::fflush(stdout);
   const Ceilings& ceil = report.ceilings.value;
@@ -303,10 +317,11 @@ int run_layer_bench_cli(const std::vector<std::string>& raw) {
 
   // The JSON is rewritten after every case, and a layer that fails does not stop the others: a
   // long GPU run keeps everything it measured.
+  const std::unique_ptr<RankThreads> threads = make_rank_threads(s);
   for (const auto& [cfg, layers] : sel.layers)
     for (int layer : layers) {
       try {
-        run_layer_cases(cfg, layer, sel.cases, s, ceil, report.cases, [&](const CaseReport& r) {
+        run_layer_cases(cfg, layer, sel.cases, s, ceil, *threads, report.cases, [&](const CaseReport& r) {
           print_case(stdout, r, ceil);
           std::fflush(stdout);
           if (!json_path.empty()) write_json(report, json_path);

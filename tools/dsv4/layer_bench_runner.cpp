@@ -9,12 +9,14 @@
 #include <random>
 #include <thread>
 
+#include "dsv4/communicator.h"
 #include "dsv4/device_tensor.h"
 #include "dsv4/layer.h"
 #include "dsv4/paged_cache.h"
 #include "dsv4/status.h"
 #include "dsv4/tensor_parallel.h"
 #include "dsv4/weights.h"
+#include "layer/rank_threads.h"
 #include "layer_cost_model.h"
 #include "layer_op_timer.h"
 #include "runtime/device_runtime.h"
@@ -34,15 +36,16 @@ struct StepTimes {
   ForwardTimes ops;  // empty when timed without the op timer
 };
 
-// A layer with its own stream (CUDA), op timer, and an input x / output y large enough for any
-// step of its cases (x random, on the layer's device: a serving engine's hidden states are there).
-class LayerRunner {
+// One rank's layer (the only one unless --tp runs on GPUs) with its own stream (CUDA), op timer,
+// and an input x / output y large enough for any step of its cases (x random, on the layer's
+// device: a serving engine's hidden states are there; the same values on every rank, as tensor
+// parallelism replicates the layer's input).
+class RankLayer {
  public:
-  LayerRunner(const ModelConfig& cfg, int layer, const LayerBenchSettings& s, const LayerCacheOptions& caches,
-              int64_t max_tokens)
+  RankLayer(const ModelConfig& cfg, int layer, const AttentionWeights& w, const LayerBenchSettings& s,
+            const LayerCacheOptions& caches, int64_t max_tokens, TensorParallel tp)
       : cuda_(s.cuda), stream_(make_stream(s.cuda)), timer_(make_timer(s.cuda)),
-        layer_(cfg, layer, random_attention_weights(cfg, layer, s.seed, s.fp8_weights),
-               options(s, caches, stream(), timer_.get())) {
+        layer_(cfg, layer, w, options(s, caches, stream(), timer_.get(), tp)) {
     const std::vector<int64_t> dims{max_tokens, cfg.dim};
     if (cuda_) {
       x_dev_ = DeviceTensor(DType::bf16, dims);
@@ -58,27 +61,112 @@ class LayerRunner {
       for (int64_t i = 0; i < x_host_.numel(); ++i) x[i] = n(rng);
     }
   }
-  ~LayerRunner() = default;
+
+  Attention& layer() { return layer_; }
+  TimingOpTimer& timer() { return *timer_; }
+  // Enqueues the forward of `plan` (CPU: runs it).
+  void forward(const BatchPlan& plan) {
+    const int64_t T = plan.num_tokens();
+    layer_.forward(plan, (cuda_ ? x_dev_.view() : x_host_.view()).slice0(0, T),
+                   (cuda_ ? y_dev_.view() : y_host_.view()).slice0(0, T));
+  }
+  void sync() {
+    if (cuda_) rt::synchronize_stream(stream(), "bench layer");
+  }
+
+ private:
+  // The CUDA layer's own stream; none (nullptr) on the CPU.
+  static std::unique_ptr<rt::OwnedStream> make_stream(bool cuda) {
+    return cuda ? std::make_unique<rt::OwnedStream>() : nullptr;
+  }
+  Stream stream() const { return stream_ ? stream_->get() : nullptr; }
+  static std::unique_ptr<TimingOpTimer> make_timer(bool cuda) {
+    if (cuda) return std::make_unique<CudaEventOpTimer>();
+    return std::make_unique<HostOpTimer>();
+  }
+  static AttentionOptions options(const LayerBenchSettings& s, const LayerCacheOptions& caches, Stream stream,
+                                  OpTimer* timer, TensorParallel tp) {
+    AttentionOptions o;
+    o.backend = s.cuda ? Backend::cuda : Backend::cpu;
+    o.stream = stream;
+    o.caches = caches;
+    o.op_timer = timer;
+    o.cuda_graphs = s.wall == WallMode::graph;
+    o.tp = tp;
+    return o;
+  }
+
+  bool cuda_;
+  // Destroyed in reverse: the layer (which uses the timer and the stream) goes first.
+  std::unique_ptr<rt::OwnedStream> stream_;
+  std::unique_ptr<TimingOpTimer> timer_;
+  Attention layer_;
+  DeviceTensor x_dev_, y_dev_;
+  HostTensor x_host_, y_host_;
+};
+
+// The layer under test: rank 0's shard alone (--tp N without N GPUs: y stays its partial sum),
+// or every rank on its own GPU and host thread, their y summed by NCCL (TpMode::gpus). Steps are
+// timed on the calling thread around all ranks; the per-op times are rank 0's (its
+// "tp_allreduce" included, which waits for the slowest rank).
+class LayerRunner {
+ public:
+  LayerRunner(const ModelConfig& cfg, int layer, const LayerBenchSettings& s, const LayerCacheOptions& caches,
+              int64_t max_tokens, RankThreads& threads)
+      : threads_(&threads) {
+    const AttentionWeights w = random_attention_weights(cfg, layer, s.seed, s.fp8_weights);
+    const int ranks = threads.size();
+    if (ranks > 1) {
+      std::vector<int> devices;
+      for (int r = 0; r < ranks; ++r) devices.push_back(threads.device(r));
+      group_ = make_nccl_group(devices);
+    }
+    for (int r = 0; r < ranks; ++r) {
+      const rt::DeviceGuard on_device(threads_->device(r), "bench layer");  // built on its GPU
+      const TensorParallel tp{r, s.tp, group_.empty() ? nullptr : group_[static_cast<size_t>(r)].get()};
+      ranks_.push_back(std::make_unique<RankLayer>(cfg, layer, w, s, caches, max_tokens, tp));
+    }
+  }
+  ~LayerRunner() {
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      try {
+        const rt::DeviceGuard on_device(threads_->device(static_cast<int>(r)), "bench layer");
+        ranks_[r].reset();
+      } catch (...) {
+        ranks_[r].reset();
+      }
+    }
+  }
+  LayerRunner(const LayerRunner&) = delete;
+  LayerRunner& operator=(const LayerRunner&) = delete;
 
   int64_t new_request() { return next_id_++; }
-  void release(int64_t id) { layer_.release(id); }
+  void release(int64_t id) {
+    for (const auto& rank : ranks_) rank->layer().release(id);
+  }
 
-  // One forward of `steps`. With op timing, the per-op times of this forward come back.
+  // One forward of `steps` on every rank. With op timing, rank 0's per-op times of this forward
+  // come back.
   StepTimes step(const std::vector<RequestStep>& steps, bool op_timing) {
     const BatchPlan plan = BatchPlan::make(steps);
-    const int64_t T = plan.num_tokens();
-    const TensorView x = (cuda_ ? x_dev_.view() : x_host_.view()).slice0(0, T);
-    const TensorView y = (cuda_ ? y_dev_.view() : y_host_.view()).slice0(0, T);
-    timer_->reset();
-    timer_->set_enabled(op_timing);
-    const auto t0 = Clock::now();
-    layer_.forward(plan, x, y);
-    const auto returned = Clock::now();
-    sync();
+    // Every rank takes the step before any enqueues a collective.
+    for (const auto& rank : ranks_) rank->layer().check_plan(plan);
+    for (const auto& rank : ranks_) {
+      rank->timer().reset();
+      rank->timer().set_enabled(op_timing);  // every rank alike: graph steps in lock-step
+    }
     StepTimes out;
-    out.forward_us = std::chrono::duration<double, std::micro>(returned - t0).count();
+    const auto t0 = Clock::now();
+    threads_->run([&](int r) {
+      ranks_[static_cast<size_t>(r)]->forward(plan);
+      if (r == 0) out.forward_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    });
+    for (size_t r = 0; r < ranks_.size(); ++r) {  // the step ends when the slowest rank's does
+      const rt::DeviceGuard on_device(threads_->device(static_cast<int>(r)), "bench layer");
+      ranks_[r]->sync();
+    }
     out.wall_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-    if (op_timing) out.ops = timer_->collect();
+    if (op_timing) out.ops = ranks_[0]->timer().collect();
     return out;
   }
 
@@ -105,37 +193,9 @@ class LayerRunner {
   }
 
  private:
-  // The CUDA layer's own stream; none (nullptr) on the CPU.
-  static std::unique_ptr<rt::OwnedStream> make_stream(bool cuda) {
-    return cuda ? std::make_unique<rt::OwnedStream>() : nullptr;
-  }
-  Stream stream() const { return stream_ ? stream_->get() : nullptr; }
-  static std::unique_ptr<TimingOpTimer> make_timer(bool cuda) {
-    if (cuda) return std::make_unique<CudaEventOpTimer>();
-    return std::make_unique<HostOpTimer>();
-  }
-  static AttentionOptions options(const LayerBenchSettings& s, const LayerCacheOptions& caches, Stream stream,
-                                  OpTimer* timer) {
-    AttentionOptions o;
-    o.backend = s.cuda ? Backend::cuda : Backend::cpu;
-    o.stream = stream;
-    o.caches = caches;
-    o.op_timer = timer;
-    o.cuda_graphs = s.wall == WallMode::graph;
-    o.tp = {0, s.tp, nullptr};  // rank 0's shard; y stays its partial sum
-    return o;
-  }
-  void sync() {
-    if (cuda_) rt::synchronize_stream(stream(), "bench layer");
-  }
-
-  bool cuda_;
-  // Destroyed in reverse: the layer (which uses the timer and the stream) goes first.
-  std::unique_ptr<rt::OwnedStream> stream_;
-  std::unique_ptr<TimingOpTimer> timer_;
-  Attention layer_;
-  DeviceTensor x_dev_, y_dev_;
-  HostTensor x_host_, y_host_;
+  RankThreads* threads_;
+  std::vector<std::unique_ptr<Communicator>> group_;  // TpMode::gpus (outlives the layers)
+  std::vector<std::unique_ptr<RankLayer>> ranks_;
   int64_t next_id_ = 0;
 };
 
@@ -320,6 +380,15 @@ LayerCacheOptions cache_options(const ModelConfig& cfg, LayerKind kind, const st
   return o;
 }
 
+const char* tp_mode_name(TpMode mode) {
+  switch (mode) {
+    case TpMode::none: return "none";
+    case TpMode::shard: return "shard";
+    case TpMode::gpus: return "gpus";
+  }
+  return "?";
+}
+
 std::vector<CaseSpec> layer_bench_cases(const LayerBenchSettings& s) {
   const int64_t P = s.prefill_tokens;
   if (P < 8 || P % 8 != 0) fail_expected("bench layer", "--prefill-tokens", "a positive multiple of 8", P);
@@ -334,9 +403,16 @@ std::vector<CaseSpec> layer_bench_cases(const LayerBenchSettings& s) {
   return cases;
 }
 
+std::unique_ptr<RankThreads> make_rank_threads(const LayerBenchSettings& s) {
+  if (s.tp_mode != TpMode::gpus) return std::make_unique<RankThreads>(1);
+  std::vector<int> devices;
+  for (int r = 0; r < s.tp; ++r) devices.push_back(r);
+  return std::make_unique<RankThreads>(s.tp, devices);
+}
+
 void run_layer_cases(const ModelConfig& cfg, int layer, const std::vector<CaseSpec>& cases,
-                     const LayerBenchSettings& s, const Ceilings& ceil, std::vector<CaseReport>& out,
-                     const std::function<void(const CaseReport&)>& on_case) {
+                     const LayerBenchSettings& s, const Ceilings& ceil, RankThreads& threads,
+                     std::vector<CaseReport>& out, const std::function<void(const CaseReport&)>& on_case) {
   const LayerKind kind = cfg.layer_kind(layer);
   int64_t max_tokens = s.build_chunk;
   for (const CaseSpec& c : cases) max_tokens = std::max(max_tokens, c.requests * c.new_tokens);
@@ -344,7 +420,7 @@ void run_layer_cases(const ModelConfig& cfg, int layer, const std::vector<CaseSp
   std::fprintf(stderr, "%s layer %d (%s): building the layer\n", cfg.name.c_str(), layer,
                std::string(layer_kind_name(kind)).c_str());
   // Scoped: the layer's weights, caches and workspaces are freed before the next one's.
-  LayerRunner runner(cfg, layer, s, cache_options(cfg, kind, cases, s), max_tokens);
+  LayerRunner runner(cfg, layer, s, cache_options(cfg, kind, cases, s), max_tokens, threads);
   std::fprintf(stderr, "  layer ready (%.1f s)\n", std::chrono::duration<double>(Clock::now() - t0).count());
   std::vector<CaseSpec> pool_cases;
   for (const CaseSpec& c : cases)

@@ -10,11 +10,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "dsv4/config.h"
 #include "dsv4/paged_cache.h"
+#include "layer/rank_threads.h"
 #include "layer_bench_report.h"
 
 namespace dsv4::bench {
@@ -32,6 +34,14 @@ struct CaseSpec {
   bool shares_pool() const { return phase != "prefill"; }
 };
 
+// How `--tp N` runs. none: N = 1. shard: rank 0's shard of the N-way split alone on one device
+// (its n_heads/N heads and o_groups/N wo_a groups, include/dsv4/tensor_parallel.h), y left as
+// its partial sum, the all-reduce not run (the CPU, or fewer than N GPUs, or no NCCL). gpus: the
+// N ranks on GPUs 0..N-1, one host thread each, y summed by NCCL ("tp_allreduce", timed with
+// the rest).
+enum class TpMode { none, shard, gpus };
+const char* tp_mode_name(TpMode mode);
+
 struct LayerBenchSettings {
   bool cuda = false;
   int64_t prefill_tokens = 16384, context = 4096, mtp_requests = 128, build_chunk = 16384;
@@ -40,10 +50,9 @@ struct LayerBenchSettings {
   bool fp8_weights = true;
   WallMode wall = WallMode::graph;  // the CLI defaults to eager on the CPU (no graphs there)
   uint64_t seed = 1;
-  // > 1: time rank 0's shard of a tp-way tensor-parallel split (its n_heads/tp heads and
-  // o_groups/tp wo_a groups, include/dsv4/tensor_parallel.h) without the all-reduce of y, which
-  // needs tp GPUs; ops are priced on the shard's shape.
+  // Tensor-parallel ranks of the layer and how they run; ops are priced on one rank's shard.
   int tp = 1;
+  TpMode tp_mode = TpMode::none;
 };
 
 // prefill-8x(P/8), prefill-4x(P/4)@(P/2), decode-N for each N, mtp-Mx2 (P = prefill_tokens).
@@ -60,11 +69,16 @@ LayerCacheOptions cache_options(const ModelConfig& cfg, LayerKind kind, const st
 void run_host_plan_cases(const ModelConfig& cfg, int layer, const std::vector<CaseSpec>& cases,
                          const LayerBenchSettings& s);
 
-// Builds `layer` of `cfg` (random weights, the settings' backend), runs `cases` on it (decode /
-// MTP first, fewest requests first, then prefill), frees it; appends one report per case and
-// calls on_case after each.
+// The host threads the layer's ranks run on: one (the caller's) unless tp_mode is gpus, then one
+// per GPU 0..tp-1. Kept across layers: each thread keeps per-thread CUDA state (cuBLASLt plans,
+// the fan-out streams) that a new one would build again.
+std::unique_ptr<RankThreads> make_rank_threads(const LayerBenchSettings& s);
+
+// Builds `layer` of `cfg` (random weights, the settings' backend; with tp_mode gpus one rank per
+// thread of `threads`, on its GPU), runs `cases` on it (decode / MTP first, fewest requests
+// first, then prefill), frees it; appends one report per case and calls on_case after each.
 void run_layer_cases(const ModelConfig& cfg, int layer, const std::vector<CaseSpec>& cases,
-                     const LayerBenchSettings& s, const Ceilings& ceil, std::vector<CaseReport>& out,
-                     const std::function<void(const CaseReport&)>& on_case);
+                     const LayerBenchSettings& s, const Ceilings& ceil, RankThreads& threads,
+                     std::vector<CaseReport>& out, const std::function<void(const CaseReport&)>& on_case);
 
 }  // namespace dsv4::bench

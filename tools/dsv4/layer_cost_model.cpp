@@ -209,6 +209,11 @@ const std::array kTable = {
           [](const StepShape& s) {
             return fp8_weight_gemm(s, s.dim, int64_t{s.o_groups} * s.o_lora, A::z, A::y);
           }},
+    // Tensor parallelism's in-place sum of y over the ranks: at least y read and the sum written
+    // once on this rank's HBM. The link transfers (NVLink, ~2·(tp−1)/tp of y per rank for a ring)
+    // have no measured ceiling here, so this floor understates the op by their time.
+    Entry{"tp_allreduce",
+          [](const StepShape& s) { return OpCost{0, 0, 2.0 * s.tokens * s.dim * A::y}; }},
 };
 
 }  // namespace

@@ -16,6 +16,13 @@
 #   bench/device_check.sh python the extension against the device's python3/torch: library and
 #                                import-order probes (issue 5's crash at import), then the Python
 #                                tests (CUDA variants included)
+#   bench/device_check.sh tp     multi-GPU kinds (issue 18): build with NCCL (required); the
+#                                tensor-parallel GPU tests (tp 2/4/8, skipped above the GPUs
+#                                visible); `dsv4 run --tp N --backend cuda --check`; `dsv4 bench
+#                                layer --tp N` for N = 1, 2, 4, 8 up to the GPUs visible (the
+#                                scaling for bench/RESULTS.md); the torchrun Python check (2 GPUs).
+#                                NVLink multicast stays off (NCCL_NVLS_ENABLE=0). TP_PARTS picks
+#                                parts (default "tests run bench python"), to split it over calls.
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 MODES=" ${*:-test} "   # several modes in one call: `device_check.sh test python`
@@ -23,7 +30,9 @@ has() { [[ "$MODES" == *" $1 "* ]]; }
 if has sanitize; then MODES="$MODES memcheck racecheck racecheck-layer "; fi
 log() { echo "== $(date +%T) $*"; }
 log configure+build
-cmake -S . -B build -G Ninja -DDSV4_CUDA=ON -DDSV4_PYTHON=OFF >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+# tp: NCCL must be found (the toolkit's, /usr/local, or torch's nvidia-nccl wheel beside python3).
+NCCL_ARGS=(); if has tp; then NCCL_ARGS=(-DDSV4_NCCL=ON -DPython_EXECUTABLE="$(command -v python3)"); fi
+cmake -S . -B build -G Ninja -DDSV4_CUDA=ON -DDSV4_PYTHON=OFF "${NCCL_ARGS[@]}" >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 cmake --build build -j16 --target dsv4_gpu_tests dsv4 >"$OUT/build.log" 2>&1 || { grep -B5 -A20 error "$OUT/build.log" | head -80; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 git rev-parse --short HEAD 2>/dev/null | tee "$OUT/commit.txt"
@@ -89,6 +98,41 @@ if has python; then
     grep -E "libgomp|libcudart|libstdc" | grep -E "calling init|find library" | head -40 > "$OUT/python_ld_debug.txt"
   log python tests
   PYTHONPATH=build/python:$PYTHONPATH timeout 300 $PY -m pytest -q tests/python 2>&1 | tee "$OUT/pytest.log" | tail -15
+fi
+if has tp; then
+  export NCCL_NVLS_ENABLE=0
+  GPUS=$(nvidia-smi -L | wc -l)
+  TP_PARTS=" ${TP_PARTS:-tests run bench python} "
+  tp_part() { [[ "$TP_PARTS" == *" $1 "* ]]; }
+  if tp_part tests; then
+    log "tensor parallelism on $GPUS GPU(s): GPU tests"
+    timeout 300 ./build/dsv4_gpu_tests --gtest_filter='*TensorParallel*' 2>&1 | tee "$OUT/tp_tests.log" |
+      grep -E "worst token error|max rel err|^\[  (FAILED|PASSED|SKIPPED) |^\[==========\]" | tail -40
+  fi
+  for N in 1 2 4 8; do
+    tp_part run && [ "$N" -le "$GPUS" ] || continue
+    log "dsv4 run --tp $N --backend cuda --check"
+    timeout 180 ./build/dsv4 run --backend cuda --tp $N --model v4-flash --layers 0,2,3 --requests 4 \
+      --prompt-len 160,256,192,128 --decode-steps 8 --chunk 256 --check --json "$OUT/run_tp$N.json" 2>&1 |
+      tee "$OUT/run_tp$N.log" | tail -12
+  done
+  for N in 1 2 4 8; do
+    tp_part bench && [ "$N" -le "$GPUS" ] || continue
+    log "dsv4 bench layer --tp $N"
+    # Narrower than `layer` by default (four of these fit one call); LAYER_ARGS replaces it.
+    timeout 150 ./build/dsv4 bench layer --tp $N ${LAYER_ARGS:---model v4-flash --decode-requests 1,32,128 --mtp-requests 0 --cooldown-ms 300} \
+      --json "$OUT/layer_tp$N.json" 2>&1 | tee "$OUT/bench_layer_tp$N.log" |
+      grep -E "^(v4|tp |  wall|[0-9]+ cases|wrote)|tp_allreduce|error|WARNING" | head -80
+  done
+  if tp_part python && [ "$GPUS" -ge 2 ] && python3 -c "import torch" 2>/dev/null; then
+    log "python: torchrun tensor-parallel check"
+    PY=$(command -v python3)
+    export PYTHONPATH="$PWD/third_party/pylib${PYTHONPATH:+:$PYTHONPATH}"
+    cmake -S . -B build -DDSV4_PYTHON=ON -DPython_EXECUTABLE="$PY" >>"$OUT/cmake.log" 2>&1 &&
+      cmake --build build -j16 --target _C >"$OUT/build_py.log" 2>&1 || { tail -30 "$OUT/build_py.log"; exit 1; }
+    PYTHONPATH=build/python:$PYTHONPATH timeout 400 $PY -m pytest -q -rs tests/python/test_tensor_parallel.py \
+      2>&1 | tee "$OUT/pytest_tp.log" | tail -15
+  fi
 fi
 if has memcheck; then
   log memcheck

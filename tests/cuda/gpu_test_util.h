@@ -15,15 +15,23 @@
 
 namespace dsv4::test {
 
-inline bool has_gpu() {
+inline int gpu_count() {
   int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
+inline bool has_gpu() { return gpu_count() > 0; }
 
 // Use first in every GPU test: reports the test as skipped (not passed) on machines without a GPU.
 #define DSV4_SKIP_WITHOUT_GPU() \
   do {                          \
     if (!::dsv4::test::has_gpu()) GTEST_SKIP() << "no CUDA device"; \
+  } while (0)
+
+// Use first in a multi-GPU test: skipped, naming both counts, with fewer than `n` GPUs visible.
+#define DSV4_SKIP_WITHOUT_GPUS(n)                                                                  \
+  do {                                                                                             \
+    if (::dsv4::test::gpu_count() < (n))                                                           \
+      GTEST_SKIP() << "needs " << (n) << " GPUs, " << ::dsv4::test::gpu_count() << " visible";    \
   } while (0)
 
 #define DSV4_ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call

@@ -1,7 +1,7 @@
 // NCCL with world size 1 on one GPU (compiled only when the build found NCCL, DSV4_NCCL): the
 // communicator's all-reduce is the identity, and a CUDA layer with a one-rank NCCL group gives
 // bit-identical outputs to one without, eagerly and through decode CUDA graphs (which capture the
-// ncclAllReduce). Multi-GPU groups need several GPUs and are not run here.
+// ncclAllReduce). Groups over several GPUs: test_tensor_parallel_multi_gpu.cpp.
 #include <gtest/gtest.h>
 
 #include "dsv4/communicator.h"

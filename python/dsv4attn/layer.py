@@ -301,7 +301,9 @@ class Attention(_LayerWrapper):
         heads of wq_b and attn_sink, its wo_a groups, its columns of wo_b) and its forward
         returns that rank's partial y, passed first to `reduce` if given — a callable summing y
         in place over the ranks, e.g. `lambda y: torch.distributed.all_reduce(y, group=pg)`
-        (on the CUDA layer it runs on torch's current stream, which the forward used).
+        (on the CUDA layer it runs on torch's current stream, which the forward used). Across
+        GPUs: one process per GPU (torchrun), each its rank's layer on device cuda:LOCAL_RANK
+        with that reduce (tests/python/multi_gpu/tp_torchrun.py).
     """
 
     def __init__(self, config, layer: int, weights: WeightsArg = None, *, seed: int = 1,

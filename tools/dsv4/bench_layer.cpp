@@ -317,11 +317,11 @@ int run_layer_bench_cli(const std::vector<std::string>& raw) {
 
   // The JSON is rewritten after every case, and a layer that fails does not stop the others: a
   // long GPU run keeps everything it measured.
-  const std::unique_ptr<RankThreads> threads = make_rank_threads(s);
+  BenchRanks ranks = make_bench_ranks(s);
   for (const auto& [cfg, layers] : sel.layers)
     for (int layer : layers) {
       try {
-        run_layer_cases(cfg, layer, sel.cases, s, ceil, *threads, report.cases, [&](const CaseReport& r) {
+        run_layer_cases(cfg, layer, sel.cases, s, ceil, ranks, report.cases, [&](const CaseReport& r) {
           print_case(stdout, r, ceil);
           std::fflush(stdout);
           if (!json_path.empty()) write_json(report, json_path);

@@ -9,14 +9,12 @@
 #include <random>
 #include <thread>
 
-#include "dsv4/communicator.h"
 #include "dsv4/device_tensor.h"
 #include "dsv4/layer.h"
 #include "dsv4/paged_cache.h"
 #include "dsv4/status.h"
 #include "dsv4/tensor_parallel.h"
 #include "dsv4/weights.h"
-#include "layer/rank_threads.h"
 #include "layer_cost_model.h"
 #include "layer_op_timer.h"
 #include "runtime/device_runtime.h"
@@ -112,18 +110,13 @@ class RankLayer {
 class LayerRunner {
  public:
   LayerRunner(const ModelConfig& cfg, int layer, const LayerBenchSettings& s, const LayerCacheOptions& caches,
-              int64_t max_tokens, RankThreads& threads)
-      : threads_(&threads) {
+              int64_t max_tokens, BenchRanks& bench_ranks)
+      : threads_(bench_ranks.threads.get()) {
     const AttentionWeights w = random_attention_weights(cfg, layer, s.seed, s.fp8_weights);
-    const int ranks = threads.size();
-    if (ranks > 1) {
-      std::vector<int> devices;
-      for (int r = 0; r < ranks; ++r) devices.push_back(threads.device(r));
-      group_ = make_nccl_group(devices);
-    }
-    for (int r = 0; r < ranks; ++r) {
+    const auto& group = bench_ranks.group;
+    for (int r = 0; r < threads_->size(); ++r) {
       const rt::DeviceGuard on_device(threads_->device(r), "bench layer");  // built on its GPU
-      const TensorParallel tp{r, s.tp, group_.empty() ? nullptr : group_[static_cast<size_t>(r)].get()};
+      const TensorParallel tp{r, s.tp, group.empty() ? nullptr : group[static_cast<size_t>(r)].get()};
       ranks_.push_back(std::make_unique<RankLayer>(cfg, layer, w, s, caches, max_tokens, tp));
     }
   }
@@ -194,7 +187,6 @@ class LayerRunner {
 
  private:
   RankThreads* threads_;
-  std::vector<std::unique_ptr<Communicator>> group_;  // TpMode::gpus (outlives the layers)
   std::vector<std::unique_ptr<RankLayer>> ranks_;
   int64_t next_id_ = 0;
 };
@@ -403,15 +395,21 @@ std::vector<CaseSpec> layer_bench_cases(const LayerBenchSettings& s) {
   return cases;
 }
 
-std::unique_ptr<RankThreads> make_rank_threads(const LayerBenchSettings& s) {
-  if (s.tp_mode != TpMode::gpus) return std::make_unique<RankThreads>(1);
+BenchRanks make_bench_ranks(const LayerBenchSettings& s) {
+  BenchRanks out;
+  if (s.tp_mode != TpMode::gpus) {
+    out.threads = std::make_unique<RankThreads>(1);
+    return out;
+  }
   std::vector<int> devices;
   for (int r = 0; r < s.tp; ++r) devices.push_back(r);
-  return std::make_unique<RankThreads>(s.tp, devices);
+  out.group = make_nccl_group(devices);  // before the threads start
+  out.threads = std::make_unique<RankThreads>(s.tp, devices);
+  return out;
 }
 
 void run_layer_cases(const ModelConfig& cfg, int layer, const std::vector<CaseSpec>& cases,
-                     const LayerBenchSettings& s, const Ceilings& ceil, RankThreads& threads,
+                     const LayerBenchSettings& s, const Ceilings& ceil, BenchRanks& ranks,
                      std::vector<CaseReport>& out, const std::function<void(const CaseReport&)>& on_case) {
   const LayerKind kind = cfg.layer_kind(layer);
   int64_t max_tokens = s.build_chunk;
@@ -420,7 +418,7 @@ void run_layer_cases(const ModelConfig& cfg, int layer, const std::vector<CaseSp
   std::fprintf(stderr, "%s layer %d (%s): building the layer\n", cfg.name.c_str(), layer,
                std::string(layer_kind_name(kind)).c_str());
   // Scoped: the layer's weights, caches and workspaces are freed before the next one's.
-  LayerRunner runner(cfg, layer, s, cache_options(cfg, kind, cases, s), max_tokens, threads);
+  LayerRunner runner(cfg, layer, s, cache_options(cfg, kind, cases, s), max_tokens, ranks);
   std::fprintf(stderr, "  layer ready (%.1f s)\n", std::chrono::duration<double>(Clock::now() - t0).count());
   std::vector<CaseSpec> pool_cases;
   for (const CaseSpec& c : cases)

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "dsv4/communicator.h"
 #include "dsv4/config.h"
 #include "dsv4/paged_cache.h"
 #include "layer/rank_threads.h"
@@ -69,16 +70,21 @@ LayerCacheOptions cache_options(const ModelConfig& cfg, LayerKind kind, const st
 void run_host_plan_cases(const ModelConfig& cfg, int layer, const std::vector<CaseSpec>& cases,
                          const LayerBenchSettings& s);
 
-// The host threads the layer's ranks run on: one (the caller's) unless tp_mode is gpus, then one
-// per GPU 0..tp-1. Kept across layers: each thread keeps per-thread CUDA state (cuBLASLt plans,
-// the fan-out streams) that a new one would build again.
-std::unique_ptr<RankThreads> make_rank_threads(const LayerBenchSettings& s);
+// Where the layer's ranks run: the host threads (one, the caller's, unless tp_mode is gpus: then
+// one per GPU 0..tp-1) and, for gpus, their NCCL group. Made once for every layer of a run: each
+// thread keeps per-thread CUDA state (cuBLASLt plans, the fan-out streams) that a new one would
+// build again, and an NCCL group takes seconds to make.
+struct BenchRanks {
+  std::unique_ptr<RankThreads> threads;
+  std::vector<std::unique_ptr<Communicator>> group;  // gpus: rank r's communicator; else empty
+};
+BenchRanks make_bench_ranks(const LayerBenchSettings& s);
 
 // Builds `layer` of `cfg` (random weights, the settings' backend; with tp_mode gpus one rank per
-// thread of `threads`, on its GPU), runs `cases` on it (decode / MTP first, fewest requests
-// first, then prefill), frees it; appends one report per case and calls on_case after each.
+// thread of `ranks`, on its GPU), runs `cases` on it (decode / MTP first, fewest requests first,
+// then prefill), frees it; appends one report per case and calls on_case after each.
 void run_layer_cases(const ModelConfig& cfg, int layer, const std::vector<CaseSpec>& cases,
-                     const LayerBenchSettings& s, const Ceilings& ceil, RankThreads& threads,
+                     const LayerBenchSettings& s, const Ceilings& ceil, BenchRanks& ranks,
                      std::vector<CaseReport>& out, const std::function<void(const CaseReport&)>& on_case);
 
 }  // namespace dsv4::bench

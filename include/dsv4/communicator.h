@@ -27,6 +27,16 @@ class Communicator {
   virtual Device device() const = 0;
   // Whether allreduce_sum may be captured into a CUDA graph (NCCL's may; a host sum may not).
   virtual bool graph_capturable() const { return false; }
+  // Called by every rank right before it launches a CUDA graph holding a captured allreduce_sum
+  // (an allreduce_sum that is not being captured calls it itself); returns once every rank has
+  // called it. Why: a collective's kernel waits on its GPU for the other ranks' kernels, and
+  // where the ranks are threads of one process, a CUDA call of a rank that has not launched yet
+  // may wait for the peer GPUs (allocating or freeing memory mapped into them, NCCL's "one thread
+  // per GPU" hazard) — for that kernel, which waits for it. With every rank past its host work
+  // before any launches, nothing a rank still does before its launch can wait for a collective
+  // kernel. Every rank calls it the same number of times; a no-op where ranks need no such
+  // barrier (one rank, host sums, ranks in processes of their own).
+  virtual void launch_barrier() {}
 };
 
 // A group of `size` in-process ranks (element r is rank r), for host fp32 tensors. Each rank's

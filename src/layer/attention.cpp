@@ -490,10 +490,12 @@ void Attention::Impl::forward(const BatchPlan& plan, const CallerStep* step, con
         throw;
       }
       scratch.set_capturing(false);
+      if (opts.tp.communicator) opts.tp.communicator->launch_barrier();  // the graph holds its allreduce
       graphs.graph(key).launch(stream);
       break;
     }
     case DecodeGraphs::Action::replay:
+      if (opts.tp.communicator) opts.tp.communicator->launch_barrier();
       graphs.graph(key).launch(stream);
       break;
   }

@@ -24,10 +24,8 @@
 //    token's max). A lost, doubled or misplaced rank's share moves y by ~1/tp of it (>= 12%).
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -36,7 +34,7 @@
 #include "gpu_test_util.h"
 #include "layer/rank_threads.h"
 #include "layer_test_support.h"
-#include "runtime/device_runtime.h"
+#include "nccl_test_group.h"
 
 namespace {
 
@@ -78,14 +76,6 @@ dsv4::AttentionOptions cuda_options(dsv4::TensorParallel tp) {
   return opts;
 }
 
-// One NCCL group over GPUs 0..tp-1, NVLink multicast (NVLS) off as the device notes require.
-std::vector<std::unique_ptr<dsv4::Communicator>> nccl_group(int tp) {
-  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);
-  std::vector<int> devices(static_cast<size_t>(tp));
-  std::iota(devices.begin(), devices.end(), 0);
-  return dsv4::make_nccl_group(devices);
-}
-
 class TensorParallelMultiGpu : public ::testing::TestWithParam<MultiGpuCase> {};
 
 TEST_P(TensorParallelMultiGpu, AllReducedOutputsMatchOneGpuAndAgreeBitForBit) {
@@ -107,10 +97,8 @@ TEST_P(TensorParallelMultiGpu, AllReducedOutputsMatchOneGpuAndAgreeBitForBit) {
     }
   }
 
-  auto group = nccl_group(c.tp);
-  std::vector<int> devices(static_cast<size_t>(c.tp));
-  std::iota(devices.begin(), devices.end(), 0);
-  dsv4::RankThreads threads(c.tp, devices);
+  auto group = dsv4_test::nccl_group(c.tp);
+  dsv4::RankThreads threads(c.tp, dsv4_test::first_gpus(c.tp));
   std::vector<std::unique_ptr<dsv4::Attention>> ranks(static_cast<size_t>(c.tp));
   // Each rank built on its own thread, so its weights, caches and workspaces land on its GPU.
   threads.run([&](int r) {

@@ -9,13 +9,14 @@
 #include "dsv4/layer.h"
 #include "gpu_test_util.h"
 #include "layer_test_support.h"
+#include "nccl_test_group.h"
 
 namespace {
 
 TEST(TensorParallelNccl, GroupOfOneAllReduceIsTheIdentity) {
   DSV4_SKIP_WITHOUT_GPU();
   ASSERT_TRUE(dsv4::nccl_built());
-  auto group = dsv4::make_nccl_group({0});
+  auto group = dsv4_test::nccl_group(1);
   ASSERT_EQ(group.size(), 1u);
   EXPECT_EQ(group[0]->rank(), 0);
   EXPECT_EQ(group[0]->size(), 1);
@@ -35,7 +36,7 @@ TEST(TensorParallelNccl, LayerWithAOneRankGroupMatchesTheLayerWithout) {
   const dsv4::ModelConfig cfg = dsv4::ModelConfig::builtin("tiny");
   const int layer = 1;  // C4A
   const dsv4::AttentionWeights w = dsv4::random_attention_weights(cfg, layer, 4, /*fp8=*/true);
-  auto group = dsv4::make_nccl_group({0});
+  auto group = dsv4_test::nccl_group(1);
   const auto outputs = [&](dsv4::Communicator* comm) {
     dsv4::AttentionOptions opts;
     opts.backend = dsv4::Backend::cuda;

@@ -30,8 +30,18 @@ has() { [[ "$MODES" == *" $1 "* ]]; }
 if has sanitize; then MODES="$MODES memcheck racecheck racecheck-layer "; fi
 log() { echo "== $(date +%T) $*"; }
 log configure+build
-# tp: NCCL must be found (the toolkit's, /usr/local, or torch's nvidia-nccl wheel beside python3).
-NCCL_ARGS=(); if has tp; then NCCL_ARGS=(-DDSV4_NCCL=ON -DPython_EXECUTABLE="$(command -v python3)"); fi
+# tp: NCCL must be found: the toolkit's or /usr/local's, else the nvidia-nccl wheel torch uses
+# (asked of python3 itself: its site directory need not sit beside the interpreter).
+NCCL_ARGS=()
+if has tp; then
+  NCCL_ARGS=(-DDSV4_NCCL=ON)
+  NCCL_WHEEL=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])" 2>/dev/null)
+  SYSTEM_NCCL=; for h in /usr/local/cuda/include/nccl.h /usr/include/nccl.h /usr/local/include/nccl.h; do
+    [ -e "$h" ] && SYSTEM_NCCL=$h; done
+  if [ -z "$SYSTEM_NCCL" ] && [ -e "$NCCL_WHEEL/include/nccl.h" ]; then
+    NCCL_ARGS+=(-DDSV4_NCCL_INCLUDE_DIR="$NCCL_WHEEL/include" -DDSV4_NCCL_LIBRARY="$NCCL_WHEEL/lib/libnccl.so.2")
+  fi
+fi
 cmake -S . -B build -G Ninja -DDSV4_CUDA=ON -DDSV4_PYTHON=OFF "${NCCL_ARGS[@]}" >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 cmake --build build -j16 --target dsv4_gpu_tests dsv4 >"$OUT/build.log" 2>&1 || { grep -B5 -A20 error "$OUT/build.log" | head -80; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"

@@ -17,10 +17,13 @@ namespace {
 
 const char* kEnv = "NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=1";
 
-// The CPU suite's run (tests/cpu/test_cli_run.cpp): prompts across the SWA window, ratio-4 and
-// ratio-128 windows, chunked, decodes beside prefills; decode-only steps at the end (graphs).
-const char* kRunArgs = "run --model tiny --backend cuda --requests 3 --prompt-len 150,40,90 --decode-steps 6 "
-                       "--chunk 64 --check --quiet --kv-memory 256M";
+// V4-Flash's SWA, C4A and C128A layers (random weights): prompts across the SWA window, chunked,
+// decodes beside prefills; decode-only steps at the end (graphs). Not the tiny model: its C4A
+// indexer sees near-tied top-k scores, which the GPU's FP8 tensor-core scores may order
+// differently from the float64 reference (tests/cuda/test_attention_layer_cuda.cpp, (f)), so its
+// --check fails on one GPU already (measured on the H200: C4A 0.25-0.34 against 8e-2).
+const char* kRunArgs = "run --model v4-flash --layers 0,2,3 --backend cuda --requests 4 --prompt-len 160,256,192,128 "
+                       "--decode-steps 8 --chunk 256 --check --quiet";
 
 nlohmann::json read_json(const std::string& path) {
   nlohmann::json j;

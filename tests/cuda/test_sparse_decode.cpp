@@ -21,6 +21,7 @@
 #include <random>
 #include <vector>
 
+#include "cpu/sparse_attention_reference.h"
 #include "cuda/attention/sparse_decode.h"
 #include "cuda/gpu_test_util.h"
 #include "cuda/output_digest.h"
@@ -39,16 +40,9 @@ DeviceBuffer<T> upload_or_empty(const std::vector<T>& host) {
   return host.empty() ? DeviceBuffer<T>() : DeviceBuffer<T>(host);
 }
 
-int64_t block_bytes_of(KvLayout layout, int block_size) {
-  switch (layout) {
-    case KvLayout::model1_fp8: return (int64_t{block_size} * 584 + 575) / 576 * 576;
-    case KvLayout::v32_fp8: return int64_t{block_size} * 656;
-    case KvLayout::bf16: return int64_t{block_size} * 1024;
-    case KvLayout::fp8_per_tensor: return int64_t{block_size} * 512;
-  }
-  return 0;
-}
-int dim_of(KvLayout layout) { return layout == KvLayout::v32_fp8 ? 576 : 512; }
+// Block bytes and dims from docs/spec.md §7, not from kv_geometry (the shared test helpers).
+using test::spec_block_bytes;
+using test::spec_dim;
 // FP8_PER_TENSOR caches of these tests: a scale that is not a power of two, so the kernel's
 // rounding of fp8 · scale to bf16 is exercised.
 constexpr float kTensorScale = 0.0371f;
@@ -60,10 +54,10 @@ struct HostCache {
   int64_t num_blocks, block_bytes;
   std::vector<uint8_t> bytes;
   HostCache(KvLayout l, int bs, int64_t slots)
-      : layout(l), block_size(bs), num_blocks((slots + bs - 1) / bs), block_bytes(block_bytes_of(l, bs)),
+      : layout(l), block_size(bs), num_blocks((slots + bs - 1) / bs), block_bytes(spec_block_bytes(l, bs)),
         bytes(static_cast<size_t>(num_blocks * block_bytes), 0xFF) {}
   int64_t num_slots() const { return num_blocks * block_size; }
-  int dim() const { return dim_of(layout); }
+  int dim() const { return spec_dim(layout); }
   void encode(int64_t slot, const std::vector<float>& v) {
     const KvGeometry g = kv_geometry(layout, block_size);
     kv_encode_token(g, bytes.data() + (slot / block_size) * block_bytes, static_cast<int>(slot % block_size), v.data(),
@@ -133,7 +127,7 @@ struct Problem {
   float scale;
 
   Problem(const Case& cs, std::mt19937& rng)
-      : c(cs), d_qk(dim_of(cs.layout)), rows(int64_t{cs.b} * cs.s_q),
+      : c(cs), d_qk(spec_dim(cs.layout)), rows(int64_t{cs.b} * cs.s_q),
         main_cache(cs.layout, cs.block, std::max<int64_t>(2 * rows * cs.topk, 64)),
         extra_cache(cs.layout, cs.extra_block > 0 ? cs.extra_block : 64,
                     std::max<int64_t>(2 * rows * cs.extra_topk, 64)),

@@ -14,11 +14,13 @@
 
 namespace dsv4::cpu {
 
-// ---- dense projections and quantization (linear.cpp, grouped_wo_a.cpp, quantize_act_fp8.cpp,
+// ---- dense projections and quantization (linear.cpp, batched_linear.cpp, grouped_wo_a.cpp, quantize_act_fp8.cpp,
 // dequantize_fp8_blocks.cpp)
 void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
             const TensorView& w_scale, const TensorView& y, const TensorView& workspace,
             Stream stream);
+void batched_linear(const TensorView& x, const TensorView& w, const TensorView& y,
+                    const TensorView& workspace, Stream stream);
 void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorView& wo_a,
                   const TensorView& wo_a_scale, const TensorView& z, const TensorView& workspace,
                   Stream stream);

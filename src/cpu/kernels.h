@@ -105,7 +105,8 @@ void synthetic_hidden(const TensorView& req_ids, const TensorView& positions, ui
 // ---- the V3.2 indexer's rows (sparse_mla_indexer.cpp)
 void sparse_mla_indexer_quantize(const TensorView& x, const TensorView& positions,
                                  const TensorView& cos_sin, const TensorView& codes,
-                                 const TensorView& scales, Stream stream);
+                                 const TensorView& scales, const TensorView& weights,
+                                 Stream stream);
 void sparse_mla_indexer_key_insert(const TensorView& k, const TensorView& norm_weight,
                                    const TensorView& norm_bias, float eps,
                                    const TensorView& positions, const TensorView& cos_sin,

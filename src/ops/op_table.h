@@ -144,7 +144,8 @@ using SyntheticHiddenFn = void(const TensorView& req_ids, const TensorView& posi
                                uint64_t seed, const TensorView& out, Stream stream);
 using SparseMlaIndexerQuantizeFn = void(const TensorView& x, const TensorView& positions,
                                         const TensorView& cos_sin, const TensorView& codes,
-                                        const TensorView& scales, Stream stream);
+                                        const TensorView& scales, const TensorView& weights,
+                                        Stream stream);
 using SparseMlaIndexerKeyInsertFn = void(const TensorView& k, const TensorView& norm_weight,
                                          const TensorView& norm_bias, float eps,
                                          const TensorView& positions, const TensorView& cos_sin,

@@ -1,5 +1,6 @@
 // sparse_mla_indexer_quantize and sparse_mla_indexer_key_insert (include/dsv4/sparse_mla_indexer.h):
-// the front doors of the V3.2 indexer's row steps, validation then the backend (CPU only so far).
+// the front doors of the V3.2 indexer's row steps, validation then the backend (the CPU reference
+// or the CUDA kernels).
 #include "dsv4/sparse_mla_indexer.h"
 
 #include <utility>

@@ -51,11 +51,11 @@ AttentionStack::AttentionStack(const ModelConfig& cfg, const StackOptions& opts)
     for (int l = 0; l < cfg.n_layers(); ++l) ids.push_back(l);
   std::unique_ptr<Checkpoint> ckpt;
   if (!opts.weights_dir.empty()) ckpt = std::make_unique<Checkpoint>(Checkpoint::open(opts.weights_dir));
+  stream_ = opts.attention.stream;
   if (sparse_mla()) {
-    if (opts.attention.backend != Backend::cpu)
-      fail("AttentionStack: config '", cfg.name,
-           "' is DeepSeek-V3.2, whose sparse-MLA layer runs on the CPU backend only so far");
     SparseMlaOptions mo;
+    mo.backend = opts.attention.backend;
+    mo.stream = opts.attention.stream;
     mo.fp8_activations = opts.attention.fp8_activations;
     mo.fp8_gemm_activations = opts.attention.fp8_gemm_activations;
     mo.cache_blocks = opts.attention.caches.swa_blocks;
@@ -89,7 +89,6 @@ AttentionStack::AttentionStack(const ModelConfig& cfg, const StackOptions& opts)
     }
     if (opts.tp > 1) whole_weights_.push_back(std::move(w));
   }
-  stream_ = opts.attention.stream;
 }
 
 // Ranks 1.. on threads of their own while rank 0 runs here; each rank's forward ends with the
@@ -147,7 +146,7 @@ void AttentionStack::forward(const BatchPlan& plan, const TensorView& x, const T
   // The residual h, the normed layer input and the layer output live on the layers' device; the
   // buffers only grow, so steady steps allocate nothing. On the GPU the normed input is bf16 (what
   // the GEMMs take); on the CPU fp32.
-  const Stream stream = layers_.empty() ? nullptr : stream_;  // V3.2 layers: CPU only
+  const Stream stream = stream_;
   const DType normed_dtype = device == Device::cuda ? DType::bf16 : DType::fp32;
   if (capacity_rows_ < T) {
     if (device == Device::cuda) {
@@ -217,6 +216,7 @@ void AttentionStack::forward(const BatchPlan& plan, const TensorView& x, const T
 void AttentionStack::set_stream(Stream stream) {
   stream_ = stream;
   for (Attention& a : layers_) a.set_stream(stream);
+  for (SparseMlaAttention& a : mla_layers_) a.set_stream(stream);
 }
 
 void AttentionStack::release(int64_t req_id) {
@@ -247,7 +247,8 @@ int AttentionStack::layer_index(int i) const {
 LayerKind AttentionStack::layer_kind(int i) const { return cfg_.layer_kind(layer_index(i)); }
 
 Backend AttentionStack::backend() const {
-  return sparse_mla() || layers_.empty() ? Backend::cpu : layers_[0].backend();
+  if (sparse_mla()) return mla_layers_.empty() ? Backend::cpu : mla_layers_[0].backend();
+  return layers_.empty() ? Backend::cpu : layers_[0].backend();
 }
 
 }  // namespace dsv4

@@ -1,7 +1,7 @@
 // AttentionStack: the attention layers of one model config (all of them, or a chosen subset),
 // each with its own weights and caches, run in sequence over a batch. It is the unit `dsv4 run`
 // drives. DeepSeek-V4 configs build dsv4::Attention layers; V3.2 configs build
-// dsv4::SparseMlaAttention layers (CPU backend only so far). Between layers the hidden state is carried residually,
+// dsv4::SparseMlaAttention layers, on either backend. Between layers the hidden state is carried residually,
 //   h ← h + Attention_l(RMSNorm(h))   (unweighted RMSNorm),
 // standing in for the rest of the transformer block so activations stay O(1) through the stack.
 #pragma once
@@ -26,8 +26,8 @@ struct StackOptions {
   std::string weights_dir;      // checkpoint directory; empty = seeded random weights
   uint64_t seed = 1;
   bool fp8_weights = true;      // random weights: FP8 e4m3 with 128x128 UE8M0 scales (as shipped)
-  AttentionOptions attention;   // V3.2 layers take its fp8 flags, num_sms, and
-                                // caches.swa_blocks / swa_block_size for their caches
+  AttentionOptions attention;   // V3.2 layers take its backend, stream, fp8 flags, num_sms,
+                                // and caches.swa_blocks / swa_block_size for their caches
   // Tensor-parallel ranks per V4 layer (docs/design.md "Tensor parallelism"). > 1: the stack is
   // built tp times, rank r with every layer's shard r, its own caches (replicated, as on real
   // ranks) and its own residual stream, and each step runs the ranks at once, one host thread

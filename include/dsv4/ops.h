@@ -59,6 +59,21 @@ void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
             const TensorView& w_scale, const TensorView& y, const TensorView& workspace,
             Stream stream);
 inline constexpr int64_t kGemmWorkspaceBytes = int64_t{32} << 20;
+// Per-batch projections, each batch with a weight of its own (the absorbed MLA's per-head W_UK and
+// W_UV, include/dsv4/sparse_mla_layer.h): y[b] = x[b] · w[b]ᵀ for b < B.
+//   x [B, T, K], w [B, N, K], y [B, T, N]: any non-negative strides with a contiguous last dim, so
+//   the heads of a [T, H, d] activation are the batch without a copy (x's batch stride d, its row
+//   stride H·d); y's elements distinct and disjoint from x and w.
+//   x, w: bf16 or fp32 (CUDA: both bf16, y bf16 or fp32, or both fp32, y fp32 — linear's CUDA
+//   rules); y: bf16 or fp32, rounded once from the fp32 accumulator.
+// CPU: batch b is linear's GEMM on (x[b], w[b]), so the result is bit-identical to B linear calls.
+// CUDA: one strided-batched cuBLASLt matmul (linear's plan cache: the first call of a shape picks
+//   the plan, so it is made before any graph capture); workspace as linear's.
+void batched_linear(const TensorView& x, const TensorView& w, const TensorView& y,
+                    Stream stream = nullptr);
+void batched_linear(const TensorView& x, const TensorView& w, const TensorView& y,
+                    const TensorView& workspace, Stream stream);
+
 // CUDA FP8 block-scaled GEMMs (linear, grouped_wo_a with FP8 operands) take row counts T that are
 // multiples of this: cuBLASLt reads the [K/128, T] activation scales with 16-byte aligned rows.
 inline constexpr int64_t kFp8GemmRowMultiple = 4;

@@ -121,6 +121,12 @@ class PagedCache {
 void require_blocks_for_growth(const char* where, const PagedCache& cache,
                                const std::vector<std::pair<int64_t, int64_t>>& growth);
 
+// One cache of `spec` with storage of its own kind on `device`: host storage the cache owns (CPU),
+// or device storage appended to `device_storage`, which must outlive the cache (CUDA). Throws
+// dsv4::Error for a CUDA cache without blocks or bytes.
+std::unique_ptr<PagedCache> make_paged_cache(CacheSpec spec, Device device,
+                                             std::vector<DeviceTensor>& device_storage);
+
 // Packs block tables of `reqs` (in order) into int32 [reqs.size(), max_blocks] padded with -1.
 HostTensor pack_block_tables(const PagedCache& cache, const std::vector<int64_t>& reqs);
 

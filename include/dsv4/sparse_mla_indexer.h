@@ -9,7 +9,8 @@
 //   pairs): (v_i, v_{i+R/2}) rotates by p·f_i with the layer's frequencies (build_rope_cache);
 //   Hadamard rotation of the d dims (Sylvester order, scale d^-0.5);
 //   FP8 e4m3 with one power-of-two scale per row (fp8_block.h: the V4 indexer's quantizer).
-//   The indexer weights are w = (x · weights_projᵀ) · I^-0.5 · d^-0.5, as for V4.
+//   The indexer weights are w = (x · weights_projᵀ) · I^-0.5 · d^-0.5, as for V4 (the quantize
+//   step's second form scales them).
 #pragma once
 
 #include "dsv4/indexer_key_cache.h"
@@ -26,6 +27,15 @@ namespace dsv4 {
 void sparse_mla_indexer_quantize(const TensorView& x, const TensorView& positions,
                                  const TensorView& cos_sin, const TensorView& codes,
                                  const TensorView& scales, Stream stream = nullptr);
+// The same, also finishing the indexer's head weights in place (the layer's queries and weights
+// are ready for indexer_scores after this one call, as indexer_query leaves V4's): weights
+// [T, n] fp32 (x · weights_projᵀ, row stride allowed; undefined: none) ← weights · w_scale, one
+// fp32 multiply each, w_scale = indexer_math::indexer_weight_scale(n) = fp32(1 / sqrt(n · d)).
+// Every row's weight is scaled, its position valid or not. weights must not overlap the other
+// arguments.
+void sparse_mla_indexer_quantize(const TensorView& x, const TensorView& positions,
+                                 const TensorView& cos_sin, const TensorView& codes,
+                                 const TensorView& scales, const TensorView& weights, Stream stream);
 
 // Keys: k [T, d] bf16/fp32 (the projection x · wkᵀ), LayerNorm (fp32, biased variance, eps) with
 // weight and bias [d] bf16/fp32, then the query rows' RoPE, rotation and FP8, written to the key

@@ -11,9 +11,15 @@
 //     └► latent output [Hp, 512] ─► W_UV per head ─► [H, v] ─► wo ─► y
 // Heads are padded to 64 or 128 (Hp) for the sparse kernels, as the backend seed pads them; the
 // padded query rows are zero and their outputs are dropped. Softmax scale:
-// ModelConfig::mla_softmax_scale(). No attention sink.
+// ModelConfig::mla_softmax_scale(). No attention sink. The per-head absorptions (q_nope · W_UK,
+// o_latent · W_UVᵀ) are one batched_linear each over all heads.
 //
-// CPU backend only so far (host tensors, the ops' CPU reference).
+// Backends (SparseMlaOptions::backend): the CPU reference ops, or CUDA — weights copied to the GPU
+// once (FP8 projections stay FP8 with their scales), both caches in GPU memory, every temporary
+// from one grow-only arena (reserve() sizes it ahead), and the step's metadata (positions, slots,
+// block tables, lengths) sent up in one asynchronous copy from pinned memory. A CUDA forward with
+// x and y on the GPU runs on the layer's stream and neither synchronizes nor copies from pageable
+// memory (once the RoPE table and the arena cover the step). Steps run eagerly: no CUDA graphs.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +27,7 @@
 
 #include "dsv4/batch.h"
 #include "dsv4/config.h"
+#include "dsv4/layer.h"
 #include "dsv4/paged_cache.h"
 #include "dsv4/sparse_mla_weights.h"
 #include "dsv4/tensor.h"
@@ -28,8 +35,12 @@
 namespace dsv4 {
 
 struct SparseMlaOptions {
+  Backend backend = Backend::cpu;
+  Stream stream = nullptr;           // CUDA: the stream every kernel of the layer runs on
   bool fp8_activations = true;       // FP8 (UE8M0 1x128) the W_UV output before an FP8 wo
   bool fp8_gemm_activations = true;  // the same for x and the normed q before FP8 projections
+  // (CUDA runs FP8 weights on FP8 tensor cores, which take FP8 inputs only: there both must stay
+  // on for FP8 weights; the constructor throws otherwise.)
   int32_t cache_blocks = 256;        // blocks of the latent cache and of the indexer key cache
   int block_size = 64;               // tokens per block of both caches
   int num_sms = 132;                 // decode split plan
@@ -38,27 +49,38 @@ struct SparseMlaOptions {
 class SparseMlaAttention {
  public:
   // Throws dsv4::Error for a config that is not V3.2, index_head_dim != 128, a layer out of
-  // range, or weights that do not match the config.
+  // range, weights that do not match the config, or the CUDA backend where it cannot run (no
+  // device, or FP8 weights with an FP8 option off).
   SparseMlaAttention(const ModelConfig& cfg, int layer, SparseMlaWeights weights,
                      SparseMlaOptions opts = {});
   ~SparseMlaAttention();
   SparseMlaAttention(SparseMlaAttention&&) noexcept;
   SparseMlaAttention& operator=(SparseMlaAttention&&) noexcept;
 
-  // x [T, dim] bf16/fp32 (host, contiguous) → y [T, dim] fp32 (host, contiguous), T =
-  // plan.num_tokens(). Each request's `context` must equal the tokens this layer has cached for
-  // it (new requests: 0, registered automatically). Throws dsv4::Error on bad input, before
-  // changing any state.
+  // x [T, dim] → y [T, dim] fp32, both contiguous, T = plan.num_tokens(). CPU backend: x bf16 or
+  // fp32, x and y on the host. CUDA backend: x bf16, x and y on the GPU. Each request's `context`
+  // must equal the tokens this layer has cached for it (new requests: 0, registered
+  // automatically). Throws dsv4::Error on bad input, naming the argument, before changing any
+  // state.
   void forward(const BatchPlan& plan, const TensorView& x, const TensorView& y);
   // The checks forward() makes of a plan (contexts, lengths, cache blocks) without running it.
   void check_plan(const BatchPlan& plan) const;
   // Forgets a finished request and returns its cache blocks (unknown ids: dsv4::Error).
   void release(int64_t req_id);
+  // CUDA: the stream later forwards run on (CPU: ignored).
+  void set_stream(Stream stream);
+  // Sizes the RoPE table, the temporaries' arena and the step upload for steps of up to
+  // `max_tokens` tokens over `max_requests` requests with sequences of up to `max_context`
+  // tokens, so that such steps allocate nothing. Returns the layer's memory after it.
+  LayerMemory reserve(int64_t max_tokens, int max_requests, int64_t max_context);
+  LayerMemory memory() const;
 
   const ModelConfig& config() const;
   const SparseMlaWeights& weights() const;
   int layer_index() const;
+  Backend backend() const;
   int padded_heads() const;  // Hp: 64 for H <= 64, else 128
+  // On the layer's device (CPU: host memory).
   const PagedCache& kv_cache() const;       // V32_FP8, one latent + rope row per token
   const PagedCache& indexer_keys() const;   // one FP8 key per token (indexer_key_cache.h)
 

@@ -1,7 +1,7 @@
 // Bindings of the DeepSeek-V3.2 sparse-MLA layer: dsv4::SparseMlaAttention
 // (include/dsv4/sparse_mla_layer.h), its weights (sparse_mla_weights.h: random, from a checkpoint,
 // from a torch state dict, under the official names) and its float64 reference
-// (sparse_mla_reference.h). CPU backend; x and y cross by DLPack, weights by copy.
+// (sparse_mla_reference.h). CPU or CUDA backend; x and y cross by DLPack, weights by copy.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
@@ -77,14 +77,17 @@ void bind_sparse_mla_weights(nb::module_& m) {
 void bind_sparse_mla_layer(nb::module_& m) {
   nb::class_<SparseMlaAttention>(m, "SparseMlaAttention",
                                  "One DeepSeek-V3.2 sparse-MLA layer with its weights and paged "
-                                 "caches (CPU), include/dsv4/sparse_mla_layer.h")
+                                 "caches (CPU or CUDA), include/dsv4/sparse_mla_layer.h. Not safe "
+                                 "to call from two threads at once.")
       .def(
           "__init__",
           [](SparseMlaAttention* self, const ModelConfig& cfg, const IntArg& layer,
              const SparseMlaWeights& w, const IntArg& cache_blocks, const IntArg& block_size,
-             bool fp8_activations) {
+             bool fp8_activations, const std::string& backend) {
             constexpr const char* k = "SparseMlaAttention";
             SparseMlaOptions opts;
+            if (backend != "cpu" && backend != "cuda") fail_expected(k, "backend", "cpu or cuda", backend);
+            opts.backend = backend == "cuda" ? Backend::cuda : Backend::cpu;
             opts.cache_blocks = int_arg(k, "cache_blocks", cache_blocks);
             opts.block_size = int_arg(k, "block_size", block_size);
             opts.fp8_activations = fp8_activations;  // covers every FP8 activation quantization
@@ -92,11 +95,19 @@ void bind_sparse_mla_layer(nb::module_& m) {
             new (self) SparseMlaAttention(cfg, int_arg(k, "layer", layer), w, opts);
           },
           arg("config"), arg("layer").none(), arg("weights"), arg("cache_blocks").none(),
-          arg("block_size").none(), arg("fp8_activations"))
+          arg("block_size").none(), arg("fp8_activations"), arg("backend") = "cpu")
       .def("forward", &forward_op<SparseMlaAttention, kForward>, arg("req_ids"), arg("contexts"),
            arg("num_new"), arg("x").none(), arg("y").none(), Release(),
-           "x [T, dim] bf16/fp32 → y [T, dim] fp32 (CPU, contiguous); rows follow the given "
-           "request order")
+           "x [T, dim] → y [T, dim] fp32 (contiguous, on the layer's device; CUDA: x bf16); rows "
+           "follow the given request order (on CUDA: already the layer's, decodes first)")
+      .def(
+          "set_stream",
+          [](SparseMlaAttention& a, uintptr_t stream) { a.set_stream(reinterpret_cast<Stream>(stream)); },
+          arg("stream"), "CUDA: the cudaStream_t (as an int) later forwards run on")
+      .def("reserve", &SparseMlaAttention::reserve, arg("max_tokens"), arg("max_requests"),
+           arg("max_context"), Release(),
+           "Sizes every workspace for steps within these bounds; returns the memory (bytes)")
+      .def("memory", &SparseMlaAttention::memory)
       .def(
           "release",
           [](SparseMlaAttention& a, const IntArg& req_id) {

@@ -6,7 +6,7 @@
     layer = dsv4attn.Attention.from_checkpoint(path, layer=0)   # the C++ layer (device="cuda")
     stack = dsv4attn.AttentionStack("v4-flash", layers=[0, 2, 3])  # several, residually chained
     layer = dsv4attn.Attention(cfg, 1, device="cuda", backend="triton")  # the portable backend
-    mla = dsv4attn.SparseMlaAttention("tiny-v3.2", 0)  # the DeepSeek-V3.2 sparse-MLA layer (CPU)
+    mla = dsv4attn.SparseMlaAttention("tiny-v3.2", 0, device="cuda")  # DeepSeek-V3.2's layer
     from dsv4attn import triton as dt; dt.get("sparse_prefill")  # its ops (needs triton)
 
 Tensors may live on the CPU (the reference backend) or on CUDA (when the extension was built

@@ -107,16 +107,16 @@ class BatchDescription:
         return slice(starts[i], starts[i + 1])
 
 
-def _layer_device(device: Union[torch.device, str]) -> torch.device:
+def _layer_device(device: Union[torch.device, str], where: str = "Attention") -> torch.device:
     d = torch.device(device)
     if d.type == "cuda":
         if not _C.with_cuda:
-            raise Error("Attention: device cuda: dsv4attn was built without CUDA")
+            raise Error(f"{where}: device cuda: dsv4attn was built without CUDA")
         if not torch.cuda.is_available():
-            raise Error("Attention: device cuda: no CUDA device is visible")
+            raise Error(f"{where}: device cuda: no CUDA device is visible")
         return torch.device("cuda", d.index if d.index is not None else torch.cuda.current_device())
     if d.type != "cpu":
-        raise Error(f"Attention: device: expected cpu or cuda, got {device}")
+        raise Error(f"{where}: device: expected cpu or cuda, got {device}")
     return d
 
 
@@ -221,8 +221,38 @@ def _load_weights(config, layer: int, weights: WeightsArg, seed: int, fp8_weight
 
 
 class _LayerWrapper:
-    """What the layer classes share (Attention, SparseMlaAttention): `config` and the wrapped
-    layer `_layer`, which knows its index and weights."""
+    """What the layer classes share (Attention, SparseMlaAttention): `config`, `device` and the
+    wrapped C++ layer `_layer`, which knows its index and weights."""
+
+    def _native_forward(self, where: str, batch: "BatchDescription", x: torch.Tensor,
+                        reduce: Optional[Callable[[torch.Tensor], object]] = None) -> torch.Tensor:
+        """The C++ layer's forward of x (checked by _step_input) → y [T, dim] float32 on the
+        layer's device, rows in batch order. CPU layer: x on the CPU. CUDA layer: x on the CPU or
+        the layer's GPU, rounded to bfloat16 there (the CUDA GEMMs take bf16 activations), rows
+        gathered into the layer's order (decodes first), the forward enqueued on torch's current
+        stream. `reduce` (the tensor-parallel sum) runs on y before its rows are scattered back."""
+        if self.device.type == "cpu":
+            if x.device.type != "cpu":
+                raise Error(f"{where}: x.device: expected cpu (the layer's device), got {x.device}")
+            x = x.contiguous()
+            y = torch.empty((x.shape[0], self.config.dim), dtype=torch.float32)
+            self._layer.forward(batch.request_ids, batch.contexts, batch.num_new, x, y)
+            if reduce is not None:
+                reduce(y)
+            return y
+        if x.device.type not in ("cpu", "cuda") or (x.device.type == "cuda" and x.device != self.device):
+            raise Error(f"{where}: x.device: expected cpu or {self.device}, got {x.device}")
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            raise Error(f"{where}: x.dtype: expected float32 or bfloat16, got {x.dtype}")
+        x = x.to(self.device, torch.bfloat16).contiguous()
+        ids, ctx, new, x, scatter = _plan_order_rows(batch, x)
+        y = torch.empty((x.shape[0], self.config.dim), dtype=torch.float32, device=self.device)
+        with _device_guard(self.device):
+            self._layer.set_stream(torch.cuda.current_stream(self.device).cuda_stream)
+            self._layer.forward(ids, ctx, new, x, y)
+            if reduce is not None:
+                reduce(y)
+        return scatter(y)
 
     @classmethod
     def from_checkpoint(cls, path: str, layer: int, **kw):
@@ -456,29 +486,7 @@ class Attention(_LayerWrapper):
         x = _step_input(where, batch, x, self.config.dim)
         if self.backend == "triton":
             return self._forward_triton(batch, x)
-        if self.device.type == "cpu":
-            if x.device.type != "cpu":
-                raise Error(f"Attention.forward: x.device: expected cpu (the layer's device), "
-                            f"got {x.device}")
-            x = x.contiguous()
-            y = torch.empty((x.shape[0], self.config.dim), dtype=torch.float32)
-            self._layer.forward(batch.request_ids, batch.contexts, batch.num_new, x, y)
-            if self._reduce is not None:
-                self._reduce(y)
-            return y
-        if x.device.type not in ("cpu", "cuda") or (x.device.type == "cuda" and x.device != self.device):
-            raise Error(f"Attention.forward: x.device: expected cpu or {self.device}, got {x.device}")
-        if x.dtype not in (torch.float32, torch.bfloat16):
-            raise Error(f"Attention.forward: x.dtype: expected float32 or bfloat16, got {x.dtype}")
-        x = x.to(self.device, torch.bfloat16).contiguous()
-        ids, ctx, new, x, scatter = _plan_order_rows(batch, x)
-        y = torch.empty((x.shape[0], self.config.dim), dtype=torch.float32, device=self.device)
-        with self._device_guard():
-            self._layer.set_stream(torch.cuda.current_stream(self.device).cuda_stream)
-            self._layer.forward(ids, ctx, new, x, y)
-            if self._reduce is not None:
-                self._reduce(y)
-        return scatter(y)
+        return self._native_forward(where, batch, x, self._reduce)
 
     __call__ = forward
 

@@ -344,21 +344,21 @@ LayerCaches make_layer_caches(const ModelConfig& cfg, LayerKind kind,
                               const LayerCacheOptions& opts) {
   LayerCaches lc;
   lc.kind = kind;
-  for (LayerCacheSlot& s : layer_cache_slots(cfg, kind, opts, "make_layer_caches")) {
-    // Host storage is owned by the cache; device storage by `lc` (the PagedCache borrows it).
-    if (opts.device == Device::cpu) {
-      lc.*s.member = std::make_unique<PagedCache>(std::move(s.spec));
-      continue;
-    }
-    DSV4_CHECK(s.spec.block_bytes > 0 && s.spec.num_blocks > 0, "make_layer_caches: ", s.spec.name,
-               " cache: block_bytes ", s.spec.block_bytes, " and num_blocks ", s.spec.num_blocks,
-               " must be positive");
-    lc.device_storage.emplace_back(DType::uint8,
-                                   std::vector<int64_t>{int64_t{s.spec.num_blocks} * s.spec.block_bytes});
-    lc.*s.member = std::make_unique<PagedCache>(std::move(s.spec),
-                                                lc.device_storage.back().data<uint8_t>(), opts.device);
-  }
+  // Host storage is owned by the cache; device storage by `lc` (the PagedCache borrows it).
+  for (LayerCacheSlot& s : layer_cache_slots(cfg, kind, opts, "make_layer_caches"))
+    lc.*s.member = make_paged_cache(std::move(s.spec), opts.device, lc.device_storage);
   return lc;
+}
+
+std::unique_ptr<PagedCache> make_paged_cache(CacheSpec spec, Device device,
+                                             std::vector<DeviceTensor>& device_storage) {
+  if (device == Device::cpu) return std::make_unique<PagedCache>(std::move(spec));
+  DSV4_CHECK(spec.block_bytes > 0 && spec.num_blocks > 0, "make_paged_cache: ", spec.name,
+             " cache: block_bytes ", spec.block_bytes, " and num_blocks ", spec.num_blocks,
+             " must be positive");
+  device_storage.emplace_back(DType::uint8, std::vector<int64_t>{int64_t{spec.num_blocks} * spec.block_bytes});
+  uint8_t* storage = device_storage.back().data<uint8_t>();
+  return std::make_unique<PagedCache>(std::move(spec), storage, device);
 }
 
 LayerCaches make_caller_layer_caches(const ModelConfig& cfg, LayerKind kind,

@@ -14,11 +14,13 @@
 
 namespace dsv4::cpu {
 
-// ---- dense projections and quantization (linear.cpp, grouped_wo_a.cpp, quantize_act_fp8.cpp,
+// ---- dense projections and quantization (linear.cpp, batched_linear.cpp, grouped_wo_a.cpp, quantize_act_fp8.cpp,
 // dequantize_fp8_blocks.cpp)
 void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
             const TensorView& w_scale, const TensorView& y, const TensorView& workspace,
             Stream stream);
+void batched_linear(const TensorView& x, const TensorView& w, const TensorView& y,
+                    const TensorView& workspace, Stream stream);
 void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorView& wo_a,
                   const TensorView& wo_a_scale, const TensorView& z, const TensorView& workspace,
                   Stream stream);
@@ -103,7 +105,8 @@ void synthetic_hidden(const TensorView& req_ids, const TensorView& positions, ui
 // ---- the V3.2 indexer's rows (sparse_mla_indexer.cpp)
 void sparse_mla_indexer_quantize(const TensorView& x, const TensorView& positions,
                                  const TensorView& cos_sin, const TensorView& codes,
-                                 const TensorView& scales, Stream stream);
+                                 const TensorView& scales, const TensorView& weights,
+                                 Stream stream);
 void sparse_mla_indexer_key_insert(const TensorView& k, const TensorView& norm_weight,
                                    const TensorView& norm_bias, float eps,
                                    const TensorView& positions, const TensorView& cos_sin,

@@ -11,6 +11,7 @@
 #include "cpu/rows.h"
 #include "dsv4/fp8_block.h"
 #include "dsv4/indexer_key_cache.h"
+#include "dsv4/indexer_math.h"
 #include "math/hadamard.h"
 #include "math/rope.h"
 
@@ -36,11 +37,13 @@ float prepare_row(float* v, const TensorView& cos_sin, int64_t p, int64_t half, 
 
 void sparse_mla_indexer_quantize(const TensorView& x, const TensorView& positions,
                                  const TensorView& cos_sin, const TensorView& codes,
-                                 const TensorView& scales, Stream /*stream*/) {
+                                 const TensorView& scales, const TensorView& weights,
+                                 Stream /*stream*/) {
   constexpr const char* kOp = "sparse_mla_indexer_quantize";
   check_positions_in_table(kOp, positions, cos_sin);
   const int64_t T = x.shape[0], n = x.shape[1], R = cos_sin.shape[1];
   const RowWalker x_rows(x), code_rows(codes);
+  const float w_scale = indexer_math::indexer_weight_scale(n);
 #pragma omp parallel for schedule(static) if (T * n >= 256)
   for (int64_t r = 0; r < T * n; ++r) {
     const int64_t t = r / n, h = r % n;
@@ -49,6 +52,7 @@ void sparse_mla_indexer_quantize(const TensorView& x, const TensorView& position
     const float scale = prepare_row(v, cos_sin, load_index(positions, t), R / 2,
                                     reinterpret_cast<uint8_t*>(code_rows.row_ptr(r)));
     scales.ptr<float>()[t * scales.strides[0] + h * scales.strides[1]] = scale;
+    if (weights.defined()) weights.ptr<float>()[t * weights.strides[0] + h * weights.strides[1]] *= w_scale;
   }
 }
 

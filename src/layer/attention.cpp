@@ -409,18 +409,7 @@ void Attention::Impl::forward(const BatchPlan& plan, const CallerStep* step, con
                               const TensorView& y) {
   const int64_t T = plan.num_tokens();
   const Stream stream = opts.stream;
-  // Temporaries that outgrew the arena are released (and the arena grown) as the forward ends,
-  // not as the next one starts: that one may be inside a caller's graph capture.
-  scratch.reset();
-  struct ResetAtEnd {
-    Scratch& s;
-    ~ResetAtEnd() {
-      try {
-        s.reset();
-      } catch (...) {
-      }
-    }
-  } reset_at_end{scratch};
+  const ScratchStep scratch_step(scratch);
 
   int64_t longest = 0;
   for (int r = 0; r < plan.num_requests(); ++r) longest = std::max(longest, plan.seq_len(r));

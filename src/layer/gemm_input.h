@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "dsv4/ops.h"
-#include "layer/layer_weights.h"
+#include "layer/device_weights.h"
 #include "layer/scratch.h"
 
 namespace dsv4 {

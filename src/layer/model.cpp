@@ -95,13 +95,12 @@ AttentionStack::AttentionStack(const ModelConfig& cfg, const StackOptions& opts)
   std::unique_ptr<Checkpoint> ckpt;
   if (!opts.weights_dir.empty()) ckpt = std::make_unique<Checkpoint>(Checkpoint::open(opts.weights_dir));
   if (sparse_mla()) {
-    if (opts.attention.backend != Backend::cpu)
-      fail("AttentionStack: config '", cfg.name,
-           "' is DeepSeek-V3.2, whose sparse-MLA layer runs on the CPU backend only so far");
     if (opts.tp != 1)
       fail_expected("AttentionStack", "tp", "1 for DeepSeek-V3.2 (its sparse-MLA layer has no "
                     "tensor-parallel split)", opts.tp);
     SparseMlaOptions mo;
+    mo.backend = opts.attention.backend;
+    mo.stream = opts.attention.stream;
     mo.fp8_activations = opts.attention.fp8_activations;
     mo.fp8_gemm_activations = opts.attention.fp8_gemm_activations;
     mo.cache_blocks = opts.attention.caches.swa_blocks;
@@ -114,6 +113,7 @@ AttentionStack::AttentionStack(const ModelConfig& cfg, const StackOptions& opts)
       mla_layers_.emplace_back(cfg, l, std::move(w), mo);
     }
     ranks_.push_back(std::make_unique<Rank>(-1));  // the residual stream
+    ranks_.back()->stream = opts.attention.stream;
     return;
   }
   const int tp = opts.tp;
@@ -300,6 +300,7 @@ void AttentionStack::set_stream(Stream stream) {
   if (ranks_.empty()) return;
   ranks_[0]->stream = stream;
   for (Attention& a : ranks_[0]->layers) a.set_stream(stream);
+  for (SparseMlaAttention& a : mla_layers_) a.set_stream(stream);
 }
 
 void AttentionStack::release(int64_t req_id) {
@@ -329,8 +330,8 @@ int AttentionStack::layer_index(int i) const {
 LayerKind AttentionStack::layer_kind(int i) const { return cfg_.layer_kind(layer_index(i)); }
 
 Backend AttentionStack::backend() const {
-  return sparse_mla() || ranks_.empty() || ranks_[0]->layers.empty() ? Backend::cpu
-                                                                     : ranks_[0]->layers[0].backend();
+  if (sparse_mla()) return mla_layers_.empty() ? Backend::cpu : mla_layers_[0].backend();
+  return ranks_.empty() || ranks_[0]->layers.empty() ? Backend::cpu : ranks_[0]->layers[0].backend();
 }
 
 }  // namespace dsv4

@@ -66,4 +66,23 @@ class Scratch {
   int64_t cpu_reserved_ = 0;  // CPU: what reserve() asked for (reported as the capacity)
 };
 
+// One forward's use of a Scratch: resets it on entry and again as the forward ends (by return or
+// by exception), so temporaries that outgrew the arena are released, and the arena grown, as this
+// forward ends rather than as the next one starts (which may be inside a caller's graph capture).
+class ScratchStep {
+ public:
+  explicit ScratchStep(Scratch& scratch) : scratch_(scratch) { scratch_.reset(); }
+  ~ScratchStep() {
+    try {
+      scratch_.reset();
+    } catch (...) {  // a destructor: the forward's own error, if any, is the one to report
+    }
+  }
+  ScratchStep(const ScratchStep&) = delete;
+  ScratchStep& operator=(const ScratchStep&) = delete;
+
+ private:
+  Scratch& scratch_;
+};
+
 }  // namespace dsv4

@@ -21,6 +21,7 @@ std::span<const BackendDecl* const> backends() {
 const char* op_name(OpId op) {
   switch (op) {
     case OpId::linear: return "linear";
+    case OpId::batched_linear: return "batched_linear";
     case OpId::grouped_wo_a: return "grouped_wo_a";
     case OpId::quantize_act_fp8: return "quantize_act_fp8";
     case OpId::dequantize_fp8_blocks: return "dequantize_fp8_blocks";

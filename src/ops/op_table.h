@@ -17,6 +17,7 @@ namespace dsv4::ops {
 
 enum class OpId : uint8_t {
   linear,
+  batched_linear,
   grouped_wo_a,
   quantize_act_fp8,
   dequantize_fp8_blocks,
@@ -59,6 +60,8 @@ struct OpKey {
 using LinearFn = void(const TensorView& x, const TensorView& x_scale, const TensorView& w,
                       const TensorView& w_scale, const TensorView& y, const TensorView& workspace,
                       Stream stream);
+using BatchedLinearFn = void(const TensorView& x, const TensorView& w, const TensorView& y,
+                             const TensorView& workspace, Stream stream);
 using GroupedWoAFn = void(const TensorView& o, const TensorView& o_scale, const TensorView& wo_a,
                           const TensorView& wo_a_scale, const TensorView& z,
                           const TensorView& workspace, Stream stream);
@@ -141,7 +144,8 @@ using SyntheticHiddenFn = void(const TensorView& req_ids, const TensorView& posi
                                uint64_t seed, const TensorView& out, Stream stream);
 using SparseMlaIndexerQuantizeFn = void(const TensorView& x, const TensorView& positions,
                                         const TensorView& cos_sin, const TensorView& codes,
-                                        const TensorView& scales, Stream stream);
+                                        const TensorView& scales, const TensorView& weights,
+                                        Stream stream);
 using SparseMlaIndexerKeyInsertFn = void(const TensorView& k, const TensorView& norm_weight,
                                          const TensorView& norm_bias, float eps,
                                          const TensorView& positions, const TensorView& cos_sin,
@@ -149,6 +153,7 @@ using SparseMlaIndexerKeyInsertFn = void(const TensorView& k, const TensorView& 
                                          const TensorView& slot_mapping, Stream stream);
 
 inline constexpr OpKey<LinearFn> kLinear{OpId::linear};
+inline constexpr OpKey<BatchedLinearFn> kBatchedLinear{OpId::batched_linear};
 inline constexpr OpKey<GroupedWoAFn> kGroupedWoA{OpId::grouped_wo_a};
 inline constexpr OpKey<QuantizeActFp8Fn> kQuantizeActFp8{OpId::quantize_act_fp8};
 inline constexpr OpKey<DequantizeFp8BlocksFn> kDequantizeFp8Blocks{OpId::dequantize_fp8_blocks};

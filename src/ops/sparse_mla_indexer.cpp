@@ -1,5 +1,6 @@
 // sparse_mla_indexer_quantize and sparse_mla_indexer_key_insert (include/dsv4/sparse_mla_indexer.h):
-// the front doors of the V3.2 indexer's row steps, validation then the backend (CPU only so far).
+// the front doors of the V3.2 indexer's row steps, validation then the backend (the CPU reference
+// or the CUDA kernels).
 #include "dsv4/sparse_mla_indexer.h"
 
 #include <utility>
@@ -30,6 +31,13 @@ void check_rows_and_rope(const char* op, const char* name, const TensorView& x,
 void sparse_mla_indexer_quantize(const TensorView& x, const TensorView& positions,
                                  const TensorView& cos_sin, const TensorView& codes,
                                  const TensorView& scales, Stream stream) {
+  sparse_mla_indexer_quantize(x, positions, cos_sin, codes, scales, TensorView{}, stream);
+}
+
+void sparse_mla_indexer_quantize(const TensorView& x, const TensorView& positions,
+                                 const TensorView& cos_sin, const TensorView& codes,
+                                 const TensorView& scales, const TensorView& weights,
+                                 Stream stream) {
   constexpr const char* kOp = "sparse_mla_indexer_quantize";
   check_ndim(kOp, "x", x, 3);
   const int64_t T = x.shape[0], n = x.shape[1];
@@ -42,13 +50,19 @@ void sparse_mla_indexer_quantize(const TensorView& x, const TensorView& position
   check_dtype(kOp, "scales", scales, DType::fp32);
   check_shape(kOp, "scales", scales, {T, n});
   ops::check_distinct_elements(kOp, "scales", scales);
-  ops::check_outputs_disjoint(kOp, {{"codes", codes}, {"scales", scales}},
+  if (weights.defined()) {
+    check_dtype(kOp, "weights", weights, DType::fp32);
+    check_shape(kOp, "weights", weights, {T, n});
+    ops::check_output_layout(kOp, "weights", weights);
+  }
+  // weights is read and written in place: it may overlap no other argument either.
+  ops::check_outputs_disjoint(kOp, {{"codes", codes}, {"scales", scales}, {"weights", weights}},
                               {{"x", x}, {"positions", positions}, {"cos_sin", cos_sin}});
   const Device device = ops::common_device(kOp, {{"x", x}, {"positions", positions},
                                                  {"cos_sin", cos_sin}, {"codes", codes},
-                                                 {"scales", scales}});
+                                                 {"scales", scales}, {"weights", weights}});
   ops::kernel(kOp, ops::kSparseMlaIndexerQuantize, device)(x, positions, cos_sin, codes, scales,
-                                                           stream);
+                                                           weights, stream);
 }
 
 void sparse_mla_indexer_key_insert(const TensorView& k, const TensorView& norm_weight,

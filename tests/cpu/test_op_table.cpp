@@ -28,8 +28,9 @@ const BackendDecl& backend_named(const std::string& name) {
 
 // The ops the Triton package does not register (python/dsv4attn/triton/registry.py), and the
 // host utilities the CUDA backend has no kernel for.
-const std::set<OpId> kNotInTriton = {OpId::residual_add_rms_norm, OpId::synthetic_hidden,
-                                     OpId::kv_quantize, OpId::sparse_mla_indexer_quantize,
+const std::set<OpId> kNotInTriton = {OpId::batched_linear, OpId::residual_add_rms_norm,
+                                     OpId::synthetic_hidden, OpId::kv_quantize,
+                                     OpId::sparse_mla_indexer_quantize,
                                      OpId::sparse_mla_indexer_key_insert};
 const std::set<OpId> kNotInCuda = {OpId::kv_quantize, OpId::kv_dequantize};
 

@@ -1,6 +1,6 @@
 // The V3.2 indexer's row preparation (sparse_mla_indexer.h) against float64 formulas: NeoX RoPE on
-// the first R dims, Hadamard rotation, FP8 with one power-of-two scale per row; the key side's
-// LayerNorm and its cache write; bad input writes nothing.
+// the first R dims, Hadamard rotation, FP8 with one power-of-two scale per row, the head weights'
+// scaling; the key side's LayerNorm and its cache write; bad input writes nothing.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -60,7 +60,13 @@ TEST(SparseMlaIndexer, QueriesMatchFloat64) {
   HostTensor codes(DType::fp8_e4m3, {T, n, kDim}), scales(DType::fp32, {T, n});
   codes.fill_bytes(0x7F);  // fp8 NaN
   scales.fill_bytes(0xFF);
-  sparse_mla_indexer_quantize(x, pos, cos_sin, codes, scales);
+  // The head weights as a column window of wider rows (row stride n + 2).
+  HostTensor weights_buf(DType::fp32, {T, n + 2});
+  for (int64_t i = 0; i < weights_buf.numel(); ++i) weights_buf.data<float>()[i] = static_cast<float>(rng.uniform(-3.0, 3.0));
+  const HostTensor weights_in = HostTensor::copy_of(weights_buf, DType::fp32);
+  TensorView weights = weights_buf.view();
+  weights.shape[1] = n;
+  sparse_mla_indexer_quantize(x, pos, cos_sin, codes, scales, weights, nullptr);
   for (int64_t r = 0; r < T * n; ++r) {
     const std::vector<double> v(x.data<float>() + r * kDim, x.data<float>() + (r + 1) * kDim);
     double scale = 0;
@@ -68,6 +74,17 @@ TEST(SparseMlaIndexer, QueriesMatchFloat64) {
     EXPECT_EQ(scales.data<float>()[r], scale) << "row " << r;
     expect_fp8_row(codes.data<uint8_t>() + r * kDim, scale, want, "query", r);
   }
+  // w · (n · d)^-0.5: two fp32 roundings (the scale's and the product's), 2^-23 relative at most.
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < n + 2; ++c) {
+      const double w_in = weights_in.data<float>()[t * (n + 2) + c], got = weights_buf.data<float>()[t * (n + 2) + c];
+      if (c >= n) {
+        EXPECT_EQ(got, w_in) << "outside the view: t " << t << " c " << c;
+        continue;
+      }
+      const double want = w_in / std::sqrt(static_cast<double>(n * kDim));
+      EXPECT_NEAR(got, want, std::ldexp(std::fabs(want), -23)) << "weight t " << t << " h " << c;
+    }
 }
 
 TEST(SparseMlaIndexer, KeysMatchFloat64AndLandInTheirSlots) {
@@ -133,6 +150,21 @@ TEST(SparseMlaIndexer, BadInputWritesNothing) {
   HostTensor wide(DType::fp32, {T, 2, kDim + 2});
   dense_test::expect_error([&] { sparse_mla_indexer_quantize(wide, pos, cos_sin, codes, scales); },
                            {"x"});
+  HostTensor weights(DType::fp32, {T, 3}), weights_bf16(DType::bf16, {T, 2});
+  weights.fill_bytes(0x3C);
+  weights_bf16.fill_bytes(0x3C);
+  const auto w0 = dense_test::bytes_of(weights);
+  dense_test::expect_error(
+      [&] { sparse_mla_indexer_quantize(x, pos, cos_sin, codes, scales, weights, nullptr); },
+      {"sparse_mla_indexer_quantize", "weights.shape", "[2, 2]"});
+  dense_test::expect_error(
+      [&] { sparse_mla_indexer_quantize(x, pos, cos_sin, codes, scales, weights_bf16, nullptr); },
+      {"sparse_mla_indexer_quantize", "weights", "fp32"});
+  TensorView weights_over_scales = scales.view();  // in place on another output
+  dense_test::expect_error(
+      [&] { sparse_mla_indexer_quantize(x, pos, cos_sin, codes, scales, weights_over_scales, nullptr); },
+      {"sparse_mla_indexer_quantize", "weights", "disjoint from scales"});
+  EXPECT_EQ(w0, dense_test::bytes_of(weights));
   EXPECT_EQ(c0, dense_test::bytes_of(codes));
   EXPECT_EQ(s0, dense_test::bytes_of(scales));
 

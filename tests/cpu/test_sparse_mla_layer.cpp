@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "dsv4/device_tensor.h"
 #include "dsv4/sparse_mla_layer.h"
 #include "dsv4/sparse_mla_reference.h"
 #include "dsv4/sparse_mla_weights.h"
@@ -172,6 +174,58 @@ TEST_F(SparseMlaLayerTest, BadInputChangesNothing) {
   a.release(7);
   EXPECT_GT(a.kv_cache().pool().num_free(), free_before);
   EXPECT_THROW(a.release(7), dsv4::Error);
+}
+
+// reserve() sizes the temporaries' arena and the step upload for steps within its limits: such
+// steps (prefill chunks with decodes riding along, then decodes) take no more than it reserved and
+// the upload never grows. The CPU scratch counts its tensors as the CUDA arena carves them, so this
+// checks the bound the CUDA layer reserves too (less the tensors only CUDA takes, which the GPU
+// suite's run of this schedule covers).
+TEST_F(SparseMlaLayerTest, ReserveCoversItsSteps) {
+  SparseMlaAttention a = make_layer();
+  const dsv4::LayerMemory reserved = a.reserve(/*max_tokens=*/64, /*max_requests=*/3, /*max_context=*/120);
+  EXPECT_EQ(reserved.workspace_used, 0);
+  EXPECT_GT(reserved.weights, 0);
+  EXPECT_EQ(reserved.caches, 32 * 16 * (656 + 132));  // 32 blocks of 16 tokens: latent + key bytes
+  Outputs out;
+  step(a, {{1, 0, 40}, {2, 0, 24}}, out);
+  step(a, {{2, 24, 1}, {1, 40, 60}, {3, 0, 3}}, out);
+  for (int i = 0; i < 8; ++i) step(a, {{1, 100 + i, 1}, {2, 25 + i, 1}, {3, 3 + i, 1}}, out);
+  const dsv4::LayerMemory after = a.memory();
+  EXPECT_GT(after.workspace_used, 0);
+  EXPECT_LE(after.workspace_used, reserved.workspace);
+  EXPECT_EQ(after.workspace, reserved.workspace);
+  EXPECT_EQ(after.step_upload, reserved.step_upload);
+  EXPECT_THROW(a.reserve(4, 5, 100), dsv4::Error);  // more requests than tokens
+  EXPECT_THROW(a.reserve(4, 1, cfg.max_position + 1), dsv4::Error);
+}
+
+// The backend's device: a CPU layer takes host tensors only (the error names the argument); a
+// CUDA layer where no GPU can run it is refused at construction, naming the backend.
+TEST_F(SparseMlaLayerTest, DevicesNamedInErrors) {
+  SparseMlaAttention a = make_layer();
+  EXPECT_EQ(a.backend(), dsv4::Backend::cpu);
+  const BatchPlan plan = BatchPlan::make({{7, 0, 2}});
+  HostTensor x(DType::bf16, {2, cfg.dim}), y(DType::fp32, {2, cfg.dim});
+  dsv4::TensorView x_gpu = x.view();
+  x_gpu.device = dsv4::Device::cuda;
+  try {
+    a.forward(plan, x_gpu, y);
+    ADD_FAILURE() << "expected dsv4::Error";
+  } catch (const dsv4::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("x.device"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(a.kv_cache().pool().num_free(), a.kv_cache().pool().num_blocks());  // nothing booked
+  if (!dsv4::cuda_available()) {
+    dsv4::SparseMlaOptions opts;
+    opts.backend = dsv4::Backend::cuda;
+    try {
+      SparseMlaAttention(cfg, 0, dsv4::random_sparse_mla_weights(cfg, 0, kSeed, true), opts);
+      ADD_FAILURE() << "expected dsv4::Error";
+    } catch (const dsv4::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("backend cuda"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST_F(SparseMlaLayerTest, RejectsOtherFamiliesAndMismatchedWeights) {

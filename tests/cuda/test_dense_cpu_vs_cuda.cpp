@@ -1,5 +1,5 @@
-// The CPU reference against the CUDA twins of the dense ops — linear and grouped_wo_a (cuBLASLt and
-// the skinny kernel), dequantize_fp8_blocks and quantize_act_fp8 (kernels) — both through the
+// The CPU reference against the CUDA twins of the dense ops — linear, batched_linear and
+// grouped_wo_a (cuBLASLt and the skinny kernel), dequantize_fp8_blocks and quantize_act_fp8 (kernels) — both through the
 // public API on the same inputs (host copies for the CPU, DeviceTensor copies for CUDA), outputs
 // poisoned with 0xFF on both sides and every element compared. Skipped without a GPU.
 #include <cuda_runtime.h>
@@ -213,6 +213,98 @@ TEST(LinearCpuVsCudaErrors, RejectedOnCudaAndNothingWritten) {
   expect_error([&] { dsv4::linear(x_overlap, {}, wd, {}, y); }, {"linear", "x", "row stride", ">= 256", "8"});
   expect_error([&] { dsv4::linear(x.values, {}, wd, {}, y); }, {"linear", "device"});
   EXPECT_EQ(bytes_of(finish(y)), std::vector<uint8_t>(4 * 64 * 2, 0xFF));
+}
+
+// ---- batched_linear ----------------------------------------------------------------------------
+// The V3.2 layer's absorptions: the B heads of x [T, B, K + 64] (batch stride K + 64, row stride
+// B·(K + 64)) times per-head weights, into the first N columns of each head of y [T, B + 3, N + 64]
+// — batches interleaved in memory on both sides. Every written element within expect_gemm_match's
+// tolerance of the CPU's (the same argument as linear's: same products, another fp32 order); every
+// other element of y still poisoned; the same bytes on a second call.
+struct BatchedCase {
+  int64_t B, T, N, K;
+  DType ab, y;
+};
+class BatchedLinearCpuVsCuda : public ::testing::TestWithParam<BatchedCase> {};
+
+TensorView heads_view(TensorView v, int64_t B, int64_t T, int64_t cols, int64_t head_width, int64_t heads) {
+  v.ndim = 3;
+  v.shape = {B, T, cols};
+  v.strides = {head_width, heads * head_width, 1};
+  return v;
+}
+
+TEST_P(BatchedLinearCpuVsCuda, SameResults) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const BatchedCase c = GetParam();
+  constexpr int64_t kPad = 64, kSpare = 3;
+  const int64_t Hp = c.B + kSpare, x_width = c.K + kPad, y_width = c.N + kPad;
+  const HostTensor x = random_tensor(c.ab, {c.T, c.B, x_width}, 40 + c.K);
+  const HostTensor w = random_tensor(c.ab, {c.B, c.N, c.K}, 50 + c.N);
+  HostTensor y_cpu = poisoned(c.y, {c.T, Hp, y_width});
+  dsv4::batched_linear(heads_view(x, c.B, c.T, c.K, x_width, c.B), w,
+                       heads_view(y_cpu, c.B, c.T, c.N, y_width, Hp));
+
+  const DeviceTensor xd = DeviceTensor::from_host(x), wd = DeviceTensor::from_host(w);
+  DeviceTensor yd = poisoned_device(c.y, {c.T, Hp, y_width});
+  dsv4::batched_linear(heads_view(xd, c.B, c.T, c.K, x_width, c.B), wd, heads_view(yd, c.B, c.T, c.N, y_width, Hp));
+  const HostTensor y_gpu = finish(yd);
+
+  const std::vector<double> xr = to_doubles(x), wr = to_doubles(w);
+  HostTensor cpu_head(c.y, {c.T, c.N}), gpu_head(c.y, {c.T, c.N});
+  for (int64_t b = 0; b < c.B; ++b) {
+    const GemmReference ref = reference_gemm(xr, b * x_width, c.B * x_width, wr, b * c.N * c.K, c.T, c.N, c.K);
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int64_t n = 0; n < c.N; ++n) {
+        cpu_head.set(t * c.N + n, y_cpu.get((t * Hp + b) * y_width + n));
+        gpu_head.set(t * c.N + n, y_gpu.get((t * Hp + b) * y_width + n));
+      }
+    expect_gemm_match("batched_linear head " + std::to_string(b), cpu_head, gpu_head, ref.abs_sum, c.y);
+  }
+  for (int64_t t = 0; t < c.T; ++t)
+    for (int64_t h = 0; h < Hp; ++h)
+      for (int64_t n = h < c.B ? c.N : 0; n < y_width; ++n)
+        ASSERT_TRUE(std::isnan(at(y_gpu, (t * Hp + h) * y_width + n))) << "written outside: t " << t << " h " << h << " n " << n;
+
+  DeviceTensor yd2 = poisoned_device(c.y, {c.T, Hp, y_width});
+  dsv4::batched_linear(heads_view(xd, c.B, c.T, c.K, x_width, c.B), wd, heads_view(yd2, c.B, c.T, c.N, y_width, Hp));
+  EXPECT_EQ(bytes_of(finish(yd2)), bytes_of(y_gpu));
+}
+
+// W_UK (K 128 → N 512) and W_UV (512 → 128) at tiny-v3.2's 16 and V3.2's 128 heads, decode and
+// prefill row counts; odd sizes (cuBLASLt gets the real alignments); one batch, one row.
+std::vector<BatchedCase> batched_grid() {
+  std::vector<BatchedCase> grid;
+  const std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>> shapes = {
+      {16, 5, 512, 128}, {16, 5, 128, 512}, {128, 4, 512, 128}, {128, 64, 128, 512},
+      {3, 7, 33, 70},    {1, 1, 8, 16},     {128, 0, 512, 128}};
+  for (const auto& [B, T, N, K] : shapes) {
+    grid.push_back({B, T, N, K, DType::bf16, DType::bf16});
+    grid.push_back({B, T, N, K, DType::bf16, DType::fp32});
+    if (B * N * K <= (int64_t{1} << 20)) grid.push_back({B, T, N, K, DType::fp32, DType::fp32});
+  }
+  return grid;
+}
+INSTANTIATE_TEST_SUITE_P(Grid, BatchedLinearCpuVsCuda, ::testing::ValuesIn(batched_grid()),
+                         [](const auto& info) {
+                           const BatchedCase& c = info.param;
+                           std::ostringstream name;
+                           name << "B" << c.B << "_T" << c.T << "_N" << c.N << "_K" << c.K << "_"
+                                << dsv4::dtype_name(c.ab) << "_y" << dsv4::dtype_name(c.y);
+                           return name.str();
+                         });
+
+// Mixed operand dtypes (fine on the CPU) and a host argument are refused on CUDA; nothing written.
+TEST(BatchedLinearCpuVsCudaErrors, RejectedOnCudaAndNothingWritten) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const DeviceTensor x = DeviceTensor::from_host(random_tensor(DType::bf16, {4, 3, 64}, 1));
+  const HostTensor w_host = random_tensor(DType::bf16, {4, 32, 64}, 2);
+  const DeviceTensor w = DeviceTensor::from_host(w_host);
+  const DeviceTensor w32 = DeviceTensor::from_host(random_tensor(DType::fp32, {4, 32, 64}, 3));
+  DeviceTensor y = poisoned_device(DType::bf16, {4, 3, 32});
+  expect_error([&] { dsv4::batched_linear(x, w32, y); }, {"batched_linear", "same dtype", "bf16", "fp32"});
+  expect_error([&] { dsv4::batched_linear(x, w_host, y); }, {"batched_linear", "device"});
+  EXPECT_EQ(bytes_of(finish(y)), std::vector<uint8_t>(4 * 3 * 32 * 2, 0xFF));
 }
 
 // ---- grouped_wo_a ------------------------------------------------------------------------------

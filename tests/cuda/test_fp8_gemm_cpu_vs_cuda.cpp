@@ -159,6 +159,10 @@ std::vector<Fp8LinearCase> fp8_linear_grid() {
   for (const auto& s : flash)
     for (int64_t T : {4, 32, 128, 256, 2048}) grid.push_back({s.name, T, s.N, s.K, DType::bf16});
   grid.push_back({"wkv", 16384, 512, 4096, DType::fp32});
+  // DeepSeek-V3.2's wkv_a (latent 512 + rope 64: N = 576, the last 64 rows own a weight scale row
+  // alone) on cuBLASLt past the skinny kernel's 32 tokens, at V3.2's dim and at tiny-v3.2's.
+  for (int64_t T : {4, 128, 2048}) grid.push_back({"v32_wkv_a", T, 576, 7168, DType::bf16});
+  grid.push_back({"tiny_v32_wkv_a", 80, 576, 256, DType::bf16});
   // The skinny kernel's edges: token tiles of 16 and 32, full and with padded tokens; N not a
   // multiple of 128 (the last 64 columns own a weight scale row alone); K blocks that the split
   // leaves uneven (7, 14); the smallest problem (one K block).

@@ -1,5 +1,6 @@
 // The V3.2 indexer's row steps (sparse_mla_indexer.h) on CUDA against the CPU reference on the same
-// inputs: query codes and scales, and the key cache's bytes after an insert, bit for bit (both
+// inputs: query codes, scales and scaled head weights, and the key cache's bytes after an insert,
+// bit for bit (both
 // sides run the same fp32 operations in the same order: NeoX RoPE, the Hadamard butterflies,
 // the FP8 quantizer, and the keys' LayerNorm with sequential sums). Also the CUDA handling of
 // the index values the host cannot check: positions outside the table and slots -1 / outside the
@@ -76,11 +77,14 @@ TEST_P(SparseMlaQueriesCpuVsCuda, SameCodesAndScales) {
   const Twin table = Twin::of(rope_table(c.R));
   Twin codes = Twin::poisoned(DType::fp8_e4m3, {c.T, c.n, kDim});
   Twin scales = Twin::poisoned(DType::fp32, {c.T, c.n});
-  sparse_mla_indexer_quantize(x, pos.host, table.host, codes.host, scales.host);
-  sparse_mla_indexer_quantize(test::same_view_on_device(wide, x), pos.dev, table.dev, codes.dev, scales.dev);
+  Twin weights = Twin::of(random_rows(DType::fp32, {c.T, c.n}, 13 + c.T));  // scaled in place
+  sparse_mla_indexer_quantize(x, pos.host, table.host, codes.host, scales.host, weights.host, nullptr);
+  sparse_mla_indexer_quantize(test::same_view_on_device(wide, x), pos.dev, table.dev, codes.dev,
+                              scales.dev, weights.dev, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   test::expect_bytes_equal("codes", codes.host, codes.dev_bytes());
   test::expect_bytes_equal("scales", scales.host, scales.dev_bytes());
+  test::expect_bytes_equal("weights", weights.host, weights.dev_bytes());
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, SparseMlaQueriesCpuVsCuda,

@@ -57,6 +57,23 @@ void call_linear_workspace(const Bound& b) {
   linear(b.t("x"), b.t("x_scale"), b.t("w"), b.t("w_scale"), b.t("y"), b.t("workspace"), nullptr);
 }
 
+// ---- batched_linear: per-batch weights; the batch may be the heads of a [T, B, K] activation ----
+Case make_batched_linear(Rng& rng) {
+  Case c;
+  const DType t = float_dtype(rng);
+  const int64_t B = draw(rng, 1, 4), T = draw(rng, 1, 5), K = draw_of<int64_t>(rng, {16, 64}),
+                N = draw_of<int64_t>(rng, {8, 32});
+  Arg x = real("x", t, {B, T, K});
+  if (coin(rng)) x.strides = {K, B * K, 1};  // heads of a [T, B, K] row
+  c.args.push_back(x);
+  c.args.push_back(real("w", t, {B, N, K}));
+  Arg y = output("y", t == DType::fp32 ? DType::fp32 : float_dtype(rng), {B, T, N});
+  if (coin(rng)) y.strides = {N, B * N, 1};
+  c.args.push_back(y);
+  return c;
+}
+void call_batched_linear(const Bound& b) { batched_linear(b.t("x"), b.t("w"), b.t("y")); }
+
 // ---- FP8 activation quantization and block dequantization ---------------------------------------
 Case make_quantize_act(Rng& rng) {
   Case c;
@@ -245,6 +262,7 @@ void call_synthetic_hidden(const Bound& b) {
 void add_dense_ops(std::vector<OpSpec>& ops) {
   ops.push_back({"linear", make_linear, call_linear});
   ops.push_back({"linear+workspace", make_linear_workspace, call_linear_workspace});
+  ops.push_back({"batched_linear", make_batched_linear, call_batched_linear});
   ops.push_back({"quantize_act_fp8", make_quantize_act, call_quantize_act});
   ops.push_back({"dequantize_fp8_blocks", make_dequantize_fp8, call_dequantize_fp8});
   ops.push_back({"rms_norm", make_rms_norm, call_rms_norm});

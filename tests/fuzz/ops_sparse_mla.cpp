@@ -22,10 +22,12 @@ Case make_indexer_quantize(Rng& rng) {
   c.args.push_back(rope_table(P, draw_of<int64_t>(rng, {64, 128})));
   c.args.push_back(output("codes", DType::fp8_e4m3, {T, n, kDim}));
   c.args.push_back(output("scales", DType::fp32, {T, n}));
+  if (coin(rng)) c.args.push_back(real("weights", DType::fp32, {T, n}, Role::inout));
   return c;
 }
 void call_indexer_quantize(const Bound& b) {
-  sparse_mla_indexer_quantize(b.t("x"), b.t("positions"), b.t("cos_sin"), b.t("codes"), b.t("scales"));
+  sparse_mla_indexer_quantize(b.t("x"), b.t("positions"), b.t("cos_sin"), b.t("codes"), b.t("scales"),
+                              b.t("weights"), nullptr);
 }
 
 // Keys into a paged FP8 key cache at distinct slots (some -1).

@@ -1,11 +1,13 @@
 """dsv4attn.SparseMlaAttention (the bound C++ DeepSeek-V3.2 sparse-MLA layer) on tiny-v3.2: against
 the bound float64 reference, prefill vs chunked prefill vs decode, weights from a state dict in
-both naming styles, the stack and the documented errors.
+both naming styles, the stack and the documented errors; on CUDA (skipped without a GPU) against
+the CPU layer over mixed batches, and the stack on the GPU.
 """
 import pytest
 import torch
 
 import dsv4attn
+from conftest import HAVE_CUDA, requires_cuda
 
 CFG = dsv4attn.ModelConfig.builtin("tiny-v3.2")
 SEED = 5
@@ -100,3 +102,52 @@ def test_errors():
     layer.release(1)
     with pytest.raises(dsv4attn.Error, match="unknown request"):
         layer.release(1)
+
+
+@pytest.mark.skipif(HAVE_CUDA, reason="the refusal needs a machine where CUDA cannot run")
+def test_cuda_device_refused_where_it_cannot_run():
+    with pytest.raises(dsv4attn.Error, match="SparseMlaAttention: device cuda"):
+        dsv4attn.SparseMlaAttention(CFG, 0, device="cuda")
+
+
+@requires_cuda
+def test_cuda_layer_matches_cpu_layer_over_mixed_batches():
+    # Requests listed out of the layer's order (a decode among prefills: the wrapper gathers the
+    # rows decodes-first and scatters y back), a continuing chunk, a new request, then decodes.
+    # Tolerances and why: tests/cuda/test_sparse_mla_layer_cuda.cpp (FP8 weights: median < 4e-2,
+    # every token < 8e-2 but up to 2% near-tied top-k selections, each < 0.3).
+    kw = dict(seed=SEED, cache_blocks=64, block_size=16)
+    cpu = dsv4attn.SparseMlaAttention(CFG, 0, **kw)
+    gpu = dsv4attn.SparseMlaAttention(CFG, 0, device="cuda", **kw)
+    assert gpu.device.type == "cuda" and "cuda" in repr(gpu)
+    B = dsv4attn.BatchDescription
+    steps = [B([1, 2], [0, 0], [40, 21]), B([1, 2, 3], [40, 21, 0], [9, 1, 13])]
+    steps += [B([3, 1, 2], [13 + i, 49 + i, 22 + i], [1, 1, 1]) for i in range(4)]
+    errs = []
+    for i, b in enumerate(steps):
+        x = hidden(b.num_tokens, 10 + i).bfloat16().float()  # the same input for both backends
+        want = cpu.forward(b, x)
+        got = gpu.forward(b, x.to(gpu.device))
+        assert got.device == gpu.device and got.dtype == torch.float32
+        errs.append(row_rel_err(got.cpu(), want))
+    err = torch.cat(errs)
+    assert not torch.isnan(err).any()
+    assert int((err > 8e-2).sum()) <= max(1, err.numel() // 50), err
+    assert err.max() < 0.3 and err.median() < 4e-2, err
+    # A host x is taken too (rounded to bf16 on the GPU); a rejected step changes nothing.
+    with pytest.raises(dsv4attn.Error, match="context"):
+        gpu.forward(B([1], [3], [1]), hidden(1))
+    mem = gpu.memory()
+    assert mem.weights > 0 and mem.caches > 0 and mem.workspace_used > 0
+
+
+@requires_cuda
+def test_stack_runs_v32_layers_on_cuda():
+    stack = dsv4attn.AttentionStack(CFG, layers=[0, 1], seed=SEED, device="cuda")
+    b = dsv4attn.BatchDescription([3, 4], [0, 0], [5, 7])
+    y = stack.forward(b, hidden(12, 3))
+    assert y.device.type == "cuda" and y.shape == (12, CFG.dim) and torch.isfinite(y).all()
+    # The same model as the CPU stack's: the GPU stack feeds its layers bf16 (the CPU one fp32),
+    # which with the layers' own differences moves tokens by a few 1e-2; other weights give O(1).
+    cpu = dsv4attn.AttentionStack(CFG, layers=[0, 1], seed=SEED).forward(b, hidden(12, 3))
+    assert row_rel_err(y.cpu(), cpu).median() < 0.1

@@ -136,13 +136,9 @@ int cmd_run(const Args& raw) {
   const std::string backend = a.get_string("backend", "auto");
   if (backend != "cpu" && backend != "cuda" && backend != "auto")
     fail_expected("run", "--backend", "cpu, cuda or auto", backend);
-  // auto: the GPU when the build has CUDA and a device is visible, else the CPU reference. The
-  // V3.2 sparse-MLA layer runs on the CPU only so far.
+  // auto: the GPU when the build has CUDA and a device is visible, else the CPU reference.
   const bool v32 = cfg.family == "v3.2";
-  if (v32 && backend == "cuda")
-    fail("run: --backend cuda: the DeepSeek-V3.2 sparse-MLA layer runs on the CPU backend only so far; "
-         "use --backend cpu (or auto)");
-  const bool use_cuda = backend == "cuda" || (backend == "auto" && !v32 && cuda_available());
+  const bool use_cuda = backend == "cuda" || (backend == "auto" && cuda_available());
   if (use_cuda && !cuda_available())
     fail("run: --backend cuda: ", cuda_built() ? "no CUDA device is visible" : "this build has no CUDA backend",
          "; use --backend cpu (or auto)");

@@ -12,7 +12,8 @@ namespace dsv4::cuda {
 
 void sparse_mla_indexer_quantize(const TensorView& x, const TensorView& positions,
                                  const TensorView& cos_sin, const TensorView& codes,
-                                 const TensorView& scales, Stream stream);
+                                 const TensorView& scales, const TensorView& weights,
+                                 Stream stream);
 
 void sparse_mla_indexer_key_insert(const TensorView& k, const TensorView& norm_weight,
                                    const TensorView& norm_bias, float eps,

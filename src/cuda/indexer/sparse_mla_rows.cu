@@ -1,6 +1,7 @@
 // The V3.2 indexer's row steps on CUDA (sparse_mla_indexer.h): one warp per 128-dim row, lane l
 // holding dims 4l .. 4l+3.
-//   queries: NeoX RoPE, Hadamard, FP8 with one power-of-two scale per (token, head) row;
+//   queries: NeoX RoPE, Hadamard, FP8 with one power-of-two scale per (token, head) row, and
+//            the row's head weight scaled (when given);
 //   keys:    LayerNorm (fp32, biased variance), then the same steps, stored into the FP8 indexer
 //            key cache at the token's slot.
 // Every fp32 operation is the CPU reference's (src/cpu/sparse_mla_indexer.cpp) one for one, in its
@@ -17,6 +18,7 @@
 #include "cuda/index/warp_rows.cuh"
 #include "cuda/indexer/sparse_mla_indexer.h"
 #include "cuda/indexer/warp_row128.cuh"
+#include "dsv4/indexer_math.h"
 #include "math/hadamard.h"
 
 namespace dsv4::cuda {
@@ -54,6 +56,9 @@ struct QuantizeParams {
   int64_t codes_stride0, codes_stride1;
   float* scales;  // [T, n]
   int64_t scales_stride0, scales_stride1;
+  float* weights;  // [T, n], scaled in place; nullptr: none
+  int64_t weights_stride0, weights_stride1;
+  float weight_scale;
 };
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) quantize_rows_kernel(const QuantizeParams p) {
@@ -71,8 +76,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) quantize_rows_kernel(cons
   if (valid) k = prepare_row(v, lane, p.table, pos, p.hadamard_scale, stage[warp_in_block()], codes);  // uniform
   uint8_t* out = p.codes + t * p.codes_stride0 + h * p.codes_stride1 + 4 * lane;
   for (int j = 0; j < 4; ++j) out[j] = codes[j];
-  if (lane == 0)
+  if (lane == 0) {
     p.scales[t * p.scales_stride0 + h * p.scales_stride1] = valid ? exp2_int(k) : __uint_as_float(kNaNBits);
+    if (p.weights != nullptr) {
+      float* w = p.weights + t * p.weights_stride0 + h * p.weights_stride1;
+      *w = ieee_mul(*w, p.weight_scale);  // the CPU's one fp32 multiply
+    }
+  }
 }
 
 // ---------------------------------------------------------------- keys
@@ -138,7 +148,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) key_insert_kernel(const K
 
 void sparse_mla_indexer_quantize(const TensorView& x, const TensorView& positions,
                                  const TensorView& cos_sin, const TensorView& codes,
-                                 const TensorView& scales, Stream stream) {
+                                 const TensorView& scales, const TensorView& weights,
+                                 Stream stream) {
   constexpr const char* kOp = "sparse_mla_indexer_quantize";
   QuantizeParams p;
   p.x = FloatRows::of(x);
@@ -153,6 +164,10 @@ void sparse_mla_indexer_quantize(const TensorView& x, const TensorView& position
   p.scales = scales.ptr<float>();
   p.scales_stride0 = scales.strides[0];
   p.scales_stride1 = scales.strides[1];
+  p.weights = weights.defined() ? weights.ptr<float>() : nullptr;
+  p.weights_stride0 = weights.defined() ? weights.strides[0] : 0;
+  p.weights_stride1 = weights.defined() ? weights.strides[1] : 0;
+  p.weight_scale = indexer_math::indexer_weight_scale(p.heads);  // the CPU kernel's
   quantize_rows_kernel<<<index_rows::blocks_for(kOp, p.x.num_rows), kWarpsPerBlock * 32, 0, stream>>>(p);
   check_launch(kOp);
 }

@@ -1,6 +1,13 @@
 // dsv4::SparseMlaAttention: sequences the ops of one V3.2 sparse-MLA layer over a mixed batch (see
-// include/dsv4/sparse_mla_layer.h). Projections with FP8 weights take FP8 inputs (per token and
-// 128 columns, UE8M0) when fp8_gemm_activations is set, as DeepSeek's Linear does.
+// include/dsv4/sparse_mla_layer.h), on either backend: the ops pick the CPU reference or the CUDA
+// kernels by where the tensors live, so one sequence serves both. Projections with FP8 weights take
+// FP8 inputs (per token and 128 columns, UE8M0) when fp8_gemm_activations is set, as DeepSeek's
+// Linear does.
+//
+// A step plans on the host first (new requests registered, cache slots booked, the metadata put
+// into the StepUpload and sent in one copy), then launches. On CUDA the projections run over the
+// step's tokens padded to a multiple of kFp8GemmRowMultiple rows (the FP8 GEMMs' rule; padding
+// rows are zero and their outputs dropped); everything after them runs over the real tokens.
 #include "dsv4/sparse_mla_layer.h"
 
 #include <algorithm>
@@ -10,12 +17,18 @@
 #include <utility>
 #include <vector>
 
+#include "dsv4/device_tensor.h"
 #include "dsv4/indexer.h"
 #include "dsv4/indexing.h"
 #include "dsv4/kv_rope_insert.h"
 #include "dsv4/ops.h"
 #include "dsv4/sparse_mla_indexer.h"
 #include "dsv4/status.h"
+#include "layer/gemm_input.h"
+#include "layer/scratch.h"
+#include "layer/sparse_mla/sparse_mla_weight_store.h"
+#include "layer/step_upload.h"
+#include "runtime/device_runtime.h"
 
 namespace dsv4 {
 
@@ -35,44 +48,17 @@ TensorView strided(const TensorView& base, std::initializer_list<int64_t> shape,
   return v;
 }
 
-// A projection's input: the dense activation, or its FP8 codes and scales (1 x 128 blocks) when
-// the weight is FP8 and the layer quantizes GEMM inputs.
-struct ProjectionInput {
-  TensorView dense;
-  HostTensor fp8, scale;
-
-  ProjectionInput(const TensorView& x, bool quantize) : dense(x) {
-    if (!quantize) return;
-    fp8 = HostTensor(DType::fp8_e4m3, {x.shape[0], x.shape[1]});
-    scale = HostTensor(DType::fp32, {x.shape[0], x.shape[1] / 128});
-    quantize_act_fp8(x, 128, fp8, scale);
-  }
-  // y = input · wᵀ in the form the weight takes.
-  void project(const Weight& w, const TensorView& y) const {
-    if (w.quantized() && fp8.view().defined())
-      linear(fp8, scale, w.value, w.scale, y);
-    else
-      linear(dense, {}, w.value, w.quantized() ? w.scale.view() : TensorView{}, y);
-  }
-};
-
-// W_UK_T [H, c, n] and W_UV [H, v, c] from wkv_b [H*(n+v), c] (dequantized: fp8 times a power of
-// two is exact in bf16, so the bf16 copies are the checkpoint's values).
-std::pair<HostTensor, HostTensor> split_wkv_b(const ModelConfig& cfg, const Weight& wkv_b) {
-  const int64_t H = cfg.n_heads, n = cfg.qk_nope_head_dim, v = cfg.mla_v_head_dim,
-                c = cfg.nope_dim();
-  const HostTensor w = dequantize_weight(wkv_b);
-  const float* p = w.data<float>();
-  HostTensor uk_t(DType::bf16, {H, c, n}), uv(DType::bf16, {H, v, c});
-  for (int64_t h = 0; h < H; ++h) {
-    const float* head = p + h * (n + v) * c;
-    for (int64_t d = 0; d < n; ++d)
-      for (int64_t cc = 0; cc < c; ++cc) uk_t.set((h * c + cc) * n + d, head[d * c + cc]);
-    for (int64_t vv = 0; vv < v; ++vv)
-      for (int64_t cc = 0; cc < c; ++cc) uv.set((h * v + vv) * c + cc, head[(n + vv) * c + cc]);
-  }
-  return {uk_t, uv};
+// Zeroes a contiguous tensor where it lives (on `stream` on the GPU).
+void zero_fill(const TensorView& t, Stream stream) {
+  const size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype);
+  if (bytes == 0) return;
+  if (t.device == Device::cpu)
+    std::memset(t.data, 0, bytes);
+  else
+    rt::memset_device_async(t.data, 0, bytes, stream);
 }
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 }  // namespace
 
@@ -82,27 +68,65 @@ struct SparseMlaAttention::Impl {
   SparseMlaWeights w;
   SparseMlaOptions opts;
   int heads = 0, padded = 0;
-  HostTensor w_uk_t, w_uv;  // absorbed per-head up-projections (bf16)
+  Device device = Device::cpu;                    // where caches, weights and temporaries live
+  std::unique_ptr<SparseMlaWeightStore> weights;  // w as the ops take it, on `device`
+  std::vector<DeviceTensor> cache_storage;        // CUDA: the caches' memory
   std::unique_ptr<PagedCache> kv, keys;
-  HostTensor cos_sin;
+  Scratch scratch{Device::cpu, nullptr};
+  StepUpload upload{Device::cpu};
+  HostTensor cos_sin;           // [rows, R] for positions [0, rows); grown on demand
+  DeviceTensor cos_sin_device;  // its copy on the GPU (CUDA backend)
   std::map<int64_t, int64_t> cached;  // tokens cached per request
 
+  // Grows the cos/sin table (doubling, up to max_position) to cover positions [0, len).
   void ensure_rope(int64_t len) {
     const int64_t have = cos_sin.shape().empty() ? 0 : cos_sin.shape()[0];
     if (have >= len) return;
     int64_t rows = std::max<int64_t>(have, 1);
     while (rows < len) rows *= 2;
     cos_sin = build_rope_cache(cfg.rope_for_layer(layer), std::min<int64_t>(rows, cfg.max_position));
+    if (device == Device::cuda) cos_sin_device = DeviceTensor::from_host(cos_sin);
   }
+  TensorView rope_table() const {
+    return device == Device::cuda ? cos_sin_device.view() : cos_sin.view();
+  }
+  // Whether a projection's input is quantized to FP8 (its weight is FP8 and the options say so).
+  bool fp8_input(const WeightView& wt) const { return wt.fp8() && opts.fp8_gemm_activations; }
+
   void check(const BatchPlan& plan, const TensorView& x, const TensorView& y) const;
   void check_plan(const BatchPlan& plan) const;
-  // Reserves the step's cache entries (requests in plan order) and returns each token's slot in
-  // the latent cache and in the key cache.
-  std::pair<HostTensor, HostTensor> append_tokens(const BatchPlan& plan);
+
+  // ---- a step: planned on the host, then launched ------------------------------------------
+  struct Step {
+    const BatchPlan& plan;
+    int64_t T = 0;            // tokens
+    int64_t rows = 0;         // rows of the projections: T, padded to a multiple of 4 on CUDA
+    int64_t max_len = 0;      // the longest sequence of the step (the indexer's score columns)
+    int64_t max_prefill = 0;  // the longest prefill request's sequence (its gathered rows)
+    // The step's metadata on the layer's device (StepUpload views):
+    TensorView positions{};     // [T] int64
+    TensorView token_to_req{};  // [T] int32
+    TensorView kv_slots{};      // [T] int64: each token's slot in the latent cache
+    TensorView key_slots{};     // [T] int64: ... and in the indexer key cache
+    TensorView kv_tables{};     // [R, width] int32: the requests' latent-cache block tables
+    TensorView key_tables{};    // [R, width] int32: ... and their key-cache block tables
+    TensorView seq_lens{};      // [R] int32: context + num_new
+  };
+  // Registers the plan's new requests, books its tokens' cache slots and sends the metadata.
+  Step plan_step(const BatchPlan& plan, int64_t rows);
   void forward(const BatchPlan& plan, const TensorView& x, const TensorView& y);
-  // The latent attention output o [T, Hp, 512] of every token.
-  void attend(const BatchPlan& plan, const TensorView& q, const TensorView& local,
-              const TensorView& lens, const TensorView& token_to_req, const TensorView& o) const;
+  // Enqueues the step's kernels: x [rows, dim] (bf16 on CUDA) → y [rows, dim] fp32.
+  void launch(const Step& st, const TensorView& x, const TensorView& y);
+  // The latent attention output o [T, Hp, 512] of every token from the queries q [T, Hp, 576].
+  void attend(const Step& st, const TensorView& q, const TensorView& local, const TensorView& lens,
+              const TensorView& o);
+  // Upper bounds of the temporaries and of the step upload of steps within reserve()'s limits.
+  struct WorkspaceBound {
+    int64_t scratch_bytes = 0, upload_bytes = 0;
+  };
+  WorkspaceBound workspace_bound(int64_t max_tokens, int max_requests, int64_t max_context) const;
+  // The cuBLASLt workspace of this forward's projections (CUDA; none on the CPU).
+  TensorView gemm_workspace;
 };
 
 SparseMlaAttention::SparseMlaAttention(const ModelConfig& cfg, int layer, SparseMlaWeights weights,
@@ -124,6 +148,21 @@ SparseMlaAttention::SparseMlaAttention(const ModelConfig& cfg, int layer, Sparse
   validate_sparse_mla_weights(weights, cfg, where);
   if (opts.block_size < 1) fail_expected(where, "opts.block_size", ">= 1", opts.block_size);
   if (opts.cache_blocks < 1) fail_expected(where, "opts.cache_blocks", ">= 1", opts.cache_blocks);
+  if (opts.backend == Backend::cuda && !cuda_available())
+    fail(where, ": backend cuda: ",
+         cuda_built() ? "no CUDA device is visible" : "the library was built without CUDA",
+         "; use Backend::cpu");
+  // The CUDA GEMMs multiply FP8 weights on FP8 tensor cores, which take FP8 inputs only.
+  if (opts.backend == Backend::cuda) {
+    const auto fp8 = [](const Weight& wt) { return wt.quantized(); };
+    if (!opts.fp8_gemm_activations && (fp8(weights.wq_a) || fp8(weights.wq_b) || fp8(weights.wkv_a) ||
+                                       fp8(weights.indexer.wq_b) || fp8(weights.indexer.wk)))
+      fail(where, ": SparseMlaOptions::fp8_gemm_activations: expected true on the CUDA backend for FP8 "
+           "projection weights (FP8 tensor cores take FP8 inputs), got false; use Backend::cpu");
+    if (!opts.fp8_activations && fp8(weights.wo))
+      fail(where, ": SparseMlaOptions::fp8_activations: expected true on the CUDA backend for an FP8 wo "
+           "(FP8 tensor cores take FP8 inputs), got false; use Backend::cpu");
+  }
 
   Impl& m = *impl_;
   m.cfg = cfg;
@@ -131,15 +170,18 @@ SparseMlaAttention::SparseMlaAttention(const ModelConfig& cfg, int layer, Sparse
   m.opts = opts;
   m.heads = cfg.n_heads;
   m.padded = sparse_mla_padded_heads(cfg.n_heads);
-  std::tie(m.w_uk_t, m.w_uv) = split_wkv_b(cfg, weights.wkv_b);
+  m.device = opts.backend == Backend::cuda ? Device::cuda : Device::cpu;
   m.w = std::move(weights);
+  m.weights = std::make_unique<SparseMlaWeightStore>(cfg, m.w, m.device);
   CacheSpec kv_spec{"kv", opts.block_size, kv_geometry(KvLayout::v32_fp8, opts.block_size).block_bytes,
                     opts.cache_blocks, 0, KvLayout::v32_fp8};
   CacheSpec key_spec{"indexer_keys", opts.block_size,
                      int64_t{opts.block_size} * indexer_keys::kEntryBytes, opts.cache_blocks, 0,
                      std::nullopt};
-  m.kv = std::make_unique<PagedCache>(kv_spec);
-  m.keys = std::make_unique<PagedCache>(key_spec);
+  m.kv = make_paged_cache(std::move(kv_spec), m.device, m.cache_storage);
+  m.keys = make_paged_cache(std::move(key_spec), m.device, m.cache_storage);
+  m.scratch = Scratch(m.device, opts.stream);
+  m.upload = StepUpload(m.device);
 }
 
 SparseMlaAttention::~SparseMlaAttention() = default;
@@ -150,9 +192,15 @@ const ModelConfig& SparseMlaAttention::config() const { return impl_->cfg; }
 const SparseMlaWeights& SparseMlaAttention::weights() const { return impl_->w; }
 void SparseMlaAttention::check_plan(const BatchPlan& plan) const { impl_->check_plan(plan); }
 int SparseMlaAttention::layer_index() const { return impl_->layer; }
+Backend SparseMlaAttention::backend() const { return impl_->opts.backend; }
 int SparseMlaAttention::padded_heads() const { return impl_->padded; }
 const PagedCache& SparseMlaAttention::kv_cache() const { return *impl_->kv; }
 const PagedCache& SparseMlaAttention::indexer_keys() const { return *impl_->keys; }
+
+void SparseMlaAttention::set_stream(Stream stream) {
+  impl_->opts.stream = stream;
+  impl_->scratch.set_stream(stream);
+}
 
 void SparseMlaAttention::release(int64_t req_id) {
   Impl& m = *impl_;
@@ -160,6 +208,34 @@ void SparseMlaAttention::release(int64_t req_id) {
   m.kv->remove_request(req_id);
   m.keys->remove_request(req_id);
   m.cached.erase(req_id);
+}
+
+LayerMemory SparseMlaAttention::memory() const {
+  const Impl& m = *impl_;
+  LayerMemory mem;
+  mem.weights = m.weights->bytes();
+  mem.caches = m.kv->storage_view().numel() + m.keys->storage_view().numel();
+  mem.workspace = m.scratch.capacity();
+  mem.workspace_used = m.scratch.high_water();
+  mem.step_upload = m.upload.capacity();
+  return mem;
+}
+
+LayerMemory SparseMlaAttention::reserve(int64_t max_tokens, int max_requests, int64_t max_context) {
+  constexpr const char* where = "SparseMlaAttention::reserve";
+  Impl& m = *impl_;
+  if (max_tokens < 1) fail_expected(where, "max_tokens", ">= 1", max_tokens);
+  if (max_requests < 1 || max_requests > max_tokens)
+    fail_expected(where, "max_requests", "1..max_tokens", max_requests);
+  if (max_context < (max_tokens + max_requests - 1) / max_requests || max_context > m.cfg.max_position)
+    fail_expected(where, "max_context",
+                  "max_tokens / max_requests .. max_position " + std::to_string(m.cfg.max_position),
+                  max_context);
+  m.ensure_rope(max_context);
+  const Impl::WorkspaceBound b = m.workspace_bound(max_tokens, max_requests, max_context);
+  m.scratch.reserve(b.scratch_bytes);
+  m.upload.reserve(b.upload_bytes);
+  return memory();
 }
 
 void SparseMlaAttention::forward(const BatchPlan& plan, const TensorView& x, const TensorView& y) {
@@ -171,12 +247,17 @@ void SparseMlaAttention::forward(const BatchPlan& plan, const TensorView& x, con
 void SparseMlaAttention::Impl::check(const BatchPlan& plan, const TensorView& x,
                                      const TensorView& y) const {
   const int64_t T = plan.num_tokens();
+  const char* layer_device = device == Device::cuda ? "cuda (the layer's backend)" : "cpu (the layer's backend)";
   for (const auto& [name, t] : {std::pair<const char*, const TensorView&>{"x", x}, {"y", y}}) {
-    check_device(kWhere, name, t, Device::cpu);
+    if (t.device != device)
+      fail_expected(kWhere, std::string(name) + ".device", layer_device,
+                    t.device == Device::cuda ? "cuda" : "cpu");
     check_shape(kWhere, name, t, {T, cfg.dim});
     check_contiguous(kWhere, name, t);
   }
-  if (x.dtype != DType::bf16 && x.dtype != DType::fp32)
+  if (device == Device::cuda)
+    check_dtype(kWhere, "x (on the GPU; the CUDA GEMMs take bf16 activations)", x, DType::bf16);
+  else if (x.dtype != DType::bf16 && x.dtype != DType::fp32)
     fail_expected(kWhere, "x.dtype", "bf16 or fp32", dtype_name(x.dtype));
   check_dtype(kWhere, "y", y, DType::fp32);
   check_plan(plan);
@@ -200,117 +281,180 @@ void SparseMlaAttention::Impl::check_plan(const BatchPlan& plan) const {
   require_blocks_for_growth(kWhere, *keys, growth);
 }
 
-std::pair<HostTensor, HostTensor> SparseMlaAttention::Impl::append_tokens(const BatchPlan& plan) {
+SparseMlaAttention::Impl::Step SparseMlaAttention::Impl::plan_step(const BatchPlan& plan, int64_t rows) {
   const int64_t T = plan.num_tokens();
-  HostTensor kv_slots(DType::int64, {T}), key_slots(DType::int64, {T});
-  for (int r = 0; r < plan.num_requests(); ++r) {
-    const RequestStep& step = plan.requests[r];
-    if (cached.emplace(step.req_id, 0).second) {
-      kv->add_request(step.req_id);
-      keys->add_request(step.req_id);
-    }
-    const std::vector<int64_t> a = kv->append(step.req_id, step.num_new);
-    const std::vector<int64_t> b = keys->append(step.req_id, step.num_new);
-    std::copy(a.begin(), a.end(), kv_slots.data<int64_t>() + plan.query_start_loc[r]);
-    std::copy(b.begin(), b.end(), key_slots.data<int64_t>() + plan.query_start_loc[r]);
-    cached[step.req_id] += step.num_new;
+  const int R = plan.num_requests();
+  Step st{plan};
+  st.T = T;
+  st.rows = rows;
+  for (int r = 0; r < R; ++r) {
+    st.max_len = std::max(st.max_len, plan.seq_len(r));
+    if (r >= plan.num_decodes) st.max_prefill = std::max(st.max_prefill, plan.seq_len(r));
   }
-  return {kv_slots, key_slots};
+
+  upload.begin();
+  const StepUpload::Array positions = upload.put({T}, plan.positions);
+  const StepUpload::Array token_to_req = upload.put({T}, plan.token_to_req);
+  const StepUpload::Array kv_slots = upload.put_uninit(DType::int64, {T});
+  const StepUpload::Array key_slots = upload.put_uninit(DType::int64, {T});
+  // Book the step's cache entries (requests in plan order; check_plan made sure they fit).
+  for (int r = 0; r < R; ++r) {
+    const RequestStep& s = plan.requests[r];
+    if (cached.emplace(s.req_id, 0).second) {
+      kv->add_request(s.req_id);
+      keys->add_request(s.req_id);
+    }
+    kv->append(s.req_id, s.num_new, upload.host_data<int64_t>(kv_slots) + plan.query_start_loc[r]);
+    keys->append(s.req_id, s.num_new, upload.host_data<int64_t>(key_slots) + plan.query_start_loc[r]);
+    cached[s.req_id] += s.num_new;
+  }
+  std::vector<const std::vector<int32_t>*> kv_t, key_t;
+  int64_t kv_width = 1, key_width = 1;
+  std::vector<int32_t> seq_lens;
+  for (int r = 0; r < R; ++r) {
+    kv_t.push_back(&kv->block_table(plan.requests[r].req_id));
+    key_t.push_back(&keys->block_table(plan.requests[r].req_id));
+    kv_width = std::max<int64_t>(kv_width, static_cast<int64_t>(kv_t.back()->size()));
+    key_width = std::max<int64_t>(key_width, static_cast<int64_t>(key_t.back()->size()));
+    seq_lens.push_back(static_cast<int32_t>(plan.seq_len(r)));
+  }
+  const StepUpload::Array kv_tables = upload.tables(kv_t, R, kv_width, "kv");
+  const StepUpload::Array key_tables = upload.tables(key_t, R, key_width, "indexer_keys");
+  const StepUpload::Array lens = upload.put({int64_t{R}}, seq_lens);
+  upload.commit(opts.stream);
+
+  st.positions = upload.view(positions);
+  st.token_to_req = upload.view(token_to_req);
+  st.kv_slots = upload.view(kv_slots);
+  st.key_slots = upload.view(key_slots);
+  st.kv_tables = upload.view(kv_tables);
+  st.key_tables = upload.view(key_tables);
+  st.seq_lens = upload.view(lens);
+  return st;
 }
 
-void SparseMlaAttention::Impl::forward(const BatchPlan& plan, const TensorView& x,
-                                       const TensorView& y) {
+void SparseMlaAttention::Impl::forward(const BatchPlan& plan, const TensorView& x, const TensorView& y) {
   const int64_t T = plan.num_tokens();
+  const Stream stream = opts.stream;
+  const ScratchStep scratch_step(scratch);
+  int64_t longest = 0;
+  for (int r = 0; r < plan.num_requests(); ++r) longest = std::max(longest, plan.seq_len(r));
+  ensure_rope(longest);
+  const int64_t rows = device == Device::cuda ? round_up(T, kFp8GemmRowMultiple) : T;
+  const Step st = plan_step(plan, rows);
+  if (rows == T) {
+    launch(st, x, y);
+    return;
+  }
+  // A padded step (CUDA): x's rows and zero rows in, the first T rows of y out.
+  const TensorView x_rows = scratch.tensor(DType::bf16, {rows, cfg.dim});
+  const TensorView y_rows = scratch.tensor(DType::fp32, {rows, cfg.dim});
+  const size_t row_bytes = static_cast<size_t>(cfg.dim) * dtype_size(DType::bf16);
+  rt::copy_device_to_device_async(x_rows.data, x.data, static_cast<size_t>(T) * row_bytes, stream);
+  zero_fill(x_rows.slice0(T, rows), stream);
+  launch(st, x_rows, y_rows);
+  rt::copy_device_to_device_async(y.data, y_rows.data,
+                                  static_cast<size_t>(T * cfg.dim) * sizeof(float), stream);
+}
+
+void SparseMlaAttention::Impl::launch(const Step& st, const TensorView& x, const TensorView& y) {
+  const int64_t T = st.T, rows = st.rows;
   const int64_t H = heads, Hp = padded, n = cfg.qk_nope_head_dim, R = cfg.rope_head_dim;
   const int64_t c = cfg.nope_dim(), d_qk = cfg.head_dim, v = cfg.mla_v_head_dim;
-  const int64_t I = cfg.index_n_heads, d_i = cfg.index_head_dim;
+  const int64_t I = cfg.index_n_heads, d_i = cfg.index_head_dim, K = cfg.index_topk;
   const float eps = static_cast<float>(cfg.norm_eps);
-  int64_t max_len = 0;
-  for (int r = 0; r < plan.num_requests(); ++r) max_len = std::max(max_len, plan.seq_len(r));
-  ensure_rope(max_len);
-  HostTensor positions(DType::int64, {T});
-  std::copy(plan.positions.begin(), plan.positions.end(), positions.data<int64_t>());
-  const HostTensor token_to_req = HostTensor::from_int32(plan.token_to_req);
-  const auto [kv_slots, key_slots] = append_tokens(plan);
+  const Stream stream = opts.stream;
+  const SparseMlaWeightViews& wv = weights->views();
+  Scratch& ws = scratch;
+  const TensorView cos_sin_v = rope_table();
+  gemm_workspace = device == Device::cuda ? ws.tensor(DType::uint8, {kGemmWorkspaceBytes}) : TensorView{};
+  // out = input · wᵀ in the form the weight takes (FP8 input for an FP8 weight when quantized).
+  const auto project = [&](const GemmInput& in, const WeightView& wt, const TensorView& out) {
+    const auto [a, a_scale] = in.for_weight(wt);
+    linear(a, a_scale, wt.value, wt.scale, out, gemm_workspace, stream);
+  };
 
-  // Low-rank projections and their norms; RoPE on the last R dims of each q head.
-  const bool quantize = opts.fp8_gemm_activations;
-  const ProjectionInput x_in(x, quantize);
-  HostTensor qr(DType::bf16, {T, cfg.q_lora_rank}), kv_row(DType::bf16, {T, d_qk});
-  x_in.project(w.wq_a, qr);
-  x_in.project(w.wkv_a, kv_row);
-  rms_norm(qr, w.q_norm, eps, qr);
-  const TensorView latent = strided(kv_row, {T, c}, {d_qk, 1});
-  rms_norm(latent, w.kv_norm, eps, latent);
-  const ProjectionInput qr_in(qr, quantize);
-  HostTensor q(DType::bf16, {T, H, n + R});
-  qr_in.project(w.wq_b, strided(q, {T, H * (n + R)}, {H * (n + R), 1}));
-  apply_rope(q, positions, cos_sin, false, q);
+  // 1. Low-rank projections and their norms. x is quantized once for the three projections that
+  // read it (wq_a, wkv_a, the indexer's wk), the normed q once for wq_b and the indexer's wq_b.
+  const GemmInput x_in = make_gemm_input(
+      x, fp8_input(wv.wq_a) || fp8_input(wv.wkv_a) || fp8_input(wv.indexer.wk), ws, stream);
+  const TensorView qr = ws.tensor(DType::bf16, {rows, cfg.q_lora_rank});
+  const TensorView kv_row = ws.tensor(DType::bf16, {rows, d_qk});  // latent | k_pe
+  project(x_in, wv.wq_a, qr);
+  project(x_in, wv.wkv_a, kv_row);
+  rms_norm(qr, wv.q_norm, eps, qr, stream);
+  const TensorView latent = strided(kv_row, {rows, c}, {d_qk, 1});
+  rms_norm(latent, wv.kv_norm, eps, latent, stream);
+  const GemmInput qr_in = make_gemm_input(qr, fp8_input(wv.wq_b) || fp8_input(wv.indexer.wq_b), ws, stream);
+  const TensorView q = ws.tensor(DType::bf16, {rows, H, n + R});  // per head q_nope | q_pe
+  project(qr_in, wv.wq_b, strided(q, {rows, H * (n + R)}, {H * (n + R), 1}));
 
-  // The 576-wide query: q_nope · W_UK per head into the latent dims, q_pe after it; padded heads 0.
-  HostTensor q_mqa = HostTensor::zeros(DType::bf16, {T, Hp, d_qk});
-  for (int64_t h = 0; h < H; ++h) {
-    linear(strided(q, {T, n}, {H * (n + R), 1}, h * (n + R)), {},
-           strided(w_uk_t, {c, n}, {n, 1}, h * c * n), {},
-           strided(q_mqa, {T, c}, {Hp * d_qk, 1}, h * d_qk));
-    for (int64_t t = 0; t < T; ++t)
-      std::memcpy(q_mqa.data<uint16_t>() + (t * Hp + h) * d_qk + c,
-                  q.data<uint16_t>() + (t * H + h) * (n + R) + n, static_cast<size_t>(R) * 2);
-  }
+  // 2. The 576-wide query q_mqa [T, Hp, c | R]: q_nope · W_UK per head (one batched GEMM over the
+  // heads) into the latent dims, RoPE'd q_pe after it (apply_rope writes the rotated q_pe there
+  // straight from q); padded heads zero.
+  const TensorView q_mqa = ws.tensor(DType::bf16, {T, Hp, d_qk});
+  if (Hp > H) zero_fill(q_mqa, stream);
+  batched_linear(strided(q, {H, T, n}, {n + R, H * (n + R), 1}), wv.w_uk_t,
+                 strided(q_mqa, {H, T, c}, {d_qk, Hp * d_qk, 1}), gemm_workspace, stream);
+  apply_rope(strided(q, {T, H, R}, {H * (n + R), n + R, 1}, n), st.positions, cos_sin_v, false,
+             strided(q_mqa, {T, H, R}, {Hp * d_qk, d_qk, 1}, c), stream);
 
-  // RoPE on k_pe, then the token's latent + k_pe into the V32_FP8 cache.
-  kv_rope_insert(kv_row, positions, cos_sin, kv->kv_view(), kv_slots);
+  // 3. RoPE on k_pe, then the token's latent + k_pe into the V32_FP8 cache.
+  kv_rope_insert(kv_row.slice0(0, T), st.positions, cos_sin_v, kv->kv_view(), st.kv_slots, stream);
 
-  // The lightning indexer: FP8 queries and weights, the token's key into the key cache, scores
-  // over the request's tokens up to itself, top-k (request-local token numbers).
-  HostTensor qi(DType::fp32, {T, I, d_i}), q_codes(DType::fp8_e4m3, {T, I, d_i});
-  HostTensor q_scales(DType::fp32, {T, I}), ki(DType::fp32, {T, d_i}), weights(DType::fp32, {T, I});
-  qr_in.project(w.indexer.wq_b, strided(qi, {T, I * d_i}, {I * d_i, 1}));
-  sparse_mla_indexer_quantize(qi, positions, cos_sin, q_codes, q_scales);
-  x_in.project(w.indexer.wk, ki);
+  // 4. The lightning indexer: FP8 queries and scaled head weights, the token's key into the key
+  // cache, scores over the request's tokens up to itself, top-k (request-local token numbers).
+  const TensorView qi = ws.tensor(DType::fp32, {rows, I, d_i});
+  project(qr_in, wv.indexer.wq_b, strided(qi, {rows, I * d_i}, {I * d_i, 1}));
+  const TensorView ki = ws.tensor(DType::fp32, {rows, d_i});
+  project(x_in, wv.indexer.wk, ki);
+  const TensorView head_weights = ws.tensor(DType::fp32, {rows, I});
+  linear(x, {}, wv.indexer.weights_proj.value, wv.indexer.weights_proj.scale, head_weights,
+         gemm_workspace, stream);
+  const TensorView q_codes = ws.tensor(DType::fp8_e4m3, {T, I, d_i});
+  const TensorView q_scales = ws.tensor(DType::fp32, {T, I});
+  sparse_mla_indexer_quantize(qi.slice0(0, T), st.positions, cos_sin_v, q_codes, q_scales,
+                              head_weights.slice0(0, T), stream);
   const IndexerKeyCacheView key_view{keys->storage_view(), keys->spec().block_size};
-  sparse_mla_indexer_key_insert(ki, w.indexer.k_norm, w.indexer.k_norm_bias, kIndexerNormEps,
-                                positions, cos_sin, key_view, key_slots);
-  linear(x, {}, w.indexer.weights_proj.value, w.indexer.weights_proj.scale, weights);
-  const float w_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(I * d_i)));
-  for (int64_t i = 0; i < T * I; ++i) weights.data<float>()[i] *= w_scale;
-  std::vector<int64_t> reqs;
-  for (const RequestStep& r : plan.requests) reqs.push_back(r.req_id);
-  const HostTensor key_tables = pack_block_tables(*keys, reqs);
-  HostTensor scores(DType::fp32, {T, max_len});
-  indexer_scores(q_codes, q_scales, weights, positions, token_to_req, key_view, key_tables, 1,
-                 scores);
-  const int64_t K = cfg.index_topk;
-  HostTensor local(DType::int32, {T, K}), lens(DType::int32, {T});
-  indexer_topk(scores, positions, 1, local, lens);
+  sparse_mla_indexer_key_insert(ki.slice0(0, T), wv.indexer.k_norm, wv.indexer.k_norm_bias,
+                                kIndexerNormEps, st.positions, cos_sin_v, key_view, st.key_slots,
+                                stream);
+  const TensorView scores = ws.tensor(DType::fp32, {T, st.max_len});
+  indexer_scores(q_codes, q_scales, head_weights.slice0(0, T), st.positions, st.token_to_req,
+                 key_view, st.key_tables, 1, scores, stream);
+  const TensorView local = ws.tensor(DType::int32, {T, K});
+  const TensorView lens = ws.tensor(DType::int32, {T});
+  indexer_topk(scores, st.positions, 1, local, lens, stream);
 
-  // Sparse attention into the latent output, then W_UV per head and wo.
-  HostTensor o_latent(DType::bf16, {T, Hp, c});
-  attend(plan, q_mqa, local, lens, token_to_req, o_latent);
-  HostTensor o(DType::bf16, {T, H * v});
-  for (int64_t h = 0; h < H; ++h)
-    linear(strided(o_latent, {T, c}, {Hp * c, 1}, h * c), {},
-           strided(w_uv, {v, c}, {c, 1}, h * v * c), {}, strided(o, {T, v}, {H * v, 1}, h * v));
-  const ProjectionInput o_in(o, opts.fp8_activations && w.wo.quantized());
-  o_in.project(w.wo, y);
+  // 5. Sparse attention into the latent output.
+  const TensorView o_latent = ws.tensor(DType::bf16, {T, Hp, c});
+  attend(st, q_mqa, local, lens, o_latent);
+
+  // 6. W_UV per head (one batched GEMM) into o [rows, H·v] (padding rows zero), then wo.
+  const TensorView o = ws.tensor(DType::bf16, {rows, H * v});
+  if (rows > T) zero_fill(o.slice0(T, rows), stream);
+  batched_linear(strided(o_latent, {H, T, c}, {c, Hp * c, 1}), wv.w_uv,
+                 strided(o, {H, T, v}, {v, H * v, 1}), gemm_workspace, stream);
+  const GemmInput o_in = make_gemm_input(o, opts.fp8_activations && wv.wo.fp8(), ws, stream);
+  project(o_in, wv.wo, y);
 }
 
-void SparseMlaAttention::Impl::attend(const BatchPlan& plan, const TensorView& q,
-                                      const TensorView& local, const TensorView& lens,
-                                      const TensorView& token_to_req, const TensorView& o) const {
+void SparseMlaAttention::Impl::attend(const Step& st, const TensorView& q, const TensorView& local,
+                                      const TensorView& lens, const TensorView& o) {
+  const BatchPlan& plan = st.plan;
   const int64_t Hp = padded, d_qk = cfg.head_dim, c = cfg.nope_dim(), K = cfg.index_topk;
   const float scale = static_cast<float>(cfg.mla_softmax_scale());
   const KvCacheView kv_view = kv->kv_view();
+  const Stream stream = opts.stream;
+  Scratch& ws = scratch;
 
-  // Decodes: one query token each, straight from the FP8 cache through global slots.
+  // Decodes: one query token each, straight from the FP8 cache through global slots (decodes come
+  // first, so their tokens' token_to_req index the first rows of the tables).
   const int64_t nd = plan.num_decode_tokens();
   if (nd > 0) {
-    std::vector<int64_t> reqs;
-    for (int r = 0; r < plan.num_decodes; ++r) reqs.push_back(plan.requests[r].req_id);
-    const HostTensor tables = pack_block_tables(*kv, reqs);
-    HostTensor global(DType::int32, {nd, K});
-    local_to_global_slots(local.slice0(0, nd), token_to_req.slice0(0, nd), tables,
-                          kv->spec().block_size, global);
+    const TensorView global = ws.tensor(DType::int32, {nd, K});
+    local_to_global_slots(local.slice0(0, nd), st.token_to_req.slice0(0, nd), st.kv_tables.slice0(0, nd),
+                          kv->spec().block_size, global, {}, stream);
     SparseDecodeArgs a;
     a.q = strided(q, {nd, 1, Hp, d_qk}, {Hp * d_qk, Hp * d_qk, d_qk, 1});
     a.k_cache = kv_view;
@@ -319,24 +463,27 @@ void SparseMlaAttention::Impl::attend(const BatchPlan& plan, const TensorView& q
     a.softmax_scale = scale;
     a.d_v = static_cast<int>(c);
     a.out = strided(o, {nd, 1, Hp, c}, {Hp * c, Hp * c, c, 1});
-    HostTensor lse(DType::fp32, {nd, 1, Hp});
-    a.lse = lse;
+    a.lse = ws.tensor(DType::fp32, {nd, 1, Hp});
     const DecodeSchedule schedule = make_decode_schedule(static_cast<int>(nd), 1, static_cast<int>(Hp),
                                                          static_cast<int>(K), opts.num_sms,
                                                          static_cast<int>(c));
-    HostTensor workspace(DType::uint8, {std::max<int64_t>(schedule.workspace_bytes, 16)});
-    sparse_decode(a, schedule, workspace);
+    const TensorView workspace = ws.tensor(DType::uint8, {std::max<int64_t>(schedule.workspace_bytes, 16)});
+    sparse_decode(a, schedule, workspace, stream);
   }
 
-  // Prefill chunks: the request's cached rows (this chunk's included) dequantized into a bf16
-  // workspace, which request-local indices address directly.
+  // Prefill chunks, one request at a time: its cached rows (this chunk's included) dequantized into
+  // one bf16 workspace (reused: the requests run in order on one stream), which request-local
+  // indices address directly.
+  if (plan.num_requests() == plan.num_decodes) return;
+  const TensorView rows_all = ws.tensor(DType::bf16, {st.max_prefill, d_qk});
+  const TensorView max_logits = ws.tensor(DType::fp32, {st.T - nd, Hp});
+  const TensorView lse = ws.tensor(DType::fp32, {st.T - nd, Hp});
   for (int r = plan.num_decodes; r < plan.num_requests(); ++r) {
     const int64_t t0 = plan.query_start_loc[r], t1 = plan.query_start_loc[r + 1];
     const int64_t len = plan.seq_len(r);
-    const HostTensor table = pack_block_tables(*kv, {plan.requests[r].req_id});
-    const HostTensor seq_lens = HostTensor::from_int32({static_cast<int32_t>(len)});
-    HostTensor rows(DType::bf16, {1, len, d_qk});
-    dequantize_and_gather(kv_view, table, seq_lens, {}, 0, rows);
+    const TensorView rows(rows_all.data, DType::bf16, {1, len, d_qk}, device);
+    dequantize_and_gather(kv_view, st.kv_tables.slice0(r, r + 1), st.seq_lens.slice0(r, r + 1), {}, 0,
+                          rows, stream);
     SparsePrefillArgs a;
     a.q = q.slice0(t0, t1);
     a.kv = strided(rows, {len, 1, d_qk}, {d_qk, d_qk, 1});
@@ -345,11 +492,69 @@ void SparseMlaAttention::Impl::attend(const BatchPlan& plan, const TensorView& q
     a.softmax_scale = scale;
     a.d_v = static_cast<int>(c);
     a.out = o.slice0(t0, t1);
-    HostTensor max_logits(DType::fp32, {t1 - t0, Hp}), lse(DType::fp32, {t1 - t0, Hp});
-    a.max_logits = max_logits;
-    a.lse = lse;
-    sparse_prefill(a);
+    a.max_logits = max_logits.slice0(t0 - nd, t1 - nd);
+    a.lse = lse.slice0(t0 - nd, t1 - nd);
+    sparse_prefill(a, stream);
   }
+}
+
+SparseMlaAttention::Impl::WorkspaceBound SparseMlaAttention::Impl::workspace_bound(
+    int64_t max_tokens, int max_requests, int64_t max_context) const {
+  // Every temporary launch() and forward() take, counted at its largest for such steps (a test
+  // checks that the bound covers what steps use).
+  const bool cuda = device == Device::cuda;
+  const int64_t T = max_tokens, rows = cuda ? round_up(T, kFp8GemmRowMultiple) : T;
+  const int64_t H = heads, Hp = padded, n = cfg.qk_nope_head_dim, R = cfg.rope_head_dim;
+  const int64_t c = cfg.nope_dim(), d_qk = cfg.head_dim, v = cfg.mla_v_head_dim;
+  const int64_t I = cfg.index_n_heads, d_i = cfg.index_head_dim, K = cfg.index_topk;
+  int64_t bytes = 0, tensors = 0;
+  const auto add = [&](int64_t b) {
+    bytes += b;
+    ++tensors;
+  };
+  // FP8 codes + 1x128 scales (rows padded to 4) of a projection input of `cols` columns.
+  const auto fp8_input_bytes = [&](int64_t cols) {
+    add(rows * cols);
+    add(4 * round_up(rows, 4) * (cols / 128 + 1));
+  };
+  if (cuda) add(kGemmWorkspaceBytes);
+  fp8_input_bytes(cfg.dim);                  // x
+  add(2 * rows * cfg.q_lora_rank);           // qr
+  add(2 * rows * d_qk);                      // kv_row
+  fp8_input_bytes(cfg.q_lora_rank);          // the normed q
+  add(2 * rows * H * (n + R));               // q
+  add(2 * T * Hp * d_qk);                    // q_mqa
+  add(4 * rows * I * d_i);                   // qi
+  add(4 * rows * d_i);                       // ki
+  add(4 * rows * I);                         // head weights
+  add(T * I * d_i);                          // q codes
+  add(4 * T * I);                            // q scales
+  add(4 * T * max_context);                  // scores
+  add(4 * T * K);                            // local
+  add(4 * T);                                // lens
+  add(2 * T * Hp * c);                       // o_latent
+  // Decodes: global slots, lse, and the split-KV partials (at most ceil(K / kDecodeTile) splits
+  // per token: splits are never empty).
+  add(4 * T * K);
+  add(4 * T * Hp);
+  add(std::max<int64_t>(T * Hp * ((K + kDecodeTile - 1) / kDecodeTile) * (4 * c + 4), 16));
+  // Prefills: the gathered rows of the longest request, max logits and lse.
+  add(2 * max_context * d_qk);
+  add(4 * T * Hp);
+  add(4 * T * Hp);
+  add(2 * rows * H * v);                     // o
+  fp8_input_bytes(H * v);                    // its FP8 form
+  if (cuda) {                                // a padded step's x and y rows
+    add(2 * rows * cfg.dim);
+    add(4 * rows * cfg.dim);
+  }
+  WorkspaceBound b;
+  b.scratch_bytes = bytes + 256 * (tensors + 1);  // each tensor 256-byte aligned
+  // The upload: per token positions, token_to_req and two slots; per request two block tables and
+  // the length; each array 64-byte aligned.
+  const int64_t blocks = (max_context + opts.block_size - 1) / opts.block_size;
+  b.upload_bytes = 28 * T + int64_t{max_requests} * (8 * std::max<int64_t>(blocks, 1) + 4) + 64 * 8;
+  return b;
 }
 
 }  // namespace dsv4

@@ -15,6 +15,9 @@ const OpRow kRowsTable[] = {
     row(kLinear, &cpu::linear,
         {"x, w: bf16, fp32, fp8_e4m3 (+ ue8m0/fp32 block scales: x 1x64 or 1x128, w 128x128); "
          "y: bf16, fp32", kRows, "any T, N, K", false, "mixed operand dtypes allowed"}),
+    row(kBatchedLinear, &cpu::batched_linear,
+        {"x, w: bf16, fp32; y: bf16, fp32", kRows, "any B, T, N, K", false,
+         "linear's GEMM per batch (bit-identical to B linear calls)"}),
     row(kGroupedWoA, &cpu::grouped_wo_a,
         {"o, wo_a: bf16, fp32, fp8_e4m3 (+ scales); z: bf16, fp32", kRows, "any G, L, H*D/G",
          false, ""}),

@@ -8,6 +8,7 @@
 #include "cuda/attention/sparse_prefill.h"
 #include "cuda/common/synthetic_hidden.h"
 #include "cuda/compressor/compressor.h"
+#include "cuda/gemm/batched_linear.h"
 #include "cuda/gemm/dequantize_fp8_blocks.h"
 #include "cuda/gemm/grouped_wo_a.h"
 #include "cuda/gemm/linear.h"
@@ -54,6 +55,9 @@ const OpRow kRowsTable[] = {
          "1x128 / 128x128 scales in cuBLASLt's layouts (sm90)",
          "row-strided, rows not overlapping", "FP8: T a multiple of 4", true,
          "cuBLASLt; plan cached per shape (first call before capture)"}),
+    row(kBatchedLinear, DSV4_CUDA_KERNEL(cuda::batched_linear),
+        {"x, w both bf16 (y bf16, fp32) or both fp32 (true fp32)", "any strides, last dim contiguous",
+         "any B, T, N, K", true, "one strided-batched cuBLASLt matmul; plan cached per shape"}),
     row(kGroupedWoA, DSV4_CUDA_KERNEL(cuda::grouped_wo_a),
         {"linear's dtype rules per group", "row-strided", "FP8: group width a multiple of 512",
          true, "bf16/fp32: one strided-batched matmul; FP8: one matmul per group"}),

@@ -4,7 +4,7 @@
 // riding along with a continuing chunk and a new request, then decode-only steps. Also: device
 // inputs only (a host x is refused naming it, and changes nothing), run-to-run determinism,
 // reserve() covering the CUDA step's temporaries, the FP8 options FP8 weights need, and
-// `dsv4 run --model tiny-v3.2 --backend cuda --check`. Skipped without a GPU.
+// `dsv4 run --model v3.2 --layers 0,1 --backend cuda --check`. Skipped without a GPU.
 //
 // Tolerances (per token: max |y − y_ref| / max |y_ref| over the row). Inputs are bf16-representable,
 // so both backends see the same x. They then differ as the V4 layer's backends do
@@ -23,9 +23,15 @@
 // The V3.2 layer has the V4 C4A layer's mix of these (FP8 projections, an FP8 cache, an indexer
 // selecting top-16 of up to 148 tokens), so it takes that layer's bounds: with FP8 weights the
 // median < 4e-2 and every token < 8e-2; with bf16 weights (no FP8 GEMM input) the median < 4e-3
-// and every token < 2e-2; for both, up to 2% of the tokens (at least one) may exceed the per-token
-// bound by (e), each still < 0.3. A semantic error (a head mapping, a scale, a position, a missing
-// write, a wrong selection) moves every token by O(1).
+// and every token < 2e-2; with bf16 weights up to 2% of the tokens (at least one) may exceed the
+// per-token bound by (e), each still < 0.3. A semantic error (a head mapping, a scale, a position,
+// a missing write, a wrong selection) moves every token by O(1).
+// FP8 weights together with tiny-v3.2's top-16 selection are not compared token by token: (d)
+// moves the indexer's query and key projections (FP8 GEMMs whose FP8 inputs round differently on
+// the two backends) far more than (e) alone, and at 16 of up to 148 tokens the near-ties it flips
+// moved 12 of 205 tokens above 8e-2, up to 0.67, on the H200 (2026-11-27). So the FP8-weight cases
+// run a copy of the config whose index_topk (256) keeps every token: the whole FP8 path at the
+// bounds above with no allowance; the selection itself is compared with bf16 weights.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -102,14 +108,25 @@ void expect_close(std::vector<double> errs, bool fp8_weights, const char* what) 
               errs.size(), above, bound);
   ::testing::Test::RecordProperty("median_rel_err", std::to_string(median));
   ::testing::Test::RecordProperty("max_rel_err", std::to_string(worst));
-  EXPECT_LE(above, std::max<size_t>(1, errs.size() / 50)) << what << ": tokens above " << bound;
-  EXPECT_LT(worst, 0.3) << what;
+  if (fp8_weights) {
+    EXPECT_LT(worst, bound) << what;  // every token selected: no near-tie allowance
+  } else {
+    EXPECT_LE(above, std::max<size_t>(1, errs.size() / 50)) << what << ": tokens above " << bound;
+    EXPECT_LT(worst, 0.3) << what;
+  }
   EXPECT_LT(median, fp8_weights ? 4e-2 : 4e-3) << what;
+}
+
+// tiny-v3.2, with FP8 weights its copy that selects every token (see the top of the file).
+ModelConfig config_for(bool fp8_weights) {
+  ModelConfig cfg = ModelConfig::builtin("tiny-v3.2");
+  if (fp8_weights) cfg.index_topk = 256;
+  return cfg;
 }
 
 class SparseMlaCudaTest : public ::testing::TestWithParam<bool /*fp8 weights*/> {
  protected:
-  ModelConfig cfg = ModelConfig::builtin("tiny-v3.2");
+  ModelConfig cfg = config_for(GetParam());
 };
 
 TEST_P(SparseMlaCudaTest, MatchesCpuBackendOverMixedBatches) {
@@ -229,14 +246,17 @@ TEST(SparseMlaCuda, Fp8WeightsNeedFp8Activations) {
 }
 
 // The serving simulation through the V3.2 stack on the GPU (the residual stream and both layers
-// on the device), checked against the float64 reference at the CUDA tolerance of `dsv4 run`.
-TEST(SparseMlaCuda, CliRunTinyV32PassesCheck) {
+// on the device), checked against the float64 reference at the CUDA tolerance of `dsv4 run`:
+// DeepSeek-V3.2's own shapes (random FP8 weights) with prompts below its top-2048, so every token
+// is selected (tiny-v3.2's top-16 selection with FP8 weights is not comparable token by token; see
+// the top of the file). Measured on the H200: 3.3e-2 / 3.5e-2.
+TEST(SparseMlaCuda, CliRunV32PassesCheck) {
   DSV4_SKIP_WITHOUT_GPU();
   const std::string json = (std::filesystem::temp_directory_path() /
                             ("dsv4_run_v32_" + std::to_string(::getpid()) + ".json")).string();
   const dsv4_test::CliResult r = dsv4_test::run_cli(
-      "run --model tiny-v3.2 --backend cuda --requests 3 --prompt-len 60,30,45 --decode-steps 4 "
-      "--chunk 40 --check --quiet --json " + json);
+      "run --model v3.2 --layers 0,1 --backend cuda --requests 2 --prompt-len 256,128 --decode-steps 4 "
+      "--chunk 200 --check --quiet --json " + json);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("0(MLA) 1(MLA)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("check: passed"), std::string::npos) << r.output;
@@ -246,7 +266,7 @@ TEST(SparseMlaCuda, CliRunTinyV32PassesCheck) {
   EXPECT_EQ(j["backend"].get<std::string>(), "cuda");
   ASSERT_EQ(j["check"]["layers"].size(), 2u);
   for (const auto& l : j["check"]["layers"]) {
-    EXPECT_EQ(l["tokens"].get<int64_t>(), 64);
+    EXPECT_EQ(l["tokens"].get<int64_t>(), 260);  // the checked request: 256 prompt + 4 decodes
     std::printf("  layer %d: max rel err %.3e\n", l["layer"].get<int>(), l["max_rel_err"].get<double>());
   }
 }

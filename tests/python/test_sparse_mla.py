@@ -114,9 +114,11 @@ def test_cuda_device_refused_where_it_cannot_run():
 def test_cuda_layer_matches_cpu_layer_over_mixed_batches():
     # Requests listed out of the layer's order (a decode among prefills: the wrapper gathers the
     # rows decodes-first and scatters y back), a continuing chunk, a new request, then decodes.
-    # Tolerances and why: tests/cuda/test_sparse_mla_layer_cuda.cpp (FP8 weights: median < 4e-2,
-    # every token < 8e-2 but up to 2% near-tied top-k selections, each < 0.3).
-    kw = dict(seed=SEED, cache_blocks=64, block_size=16)
+    # bf16 weights: with FP8 weights tiny-v3.2's top-16 selection flips near-ties between the
+    # backends (tests/cuda/test_sparse_mla_layer_cuda.cpp says why and tests FP8 weights on a
+    # config that keeps every token). Tolerances from there: median < 4e-3, every token < 2e-2
+    # but up to 2% near-tied top-k selections, each < 0.3.
+    kw = dict(seed=SEED, cache_blocks=64, block_size=16, fp8_weights=False)
     cpu = dsv4attn.SparseMlaAttention(CFG, 0, **kw)
     gpu = dsv4attn.SparseMlaAttention(CFG, 0, device="cuda", **kw)
     assert gpu.device.type == "cuda" and "cuda" in repr(gpu)
@@ -132,8 +134,8 @@ def test_cuda_layer_matches_cpu_layer_over_mixed_batches():
         errs.append(row_rel_err(got.cpu(), want))
     err = torch.cat(errs)
     assert not torch.isnan(err).any()
-    assert int((err > 8e-2).sum()) <= max(1, err.numel() // 50), err
-    assert err.max() < 0.3 and err.median() < 4e-2, err
+    assert int((err > 2e-2).sum()) <= max(1, err.numel() // 50), err
+    assert err.max() < 0.3 and err.median() < 4e-3, err
     # A host x is taken too (rounded to bf16 on the GPU); a rejected step changes nothing.
     with pytest.raises(dsv4attn.Error, match="context"):
         gpu.forward(B([1], [3], [1]), hidden(1))

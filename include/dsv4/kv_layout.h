@@ -115,16 +115,20 @@ DSV4_HD int kv_plain_begin(KvLayout l) { return kv_num_scale_blocks(l) * kv_scal
 // Scale block s (0 <= s < kv_num_scale_blocks) of the token at `offset` of the block starting at
 // `block`: amax → UE8M0 scale 2^k (stored as a byte for MODEL1_FP8, as fp32 for V32_FP8), then
 // fp8(value · 2^-k) for each of its values. `values` is the whole token (dim floats).
+// Stores scale block s's exponent k (scale 2^k) of the token at `offset`: a UE8M0 byte
+// (MODEL1_FP8) or an fp32 power of two (V32_FP8).
+DSV4_HD void kv_store_block_scale(const KvGeometry& g, uint8_t* block, int offset, int s, int32_t k) {
+  if (g.layout == KvLayout::model1_fp8) {
+    block[g.scale_offset(offset) + s] = static_cast<uint8_t>(k + 127);
+  } else {
+    reinterpret_cast<float*>(block + g.data_offset(offset) + v32::kScaleOffset)[s] = exp2_int(k);
+  }
+}
 DSV4_HD void kv_encode_scale_block(const KvGeometry& g, uint8_t* block, int offset, int s,
                                    const float* values) {
   const int width = kv_scale_block_width(g.layout);
   uint8_t* row = block + g.data_offset(offset);
-  const int32_t k = fp8_quantize_block(values + s * width, width, row + s * width);
-  if (g.layout == KvLayout::model1_fp8) {
-    block[g.scale_offset(offset) + s] = static_cast<uint8_t>(k + 127);
-  } else {
-    reinterpret_cast<float*>(row + v32::kScaleOffset)[s] = exp2_int(k);
-  }
+  kv_store_block_scale(g, block, offset, s, fp8_quantize_block(values + s * width, width, row + s * width));
 }
 
 // Plain dim i (kv_plain_begin <= i < dim) of the token: bf16 (the rope dims of the FP8 layouts,

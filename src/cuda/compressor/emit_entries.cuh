@@ -15,6 +15,7 @@
 #include "math/rms_norm.h"
 #include "cuda/common/float_rows.cuh"
 #include "cuda/common/rope_table.cuh"
+#include "cuda/common/warp_kv_scale_block.cuh"
 #include "cuda/compressor/update_params.cuh"
 #include "cuda/norm/warp_rms.cuh"
 #include "dsv4/compressor.h"
@@ -162,7 +163,7 @@ __global__ void __launch_bounds__(kMaxDim) emit_entries_kernel(const UpdateParam
     // disjoint bytes).
     const KvGeometry& g = p.geometry;
     const int num_scale_blocks = kv_num_scale_blocks(g.layout);
-    if (tid < num_scale_blocks) kv_encode_scale_block(g, block, offset, tid, e);
+    if (warp < num_scale_blocks) warp_encode_kv_scale_block(g, block, offset, warp, e, lane);  // D/32 >= 16 warps
     if (tid == num_scale_blocks) kv_encode_padding(g, block, offset);
     const float inv_tensor_scale = ieee_div(1.0f, p.tensor_scale);
     if (tid >= kv_plain_begin(g.layout) && tid < g.dim)

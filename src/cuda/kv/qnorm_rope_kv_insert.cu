@@ -27,6 +27,7 @@
 #include "cuda/common/float_rows.cuh"
 #include "cuda/common/index_vector.cuh"
 #include "cuda/common/rope_table.cuh"
+#include "cuda/common/warp_kv_scale_block.cuh"
 #include "cuda/norm/warp_rms.cuh"
 
 namespace dsv4::cuda {
@@ -111,7 +112,7 @@ __global__ void __launch_bounds__(kThreads) qnorm_rope_kv_insert_kernel(const In
   // disjoint bytes).
   const KvGeometry& sg = p.scratch_geometry;
   const int num_scale_blocks = kv_num_scale_blocks(sg.layout);
-  if (tid < num_scale_blocks) kv_encode_scale_block(sg, scratch, 0, tid, row);
+  if (warp < num_scale_blocks) warp_encode_kv_scale_block(sg, scratch, 0, warp, row, lane);  // 7 or 4 <= kWarps
   if (tid == num_scale_blocks) kv_encode_padding(sg, scratch, 0);
   const float inv_tensor_scale = ieee_div(1.0f, p.tensor_scale);
   for (int i = kv_plain_begin(sg.layout) + tid; i < sg.dim; i += kThreads)

@@ -228,13 +228,7 @@ LayerMemory Attention::memory() const {
 }
 
 LayerMemory Attention::reserve(int64_t max_tokens, int max_requests, int64_t max_context) {
-  constexpr const char* where = "Attention::reserve";
-  if (max_tokens < 1) fail_expected(where, "max_tokens", ">= 1", max_tokens);
-  if (max_requests < 1 || max_requests > max_tokens)
-    fail_expected(where, "max_requests", "1..max_tokens", max_requests);
-  if (max_context < max_tokens / max_requests || max_context > impl_->cfg.max_position)
-    fail_expected(where, "max_context", "<= max_position " + std::to_string(impl_->cfg.max_position),
-                  max_context);
+  check_reserve_bounds("Attention::reserve", max_tokens, max_requests, max_context, impl_->cfg.max_position);
   Impl& m = *impl_;
   m.ensure_rope(max_context);
   const Impl::WorkspaceBound b = m.workspace_bound(max_tokens, max_requests, max_context);

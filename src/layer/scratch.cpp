@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "dsv4/status.h"
 #include "runtime/device_runtime.h"
 
 namespace dsv4 {
@@ -103,6 +104,17 @@ void Scratch::reserve(int64_t bytes) {
   arena_ = DeviceTensor();
   arena_ = DeviceTensor(DType::uint8, {aligned(bytes)});
   ++generation_;
+}
+
+void check_reserve_bounds(const char* where, int64_t max_tokens, int max_requests, int64_t max_context,
+                          int64_t max_position) {
+  if (max_tokens < 1) fail_expected(where, "max_tokens", ">= 1", max_tokens);
+  if (max_requests < 1 || max_requests > max_tokens)
+    fail_expected(where, "max_requests", "1..max_tokens", max_requests);
+  if (max_context < (max_tokens + max_requests - 1) / max_requests || max_context > max_position)
+    fail_expected(where, "max_context",
+                  "max_tokens / max_requests (rounded up) .. max_position " + std::to_string(max_position),
+                  max_context);
 }
 
 }  // namespace dsv4

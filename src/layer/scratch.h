@@ -85,4 +85,11 @@ class ScratchStep {
   Scratch& scratch_;
 };
 
+// The arguments of a layer's reserve(max_tokens, max_requests, max_context), checked alike by
+// every layer: 1 <= max_requests <= max_tokens, and max_context at least what the largest share of
+// max_tokens among max_requests requests needs (ceil(max_tokens / max_requests)) and at most the
+// model's max_position. Throws dsv4::Error naming the argument.
+void check_reserve_bounds(const char* where, int64_t max_tokens, int max_requests, int64_t max_context,
+                          int64_t max_position);
+
 }  // namespace dsv4

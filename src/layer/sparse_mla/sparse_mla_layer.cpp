@@ -222,15 +222,8 @@ LayerMemory SparseMlaAttention::memory() const {
 }
 
 LayerMemory SparseMlaAttention::reserve(int64_t max_tokens, int max_requests, int64_t max_context) {
-  constexpr const char* where = "SparseMlaAttention::reserve";
   Impl& m = *impl_;
-  if (max_tokens < 1) fail_expected(where, "max_tokens", ">= 1", max_tokens);
-  if (max_requests < 1 || max_requests > max_tokens)
-    fail_expected(where, "max_requests", "1..max_tokens", max_requests);
-  if (max_context < (max_tokens + max_requests - 1) / max_requests || max_context > m.cfg.max_position)
-    fail_expected(where, "max_context",
-                  "max_tokens / max_requests .. max_position " + std::to_string(m.cfg.max_position),
-                  max_context);
+  check_reserve_bounds("SparseMlaAttention::reserve", max_tokens, max_requests, max_context, m.cfg.max_position);
   m.ensure_rope(max_context);
   const Impl::WorkspaceBound b = m.workspace_bound(max_tokens, max_requests, max_context);
   m.scratch.reserve(b.scratch_bytes);

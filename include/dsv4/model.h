@@ -60,6 +60,12 @@ class AttentionStack {
   void forward(const BatchPlan& plan, const TensorView& x, const TensorView& y,
                std::vector<LayerIO>* layer_io = nullptr);
   void release(int64_t req_id);
+  // The warm-up of a serving run: every layer (of every rank) reserves its workspaces for steps of
+  // at most max_tokens tokens of max_requests requests at contexts up to max_context
+  // (Attention::reserve), and the residual stream's buffers grow to max_tokens, so such steps
+  // allocate nothing. Returns each layer's memory (rank 0's). Throws dsv4::Error on bounds
+  // Attention::reserve refuses.
+  std::vector<LayerMemory> reserve(int64_t max_tokens, int max_requests, int64_t max_context);
   // CUDA: the stream every layer and the residual ops run on.
   void set_stream(Stream stream);
 

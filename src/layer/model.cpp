@@ -58,6 +58,24 @@ struct AttentionStack::Rank {
   int64_t capacity_rows = 0;
   HostTensor residual, normed, out;
   DeviceTensor residual_dev, normed_dev, out_dev;
+
+  // Grows the residual stream's buffers to `rows` tokens (only ever up, so steady steps and a
+  // step within reserve()'s bounds allocate nothing). On the GPU the normed input is bf16 (what
+  // the GEMMs take); on the CPU fp32.
+  void ensure_rows(int64_t rows, int64_t dim, Device on) {
+    if (capacity_rows >= rows) return;
+    const DType normed_dtype = on == Device::cuda ? DType::bf16 : DType::fp32;
+    if (on == Device::cuda) {
+      residual_dev = DeviceTensor(DType::fp32, {rows, dim});
+      normed_dev = DeviceTensor(normed_dtype, {rows, dim});
+      out_dev = DeviceTensor(DType::fp32, {rows, dim});
+    } else {
+      residual = HostTensor(DType::fp32, {rows, dim});
+      normed = HostTensor(normed_dtype, {rows, dim});
+      out = HostTensor(DType::fp32, {rows, dim});
+    }
+    capacity_rows = rows;
+  }
   // A multi-GPU stack's x lives on GPU 0: rank 0 records x_ready on its stream once x is there,
   // rank r > 0 copies x after it and records x_copied, which rank 0's stream waits for before
   // the caller may reuse x.
@@ -220,23 +238,9 @@ void AttentionStack::forward_rank(int r, const BatchPlan& plan, const TensorView
   const int64_t T = plan.num_tokens();
   const int64_t dim = cfg_.dim;
   const Device device = backend() == Backend::cpu ? Device::cpu : Device::cuda;
-  // The residual h, the normed layer input and the layer output live on the rank's device; the
-  // buffers only grow, so steady steps allocate nothing. On the GPU the normed input is bf16
-  // (what the GEMMs take); on the CPU fp32.
+  // The residual h, the normed layer input and the layer output live on the rank's device.
   const Stream stream = rank.stream;
-  const DType normed_dtype = device == Device::cuda ? DType::bf16 : DType::fp32;
-  if (rank.capacity_rows < T) {
-    if (device == Device::cuda) {
-      rank.residual_dev = DeviceTensor(DType::fp32, {T, dim});
-      rank.normed_dev = DeviceTensor(normed_dtype, {T, dim});
-      rank.out_dev = DeviceTensor(DType::fp32, {T, dim});
-    } else {
-      rank.residual = HostTensor(DType::fp32, {T, dim});
-      rank.normed = HostTensor(normed_dtype, {T, dim});
-      rank.out = HostTensor(DType::fp32, {T, dim});
-    }
-    rank.capacity_rows = T;
-  }
+  rank.ensure_rows(T, dim, device);
   auto rows = [&](const OwnedTensor& host, const DeviceTensor& dev) {
     const OwnedTensor& t = device == Device::cuda ? static_cast<const OwnedTensor&>(dev) : host;
     return TensorView(t.view().data, t.dtype(), {T, dim}, device);
@@ -294,6 +298,30 @@ void AttentionStack::forward_rank(int r, const BatchPlan& plan, const TensorView
     rt::synchronize_stream(stream, kWhere);
     copy_to_host(h, y);
   }
+}
+
+std::vector<LayerMemory> AttentionStack::reserve(int64_t max_tokens, int max_requests, int64_t max_context) {
+  std::vector<LayerMemory> memory;
+  if (sparse_mla()) {
+    for (SparseMlaAttention& a : mla_layers_) memory.push_back(a.reserve(max_tokens, max_requests, max_context));
+  } else {
+    // Every rank on its own device; rank 0's figures are reported (the others hold the same
+    // sizes on theirs).
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      Rank& rank = *ranks_[r];
+      const rt::DeviceGuard on_device(rank.device, "AttentionStack::reserve");  // -1: stays put
+      for (Attention& a : rank.layers) {
+        const LayerMemory m = a.reserve(max_tokens, max_requests, max_context);
+        if (r == 0) memory.push_back(m);
+      }
+    }
+  }
+  const Device device = backend() == Backend::cpu ? Device::cpu : Device::cuda;
+  for (const std::unique_ptr<Rank>& rank : ranks_) {
+    const rt::DeviceGuard on_device(rank->device, "AttentionStack::reserve");
+    rank->ensure_rows(max_tokens, cfg_.dim, device);
+  }
+  return memory;
 }
 
 void AttentionStack::set_stream(Stream stream) {

@@ -25,16 +25,31 @@ Result run_cli(const std::string& args) { return dsv4_test::run_cli("run " + arg
 // window; chunk 64 splits prompts inside windows; decodes ride along with prefills.
 const char* kArgs = "--model tiny --requests 3 --prompt-len 150,40,90 --decode-steps 4 --chunk 64 --check --quiet";
 
+// The CPU backend: on the GPU the tiny model's C4A top-k flips near-ties against the float64
+// reference (tests/cuda/test_attention_layer_cuda.cpp, (f)); the CUDA runs check V4-Flash layers.
 TEST(CliRun, TinyRandomWeightsPassesCheck) {
   dsv4_test::TempDir dir;
-  const Result r = run_cli(std::string(kArgs) + " --json " + dir.file("report.json"));
+  const Result r = run_cli(std::string(kArgs) + " --backend cpu --json " + dir.file("report.json"));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("check: passed"), std::string::npos) << r.output;
   nlohmann::json j;
   std::ifstream(dir.file("report.json")) >> j;
   EXPECT_TRUE(j["check"]["passed"].get<bool>());
-  // auto picks the GPU only where one is visible (this suite also runs on GPU machines).
-  EXPECT_EQ(j["backend"].get<std::string>(), dsv4::cuda_available() ? "cuda" : "cpu");
+  EXPECT_EQ(j["backend"].get<std::string>(), "cpu");
+  // The warm-up reserved for the largest step (the 64-token budget, 3 requests, 154 positions)
+  // and no step outgrew it; every layer reports its memory.
+  EXPECT_EQ(j["reserved"]["max_tokens"].get<int64_t>(), 64);
+  EXPECT_EQ(j["reserved"]["max_requests"].get<int>(), 3);
+  EXPECT_EQ(j["reserved"]["max_context"].get<int64_t>(), 154);
+  EXPECT_FALSE(j["reserved"]["outgrown"].get<bool>());
+  ASSERT_EQ(j["memory"].size(), 4u);
+  for (const auto& m : j["memory"]) {
+    EXPECT_GT(m["weights_bytes"].get<int64_t>(), 0);
+    EXPECT_GT(m["caches_bytes"].get<int64_t>(), 0);
+    EXPECT_GT(m["workspace_used_bytes"].get<int64_t>(), 0);
+    EXPECT_LE(m["workspace_used_bytes"].get<int64_t>(), m["workspace_bytes"].get<int64_t>());
+  }
+  EXPECT_NE(r.output.find("memory per layer"), std::string::npos) << r.output;
   std::set<std::string> kinds;
   for (const auto& l : j["check"]["layers"]) {
     kinds.insert(l["kind"].get<std::string>());
@@ -45,6 +60,18 @@ TEST(CliRun, TinyRandomWeightsPassesCheck) {
   int64_t tokens = 0;
   for (const auto& p : j["phases"]) tokens += p["tokens"].get<int64_t>();
   EXPECT_EQ(tokens, 150 + 40 + 90 + 3 * 4);
+}
+
+// --backend auto (the default) picks the GPU only where one is visible (this suite also runs on
+// GPU machines).
+TEST(CliRun, AutoBackendPicksTheGpuWhereVisible) {
+  dsv4_test::TempDir dir;
+  const Result r = run_cli("--model tiny --requests 1 --prompt-len 8 --decode-steps 1 --quiet --json " +
+                           dir.file("report.json"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  nlohmann::json j;
+  std::ifstream(dir.file("report.json")) >> j;
+  EXPECT_EQ(j["backend"].get<std::string>(), dsv4::cuda_available() ? "cuda" : "cpu");
 }
 
 TEST(CliRun, CheckpointDirectoryLoads) {

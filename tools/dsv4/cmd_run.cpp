@@ -68,6 +68,21 @@ void print_table(const SimReport& rep) {
   };
   for (const PhaseStats& p : rep.phases) row(p);
   row(total);
+  if (!rep.memory.empty()) {
+    // The warm-up's reservation, per layer (all layers of a run hold the same sizes but for
+    // their kind's caches): what a serving engine budgets for.
+    auto mib = [](int64_t b) { return static_cast<double>(b) / (1 << 20); };
+    std::printf("\nmemory per layer (reserved for steps of %lld tokens, %d requests, context %lld): "
+                "weights / caches / workspace / step upload, MiB\n",
+                static_cast<long long>(rep.reserved.max_tokens), rep.reserved.max_requests,
+                static_cast<long long>(rep.reserved.max_context));
+    for (size_t l = 0; l < rep.memory.size(); ++l) {
+      const LayerMemory& m = rep.memory[l];
+      std::printf("  layer %zu: %.1f / %.1f / %.1f (%.1f used) / %.2f\n", l, mib(m.weights), mib(m.caches),
+                  mib(m.workspace), mib(m.workspace_used), mib(m.step_upload));
+    }
+    if (rep.reservation_outgrown) std::printf("  WARNING: a step outgrew the reservation (it allocated)\n");
+  }
   const SchedulerStats& st = rep.scheduler;
   std::printf("\nscheduler: %lld request(s) waited for cache, %lld preemption(s) of %lld request(s), "
               "%lld token(s) recomputed, at most %d running\n",
@@ -109,6 +124,12 @@ nlohmann::json to_json(const SimReport& rep, const ModelConfig& cfg, const SimCo
                    {"all_resident_bytes", pools.all_resident_bytes},
                    {"resident_requests", pools.resident_requests}, {"swa_blocks", pools.swa_blocks},
                    {"compressed_blocks", pools.compressed_blocks}, {"state_blocks", pools.state_blocks}};
+  j["reserved"] = {{"max_tokens", rep.reserved.max_tokens}, {"max_requests", rep.reserved.max_requests},
+                   {"max_context", rep.reserved.max_context}, {"outgrown", rep.reservation_outgrown}};
+  for (const LayerMemory& m : rep.memory)
+    j["memory"].push_back({{"weights_bytes", m.weights}, {"caches_bytes", m.caches},
+                           {"workspace_bytes", m.workspace}, {"workspace_used_bytes", m.workspace_used},
+                           {"step_upload_bytes", m.step_upload}});
   for (const LayerCheck& c : rep.checks)
     j["check"]["layers"].push_back({{"layer", c.layer}, {"kind", c.kind_name},
                                     {"tokens", c.tokens}, {"max_rel_err", c.max_rel_err}});

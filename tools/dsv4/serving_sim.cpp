@@ -103,6 +103,15 @@ SimReport run_serving_sim(AttentionStack& stack, const SimConfig& sc,
 
   SimReport rep;
   rep.phases = {{"prefill"}, {"decode"}, {"mixed"}};
+  // Warm-up: every workspace reserved for the largest step the scheduler can form (its token
+  // budget, its running limit, the longest request), so no step allocates.
+  int64_t longest = 0;
+  for (int64_t p : prompts) longest = std::max(longest, p + sc.decode_steps);
+  rep.reserved.max_context = longest;
+  rep.reserved.max_requests = sc.max_running > 0 ? std::min(sc.max_running, sc.requests) : sc.requests;
+  rep.reserved.max_tokens = std::min<int64_t>({sc.chunk, total_tokens, int64_t{rep.reserved.max_requests} * longest});
+  rep.reserved.max_requests = static_cast<int>(std::min<int64_t>(rep.reserved.max_requests, rep.reserved.max_tokens));
+  rep.memory = stack.reserve(rep.reserved.max_tokens, rep.reserved.max_requests, rep.reserved.max_context);
   const bool on_gpu = stack.num_layers() > 0 && stack.backend() == Backend::cuda;
   StepTensors tensors(on_gpu ? Device::cuda : Device::cpu, nullptr, sc.seed, cfg.dim);
   struct StepEvents {
@@ -212,6 +221,13 @@ SimReport run_serving_sim(AttentionStack& stack, const SimConfig& sc,
     }
     if (!(lc.max_rel_err <= sc.check_tolerance)) rep.check_passed = false;
     rep.checks.push_back(lc);
+  }
+  // What the run used of the reservation: a workspace that outgrew it means some step allocated.
+  for (int l = 0; l < L; ++l) {
+    const LayerMemory after = stack.sparse_mla() ? stack.sparse_mla_layer(l).memory() : stack.layer(l).memory();
+    LayerMemory& m = rep.memory[static_cast<size_t>(l)];
+    m.workspace_used = after.workspace_used;
+    if (after.workspace > m.workspace || after.step_upload > m.step_upload) rep.reservation_outgrown = true;
   }
   return rep;
 }

@@ -58,6 +58,13 @@ struct SimReport {
   std::vector<PhaseStats> phases;  // prefill, decode, mixed
   SchedulerStats scheduler;
   std::vector<LayerCheck> checks;
+  // The warm-up's reservation (AttentionStack::reserve) for the run's largest step, per layer.
+  struct Reserved {
+    int64_t max_tokens = 0, max_context = 0;
+    int max_requests = 0;
+  } reserved;
+  std::vector<LayerMemory> memory;  // as reserved; workspace_used: the most the run took
+  bool reservation_outgrown = false;  // a layer's workspace or upload grew past it during the run
   double check_tolerance = 0;
   bool check_passed = true;
 };

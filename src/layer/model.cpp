@@ -301,25 +301,20 @@ void AttentionStack::forward_rank(int r, const BatchPlan& plan, const TensorView
 }
 
 std::vector<LayerMemory> AttentionStack::reserve(int64_t max_tokens, int max_requests, int64_t max_context) {
+  // Each rank on its own device (-1: the caller's); rank 0's layers are reported, the others hold
+  // the same sizes on theirs. A V3.2 stack is one rank whose layers are mla_layers_.
   std::vector<LayerMemory> memory;
-  if (sparse_mla()) {
-    for (SparseMlaAttention& a : mla_layers_) memory.push_back(a.reserve(max_tokens, max_requests, max_context));
-  } else {
-    // Every rank on its own device; rank 0's figures are reported (the others hold the same
-    // sizes on theirs).
-    for (size_t r = 0; r < ranks_.size(); ++r) {
-      Rank& rank = *ranks_[r];
-      const rt::DeviceGuard on_device(rank.device, "AttentionStack::reserve");  // -1: stays put
-      for (Attention& a : rank.layers) {
-        const LayerMemory m = a.reserve(max_tokens, max_requests, max_context);
-        if (r == 0) memory.push_back(m);
-      }
-    }
-  }
   const Device device = backend() == Backend::cpu ? Device::cpu : Device::cuda;
-  for (const std::unique_ptr<Rank>& rank : ranks_) {
-    const rt::DeviceGuard on_device(rank->device, "AttentionStack::reserve");
-    rank->ensure_rows(max_tokens, cfg_.dim, device);
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    Rank& rank = *ranks_[r];
+    const rt::DeviceGuard on_device(rank.device, "AttentionStack::reserve");
+    for (Attention& a : rank.layers) {
+      const LayerMemory m = a.reserve(max_tokens, max_requests, max_context);
+      if (r == 0) memory.push_back(m);
+    }
+    if (r == 0)
+      for (SparseMlaAttention& a : mla_layers_) memory.push_back(a.reserve(max_tokens, max_requests, max_context));
+    rank.ensure_rows(max_tokens, cfg_.dim, device);
   }
   return memory;
 }

@@ -47,6 +47,7 @@ struct CacheSpec {
   int32_t num_blocks = 0;
   int64_t retain = 0;          // entries a request must keep (0 = all; SWA keeps the window)
   std::optional<KvLayout> layout;  // set for KV caches read by attention
+  float tensor_scale = 1.0f;       // FP8_PER_TENSOR: the cache's one dequantization scale
 };
 
 // One paged cache: storage (host memory it owns, or external device memory), a pool and the
@@ -93,7 +94,7 @@ class PagedCache {
   uint8_t* storage() const { return storage_; }
   Device device() const { return device_; }
   TensorView storage_view() const;  // uint8 [num_blocks, block_bytes], block stride block_stride()
-  KvCacheView kv_view(float tensor_scale = 1.0f) const;  // needs spec().layout
+  KvCacheView kv_view() const;  // needs spec().layout; tensor_scale from the spec
 
  private:
   struct Request {
@@ -161,6 +162,10 @@ struct LayerCacheOptions {
   int32_t compressed_blocks = 256;  // also the indexer key cache's block count
   int32_t state_blocks = 64;        // compressor state and indexer compressor state
   int swa_block_size = CacheDefaults::kSwaBlock;
+  // FP8_PER_TENSOR only: the one scale of the SWA and compressed caches (value = fp8 · kv_scale),
+  // vLLM's per-layer kv scale. 1 (vLLM's default without a calibrated scale) suits the layer's
+  // RMS-normed rows: they stay inside e4m3's normal range. A finite value > 0.
+  float kv_scale = 1.0f;
   // Where the caches' storage lives: host memory, or CUDA device memory (DeviceTensors owned by
   // the LayerCaches; block tables and pools stay on the host either way).
   Device device = Device::cpu;

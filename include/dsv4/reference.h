@@ -29,9 +29,12 @@ struct ReferenceOptions {
   // The layer's SWA / compressed cache layout (LayerCacheOptions::layout): what a cached row
   // hands back. MODEL1_FP8: nope dims FP8 in blocks of 64, rope dims bf16. BF16: every dim bf16
   // (the SWA rows unquantized, as the FlashInfer port's full-width cache). FP8_PER_TENSOR: every
-  // dim FP8 e4m3 at the cache's scale, 1. Compressed entries hold the model's FP8-rounded values
-  // (docs/spec.md §4) in the layout's encoding. The V3.2 reference ignores it (its own layout).
+  // dim FP8 e4m3 at the cache's scale, kv_scale. Compressed entries hold the model's values
+  // with their nope dims FP8-rounded in blocks of 64 (docs/spec.md §4), rope dims as computed,
+  // then the layout's encoding of all dims (MODEL1's own rope rounding is bf16). The V3.2
+  // reference ignores it (its own layout).
   KvLayout kv_layout = KvLayout::model1_fp8;
+  float kv_scale = 1.0f;  // LayerCacheOptions::kv_scale (FP8_PER_TENSOR only)
 };
 
 // x: [L, dim] row-major; returns y [L, dim].

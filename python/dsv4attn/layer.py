@@ -304,9 +304,12 @@ class Attention(_LayerWrapper):
         swa_block_size tokens; the compressed caches use 64 / 2 entries per block for ratio 4 /
         128, the compressor state one window per block). SWA blocks beyond the window are
         recycled; running out raises dsv4attn.Error before anything changes.
-    kv_layout: the SWA and compressed caches' layout: "model1" (MODEL1_FP8, FlashMLA's; default)
-        or "bf16" (full-width bf16 rows, as the FlashInfer port's cache; the native backend,
-        "cpu" and "cuda").
+    kv_layout: the SWA and compressed caches' layout: "model1" (MODEL1_FP8, FlashMLA's; default),
+        "bf16" (full-width bf16 rows, as the FlashInfer port's cache) or "fp8_per_tensor"
+        (full-width e4m3 rows with one scale, the port's per-tensor FP8 cache); the native
+        backend, "cpu" and "cuda".
+    kv_scale: the fp8_per_tensor caches' scale (value = fp8 · kv_scale; vLLM's per-layer kv
+        scale, 1 by default as there).
     fp8_activations: quantize activations to FP8 as production does (per token and 128 columns,
         UE8M0): the attention output before wo_a, and the input of every projection whose weight
         is FP8. Required on "cuda" for FP8 weights (FP8 tensor cores take FP8 inputs).
@@ -343,9 +346,9 @@ class Attention(_LayerWrapper):
                  backend: Union[str, None] = None, caller_caches: bool = False,
                  tp_rank: int = 0, tp_size: int = 1,
                  reduce: Optional[Callable[[torch.Tensor], object]] = None,
-                 kv_layout: str = "model1"):
+                 kv_layout: str = "model1", kv_scale: float = 1.0):
         self.backend = selected_backend(backend)
-        if kv_layout != "model1" and self.backend != "native":
+        if (kv_layout != "model1" or kv_scale != 1.0) and self.backend != "native":
             raise Error(f"Attention: kv_layout: expected 'model1' with backend {self.backend}, "
                         f"got {kv_layout!r}")
         if caller_caches and self.backend != "native":
@@ -374,7 +377,7 @@ class Attention(_LayerWrapper):
             self._layer = _C.Attention(config, layer, w, swa_blocks, compressed_blocks,
                                        state_blocks, swa_block_size, fp8_activations,
                                        self.device.type, cuda_graphs, bool(caller_caches),
-                                       tp_rank, tp_size, kv_layout)
+                                       tp_rank, tp_size, kv_layout, kv_scale)
 
     # ---- caller-owned caches (caller_caches=True) ---------------------------------------------
     _CACHE_NAMES = ("swa", "compressed", "compressor_state", "indexer_keys", "indexer_state")
@@ -621,12 +624,15 @@ class AttentionStack:
 
 
 def reference_attention_layer(config, layer: int, weights: AttentionWeights, x: torch.Tensor,
-                              fp8_activations: bool = True, kv_layout: str = "model1") -> torch.Tensor:
+                              fp8_activations: bool = True, kv_layout: str = "model1",
+                              kv_scale: float = 1.0) -> torch.Tensor:
     """The float64 reference (include/dsv4/reference.h): y [L, dim] float64 for ONE request's
     tokens x [L, dim] at positions 0..L-1, with no caches or batching. fp8_activations: model the
     layer's FP8 activation quantizations (Attention's flag of the same name); kv_layout: model
-    what the layer's caches hand back (Attention's argument of the same name)."""
+    what the layer's caches hand back, kv_scale the FP8_PER_TENSOR scale (Attention's arguments
+    of the same names)."""
     if isinstance(config, str):
         config = _C.ModelConfig.builtin(config)
     x = x.detach().to("cpu", torch.float64).contiguous()
-    return _C.reference_attention_layer(config, layer, weights, x, fp8_activations, kv_layout)
+    return _C.reference_attention_layer(config, layer, weights, x, fp8_activations, kv_layout,
+                                        kv_scale)

@@ -3,6 +3,7 @@
 #include "dsv4/paged_cache.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <new>
@@ -231,14 +232,14 @@ TensorView PagedCache::storage_view() const {
   return v;
 }
 
-KvCacheView PagedCache::kv_view(float tensor_scale) const {
+KvCacheView PagedCache::kv_view() const {
   if (!spec_.layout)
     fail("PagedCache(", spec_.name, ")::kv_view: cache has no KV layout (not read by attention)");
   KvCacheView v;
   v.data = storage_view();
   v.layout = *spec_.layout;
   v.block_size = spec_.block_size;
-  v.tensor_scale = tensor_scale;
+  v.tensor_scale = spec_.tensor_scale;
   return v;
 }
 
@@ -284,7 +285,11 @@ std::vector<LayerCacheSlot> layer_cache_slots(const ModelConfig& cfg, LayerKind 
     fail_expected(where, "opts.layout",
                   "a layout of dim " + std::to_string(cfg.head_dim) + " (config " + cfg.name + ")",
                   std::string(kv_layout_name(opts.layout)) + " (dim " + std::to_string(g.dim) + ")");
-  auto spec = [](std::string name, int block_size, int64_t block_bytes, int32_t num_blocks,
+  if (opts.layout == KvLayout::fp8_per_tensor &&
+      !(opts.kv_scale > 0.0f && std::isfinite(opts.kv_scale)))
+    fail_expected(where, "opts.kv_scale", "a finite value > 0 (FP8_PER_TENSOR)", opts.kv_scale);
+  const float tensor_scale = opts.kv_scale;
+  auto spec = [tensor_scale](std::string name, int block_size, int64_t block_bytes, int32_t num_blocks,
                  int64_t retain, std::optional<KvLayout> layout) {
     CacheSpec s;
     s.name = std::move(name);
@@ -294,6 +299,7 @@ std::vector<LayerCacheSlot> layer_cache_slots(const ModelConfig& cfg, LayerKind 
     s.num_blocks = num_blocks;
     s.retain = retain;
     s.layout = layout;
+    if (layout) s.tensor_scale = tensor_scale;
     return s;
   };
   std::vector<LayerCacheSlot> slots;

@@ -34,12 +34,15 @@ struct Scope {
   int64_t counted(int64_t bi) const {
     return lengths ? std::clamp<int64_t>(lengths[bi], 0, topk) : topk;
   }
-  // Dequantizes slot k (< counted(bi)) of query row (bi, si) into `dst`; false when invalid.
+  // Dequantizes slot k (< counted(bi)) of query row (bi, si) into `dst`, rounded to bf16 as the
+  // CUDA kernel's tensor-core operands are (exact for MODEL1 and BF16; FP8_PER_TENSOR's and
+  // V32's fp32 scales make fp8 · scale a wider product); false when invalid.
   bool fetch(int64_t bi, int64_t si, int64_t k, float* dst) const {
     const int32_t slot = indices[bi * indices_b_stride + si * indices_s_stride + k];
     if (slot < 0) return false;
     const int bs = geometry.block_size;
     kv_decode_token(geometry, blocks + (slot / bs) * block_stride, slot % bs, dst, tensor_scale);
+    for (int d = 0; d < geometry.dim; ++d) dst[d] = round_bf16(dst[d]);
     return true;
   }
 };

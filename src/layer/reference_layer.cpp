@@ -18,8 +18,9 @@ namespace {
 
 using namespace reference_math;  // NOLINT(google-build-using-namespace)
 
-// What a MODEL1 cache hands back for a row: nope dims FP8 (block 64, UE8M0), rope dims bf16.
-void cache_round(double* v, int D, int R) {
+// The model's FP8 rounding of a row's nope dims [0, D - R): blocks of 64, one UE8M0 scale each
+// (what MODEL1 stores; idempotent).
+void nope_block_round(double* v, int D, int R) {
   for (int b = 0; b < (D - R) / 64; ++b) {
     double amax = 0;
     for (int i = 0; i < 64; ++i) amax = std::max(amax, std::fabs(v[b * 64 + i]));
@@ -29,30 +30,36 @@ void cache_round(double* v, int D, int R) {
       x = fp8_e4m3_to_float(float_to_fp8_e4m3(static_cast<float>(std::ldexp(x, -k)))) * std::ldexp(1.0, k);
     }
   }
-  for (int i = D - R; i < D; ++i) v[i] = round_bf16(static_cast<float>(v[i]));
 }
 
-// Every dim FP8 e4m3 at scale 1: what an FP8_PER_TENSOR cache (the layer's scale) hands back.
-void fp8_tensor_round(double* v, int D) {
-  for (int i = 0; i < D; ++i) v[i] = fp8_e4m3_to_float(float_to_fp8_e4m3(static_cast<float>(v[i])));
-}
-
-// An SWA row as the layer's cache hands it back (ReferenceOptions::kv_layout).
-void swa_row_round(double* v, int D, int R, KvLayout layout) {
+// A row as the layer's cache of `layout` hands it back. MODEL1: nope dims FP8 blocks of 64, rope
+// dims bf16. BF16: every dim bf16. FP8_PER_TENSOR: every dim bf16(fp8(v / kv_scale) · kv_scale),
+// the division as the encoder's fp32 multiply by 1 / kv_scale, the product in fp32 and rounded
+// to bf16 as every reader takes it (the gather's bf16 rows, the decode's tensor-core operands,
+// the insert's kv); exact for a power-of-two scale.
+void layout_round(double* v, int D, int R, KvLayout layout, float kv_scale) {
   switch (layout) {
     case KvLayout::bf16:
       for (int i = 0; i < D; ++i) v[i] = round_bf16(static_cast<float>(v[i]));
       return;
-    case KvLayout::fp8_per_tensor: fp8_tensor_round(v, D); return;
-    default: cache_round(v, D, R); return;
+    case KvLayout::fp8_per_tensor: {
+      const float inv = 1.0f / kv_scale;
+      for (int i = 0; i < D; ++i)
+        v[i] = round_bf16(fp8_e4m3_to_float(float_to_fp8_e4m3(static_cast<float>(v[i]) * inv)) * kv_scale);
+      return;
+    }
+    default:
+      nope_block_round(v, D, R);
+      for (int i = D - R; i < D; ++i) v[i] = round_bf16(static_cast<float>(v[i]));
+      return;
   }
 }
 
-// A compressed entry as the layer's cache hands it back: the model's FP8-rounded values
-// (MODEL1's rounding, exact in bf16), FP8_PER_TENSOR encoding them once more.
-void entry_round(double* v, int D, int R, KvLayout layout) {
-  cache_round(v, D, R);
-  if (layout == KvLayout::fp8_per_tensor) fp8_tensor_round(v, D);
+// A compressed entry as the layer's cache hands it back: the model's values (nope dims FP8-rounded
+// in blocks of 64, rope dims as computed), then the layout's encoding.
+void entry_round(double* v, int D, int R, KvLayout layout, float kv_scale) {
+  nope_block_round(v, D, R);
+  layout_round(v, D, R, layout, kv_scale);
 }
 
 // A compressor's projections of every position and its emitted entries (docs/spec.md §4).
@@ -143,7 +150,7 @@ std::vector<double> reference_attention_layer(const ModelConfig& cfg, int layer,
     rmsnorm(kv, D, &kv_norm, eps);
     bf16_round(kv, D);
     rotate(kv, D, freqs, static_cast<double>(p));
-    swa_row_round(kv, static_cast<int>(D), static_cast<int>(R), opts.kv_layout);  // the SWA row as cached
+    layout_round(kv, static_cast<int>(D), static_cast<int>(R), opts.kv_layout, opts.kv_scale);  // the SWA row as cached
   }
 
   std::unique_ptr<Compressor> comp, icomp;
@@ -181,7 +188,7 @@ std::vector<double> reference_attention_layer(const ModelConfig& cfg, int layer,
         const int64_t j = (p + 1) / ratio - 1;
         std::vector<double> e = comp->pool(j, eps);
         rotate(e.data(), D, freqs, static_cast<double>(j * ratio));
-        entry_round(e.data(), static_cast<int>(D), static_cast<int>(R), opts.kv_layout);
+        entry_round(e.data(), static_cast<int>(D), static_cast<int>(R), opts.kv_layout, opts.kv_scale);
         entries.push_back(std::move(e));
       }
       const int64_t visible = (p + 1) / ratio;

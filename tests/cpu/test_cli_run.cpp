@@ -140,31 +140,46 @@ TEST(CliRun, V32CheckpointLoads) {
   }
 }
 
-// --kv-layout bf16: full-width bf16 rows in the SWA and compressed caches. The float64 reference
-// models what such a cache hands back (ReferenceOptions::kv_layout: SWA rows bf16, compressed
-// entries the model's FP8-rounded values); checked against MODEL1's rounding instead, the same run
-// measured 8e-2 to 1.1e-1 per layer.
-// Where a GPU is present, on the CUDA backend too (its sparse decode reads BF16 rows), with
+// --kv-layout bf16 / fp8-tensor: full-width bf16 or e4m3 rows in the SWA and compressed caches.
+// The float64 reference models what such a cache hands back (ReferenceOptions::kv_layout and
+// kv_scale: SWA rows as encoded, compressed entries the model's FP8-rounded nope dims and computed
+// rope dims, then encoded); checked against MODEL1's rounding instead, the bf16 run measured 8e-2
+// to 1.1e-1 per layer. fp8-tensor runs at the default scale 1 and at 0.7 (a scale that is not a
+// power of two moves the whole e4m3 grid: tests/python/test_layer.py shows the reference at
+// scale 1 then misses).
+// Where a GPU is present, on the CUDA backend too (its sparse decode reads both layouts), with
 // V4-Flash layers: the tiny model's C4A indexer sees near-tied top-k scores, which the GPU's FP8
 // tensor-core scores may order differently (tests/cuda/test_attention_layer_cuda.cpp, (f)), and
 // --check bounds every token.
-TEST(CliRun, Bf16CacheLayoutPassesCheck) {
-  std::vector<std::string> runs{std::string(kArgs) + " --backend cpu"};
-  if (dsv4::cuda_available())
-    runs.push_back("--model v4-flash --layers 0,2,3 --requests 4 --prompt-len 160,256,192,128 --decode-steps 8 "
-                   "--chunk 256 --check --quiet --backend cuda");
-  for (const std::string& args : runs) {
-    const Result r = run_cli(args + " --kv-layout bf16");
-    ASSERT_EQ(r.status, 0) << args << ": " << r.output;
-    EXPECT_NE(r.output.find("check: passed"), std::string::npos) << args << ": " << r.output;
+TEST(CliRun, FullWidthCacheLayoutsPassCheck) {
+  const std::vector<std::string> layouts{"--kv-layout bf16", "--kv-layout fp8-tensor",
+                                         "--kv-layout fp8-tensor --kv-scale 0.7"};
+  for (const std::string& layout : layouts) {
+    std::vector<std::string> runs{std::string(kArgs) + " --backend cpu"};
+    if (dsv4::cuda_available())
+      runs.push_back("--model v4-flash --layers 0,2,3 --requests 4 --prompt-len 160,256,192,128 --decode-steps 8 "
+                     "--chunk 256 --check --quiet --backend cuda");
+    for (const std::string& args : runs) {
+      const Result r = run_cli(args + " " + layout);
+      ASSERT_EQ(r.status, 0) << args << " " << layout << ": " << r.output;
+      EXPECT_NE(r.output.find("check: passed"), std::string::npos) << args << " " << layout << ": " << r.output;
+    }
   }
 }
 
 TEST(CliRun, KvLayoutErrorsNameTheFlag) {
-  for (const char* args : {"--model tiny --kv-layout fp8", "--model tiny-v3.2 --backend cpu --kv-layout bf16"}) {
-    const Result r = run_cli(std::string(args) + " --requests 1 --prompt-len 8 --quiet");
-    EXPECT_NE(r.status, 0) << args;
-    EXPECT_NE(r.output.find("--kv-layout"), std::string::npos) << args << ": " << r.output;
+  struct Bad {
+    const char* args;
+    const char* flag;
+  };
+  for (const Bad& bad : {Bad{"--model tiny --kv-layout fp8", "--kv-layout"},
+                         Bad{"--model tiny-v3.2 --backend cpu --kv-layout bf16", "--kv-layout"},
+                         Bad{"--model tiny --kv-scale 2", "--kv-scale"},
+                         Bad{"--model tiny --kv-layout fp8-tensor --kv-scale 0", "--kv-scale"},
+                         Bad{"--model tiny --kv-layout fp8-tensor --kv-scale -1", "--kv-scale"}}) {
+    const Result r = run_cli(std::string(bad.args) + " --requests 1 --prompt-len 8 --quiet");
+    EXPECT_NE(r.status, 0) << bad.args;
+    EXPECT_NE(r.output.find(bad.flag), std::string::npos) << bad.args << ": " << r.output;
   }
 }
 

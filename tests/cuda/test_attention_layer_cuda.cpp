@@ -55,7 +55,8 @@ std::vector<float> hidden(int dim, int64_t req, int64_t pos) {
 
 // fp8_weights: the released checkpoints' FP8 projections (on CUDA: FP8 tensor cores, which take
 // FP8 inputs only, so fp8_act must be on); else a bf16 checkpoint.
-// layout: the SWA and compressed caches' (MODEL1_FP8, or BF16: the FlashInfer port's full-width rows).
+// layout: the SWA and compressed caches' (MODEL1_FP8, or BF16 / FP8_PER_TENSOR: the FlashInfer
+// port's full-width rows).
 Attention make_layer(const ModelConfig& cfg, int layer, Backend backend, bool fp8_act = true,
                      bool fp8_weights = true, KvLayout layout = KvLayout::model1_fp8) {
   AttentionOptions opts;
@@ -255,7 +256,12 @@ INSTANTIATE_TEST_SUITE_P(Kinds, CudaLayerTest,
                                            // rounding both backends shared is simply absent.
                                            LayerCase{0, "SWA_bf16_cache", true, true, KvLayout::bf16},
                                            LayerCase{1, "C4A_bf16_cache", true, true, KvLayout::bf16},
-                                           LayerCase{2, "C128A_bf16_cache", true, true, KvLayout::bf16}),
+                                           LayerCase{2, "C128A_bf16_cache", true, true, KvLayout::bf16},
+                                           // FP8_PER_TENSOR caches (scale 1): both backends
+                                           // encode the same values with the same e4m3 rounding.
+                                           LayerCase{0, "SWA_fp8_tensor_cache", true, true, KvLayout::fp8_per_tensor},
+                                           LayerCase{1, "C4A_fp8_tensor_cache", true, true, KvLayout::fp8_per_tensor},
+                                           LayerCase{2, "C128A_fp8_tensor_cache", true, true, KvLayout::fp8_per_tensor}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -138,23 +138,42 @@ def test_matches_float64_reference(layer, fp8_activations):
 
 
 @pytest.mark.parametrize("layer", KINDS)
-def test_bf16_cache_layout_matches_its_float64_reference(layer):
-    """kv_layout="bf16" (full-width bf16 cache rows): the same 300-token prompt, without FP8
-    activations, against the reference told the layout (SWA rows bf16, compressed entries the
-    model's FP8-rounded values): within the 1e-2 of the test above. The reference of the MODEL1
-    layout must not match it (its FP8-rounded SWA rows differ by FP8 steps: a layout that were
-    ignored would pass the first bound and fail this one)."""
+@pytest.mark.parametrize("kv_layout,kv_scale", [("bf16", 1.0), ("fp8_per_tensor", 1.0),
+                                                ("fp8_per_tensor", 0.7)])
+def test_full_width_cache_layouts_match_their_float64_reference(layer, kv_layout, kv_scale):
+    """kv_layout="bf16" / "fp8_per_tensor" (full-width cache rows, the FlashInfer port's caches):
+    the same 300-token prompt, without FP8 activations, against the reference told the layout
+    and scale (SWA rows as encoded, compressed entries the model's FP8-rounded nope dims, then
+    encoded): within the 1e-2 of the test above. The reference of the MODEL1 layout must not
+    match bf16 (its FP8-rounded SWA rows differ by FP8 steps: a layout that were ignored would
+    pass the first bound and fail this one); for fp8_per_tensor at 0.7 the reference at scale 1
+    must not match (the e4m3 grid is no longer the unscaled one, so most values round
+    differently; a power of two would only move the subnormals)."""
     L = 300
-    a = small_layer(layer, fp8_activations=False, kv_layout="bf16")
+    a = small_layer(layer, fp8_activations=False, kv_layout=kv_layout, kv_scale=kv_scale)
     x = hidden(L, 7)
     y = a.forward(dsv4attn.BatchDescription([7], [0], [L]), x)
     want = dsv4attn.reference_attention_layer(TINY, layer, a.weights, x, fp8_activations=False,
-                                              kv_layout="bf16")
+                                              kv_layout=kv_layout, kv_scale=kv_scale)
     assert row_rel_err(y, want).max() <= 1e-2
-    model1 = dsv4attn.reference_attention_layer(TINY, layer, a.weights, x, fp8_activations=False)
-    assert row_rel_err(y, model1).max() > 2e-2
+    if kv_layout == "bf16":
+        model1 = dsv4attn.reference_attention_layer(TINY, layer, a.weights, x,
+                                                    fp8_activations=False)
+        assert row_rel_err(y, model1).max() > 2e-2
+    elif kv_scale != 1.0:
+        unscaled = dsv4attn.reference_attention_layer(TINY, layer, a.weights, x,
+                                                      fp8_activations=False, kv_layout=kv_layout)
+        assert row_rel_err(y, unscaled).max() > 2e-2
+
+
+def test_cache_layout_arguments_are_checked():
     with pytest.raises(dsv4attn.Error, match="kv_layout"):
-        small_layer(layer, kv_layout="fp8")
+        small_layer(0, kv_layout="fp8")
+    with pytest.raises(dsv4attn.Error, match="kv_scale"):
+        small_layer(0, kv_scale=2.0)  # a scale needs the per-tensor FP8 layout
+    for bad in (0.0, -1.0, float("inf")):
+        with pytest.raises(dsv4attn.Error, match="kv_scale"):
+            small_layer(0, kv_layout="fp8_per_tensor", kv_scale=bad)
 
 
 
@@ -369,7 +388,7 @@ def test_cuda_layer_without_gpu_is_refused_clearly():
 
 
 @pytest.mark.skipif(not (dsv4attn.with_cuda and torch.cuda.is_available()), reason="needs a GPU")
-@pytest.mark.parametrize("kv_layout", ["model1", "bf16"])
+@pytest.mark.parametrize("kv_layout", ["model1", "bf16", "fp8_per_tensor"])
 @pytest.mark.parametrize("layer", KINDS)
 def test_cuda_layer_matches_cpu(layer, kv_layout):
     # The CUDA layer against the CPU layer on the same weights, over a mixed batch given in
@@ -380,7 +399,8 @@ def test_cuda_layer_matches_cpu(layer, kv_layout):
     # flips the FP8 rounding of the GEMM inputs too (measured on the H100 with FP8 weights: median
     # 2.4e-2, max 3.9e-2): every row < 8e-2, median < 4e-2 (the C++ test's FP8-weight bounds); a
     # semantic error moves every row by O(1). The same bounds hold with BF16 caches (whose SWA rows
-    # are simply not FP8-rounded on either backend; the CUDA decode reads them as they are).
+    # are simply not FP8-rounded on either backend; the CUDA decode reads them as they are) and
+    # FP8_PER_TENSOR caches (both backends encode the same values in the same e4m3 codes).
     cpu = small_layer(layer, kv_layout=kv_layout)
     gpu = small_layer(layer, device="cuda", kv_layout=kv_layout)
     x = hidden(40, 3).bfloat16().float()

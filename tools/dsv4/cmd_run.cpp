@@ -35,8 +35,9 @@ const std::vector<FlagSpec> kFlags = {
     {"max-running", true, "most requests running at once (default 0: as many as the cache holds)", "N"},
     {"seed", true, "seed for weights and inputs (default 1)", "S"},
     {"backend", true, "cpu | cuda | auto (default auto)", "B"},
-    {"kv-layout", true, "layout of the SWA and compressed KV caches: model1 (MODEL1_FP8, default) or bf16 "
-                        "(full-width bf16 rows)", "L"},
+    {"kv-layout", true, "layout of the SWA and compressed KV caches: model1 (MODEL1_FP8, default), bf16 "
+                        "(full-width bf16 rows) or fp8-tensor (full-width e4m3 rows, one scale)", "L"},
+    {"kv-scale", true, "the fp8-tensor caches' scale, value = fp8 * S (default 1)", "S"},
     {"tp", true, "tensor-parallel ranks per layer, a divisor of the heads and wo_a groups: on cuda "
                  "rank r on GPU r (N GPUs, one NCCL group), on cpu threads summing y in process "
                  "(default 1)", "N"},
@@ -164,13 +165,14 @@ int cmd_run(const Args& raw) {
     fail("run: --backend cuda: ", cuda_built() ? "no CUDA device is visible" : "this build has no CUDA backend",
          "; use --backend cpu (or auto)");
   so.attention.backend = use_cuda ? Backend::cuda : Backend::cpu;
-  // fp8-tensor (FP8_PER_TENSOR) is not offered yet: at the layer's fixed tensor scale of 1 the
-  // compressed entries lose most of their bits (--check measured 5e-2 on the tiny model's C4A
-  // layers against 3e-2); it needs a calibrated scale first.
   const std::string kv_layout = a.get_string("kv-layout", "model1");
   if (kv_layout == "model1") so.attention.caches.layout = KvLayout::model1_fp8;
   else if (kv_layout == "bf16") so.attention.caches.layout = KvLayout::bf16;
-  else fail_expected("run", "--kv-layout", "model1 or bf16", kv_layout);
+  else if (kv_layout == "fp8-tensor") so.attention.caches.layout = KvLayout::fp8_per_tensor;
+  else fail_expected("run", "--kv-layout", "model1, bf16 or fp8-tensor", kv_layout);
+  if (a.has("kv-scale") && kv_layout != "fp8-tensor")
+    fail("run: --kv-scale: applies to --kv-layout fp8-tensor only, got --kv-layout ", kv_layout);
+  so.attention.caches.kv_scale = static_cast<float>(a.get_positive_double("kv-scale", 1.0));
   if (kv_layout != "model1" && v32)
     fail("run: --kv-layout ", kv_layout, ": the DeepSeek-V3.2 layer has its own 656-byte cache layout");
   so.tp = static_cast<int>(a.get_int("tp", 1, 1, 128));
@@ -196,6 +198,7 @@ int cmd_run(const Args& raw) {
   sc.chunk = a.get_int("chunk", 256, 1, INT32_MAX);
   sc.seed = so.seed;
   sc.kv_layout = so.attention.caches.layout;
+  sc.kv_scale = so.attention.caches.kv_scale;
   sc.check_requests = a.has("check") ? static_cast<int>(a.get_int("check-requests", 1, 0, sc.requests)) : 0;
   // The CUDA kernels feed the softmax weights to the P·V MMA as bf16 (as FlashMLA does), and the
   // FP8 projections accumulate on FP8 tensor cores with a short accumulator (about 1e-2 of |y|

@@ -203,6 +203,7 @@ SimReport run_serving_sim(AttentionStack& stack, const SimConfig& sc,
       for (const auto& [pos, io_rows] : rows) xin.insert(xin.end(), io_rows.first.begin(), io_rows.first.end());
       ReferenceOptions ro;
       ro.kv_layout = sc.kv_layout;
+      ro.kv_scale = sc.kv_scale;
       const std::vector<double> ref =
           stack.sparse_mla() ? reference_sparse_mla_layer(cfg, stack.sparse_mla_layer(l).weights(), xin, ro)
                              : reference_attention_layer(cfg, lc.layer, stack.layer_weights(l), xin, ro);

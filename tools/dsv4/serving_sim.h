@@ -29,6 +29,7 @@ struct SimConfig {
   // missing scope, the sink, a RoPE position) are an order of magnitude above.
   double check_tolerance = 3e-2;     // CPU backend; `dsv4 run` uses 5e-2 for CUDA (cmd_run.cpp)
   KvLayout kv_layout = KvLayout::model1_fp8;  // the layers' cache layout, for the reference's rounding
+  float kv_scale = 1.0f;                      // and its FP8_PER_TENSOR scale
 };
 
 // Throws dsv4::Error naming the flag for a config `dsv4 run` cannot simulate on `model`.

@@ -191,6 +191,9 @@ void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const Tenso
 //   P_i = scale · q·k_i,  lse = ln Σ exp(P_i),  out = Σ exp(P_i − lse) · k_i[:d_v];
 //   with a sink σ_h: out ← out · exp(lse) / (exp(lse) + exp(σ_h)). lse excludes the sink.
 //   No valid row: out = 0, lse = +inf.
+//   k_i is the cached row as the tensor cores take it: each value decoded in fp32 (kv_layout.h)
+//   and rounded to bf16 — exact for MODEL1 (power-of-two scales) and BF16; for FP8_PER_TENSOR
+//   and V32_FP8 (fp32 scales) bf16(fp8 · scale), on both backends.
 //
 // Strides (FlashMLA's rules): q, kv, indices, out, lse and max_logits may have any strides whose
 // last dim is contiguous (e.g. q [b, s_q, H, d] whose [b, s_q] do not merge, a transposed or

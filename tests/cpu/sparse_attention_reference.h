@@ -134,7 +134,8 @@ class TestCache {
       }
       case KvLayout::fp8_per_tensor: {
         const uint8_t* row = block + off * 512;
-        for (int i = 0; i < 512; ++i) v[i] = double(fp8_e4m3_to_float(row[i])) * tensor_scale_;
+        // As the decode reads a row (ops.h): fp8 · scale in fp32, rounded to bf16.
+        for (int i = 0; i < 512; ++i) v[i] = round_bf16(fp8_e4m3_to_float(row[i]) * tensor_scale_);
         break;
       }
     }

@@ -15,6 +15,7 @@
 #include "cpu_vs_cuda_util.h"
 #include "dsv4/ops.h"
 #include "gpu_test_util.h"
+#include "mixed_batch_decode.h"
 #include "sparse_attention_cases.h"
 
 namespace {
@@ -157,6 +158,36 @@ INSTANTIATE_TEST_SUITE_P(
         XDecodeCase{"v32_h64_extra",      V32,   64,  3, 1,  256,  64,   false, false, false},
         XDecodeCase{"model1_all_invalid", M1,    64,  2, 1,  128,  64,   false, true, true}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// One call for a whole mixed batch (tests/mixed_batch_decode.h: a prompt from scratch, a decode,
+// an MTP pair and a continuing chunk flattened into T query rows with per-token lengths), on each
+// layout the layer offers, H 64 and H 128 (the cluster path): the GPU as the CPU.
+TEST(SparseDecodeMixedBatchCpuVsCuda, SameResults) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const std::vector<dsv4::test::MixedRequest> requests{{0, 7}, {300, 1}, {90, 2}, {150, 5}};
+  for (KvLayout layout : {KvLayout::model1_fp8, KvLayout::bf16, KvLayout::fp8_per_tensor})
+    for (int heads : {64, 128}) {
+      SCOPED_TRACE(std::string(dsv4::kv_layout_name(layout)) + ", H " + std::to_string(heads));
+      dsv4::test::MixedBatchDecode m(layout, heads, requests, 71);
+      const dsv4::DecodeSchedule s = m.schedule();
+      HostTensor ws(DType::uint8, {s.workspace_bytes});
+      dsv4::sparse_decode(m.args(m.out, m.lse), s, ws);
+      HostTensor out_gpu(DType::bf16, m.out.shape()), lse_gpu(DType::fp32, m.lse.shape());
+      out_gpu.fill_bytes(0xFF);
+      lse_gpu.fill_bytes(0xFF);
+      Uploads up;
+      const dsv4::SparseDecodeArgs g = on_device(m.args(out_gpu, lse_gpu), up);
+      for (int num_sms : {132, 1}) {
+        const dsv4::DecodeSchedule sg = m.schedule(num_sms);
+        DeviceTensor ws_d(DType::uint8, {sg.workspace_bytes});
+        dsv4::sparse_decode(g, sg, ws_d);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        dsv4::copy_to_host(g.out, out_gpu);
+        dsv4::copy_to_host(g.lse, lse_gpu);
+        expect_close(num_sms == 1 ? "mixed batch, one split" : "mixed batch", m.out, out_gpu, m.lse, lse_gpu);
+      }
+    }
+}
 
 // ---- prefill -----------------------------------------------------------------------------------
 struct XPrefillCase {

@@ -3,6 +3,7 @@
 # and Python extension for the device's python3; then the steps named on the command line, in
 # order: graphs (the layer graph/residual GPU tests), quick (bench/scripts/layer_quick.py),
 # gputests (the whole GPU suite), pytest (the Python tests), run (dsv4 run --backend cuda --check),
+# profile (bench/scripts/layer_profile.py with PROFILE_ARGS), cputests (dsv4_tests with CPU_FILTER),
 # kernels (the sparse kernels against a base tree's: see kernels_step), flashmla (FlashMLA's
 # side_by_side.py from the carried .peers/flashmla). BUILD_TARGETS overrides the
 # targets built first (default: dsv4_gpu_tests dsv4 _C).
@@ -114,6 +115,14 @@ for step in "$@"; do
       log dsv4 run throughput
       timeout 300 ./build/dsv4 run --backend cuda --model v4-flash --layers 0,2,3 --requests 256 \
         --prompt-len 512 --decode-steps 64 --chunk 8192 --json "$OUT/run.json" 2>&1 | tee "$OUT/serve.log" | tail -14 ;;
+    profile)
+      log per-kernel profile of a layer step
+      timeout 300 $PY bench/scripts/layer_profile.py ${PROFILE_ARGS:---layer 2 --requests 128 --graphs 1} 2>&1 |
+        tee "$OUT/profile.log" | tail -60 ;;
+    cputests)
+      log "CPU-suite tests (dsv4_tests, with the GPU visible: ${CPU_FILTER:-*})"
+      timeout 300 ./build/dsv4_tests --gtest_filter="${CPU_FILTER:-*}" 2>&1 | tee "$OUT/cpu_tests.log" |
+        grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[==========\]|Failure" | tail -12 ;;
     triton)
       log triton bench
       timeout "${TRITON_TIMEOUT:-120}" $PY bench/scripts/bench_triton.py ${TRITON_ARGS:-} --json "$OUT/triton.json" 2>&1 |

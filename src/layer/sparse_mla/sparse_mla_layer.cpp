@@ -544,13 +544,19 @@ void SparseMlaAttention::Impl::attend(const Step& st, const TensorView& q, const
 SparseMlaAttention::Impl::WorkspaceBound SparseMlaAttention::Impl::workspace_bound(
     int64_t max_tokens, int max_requests, int64_t max_context) const {
   // Every temporary launch() and the step's padded rows take, each at its largest over the steps
-  // the limits allow (a test checks that the bound covers what steps use): any step of up to
-  // max_tokens tokens (CUDA: rows rounded up to kFp8GemmRowMultiple), and on CUDA a bucketed
-  // decode step of DecodeGraphs::rows tokens with its score columns rounded up to a power of two.
+  // the limits allow, summed (the arena hands a step's tensors out one after another). Steps come
+  // in two shapes: any step, of up to max_tokens tokens (CUDA: rows rounded up to
+  // kFp8GemmRowMultiple) of which up to max_requests are decodes (one token each); and on CUDA a
+  // bucketed decode step, all of whose DecodeGraphs::rows tokens are decodes, with its score
+  // columns rounded up to a power of two. Each term below takes the larger of the two. (Sizing
+  // a term by what a step never holds at once, as the decode partials once were — max_tokens
+  // tokens times every split the top-k allows — reserved 2.2 GB for V3.2's 256-token steps that
+  // use 140 MB; a test keeps the bound within 2x of the largest step's use.)
   const bool cuda = device == Device::cuda;
   const int64_t decodes = std::min<int64_t>(max_requests, max_tokens);
   const int64_t bucket_rows = cuda ? DecodeGraphs::rows(std::min(decodes, DecodeGraphs::kMaxTokens)) : 0;
   const int64_t T = std::max(step_rows(device, max_tokens, false), bucket_rows);  // tokens and rows
+  const int64_t nd = std::max(decodes, bucket_rows);                               // decode tokens
   const int64_t H = heads, Hp = padded, n = cfg.qk_nope_head_dim, R = cfg.rope_head_dim;
   const int64_t c = cfg.nope_dim(), d_qk = cfg.head_dim, v = cfg.mla_v_head_dim;
   const int64_t I = cfg.index_n_heads, d_i = cfg.index_head_dim, K = cfg.index_topk;
@@ -580,11 +586,16 @@ SparseMlaAttention::Impl::WorkspaceBound SparseMlaAttention::Impl::workspace_bou
   add(4 * T * K);                            // local
   add(4 * T);                                // lens
   add(2 * T * Hp * c);                       // o_latent
-  // Decodes: global slots, lse, and the split-KV partials (at most ceil(K / kDecodeTile) splits
-  // per token: splits are never empty).
-  add(4 * T * K);
-  add(4 * T * Hp);
-  add(std::max<int64_t>(T * Hp * ((K + kDecodeTile - 1) / kDecodeTile) * (4 * c + 4), 16));
+  // Decodes: global slots, lse, and the split-KV partials of the schedule of nd tokens — whose
+  // splits shrink as tokens grow (they fill the GPU), so the largest over 1..nd tokens counts.
+  add(4 * nd * K);
+  add(4 * nd * Hp);
+  int64_t partials = 16;
+  for (int64_t b = 1; b <= nd; ++b)
+    partials = std::max(partials, make_decode_schedule(static_cast<int>(b), 1, static_cast<int>(Hp),
+                                                       static_cast<int>(K), opts.num_sms,
+                                                       static_cast<int>(c)).workspace_bytes);
+  add(partials);
   // Prefills: the gathered rows of the longest request, max logits and lse.
   add(2 * max_context * d_qk);
   add(4 * T * Hp);

@@ -27,7 +27,8 @@ struct StackOptions {
   uint64_t seed = 1;
   bool fp8_weights = true;      // random weights: FP8 e4m3 with 128x128 UE8M0 scales (as shipped)
   AttentionOptions attention;   // V3.2 layers take its backend, stream, fp8 flags, num_sms,
-                                // and caches.swa_blocks / swa_block_size for their caches
+                                // cuda_graphs, and caches.swa_blocks / swa_block_size for their
+                                // caches
   // Tensor-parallel ranks per V4 layer (docs/design.md "Tensor parallelism"). > 1: the stack is
   // built tp times, rank r with every layer's shard r, its own caches (replicated, as on real
   // ranks) and its own residual stream, and each step runs the ranks at once, one host thread

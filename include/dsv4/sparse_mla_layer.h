@@ -19,7 +19,9 @@
 // from one grow-only arena (reserve() sizes it ahead), and the step's metadata (positions, slots,
 // block tables, lengths) sent up in one asynchronous copy from pinned memory. A CUDA forward with
 // x and y on the GPU runs on the layer's stream and neither synchronizes nor copies from pageable
-// memory (once the RoPE table and the arena cover the step). Steps run eagerly: no CUDA graphs.
+// memory (once the RoPE table and the arena cover the step). Decode-only steps replay CUDA graphs
+// as dsv4::Attention's do (SparseMlaOptions::cuda_graphs), and a forward may be captured by the
+// caller (torch.cuda.graph): a replay then re-runs the captured step, plan included.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +46,11 @@ struct SparseMlaOptions {
   int32_t cache_blocks = 256;        // blocks of the latent cache and of the indexer key cache
   int block_size = 64;               // tokens per block of both caches
   int num_sms = 132;                 // decode split plan
+  // CUDA: decode-only steps of up to 512 tokens run as CUDA graphs, one per bucket of 1, 2, 4,
+  // ..., 512 tokens: the first step of a bucket runs eagerly, the second is captured, later ones
+  // replay it. Such steps are padded to their bucket (with empty requests) either way, so graphs
+  // on and off give the same bits. Off: every step runs eagerly.
+  bool cuda_graphs = true;
 };
 
 class SparseMlaAttention {
@@ -74,6 +81,9 @@ class SparseMlaAttention {
   // tokens, so that such steps allocate nothing. Returns the layer's memory after it.
   LayerMemory reserve(int64_t max_tokens, int max_requests, int64_t max_context);
   LayerMemory memory() const;
+  // CUDA graphs of decode steps: captured so far, and steps replayed from them.
+  int64_t graph_captures() const;
+  int64_t graph_replays() const;
 
   const ModelConfig& config() const;
   const SparseMlaWeights& weights() const;

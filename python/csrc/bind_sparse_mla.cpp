@@ -83,7 +83,7 @@ void bind_sparse_mla_layer(nb::module_& m) {
           "__init__",
           [](SparseMlaAttention* self, const ModelConfig& cfg, const IntArg& layer,
              const SparseMlaWeights& w, const IntArg& cache_blocks, const IntArg& block_size,
-             bool fp8_activations, const std::string& backend) {
+             bool fp8_activations, const std::string& backend, bool cuda_graphs) {
             constexpr const char* k = "SparseMlaAttention";
             SparseMlaOptions opts;
             if (backend != "cpu" && backend != "cuda") fail_expected(k, "backend", "cpu or cuda", backend);
@@ -92,10 +92,12 @@ void bind_sparse_mla_layer(nb::module_& m) {
             opts.block_size = int_arg(k, "block_size", block_size);
             opts.fp8_activations = fp8_activations;  // covers every FP8 activation quantization
             opts.fp8_gemm_activations = fp8_activations;
+            opts.cuda_graphs = cuda_graphs;
             new (self) SparseMlaAttention(cfg, int_arg(k, "layer", layer), w, opts);
           },
           arg("config"), arg("layer").none(), arg("weights"), arg("cache_blocks").none(),
-          arg("block_size").none(), arg("fp8_activations"), arg("backend") = "cpu")
+          arg("block_size").none(), arg("fp8_activations"), arg("backend") = "cpu",
+          arg("cuda_graphs") = true)
       .def("forward", &forward_op<SparseMlaAttention, kForward>, arg("req_ids"), arg("contexts"),
            arg("num_new"), arg("x").none(), arg("y").none(), Release(),
            "x [T, dim] → y [T, dim] fp32 (contiguous, on the layer's device; CUDA: x bf16); rows "
@@ -108,6 +110,8 @@ void bind_sparse_mla_layer(nb::module_& m) {
            arg("max_context"), Release(),
            "Sizes every workspace for steps within these bounds; returns the memory (bytes)")
       .def("memory", &SparseMlaAttention::memory)
+      .def_prop_ro("graph_captures", &SparseMlaAttention::graph_captures)
+      .def_prop_ro("graph_replays", &SparseMlaAttention::graph_replays)
       .def(
           "release",
           [](SparseMlaAttention& a, const IntArg& req_id) {

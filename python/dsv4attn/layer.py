@@ -264,6 +264,11 @@ class _LayerWrapper:
         return self._layer.layer
 
     @property
+    def graph_stats(self) -> Tuple[int, int]:
+        """(CUDA graphs captured, decode steps replayed from them)."""
+        return self._layer.graph_captures, self._layer.graph_replays
+
+    @property
     def weights(self):
         return self._layer.weights
 
@@ -470,10 +475,10 @@ class Attention(_LayerWrapper):
 
     @property
     def graph_stats(self) -> Tuple[int, int]:
-        """(CUDA graphs captured, decode steps replayed from them)."""
+        """(CUDA graphs captured, decode steps replayed from them); the Triton layer has none."""
         if self.backend == "triton":
             return 0, 0
-        return self._layer.graph_captures, self._layer.graph_replays
+        return super().graph_stats
 
     def forward(self, batch: BatchDescription, x: torch.Tensor) -> torch.Tensor:
         """x [T, dim] (float32 or bfloat16) → y [T, dim] float32 on the layer's device, rows in

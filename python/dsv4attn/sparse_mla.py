@@ -49,20 +49,27 @@ class SparseMlaAttention(_LayerWrapper):
     fp8_activations: quantize the inputs of FP8-weight projections to FP8 (per token and 128
         columns, UE8M0) as production does (must stay on for FP8 weights on CUDA).
     device: "cpu" (the reference ops) or "cuda[:i]" (the CUDA ops; weights, caches and every
-        temporary on that GPU, the forward asynchronous on torch's current stream; no CUDA
-        graphs).
+        temporary on that GPU, the forward asynchronous on torch's current stream).
+    cuda_graphs: CUDA decode-only steps replay CUDA graphs, one per batch-size bucket (1, 2, 4,
+        ..., 512 tokens), as Attention's do: the first step of a bucket runs eagerly, the second
+        is captured. Such steps run padded to their bucket either way, so the results are the
+        same bits with graphs on or off. A forward may also be captured by the caller with
+        torch.cuda.graph (run one step of the same shape eagerly first, so the workspaces are
+        sized); a replay re-runs the captured step, its plan included, on the inputs then in the
+        captured tensors.
     """
 
     def __init__(self, config, layer: int, weights: WeightsArg = None, *, seed: int = 1,
                  fp8_weights: bool = True, cache_blocks: int = 256, block_size: int = 64,
-                 fp8_activations: bool = True, device: Union[torch.device, str] = "cpu"):
+                 fp8_activations: bool = True, device: Union[torch.device, str] = "cpu",
+                 cuda_graphs: bool = True):
         self.config = _config(config)
         self.device = _layer_device(device, "SparseMlaAttention")
         w = _load_weights(self.config, layer, weights, seed, fp8_weights, SparseMlaWeights,
                           "SparseMlaAttention")
         with _device_guard(self.device):
             self._layer = _C.SparseMlaAttention(self.config, layer, w, cache_blocks, block_size,
-                                                fp8_activations, self.device.type)
+                                                fp8_activations, self.device.type, cuda_graphs)
 
     @property
     def padded_heads(self) -> int:

@@ -23,6 +23,7 @@
 #include "layer/layer_weights.h"
 #include "layer/scratch.h"
 #include "layer/step_planner.h"
+#include "layer/step_rows.h"
 #include "layer/step_upload.h"
 #include "runtime/device_runtime.h"
 
@@ -30,8 +31,6 @@ namespace dsv4 {
 
 namespace {
 constexpr const char* kWhere = "Attention::forward";
-// Decode steps of up to this many tokens run as CUDA graphs (buckets 1, 2, 4, ..., 512).
-constexpr int64_t kMaxGraphTokens = 512;
 
 // Reinterprets a contiguous tensor with a new shape (same element count).
 TensorView reshape(const TensorView& t, std::initializer_list<int64_t> dims) {
@@ -320,9 +319,9 @@ Attention::Impl::WorkspaceBound Attention::Impl::workspace_bound(int64_t max_tok
   // Every temporary launch() takes (and padding of graph buckets, and power-of-two rounding of
   // the data-dependent widths), counted generously: a test checks it covers what steps use.
   const int64_t T4 = (max_tokens + kFp8GemmRowMultiple - 1) / kFp8GemmRowMultiple * kFp8GemmRowMultiple;
-  const int64_t T = std::max({T4, kFp8GemmRowMultiple, DecodeGraphs::bucket(std::min(max_tokens, kMaxGraphTokens))});
-  const int64_t R = std::max<int64_t>({max_requests, kFp8GemmRowMultiple,
-                                       DecodeGraphs::bucket(std::min<int64_t>(max_requests, kMaxGraphTokens))});
+  const int64_t T = std::max(T4, DecodeGraphs::rows(std::min(max_tokens, DecodeGraphs::kMaxTokens)));
+  const int64_t R = std::max<int64_t>(
+      max_requests, DecodeGraphs::rows(std::min<int64_t>(max_requests, DecodeGraphs::kMaxTokens)));
   const int64_t H = cfg.n_heads, D = cfg.head_dim, HD = H * D, W = cfg.window_size;
   const int ratio = compressed ? compressed->ratio() : 0;
   const int64_t visible = ratio ? 2 * (max_context / ratio) + 1 : 0;  // rounded up to 2^k
@@ -395,7 +394,7 @@ Attention::Impl::WorkspaceBound Attention::Impl::workspace_bound(int64_t max_tok
 bool Attention::Impl::graph_step(const BatchPlan& plan) const {
   const Communicator* comm = opts.tp.communicator;
   return device == Device::cuda && opts.cuda_graphs && !timing() && (!comm || comm->graph_capturable()) &&
-         plan.num_decodes == plan.num_requests() && plan.num_tokens() <= kMaxGraphTokens &&
+         plan.num_decodes == plan.num_requests() && plan.num_tokens() <= DecodeGraphs::kMaxTokens &&
          !rt::is_capturing(opts.stream);
 }
 
@@ -416,78 +415,24 @@ void Attention::Impl::forward(const BatchPlan& plan, const CallerStep* step, con
   // CUDA steps run over a multiple of kFp8GemmRowMultiple token rows (the FP8 GEMMs' rule); a
   // decode graph's bucket is one already.
   const bool graph = graph_step(plan);
-  const int64_t rows =
-      graph ? std::max(kFp8GemmRowMultiple, DecodeGraphs::bucket(T))
-            : device == Device::cuda ? (T + kFp8GemmRowMultiple - 1) / kFp8GemmRowMultiple * kFp8GemmRowMultiple
-                                     : T;
+  const int64_t rows = step_rows(device, T, graph);
   upload.begin();
   const StepPlan sp = step ? planner->plan_caller(plan, *step, rows, graph, upload)
                            : planner->plan(plan, rows, graph, upload);
   upload.commit(stream);
 
   const TensorView x = stage_input(x_in);
-  if (!graph && rows == T) {
-    if (y.device == device) {
-      launch(sp, x, y, stream);
-    } else {
-      TensorView y_dev = scratch.tensor(DType::fp32, {T, cfg.dim});
-      launch(sp, x, y_dev, stream);
-      scratch.download(y_dev, y);
-    }
-    return;
-  }
+  const StepLaunch run = [&](const TensorView& x_rows, const TensorView& y_rows, Stream s) {
+    launch(sp, x_rows, y_rows, s);
+  };
   if (!graph) {
-    // Padded eager step: x's rows and zero padding rows in, the first T rows of y out.
-    const TensorView x_rows = scratch.tensor(DType::bf16, {rows, cfg.dim});
-    const TensorView y_rows = scratch.tensor(DType::fp32, {rows, cfg.dim});
-    const size_t row_bytes = static_cast<size_t>(cfg.dim) * dtype_size(DType::bf16);
-    rt::copy_device_to_device_async(x_rows.data, x.data, T * row_bytes, stream);
-    rt::memset_device_async(static_cast<uint8_t*>(x_rows.data) + T * row_bytes, 0,
-                            (rows - T) * row_bytes, stream);
-    launch(sp, x_rows, y_rows, stream);
-    const TensorView y_real = y_rows.slice0(0, T);
-    if (y.device == Device::cuda)
-      rt::copy_device_to_device_async(y.data, y_real.data,
-                                      static_cast<size_t>(T * cfg.dim) * sizeof(float), stream);
-    else
-      scratch.download(y_real, y);
+    run_eager_step(rows, x, y, scratch, stream, run);
     return;
   }
-
-  // A decode step as a graph: x into the graphs' fixed rows, replay (or run/capture), y out.
-  graphs.ensure_io(kMaxGraphTokens, cfg.dim);
-  const size_t x_bytes = static_cast<size_t>(T * cfg.dim) * dtype_size(DType::bf16);
-  rt::copy_device_to_device_async(graphs.x(rows).data, x.data, x_bytes, stream);
-  const std::vector<int64_t> key = sp.shape_key();
-  switch (graphs.next(key, memory_generation())) {
-    case DecodeGraphs::Action::eager:
-      launch(sp, graphs.x(rows), graphs.y(rows), stream);
-      break;
-    case DecodeGraphs::Action::capture: {
-      const Stream cs = graphs.capture_stream();
-      scratch.set_capturing(true);
-      try {
-        graphs.store(key, rt::Graph::capture(cs, [&] { launch(sp, graphs.x(rows), graphs.y(rows), cs); }));
-      } catch (...) {
-        scratch.set_capturing(false);
-        throw;
-      }
-      scratch.set_capturing(false);
-      if (opts.tp.communicator) opts.tp.communicator->launch_barrier();  // the graph holds its allreduce
-      graphs.graph(key).launch(stream);
-      break;
-    }
-    case DecodeGraphs::Action::replay:
-      if (opts.tp.communicator) opts.tp.communicator->launch_barrier();
-      graphs.graph(key).launch(stream);
-      break;
-  }
-  const TensorView y_rows = graphs.y(rows).slice0(0, T);
-  if (y.device == Device::cuda)
-    rt::copy_device_to_device_async(y.data, y_rows.data,
-                                    static_cast<size_t>(T * cfg.dim) * sizeof(float), stream);
-  else
-    scratch.download(y_rows, y);
+  Communicator* const comm = opts.tp.communicator;
+  graphs.run(sp.shape_key(), memory_generation(), rows, x, y, scratch, stream, run, [comm] {
+    if (comm) comm->launch_barrier();  // the graph holds its allreduce
+  });
 }
 
 void Attention::Impl::launch(const StepPlan& sp, const TensorView& x, const TensorView& y,

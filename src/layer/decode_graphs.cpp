@@ -1,11 +1,49 @@
 #include "layer/decode_graphs.h"
 
+#include <algorithm>
+
 namespace dsv4 {
 
 int64_t DecodeGraphs::bucket(int64_t tokens) {
   int64_t b = 1;
   while (b < tokens) b *= 2;
   return b;
+}
+
+int64_t DecodeGraphs::rows(int64_t tokens) { return std::max(kFp8GemmRowMultiple, bucket(tokens)); }
+
+void DecodeGraphs::run(const std::vector<int64_t>& key, uint64_t memory_generation, int64_t rows,
+                       const TensorView& x, const TensorView& y, Scratch& scratch, Stream stream,
+                       const StepLaunch& launch, const std::function<void()>& before_graph_launch) {
+  // Sized for the largest bucket at once: growing later would move the rows every graph reads.
+  ensure_io(kMaxTokens, x.size(1));
+  copy_rows_in(x, this->x(rows), stream);
+  const auto launch_graph = [&] {
+    if (before_graph_launch) before_graph_launch();
+    graph(key).launch(stream);
+  };
+  switch (next(key, memory_generation)) {
+    case Action::eager:
+      launch(this->x(rows), this->y(rows), stream);
+      break;
+    case Action::capture: {
+      const Stream cs = capture_stream();
+      scratch.set_capturing(true);
+      try {
+        store(key, rt::Graph::capture(cs, [&] { launch(this->x(rows), this->y(rows), cs); }));
+      } catch (...) {
+        scratch.set_capturing(false);
+        throw;
+      }
+      scratch.set_capturing(false);
+      launch_graph();
+      break;
+    }
+    case Action::replay:
+      launch_graph();
+      break;
+  }
+  copy_rows_out(this->y(rows), y, scratch, stream);
 }
 
 DecodeGraphs::Action DecodeGraphs::next(const std::vector<int64_t>& key,

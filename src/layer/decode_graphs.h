@@ -7,15 +7,22 @@
 // captured, later ones replay. A graph replays fixed addresses — the workspace arena, the upload
 // buffer, the RoPE table, the graph's own x/y rows — so all graphs are dropped when any of them
 // moves (`memory_generation` changes).
+//
+// Shared by dsv4::Attention and dsv4::SparseMlaAttention: each plans its step with the bucket's
+// rows (rows()), builds the key of everything its launch's shapes depend on, and hands the launch
+// to run().
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
 #include <vector>
 
 #include "dsv4/device_tensor.h"
+#include "layer/scratch.h"
+#include "layer/step_rows.h"
 #include "runtime/device_runtime.h"
 
 namespace dsv4 {
@@ -23,8 +30,23 @@ namespace dsv4 {
 class DecodeGraphs {
  public:
   enum class Action { eager, capture, replay };
+  // Decode steps of up to this many tokens run as graphs (buckets 1, 2, 4, ..., 512).
+  static constexpr int64_t kMaxTokens = 512;
   // The bucket of a decode step of `tokens` tokens: the next power of two.
   static int64_t bucket(int64_t tokens);
+  // The rows a decode step of `tokens` tokens runs over: its bucket, at least one FP8 GEMM row
+  // group (kFp8GemmRowMultiple), so the bucket's rows need no further padding.
+  static int64_t rows(int64_t tokens);
+
+  // One decode step through the graph of `key`: x's T rows [T, dim] (on the GPU) into the fixed
+  // rows, then what next() says on `stream` — `launch` eagerly over the fixed `rows` rows; or
+  // captured on the capture stream (the scratch refusing to grow meanwhile: nothing may allocate
+  // inside a capture), then launched; or replayed — then the first T rows of y out
+  // (copy_rows_out: y on the GPU or the host). `before_graph_launch` (may be empty) runs before
+  // each graph launch (a tensor-parallel group's launch barrier: the graph holds its allreduce).
+  void run(const std::vector<int64_t>& key, uint64_t memory_generation, int64_t rows,
+           const TensorView& x, const TensorView& y, Scratch& scratch, Stream stream,
+           const StepLaunch& launch, const std::function<void()>& before_graph_launch = {});
 
   // What to do with a step of shape `key` (see above).
   Action next(const std::vector<int64_t>& key, uint64_t memory_generation);

@@ -124,6 +124,7 @@ AttentionStack::AttentionStack(const ModelConfig& cfg, const StackOptions& opts)
     mo.cache_blocks = opts.attention.caches.swa_blocks;
     mo.block_size = opts.attention.caches.swa_block_size;
     mo.num_sms = opts.attention.num_sms;
+    mo.cuda_graphs = opts.attention.cuda_graphs;
     mla_layers_.reserve(ids.size());
     for (int l : ids) {
       SparseMlaWeights w = ckpt ? load_sparse_mla_weights(*ckpt, cfg, l)

@@ -19,18 +19,14 @@ int64_t round_up_pow2(int64_t v) {
 
 std::vector<int64_t> StepPlan::shape_key() const {
   std::vector<int64_t> key{T, R, nd, compressed.topk, compressed.score_cols};
-  auto add = [&](const StepUpload::Array& a) {
-    key.push_back(a.offset);
-    key.insert(key.end(), a.shape.begin(), a.shape.end());
-    key.push_back(-1);
-  };
   for (const auto* a : {&positions, &slot_mapping, &token_to_req, &swa_table, &compressed.context,
                         &compressed.state_table, &compressed.out_table,
                         &compressed.index_state_table, &compressed.index_key_table})
-    add(*a);
+    a->append_to_key(key);
   for (const PrefillGroup& g : prefill_groups) {
     key.insert(key.end(), {g.r0, g.r1, g.t0, g.t1, g.compressed_rows, g.rows_per_request});
-    for (const auto* a : {&g.query_start, &g.seq_lens, &g.gather_lens, &g.compressed_lens}) add(*a);
+    for (const auto* a : {&g.query_start, &g.seq_lens, &g.gather_lens, &g.compressed_lens})
+      a->append_to_key(key);
   }
   return key;
 }

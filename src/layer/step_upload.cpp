@@ -6,6 +6,12 @@
 
 namespace dsv4 {
 
+void StepUpload::Array::append_to_key(std::vector<int64_t>& key) const {
+  key.push_back(offset);
+  key.insert(key.end(), shape.begin(), shape.end());
+  key.push_back(-1);  // ends the shape: the next array's numbers cannot be read as part of it
+}
+
 namespace {
 int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 }  // namespace

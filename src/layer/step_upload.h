@@ -35,6 +35,9 @@ class StepUpload {
     int64_t offset = -1;  // bytes into the packed buffer; -1: not put
     DType dtype = DType::int32;
     std::vector<int64_t> shape;
+    // Appends what a launch reading this array depends on — its offset and shape — to a decode
+    // graph's key (DecodeGraphs): equal keys, the same view addresses and shapes.
+    void append_to_key(std::vector<int64_t>& key) const;
   };
 
   explicit StepUpload(Device device) : device_(device) {}

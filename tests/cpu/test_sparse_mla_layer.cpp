@@ -200,6 +200,32 @@ TEST_F(SparseMlaLayerTest, ReserveCoversItsSteps) {
   EXPECT_THROW(a.reserve(4, 1, cfg.max_position + 1), dsv4::Error);
 }
 
+// reserve() is tight as well as sufficient: it reserves at most twice what the largest step within
+// its limits uses. The steps are the worst the limits allow (64 tokens over up to 4 requests,
+// sequences up to 128): a whole 64-token prompt, a chunk reaching context 128 beside three
+// decodes, and four decodes. The config selects V3.2's top-2048, which multiplies the decode
+// split-KV partials: a bound that sized them by every token of the step (max_tokens) instead of
+// the decodes a step can hold (max_requests) reserved 12x the use here, and 2.2 GB for 140 MB in
+// `dsv4 run --model v3.2`. (The CPU scratch counts tensors as the CUDA arena carves them; the GPU
+// suite checks the CUDA layer's bound, graph buckets included.)
+TEST_F(SparseMlaLayerTest, ReserveIsWithinTwiceTheLargestStep) {
+  cfg.index_topk = 2048;
+  SparseMlaAttention a = make_layer();
+  const dsv4::LayerMemory reserved = a.reserve(/*max_tokens=*/64, /*max_requests=*/4, /*max_context=*/128);
+  Outputs out;
+  step(a, {{1, 0, 20}, {2, 0, 20}, {3, 0, 20}}, out);
+  step(a, {{4, 0, 64}}, out);
+  step(a, {{1, 20, 1}, {2, 20, 1}, {3, 20, 1}, {4, 64, 61}}, out);
+  step(a, {{1, 21, 1}, {2, 21, 1}, {3, 21, 1}, {4, 125, 1}}, out);
+  const dsv4::LayerMemory after = a.memory();
+  std::printf("  reserved %lld bytes, the largest step used %lld\n",
+              static_cast<long long>(reserved.workspace), static_cast<long long>(after.workspace_used));
+  EXPECT_LE(after.workspace_used, reserved.workspace);
+  EXPECT_EQ(after.workspace, reserved.workspace);
+  EXPECT_EQ(after.step_upload, reserved.step_upload);
+  EXPECT_LE(reserved.workspace, 2 * after.workspace_used);
+}
+
 // The backend's device: a CPU layer takes host tensors only (the error names the argument); a
 // CUDA layer where no GPU can run it is refused at construction, naming the backend.
 TEST_F(SparseMlaLayerTest, DevicesNamedInErrors) {

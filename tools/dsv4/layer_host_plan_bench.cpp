@@ -38,7 +38,7 @@ struct HostStep {
     planner.check(plan);
     planner.add_requests(plan);
     const int64_t T = plan.num_tokens();
-    const int64_t rows = graph ? std::max<int64_t>(4, DecodeGraphs::bucket(T)) : T;
+    const int64_t rows = graph ? DecodeGraphs::rows(T) : T;
     upload.begin();
     const StepPlan sp = planner.plan(plan, rows, graph, upload);
     upload.commit(nullptr);

@@ -8,6 +8,14 @@
 // into the StepUpload and sent in one copy), then launches. On CUDA the projections run over the
 // step's tokens padded to a multiple of kFp8GemmRowMultiple rows (the FP8 GEMMs' rule; padding
 // rows are zero and their outputs dropped); everything after them runs over the real tokens.
+//
+// CUDA decode-only steps (of up to DecodeGraphs::kMaxTokens tokens) are bucketed instead, as
+// dsv4::Attention's: padded to their bucket (1, 2, 4, ... tokens, at least 4) with padding
+// requests of one token each that own no cache blocks, and their data-dependent widths (block
+// tables, indexer score columns) rounded up to powers of two, so every step of a bucket launches
+// the same kernels with the same arguments — DecodeGraphs runs the bucket's first step eagerly,
+// captures the second and replays the rest (SparseMlaOptions::cuda_graphs). Bucketing does not
+// depend on cuda_graphs: a step's shapes, and so its bits, are the same with graphs on or off.
 #include "dsv4/sparse_mla_layer.h"
 
 #include <algorithm>
@@ -24,9 +32,12 @@
 #include "dsv4/ops.h"
 #include "dsv4/sparse_mla_indexer.h"
 #include "dsv4/status.h"
+#include "layer/decode_graphs.h"
 #include "layer/gemm_input.h"
 #include "layer/scratch.h"
 #include "layer/sparse_mla/sparse_mla_weight_store.h"
+#include "layer/step_planner.h"
+#include "layer/step_rows.h"
 #include "layer/step_upload.h"
 #include "runtime/device_runtime.h"
 
@@ -58,8 +69,6 @@ void zero_fill(const TensorView& t, Stream stream) {
     rt::memset_device_async(t.data, 0, bytes, stream);
 }
 
-int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
-
 }  // namespace
 
 struct SparseMlaAttention::Impl {
@@ -76,7 +85,9 @@ struct SparseMlaAttention::Impl {
   StepUpload upload{Device::cpu};
   HostTensor cos_sin;           // [rows, R] for positions [0, rows); grown on demand
   DeviceTensor cos_sin_device;  // its copy on the GPU (CUDA backend)
+  uint64_t rope_generation = 0;  // changes when the table moves
   std::map<int64_t, int64_t> cached;  // tokens cached per request
+  DecodeGraphs graphs;          // CUDA: captured decode steps per bucket
 
   // Grows the cos/sin table (doubling, up to max_position) to cover positions [0, len).
   void ensure_rope(int64_t len) {
@@ -86,6 +97,7 @@ struct SparseMlaAttention::Impl {
     while (rows < len) rows *= 2;
     cos_sin = build_rope_cache(cfg.rope_for_layer(layer), std::min<int64_t>(rows, cfg.max_position));
     if (device == Device::cuda) cos_sin_device = DeviceTensor::from_host(cos_sin);
+    ++rope_generation;
   }
   TensorView rope_table() const {
     return device == Device::cuda ? cos_sin_device.view() : cos_sin.view();
@@ -95,14 +107,22 @@ struct SparseMlaAttention::Impl {
 
   void check(const BatchPlan& plan, const TensorView& x, const TensorView& y) const;
   void check_plan(const BatchPlan& plan) const;
+  // Everything a captured decode graph replays at fixed addresses (the caches never move).
+  uint64_t memory_generation() const {
+    return scratch.generation() + upload.generation() + rope_generation;
+  }
 
   // ---- a step: planned on the host, then launched ------------------------------------------
   struct Step {
     const BatchPlan& plan;
-    int64_t T = 0;            // tokens
-    int64_t rows = 0;         // rows of the projections: T, padded to a multiple of 4 on CUDA
-    int64_t max_len = 0;      // the longest sequence of the step (the indexer's score columns)
+    int64_t T = 0;            // tokens the kernels after the projections run over: the plan's,
+                              // or a bucketed step's rows (its padding tokens included)
+    int64_t rows = 0;         // rows of the projections (step_rows): >= T
+    int64_t nd = 0;           // decode tokens [0, nd) (a bucketed step's padding tokens included)
+    int64_t score_cols = 0;   // the indexer's score columns: the longest sequence of the step
+                              // (bucketed: rounded up to a power of two)
     int64_t max_prefill = 0;  // the longest prefill request's sequence (its gathered rows)
+    std::vector<int64_t> key{};  // bucketed: everything the launch's shapes depend on (DecodeGraphs)
     // The step's metadata on the layer's device (StepUpload views):
     TensorView positions{};     // [T] int64
     TensorView token_to_req{};  // [T] int32
@@ -112,14 +132,16 @@ struct SparseMlaAttention::Impl {
     TensorView key_tables{};    // [R, width] int32: ... and their key-cache block tables
     TensorView seq_lens{};      // [R] int32: context + num_new
   };
-  // Registers the plan's new requests, books its tokens' cache slots and sends the metadata.
-  Step plan_step(const BatchPlan& plan, int64_t rows);
+  // Registers the plan's new requests, books its tokens' cache slots and sends the metadata, for
+  // a launch over `rows` rows (step_rows; `bucketed`: a decode step padded to its bucket).
+  Step plan_step(const BatchPlan& plan, int64_t rows, bool bucketed);
   void forward(const BatchPlan& plan, const TensorView& x, const TensorView& y);
-  // Enqueues the step's kernels: x [rows, dim] (bf16 on CUDA) → y [rows, dim] fp32.
-  void launch(const Step& st, const TensorView& x, const TensorView& y);
+  // Enqueues the step's kernels on `stream`: x [rows, dim] (bf16 on CUDA) → y [rows, dim] fp32.
+  // Reads only device views and the Step's shapes (graph-capturable).
+  void launch(const Step& st, const TensorView& x, const TensorView& y, Stream stream);
   // The latent attention output o [T, Hp, 512] of every token from the queries q [T, Hp, 576].
   void attend(const Step& st, const TensorView& q, const TensorView& local, const TensorView& lens,
-              const TensorView& o);
+              const TensorView& o, Stream stream);
   // Upper bounds of the temporaries and of the step upload of steps within reserve()'s limits.
   struct WorkspaceBound {
     int64_t scratch_bytes = 0, upload_bytes = 0;
@@ -202,6 +224,9 @@ void SparseMlaAttention::set_stream(Stream stream) {
   impl_->scratch.set_stream(stream);
 }
 
+int64_t SparseMlaAttention::graph_captures() const { return impl_->graphs.captures(); }
+int64_t SparseMlaAttention::graph_replays() const { return impl_->graphs.replays(); }
+
 void SparseMlaAttention::release(int64_t req_id) {
   Impl& m = *impl_;
   if (m.cached.count(req_id) == 0) fail("SparseMlaAttention::release: unknown request ", req_id);
@@ -274,22 +299,37 @@ void SparseMlaAttention::Impl::check_plan(const BatchPlan& plan) const {
   require_blocks_for_growth(kWhere, *keys, growth);
 }
 
-SparseMlaAttention::Impl::Step SparseMlaAttention::Impl::plan_step(const BatchPlan& plan, int64_t rows) {
+SparseMlaAttention::Impl::Step SparseMlaAttention::Impl::plan_step(const BatchPlan& plan, int64_t rows,
+                                                                   bool bucketed) {
   const int64_t T = plan.num_tokens();
   const int R = plan.num_requests();
+  // A bucketed step's padding tokens are one-token decodes of padding requests of their own, at
+  // position 0 with no cache blocks (slot -1, all -1 table rows): nothing is read or written for
+  // them but their own rows (their one visible key is unmapped: they attend to nothing).
+  const int64_t pad = bucketed ? rows - T : 0;
   Step st{plan};
-  st.T = T;
+  st.T = T + pad;
   st.rows = rows;
+  st.nd = plan.num_decodes + pad;
+  const int64_t launch_requests = R + pad;
+  int64_t max_len = 1;
   for (int r = 0; r < R; ++r) {
-    st.max_len = std::max(st.max_len, plan.seq_len(r));
+    max_len = std::max(max_len, plan.seq_len(r));
     if (r >= plan.num_decodes) st.max_prefill = std::max(st.max_prefill, plan.seq_len(r));
   }
+  st.score_cols = bucketed ? round_up_pow2(max_len) : max_len;
 
   upload.begin();
-  const StepUpload::Array positions = upload.put({T}, plan.positions);
-  const StepUpload::Array token_to_req = upload.put({T}, plan.token_to_req);
-  const StepUpload::Array kv_slots = upload.put_uninit(DType::int64, {T});
-  const StepUpload::Array key_slots = upload.put_uninit(DType::int64, {T});
+  const StepUpload::Array positions = upload.put_uninit(DType::int64, {st.T});
+  const StepUpload::Array token_to_req = upload.put_uninit(DType::int32, {st.T});
+  const StepUpload::Array kv_slots = upload.put_uninit(DType::int64, {st.T});
+  const StepUpload::Array key_slots = upload.put_uninit(DType::int64, {st.T});
+  int64_t* const pos = upload.host_data<int64_t>(positions);
+  std::copy(plan.positions.begin(), plan.positions.end(), pos);
+  std::fill(pos + T, pos + st.T, 0);
+  int32_t* const req = upload.host_data<int32_t>(token_to_req);
+  std::copy(plan.token_to_req.begin(), plan.token_to_req.end(), req);
+  for (int64_t t = T; t < st.T; ++t) req[t] = static_cast<int32_t>(R + (t - T));
   // Book the step's cache entries (requests in plan order; check_plan made sure they fit).
   for (int r = 0; r < R; ++r) {
     const RequestStep& s = plan.requests[r];
@@ -301,21 +341,33 @@ SparseMlaAttention::Impl::Step SparseMlaAttention::Impl::plan_step(const BatchPl
     keys->append(s.req_id, s.num_new, upload.host_data<int64_t>(key_slots) + plan.query_start_loc[r]);
     cached[s.req_id] += s.num_new;
   }
+  for (const StepUpload::Array& slots : {kv_slots, key_slots})
+    std::fill(upload.host_data<int64_t>(slots) + T, upload.host_data<int64_t>(slots) + st.T, -1);
   std::vector<const std::vector<int32_t>*> kv_t, key_t;
   int64_t kv_width = 1, key_width = 1;
-  std::vector<int32_t> seq_lens;
+  std::vector<int32_t> seq_lens(static_cast<size_t>(launch_requests), 0);
   for (int r = 0; r < R; ++r) {
     kv_t.push_back(&kv->block_table(plan.requests[r].req_id));
     key_t.push_back(&keys->block_table(plan.requests[r].req_id));
     kv_width = std::max<int64_t>(kv_width, static_cast<int64_t>(kv_t.back()->size()));
     key_width = std::max<int64_t>(key_width, static_cast<int64_t>(key_t.back()->size()));
-    seq_lens.push_back(static_cast<int32_t>(plan.seq_len(r)));
+    seq_lens[static_cast<size_t>(r)] = static_cast<int32_t>(plan.seq_len(r));
   }
-  const StepUpload::Array kv_tables = upload.tables(kv_t, R, kv_width, "kv");
-  const StepUpload::Array key_tables = upload.tables(key_t, R, key_width, "indexer_keys");
-  const StepUpload::Array lens = upload.put({int64_t{R}}, seq_lens);
+  if (bucketed) {
+    kv_width = round_up_pow2(kv_width);
+    key_width = round_up_pow2(key_width);
+  }
+  const StepUpload::Array kv_tables = upload.tables(kv_t, launch_requests, kv_width, "kv");
+  const StepUpload::Array key_tables = upload.tables(key_t, launch_requests, key_width, "indexer_keys");
+  const StepUpload::Array lens = upload.put({launch_requests}, seq_lens);
   upload.commit(opts.stream);
 
+  if (bucketed) {
+    st.key = {st.T, st.rows, st.nd, launch_requests, st.score_cols};
+    for (const StepUpload::Array* a : {&positions, &token_to_req, &kv_slots, &key_slots, &kv_tables,
+                                       &key_tables, &lens})
+      a->append_to_key(st.key);
+  }
   st.positions = upload.view(positions);
   st.token_to_req = upload.view(token_to_req);
   st.kv_slots = upload.view(kv_slots);
@@ -333,30 +385,29 @@ void SparseMlaAttention::Impl::forward(const BatchPlan& plan, const TensorView& 
   int64_t longest = 0;
   for (int r = 0; r < plan.num_requests(); ++r) longest = std::max(longest, plan.seq_len(r));
   ensure_rope(longest);
-  const int64_t rows = device == Device::cuda ? round_up(T, kFp8GemmRowMultiple) : T;
-  const Step st = plan_step(plan, rows);
-  if (rows == T) {
-    launch(st, x, y);
-    return;
-  }
-  // A padded step (CUDA): x's rows and zero rows in, the first T rows of y out.
-  const TensorView x_rows = scratch.tensor(DType::bf16, {rows, cfg.dim});
-  const TensorView y_rows = scratch.tensor(DType::fp32, {rows, cfg.dim});
-  const size_t row_bytes = static_cast<size_t>(cfg.dim) * dtype_size(DType::bf16);
-  rt::copy_device_to_device_async(x_rows.data, x.data, static_cast<size_t>(T) * row_bytes, stream);
-  zero_fill(x_rows.slice0(T, rows), stream);
-  launch(st, x_rows, y_rows);
-  rt::copy_device_to_device_async(y.data, y_rows.data,
-                                  static_cast<size_t>(T * cfg.dim) * sizeof(float), stream);
+  // Decode-only CUDA steps run at their bucket's shape (see the top of the file); as a graph when
+  // graphs are on and no caller is capturing the stream already (a caller's torch.cuda.graph
+  // captures the eager step).
+  const bool bucketed = device == Device::cuda && plan.num_decodes == plan.num_requests() &&
+                        T <= DecodeGraphs::kMaxTokens;
+  const bool graph = bucketed && opts.cuda_graphs && !rt::is_capturing(stream);
+  const Step st = plan_step(plan, step_rows(device, T, bucketed), bucketed);
+  const StepLaunch run = [&](const TensorView& x_rows, const TensorView& y_rows, Stream s) {
+    launch(st, x_rows, y_rows, s);
+  };
+  if (graph)
+    graphs.run(st.key, memory_generation(), st.rows, x, y, scratch, stream, run);
+  else
+    run_eager_step(st.rows, x, y, scratch, stream, run);
 }
 
-void SparseMlaAttention::Impl::launch(const Step& st, const TensorView& x, const TensorView& y) {
+void SparseMlaAttention::Impl::launch(const Step& st, const TensorView& x, const TensorView& y,
+                                      Stream stream) {
   const int64_t T = st.T, rows = st.rows;
   const int64_t H = heads, Hp = padded, n = cfg.qk_nope_head_dim, R = cfg.rope_head_dim;
   const int64_t c = cfg.nope_dim(), d_qk = cfg.head_dim, v = cfg.mla_v_head_dim;
   const int64_t I = cfg.index_n_heads, d_i = cfg.index_head_dim, K = cfg.index_topk;
   const float eps = static_cast<float>(cfg.norm_eps);
-  const Stream stream = opts.stream;
   const SparseMlaWeightViews& wv = weights->views();
   Scratch& ws = scratch;
   const TensorView cos_sin_v = rope_table();
@@ -412,7 +463,7 @@ void SparseMlaAttention::Impl::launch(const Step& st, const TensorView& x, const
   sparse_mla_indexer_key_insert(ki.slice0(0, T), wv.indexer.k_norm, wv.indexer.k_norm_bias,
                                 kIndexerNormEps, st.positions, cos_sin_v, key_view, st.key_slots,
                                 stream);
-  const TensorView scores = ws.tensor(DType::fp32, {T, st.max_len});
+  const TensorView scores = ws.tensor(DType::fp32, {T, st.score_cols});
   indexer_scores(q_codes, q_scales, head_weights.slice0(0, T), st.positions, st.token_to_req,
                  key_view, st.key_tables, 1, scores, stream);
   const TensorView local = ws.tensor(DType::int32, {T, K});
@@ -421,7 +472,7 @@ void SparseMlaAttention::Impl::launch(const Step& st, const TensorView& x, const
 
   // 5. Sparse attention into the latent output.
   const TensorView o_latent = ws.tensor(DType::bf16, {T, Hp, c});
-  attend(st, q_mqa, local, lens, o_latent);
+  attend(st, q_mqa, local, lens, o_latent, stream);
 
   // 6. W_UV per head (one batched GEMM) into o [rows, H·v] (padding rows zero), then wo.
   const TensorView o = ws.tensor(DType::bf16, {rows, H * v});
@@ -433,17 +484,16 @@ void SparseMlaAttention::Impl::launch(const Step& st, const TensorView& x, const
 }
 
 void SparseMlaAttention::Impl::attend(const Step& st, const TensorView& q, const TensorView& local,
-                                      const TensorView& lens, const TensorView& o) {
+                                      const TensorView& lens, const TensorView& o, Stream stream) {
   const BatchPlan& plan = st.plan;
   const int64_t Hp = padded, d_qk = cfg.head_dim, c = cfg.nope_dim(), K = cfg.index_topk;
   const float scale = static_cast<float>(cfg.mla_softmax_scale());
   const KvCacheView kv_view = kv->kv_view();
-  const Stream stream = opts.stream;
   Scratch& ws = scratch;
 
   // Decodes: one query token each, straight from the FP8 cache through global slots (decodes come
   // first, so their tokens' token_to_req index the first rows of the tables).
-  const int64_t nd = plan.num_decode_tokens();
+  const int64_t nd = st.nd;
   if (nd > 0) {
     const TensorView global = ws.tensor(DType::int32, {nd, K});
     local_to_global_slots(local.slice0(0, nd), st.token_to_req.slice0(0, nd), st.kv_tables.slice0(0, nd),
@@ -464,10 +514,10 @@ void SparseMlaAttention::Impl::attend(const Step& st, const TensorView& q, const
     sparse_decode(a, schedule, workspace, stream);
   }
 
-  // Prefill chunks, one request at a time: its cached rows (this chunk's included) dequantized into
-  // one bf16 workspace (reused: the requests run in order on one stream), which request-local
-  // indices address directly.
-  if (plan.num_requests() == plan.num_decodes) return;
+  // Prefill chunks (never in a bucketed step), one request at a time: its cached rows (this
+  // chunk's included) dequantized into one bf16 workspace (reused: the requests run in order on one
+  // stream), which request-local indices address directly.
+  if (nd == st.T) return;
   const TensorView rows_all = ws.tensor(DType::bf16, {st.max_prefill, d_qk});
   const TensorView max_logits = ws.tensor(DType::fp32, {st.T - nd, Hp});
   const TensorView lse = ws.tensor(DType::fp32, {st.T - nd, Hp});
@@ -493,10 +543,20 @@ void SparseMlaAttention::Impl::attend(const Step& st, const TensorView& q, const
 
 SparseMlaAttention::Impl::WorkspaceBound SparseMlaAttention::Impl::workspace_bound(
     int64_t max_tokens, int max_requests, int64_t max_context) const {
-  // Every temporary launch() and forward() take, counted at its largest for such steps (a test
-  // checks that the bound covers what steps use).
+  // Every temporary launch() and the step's padded rows take, each at its largest over the steps
+  // the limits allow, summed (the arena hands a step's tensors out one after another). Steps come
+  // in two shapes: any step, of up to max_tokens tokens (CUDA: rows rounded up to
+  // kFp8GemmRowMultiple) of which up to max_requests are decodes (one token each); and on CUDA a
+  // bucketed decode step, all of whose DecodeGraphs::rows tokens are decodes, with its score
+  // columns rounded up to a power of two. Each term below takes the larger of the two. (Sizing
+  // a term by what a step never holds at once, as the decode partials once were — max_tokens
+  // tokens times every split the top-k allows — reserved 2.2 GB for V3.2's 256-token steps that
+  // use 140 MB; a test keeps the bound within 2x of the largest step's use.)
   const bool cuda = device == Device::cuda;
-  const int64_t T = max_tokens, rows = cuda ? round_up(T, kFp8GemmRowMultiple) : T;
+  const int64_t decodes = std::min<int64_t>(max_requests, max_tokens);
+  const int64_t bucket_rows = cuda ? DecodeGraphs::rows(std::min(decodes, DecodeGraphs::kMaxTokens)) : 0;
+  const int64_t T = std::max(step_rows(device, max_tokens, false), bucket_rows);  // tokens and rows
+  const int64_t nd = std::max(decodes, bucket_rows);                               // decode tokens
   const int64_t H = heads, Hp = padded, n = cfg.qk_nope_head_dim, R = cfg.rope_head_dim;
   const int64_t c = cfg.nope_dim(), d_qk = cfg.head_dim, v = cfg.mla_v_head_dim;
   const int64_t I = cfg.index_n_heads, d_i = cfg.index_head_dim, K = cfg.index_topk;
@@ -505,48 +565,56 @@ SparseMlaAttention::Impl::WorkspaceBound SparseMlaAttention::Impl::workspace_bou
     bytes += b;
     ++tensors;
   };
-  // FP8 codes + 1x128 scales (rows padded to 4) of a projection input of `cols` columns.
+  // FP8 codes + 1x128 scales of a projection input of `cols` columns.
   const auto fp8_input_bytes = [&](int64_t cols) {
-    add(rows * cols);
-    add(4 * round_up(rows, 4) * (cols / 128 + 1));
+    add(T * cols);
+    add(4 * T * (cols / 128));
   };
   if (cuda) add(kGemmWorkspaceBytes);
   fp8_input_bytes(cfg.dim);                  // x
-  add(2 * rows * cfg.q_lora_rank);           // qr
-  add(2 * rows * d_qk);                      // kv_row
+  add(2 * T * cfg.q_lora_rank);              // qr
+  add(2 * T * d_qk);                         // kv_row
   fp8_input_bytes(cfg.q_lora_rank);          // the normed q
-  add(2 * rows * H * (n + R));               // q
+  add(2 * T * H * (n + R));                  // q
   add(2 * T * Hp * d_qk);                    // q_mqa
-  add(4 * rows * I * d_i);                   // qi
-  add(4 * rows * d_i);                       // ki
-  add(4 * rows * I);                         // head weights
+  add(4 * T * I * d_i);                      // qi
+  add(4 * T * d_i);                          // ki
+  add(4 * T * I);                            // head weights
   add(T * I * d_i);                          // q codes
   add(4 * T * I);                            // q scales
-  add(4 * T * max_context);                  // scores
+  add(4 * std::max(max_tokens * max_context, bucket_rows * round_up_pow2(max_context)));  // scores
   add(4 * T * K);                            // local
   add(4 * T);                                // lens
   add(2 * T * Hp * c);                       // o_latent
-  // Decodes: global slots, lse, and the split-KV partials (at most ceil(K / kDecodeTile) splits
-  // per token: splits are never empty).
-  add(4 * T * K);
-  add(4 * T * Hp);
-  add(std::max<int64_t>(T * Hp * ((K + kDecodeTile - 1) / kDecodeTile) * (4 * c + 4), 16));
+  // Decodes: global slots, lse, and the split-KV partials of the schedule of nd tokens — whose
+  // splits shrink as tokens grow (they fill the GPU), so the largest over 1..nd tokens counts.
+  add(4 * nd * K);
+  add(4 * nd * Hp);
+  int64_t partials = 16;
+  for (int64_t b = 1; b <= nd; ++b)
+    partials = std::max(partials, make_decode_schedule(static_cast<int>(b), 1, static_cast<int>(Hp),
+                                                       static_cast<int>(K), opts.num_sms,
+                                                       static_cast<int>(c)).workspace_bytes);
+  add(partials);
   // Prefills: the gathered rows of the longest request, max logits and lse.
   add(2 * max_context * d_qk);
   add(4 * T * Hp);
   add(4 * T * Hp);
-  add(2 * rows * H * v);                     // o
+  add(2 * T * H * v);                        // o
   fp8_input_bytes(H * v);                    // its FP8 form
   if (cuda) {                                // a padded step's x and y rows
-    add(2 * rows * cfg.dim);
-    add(4 * rows * cfg.dim);
+    add(2 * T * cfg.dim);
+    add(4 * T * cfg.dim);
   }
   WorkspaceBound b;
   b.scratch_bytes = bytes + 256 * (tensors + 1);  // each tensor 256-byte aligned
   // The upload: per token positions, token_to_req and two slots; per request two block tables and
-  // the length; each array 64-byte aligned.
-  const int64_t blocks = (max_context + opts.block_size - 1) / opts.block_size;
-  b.upload_bytes = 28 * T + int64_t{max_requests} * (8 * std::max<int64_t>(blocks, 1) + 4) + 64 * 8;
+  // the length (a bucketed step: its padding tokens and requests too, table widths rounded up to a
+  // power of two); each array 64-byte aligned.
+  const int64_t blocks = std::max<int64_t>((max_context + opts.block_size - 1) / opts.block_size, 1);
+  const int64_t table_width = cuda ? round_up_pow2(blocks) : blocks;
+  const int64_t requests = std::max<int64_t>(max_requests, bucket_rows);
+  b.upload_bytes = 28 * T + requests * (8 * table_width + 4) + 64 * 8;
   return b;
 }
 

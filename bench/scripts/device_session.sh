@@ -3,7 +3,8 @@
 # and Python extension for the device's python3; then the steps named on the command line, in
 # order: graphs (the layer graph/residual GPU tests), quick (bench/scripts/layer_quick.py),
 # gputests (the whole GPU suite), pytest (the Python tests), run (dsv4 run --backend cuda --check),
-# profile (bench/scripts/layer_profile.py with PROFILE_ARGS), cputests (dsv4_tests with CPU_FILTER),
+# profile (bench/scripts/layer_profile.py with PROFILE_ARGS), ncu (Nsight Compute sections of the
+# kernels matching NCU_KERNELS in such a run), cputests (dsv4_tests with CPU_FILTER),
 # kernels (the sparse kernels against a base tree's: see kernels_step), flashmla (FlashMLA's
 # side_by_side.py from the carried .peers/flashmla). BUILD_TARGETS overrides the
 # targets built first (default: dsv4_gpu_tests dsv4 _C).
@@ -119,6 +120,17 @@ for step in "$@"; do
       log per-kernel profile of a layer step
       timeout 300 $PY bench/scripts/layer_profile.py ${PROFILE_ARGS:---layer 2 --requests 128 --graphs 1} 2>&1 |
         tee "$OUT/profile.log" | tail -60 ;;
+    ncu)
+      # Nsight Compute sections of the kernels matching NCU_KERNELS in a layer_profile.py run
+      # (NCU_PROFILE_ARGS; the first launch of each), for a memory-bound kernel's why.
+      log "ncu: ${NCU_KERNELS:-inv_rope}"
+      timeout 400 ncu --kernel-name "regex:${NCU_KERNELS:-inv_rope}" --launch-count "${NCU_COUNT:-1}" \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section SchedulerStats \
+        $PY bench/scripts/layer_profile.py ${NCU_PROFILE_ARGS:---layer 2 --requests 128 --context 256} \
+        >"$OUT/ncu.log" 2>&1
+      grep -E "^  [a-zA-Z_].*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Stall|Issued Warp|No Eligible|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth" \
+        "$OUT/ncu.log" | head -150 ;;
     cputests)
       log "CPU-suite tests (dsv4_tests, with the GPU visible: ${CPU_FILTER:-*})"
       timeout 300 ./build/dsv4_tests --gtest_filter="${CPU_FILTER:-*}" 2>&1 | tee "$OUT/cpu_tests.log" |

@@ -121,16 +121,18 @@ for step in "$@"; do
       timeout 300 $PY bench/scripts/layer_profile.py ${PROFILE_ARGS:---layer 2 --requests 128 --graphs 1} 2>&1 |
         tee "$OUT/profile.log" | tail -60 ;;
     ncu)
-      # Nsight Compute sections of the kernels matching NCU_KERNELS in a layer_profile.py run
-      # (NCU_PROFILE_ARGS; the first launch of each), for a memory-bound kernel's why.
-      log "ncu: ${NCU_KERNELS:-inv_rope}"
-      timeout 400 ncu --kernel-name "regex:${NCU_KERNELS:-inv_rope}" --launch-count "${NCU_COUNT:-1}" \
-        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-        --section WarpStateStats --section SchedulerStats \
-        $PY bench/scripts/layer_profile.py ${NCU_PROFILE_ARGS:---layer 2 --requests 128 --context 256} \
-        >"$OUT/ncu.log" 2>&1
-      grep -E "^  [a-zA-Z_].*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Stall|Issued Warp|No Eligible|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth" \
-        "$OUT/ncu.log" | head -150 ;;
+      # Nsight Compute sections of the first launch of each kernel named in NCU_KERNELS (regexes,
+      # space-separated) in a layer_profile.py run (NCU_PROFILE_ARGS): a memory-bound kernel's why.
+      for k in ${NCU_KERNELS:-inv_rope}; do
+        log "ncu: $k"
+        timeout 300 ncu --kernel-name "regex:$k" --launch-count 1 \
+          --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+          --section WarpStateStats --section SchedulerStats \
+          $PY bench/scripts/layer_profile.py ${NCU_PROFILE_ARGS:---layer 2 --requests 128 --context 256} \
+          >"$OUT/ncu-$k.log" 2>&1
+        grep -E "^  [a-zA-Z_].*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Issued Warp|No Eligible|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Grid Size|Block Size" \
+          "$OUT/ncu-$k.log" | head -40
+      done ;;
     cputests)
       log "CPU-suite tests (dsv4_tests, with the GPU visible: ${CPU_FILTER:-*})"
       timeout 300 ./build/dsv4_tests --gtest_filter="${CPU_FILTER:-*}" 2>&1 | tee "$OUT/cpu_tests.log" |

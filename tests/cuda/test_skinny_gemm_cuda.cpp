@@ -98,7 +98,8 @@ struct Bf16Problem {
       const double want = ref.y[static_cast<size_t>(i)];
       const double tol = gemm_tolerance(DType::fp32, want, ref.abs_sum[static_cast<size_t>(i)]);
       if (!(std::fabs(at(y, i) - want) <= tol)) {  // NaN (unwritten) fails too
-        ADD_FAILURE() << what << " element " << i << ": cuda " << at(y, i) << ", float64 " << want << ", tolerance " << tol;
+        ADD_FAILURE() << what << " element " << i << ": cuda " << at(y, i) << ", float64 " << want
+                      << ", tolerance " << tol;
         ++bad;
       }
     }

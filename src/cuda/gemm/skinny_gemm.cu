@@ -488,8 +488,8 @@ void skinny_gemm(const SkinnyGemm& g, Stream stream) {
 
   const int64_t token_tiles = ceil_div(g.T, tile);
   const int64_t ctas_per_split = p.n_tiles * token_tiles * g.batch;
-  DSV4_CHECK(p.n_tiles * token_tiles <= std::numeric_limits<int32_t>::max(), kWhere, ": ", p.n_tiles, " column tiles × ",
-             token_tiles, " token tiles exceed the grid");
+  DSV4_CHECK(p.n_tiles * token_tiles <= std::numeric_limits<int32_t>::max(), kWhere, ": ", p.n_tiles,
+             " column tiles × ", token_tiles, " token tiles exceed the grid");
   int64_t splits = choose_splits(g, tile, p.kblocks, ctas_per_split);
   p.kblocks_per_split = static_cast<int>(ceil_div(p.kblocks, splits));
   splits = ceil_div(p.kblocks, p.kblocks_per_split);  // no empty split

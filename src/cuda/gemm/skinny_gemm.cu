@@ -96,7 +96,7 @@ struct Params {
   bool y_bf16;
   float* partial;  // more than one split: [splits][batch][T][N] fp32; else null (y directly)
   int64_t T, N;
-  int n_tiles;  // N / 64: blockIdx.x = n tile + n_tiles · token tile
+  int token_tiles;  // ⌈T / kCols⌉: blockIdx.x = token tile + token_tiles · column tile
   int batch, kblocks, kblocks_per_split;
 };
 
@@ -126,8 +126,8 @@ struct CtaWork {
 template <int kCols>
 __device__ __forceinline__ CtaWork cta_work(const Params& p) {
   CtaWork c;
-  c.n0 = static_cast<int64_t>(blockIdx.x % p.n_tiles) * kTileRows;
-  c.t0 = static_cast<int>(blockIdx.x / p.n_tiles) * kCols;
+  c.n0 = static_cast<int64_t>(blockIdx.x / p.token_tiles) * kTileRows;
+  c.t0 = static_cast<int>(blockIdx.x % p.token_tiles) * kCols;
   c.split = static_cast<int>(blockIdx.y);
   c.batch = static_cast<int>(blockIdx.z);
   c.kb_begin = c.split * p.kblocks_per_split;
@@ -482,20 +482,22 @@ void skinny_gemm(const SkinnyGemm& g, Stream stream) {
   p.y_bf16 = g.y_dtype == DType::bf16;
   p.T = g.T;
   p.N = g.N;
-  p.n_tiles = static_cast<int>(g.N / kTileRows);
   p.batch = static_cast<int>(g.batch);
   p.kblocks = static_cast<int>(g.K * eb / kRowBytes);
 
-  const int64_t token_tiles = ceil_div(g.T, tile);
-  const int64_t ctas_per_split = p.n_tiles * token_tiles * g.batch;
-  DSV4_CHECK(p.n_tiles * token_tiles <= std::numeric_limits<int32_t>::max(), kWhere, ": ", p.n_tiles,
+  // The token tiles of a column tile are neighbours in the grid, so they run together and the
+  // weight tile comes from HBM once, then from L2.
+  const int64_t n_tiles = g.N / kTileRows, token_tiles = ceil_div(g.T, tile);
+  DSV4_CHECK(n_tiles * token_tiles <= std::numeric_limits<int32_t>::max(), kWhere, ": ", n_tiles,
              " column tiles × ", token_tiles, " token tiles exceed the grid");
+  p.token_tiles = static_cast<int>(token_tiles);
+  const int64_t ctas_per_split = n_tiles * token_tiles * g.batch;
   int64_t splits = choose_splits(g, tile, p.kblocks, ctas_per_split);
   p.kblocks_per_split = static_cast<int>(ceil_div(p.kblocks, splits));
   splits = ceil_div(p.kblocks, p.kblocks_per_split);  // no empty split
   p.partial = splits > 1 ? static_cast<float*>(g.workspace) : nullptr;
 
-  const dim3 grid(static_cast<unsigned>(p.n_tiles * token_tiles), static_cast<unsigned>(splits),
+  const dim3 grid(static_cast<unsigned>(n_tiles * token_tiles), static_cast<unsigned>(splits),
                   static_cast<unsigned>(g.batch));
   if (g.ab_dtype == DType::fp8_e4m3)
     launch_tile<Fp8Operands>(p, tile, grid, stream);

@@ -6,6 +6,7 @@
 
 #include "dsv4/ops.h"
 #include "ops/backend.h"
+#include "ops/gemm_checks.h"
 #include "ops/validate.h"
 
 namespace dsv4 {
@@ -13,10 +14,11 @@ namespace dsv4 {
 namespace {
 constexpr const char* kOp = "grouped_wo_a";
 constexpr int64_t kWeightBlock = 128;
+}  // namespace
 
-void validate_grouped_wo_a(const TensorView& o, const TensorView& o_scale,
-                              const TensorView& wo_a, const TensorView& wo_a_scale,
-                              const TensorView& z) {
+void ops::validate_grouped_wo_a(const TensorView& o, const TensorView& o_scale,
+                                const TensorView& wo_a, const TensorView& wo_a_scale,
+                                const TensorView& z) {
   check_defined(kOp, "o", o);
   check_defined(kOp, "wo_a", wo_a);
   check_defined(kOp, "z", z);
@@ -44,7 +46,6 @@ void validate_grouped_wo_a(const TensorView& o, const TensorView& o_scale,
       kOp, {{"z", z}},
       {{"o", o}, {"wo_a", wo_a}, {"o_scale", o_scale}, {"wo_a_scale", wo_a_scale}});
 }
-}  // namespace
 
 void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorView& wo_a,
                   const TensorView& wo_a_scale, const TensorView& z, Stream stream) {
@@ -54,7 +55,7 @@ void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorVi
 void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorView& wo_a,
                   const TensorView& wo_a_scale, const TensorView& z,
                   const TensorView& workspace, Stream stream) {
-  validate_grouped_wo_a(o, o_scale, wo_a, wo_a_scale, z);
+  ops::validate_grouped_wo_a(o, o_scale, wo_a, wo_a_scale, z);
   const Device device =
       ops::common_device(kOp, {{"o", o}, {"o_scale", o_scale}, {"wo_a", wo_a},
                                {"wo_a_scale", wo_a_scale}, {"z", z}, {"workspace", workspace}});

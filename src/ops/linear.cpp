@@ -1,6 +1,7 @@
 // linear: y = x · Wᵀ (docs/spec.md §2 projections) — the front door: validation, then the backend.
 #include "dsv4/ops.h"
 #include "ops/backend.h"
+#include "ops/gemm_checks.h"
 #include "ops/validate.h"
 
 namespace dsv4 {
@@ -8,9 +9,10 @@ namespace dsv4 {
 namespace {
 constexpr const char* kOp = "linear";
 constexpr int64_t kWeightBlock = 128;  // weight scales cover 128 × 128 blocks
+}  // namespace
 
-void validate_linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
-                        const TensorView& w_scale, const TensorView& y) {
+void ops::validate_linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
+                          const TensorView& w_scale, const TensorView& y) {
   check_defined(kOp, "x", x);
   check_defined(kOp, "w", w);
   check_defined(kOp, "y", y);
@@ -31,7 +33,6 @@ void validate_linear(const TensorView& x, const TensorView& x_scale, const Tenso
   ops::check_outputs_disjoint(kOp, {{"y", y}},
                               {{"x", x}, {"w", w}, {"x_scale", x_scale}, {"w_scale", w_scale}});
 }
-}  // namespace
 
 void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
             const TensorView& w_scale, const TensorView& y, Stream stream) {
@@ -41,7 +42,7 @@ void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
 void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
             const TensorView& w_scale, const TensorView& y,
             const TensorView& workspace, Stream stream) {
-  validate_linear(x, x_scale, w, w_scale, y);
+  ops::validate_linear(x, x_scale, w, w_scale, y);
   const Device device = ops::common_device(kOp, {{"x", x}, {"x_scale", x_scale}, {"w", w},
                                                  {"w_scale", w_scale}, {"y", y},
                                                  {"workspace", workspace}});

@@ -4,7 +4,9 @@
 // real V4-Flash projections; outputs poisoned on both sides, every element compared. Decode sizes
 // with few output tiles run the skinny kernel (skinny_gemm.h: T ≤ 32, N a multiple of 64,
 // K split over CTAs when a workspace is given), the others cuBLASLt; both accumulate each
-// 128-deep slice in one FP8 wgmma chain, so one tolerance covers both.
+// 128-deep slice in one FP8 wgmma chain, so one tolerance covers both. Fp8GemmOnPathCpuVsCuda runs
+// both kernels at the same decode sizes (rt::GemmPath forces one): the skinny kernel's 64- and
+// 128-token tiles, which the automatic choice does not reach yet, and cuBLASLt below 32 tokens.
 //
 // Tolerance, CUDA vs CPU: |y_cuda − y_cpu| ≤ 2e-3 · Σ_k |x_k w_k| (+ one bf16 ulp for a bf16 y).
 // Both sides form the same exact products (e4m3 × e4m3 fits fp32) and apply the same scales per
@@ -26,89 +28,15 @@
 #include <string>
 #include <vector>
 
-#include "cpu/dense_operands.h"
+#include "cuda/fp8_gemm_test_util.h"
 #include "cuda/gpu_test_util.h"
 #include "dsv4/device_tensor.h"
 #include "dsv4/ops.h"
 #include "dsv4/weights.h"
+#include "runtime/gemm_path.h"
 
 namespace {
-using namespace dense_test;
-using dsv4::DeviceTensor;
-
-DeviceTensor poisoned_device(DType dt, std::vector<int64_t> dims) {
-  DeviceTensor d(dt, std::move(dims));
-  d.fill_bytes(0xFF);
-  return d;
-}
-HostTensor finish(const DeviceTensor& d) {
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  return d.to_host();
-}
-TensorView transposed(TensorView v) {
-  std::swap(v.shape[0], v.shape[1]);
-  std::swap(v.strides[0], v.strides[1]);
-  return v;
-}
-double bf16_ulp(double v) { return v == 0.0 ? std::ldexp(1.0, -133) : std::ldexp(1.0, std::ilogb(v) - 7); }
-
-// An FP8 activation [T, K]: random bf16 quantized by quantize_act_fp8 (fp32 scales) on the host,
-// its scales both as the CUDA layout's contiguous [K/128, T] buffer and row-major; `real` the
-// dequantized values (fp32, for Σ|x w|).
-struct Fp8Activation {
-  HostTensor codes, scale_t /* [K/128, T] */, real;
-  TensorView host_scale() const { return transposed(scale_t.view()); }
-};
-Fp8Activation make_activation(int64_t T, int64_t K, uint64_t seed) {
-  Fp8Activation a{HostTensor(DType::fp8_e4m3, {T, K}), HostTensor(DType::fp32, {K / 128, T}),
-                  HostTensor(DType::fp32, {T, K})};
-  const HostTensor x = random_tensor(DType::bf16, {T, K}, seed, 0.01, 4.0);
-  dsv4::quantize_act_fp8(x, 128, a.codes, a.host_scale());
-  HostTensor row_major(DType::fp32, {T, K / 128});
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t b = 0; b < K / 128; ++b) row_major.data<float>()[t * (K / 128) + b] = a.scale_t.data<float>()[b * T + t];
-  dsv4::dequantize_fp8_blocks(a.codes, row_major, 1, 128, a.real);
-  return a;
-}
-// An FP8 weight [G ×] N × K with random fp32 block scales, its padded CUDA scales and fp32 values.
-struct Fp8Weight {
-  Operand op;
-  HostTensor cuda_scale, real;
-};
-Fp8Weight make_weight(int64_t G, int64_t N, int64_t K, uint64_t seed) {
-  Fp8Weight w{make_operand(Enc::fp8_fp32, G, N, K, 128, 128, seed), {}, {}};
-  w.cuda_scale = dsv4::cuda_weight_scale(dsv4::Weight{w.op.values, w.op.scale});
-  w.real = dsv4::dequantize_weight(dsv4::Weight{w.op.values, w.op.scale});
-  return w;
-}
-// The device copy of a padded CUDA scale buffer, viewed with the grid's columns.
-TensorView scale_window(const DeviceTensor& d, int64_t cols) {
-  TensorView v = d.view();
-  v.shape[v.ndim - 1] = cols;
-  return v;
-}
-// Σ_k |x_k w_k| per output (the GEMM's error scale), through the CPU GEMM on |x| and |w|.
-HostTensor abs_sums(const HostTensor& x_real, const TensorView& w_real, int64_t T, int64_t N) {
-  HostTensor xa(DType::fp32, x_real.shape()), wa(DType::fp32, {w_real.shape[0], w_real.shape[1]});
-  for (int64_t i = 0; i < xa.numel(); ++i) xa.data<float>()[i] = std::fabs(x_real.data<float>()[i]);
-  for (int64_t i = 0; i < wa.numel(); ++i) wa.data<float>()[i] = std::fabs(static_cast<const float*>(w_real.data)[i]);
-  HostTensor s(DType::fp32, {T, N});
-  dsv4::linear(xa, {}, wa, {}, s);
-  return s;
-}
-void expect_fp8_gemm_match(const std::string& what, const HostTensor& cpu, const HostTensor& gpu,
-                           const HostTensor& abs_sum, DType y_dt) {
-  ASSERT_EQ(cpu.numel(), gpu.numel());
-  int bad = 0;
-  for (int64_t i = 0; i < cpu.numel() && bad < 10; ++i) {
-    const double a = at(cpu, i), b = at(gpu, i);
-    const double tol = 2e-3 * at(abs_sum, i) + (y_dt == DType::bf16 ? bf16_ulp(std::max(std::fabs(a), std::fabs(b))) : 0.0);
-    if (!(std::fabs(a - b) <= tol)) {  // NaN (unwritten) fails too
-      ADD_FAILURE() << what << " element " << i << ": cpu " << a << ", cuda " << b << ", tolerance " << tol;
-      ++bad;
-    }
-  }
-}
+using namespace fp8_gemm_test;
 
 // ---- linear ------------------------------------------------------------------------------------
 struct Fp8LinearCase {
@@ -303,18 +231,7 @@ TEST_P(Fp8GroupedWoACpuVsCuda, SameResults) {
   dsv4::grouped_wo_a(od, transposed(osd.view()), wd, scale_window(wsd, Dg / 128), zd, work, nullptr);
   const HostTensor z_gpu = finish(zd);
 
-  // Σ|o w| per output, group by group.
-  HostTensor sums(DType::fp32, {T, G * L});
-  for (int64_t g = 0; g < G; ++g) {
-    HostTensor og(DType::fp32, {T, Dg});
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t k = 0; k < Dg; ++k) og.data<float>()[t * Dg + k] = o.real.data<float>()[t * G * Dg + g * Dg + k];
-    const TensorView wg(w.real.data<float>() + g * L * Dg, DType::fp32, {L, Dg});
-    const HostTensor s = abs_sums(og, wg, T, L);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t l = 0; l < L; ++l) sums.data<float>()[t * G * L + g * L + l] = s.data<float>()[t * L + l];
-  }
-  expect_fp8_gemm_match("grouped_wo_a fp8", z_cpu, z_gpu, sums, z_dt);
+  expect_fp8_gemm_match("grouped_wo_a fp8", z_cpu, z_gpu, grouped_abs_sums(o, w, T, G, L, Dg), z_dt);
 }
 
 // The V4-Flash shape (8 groups of 1024 × 4096) at decode and prefill sizes, a tiny-config shape
@@ -334,6 +251,80 @@ INSTANTIATE_TEST_SUITE_P(Grid, Fp8GroupedWoACpuVsCuda,
                            std::ostringstream name;
                            name << "T" << c.T << "_G" << c.G << "_L" << c.L << "_Dg" << c.Dg << "_z"
                                 << dsv4::dtype_name(c.z);
+                           return name.str();
+                         });
+
+// ---- both kernels at the same sizes (src/runtime/gemm_path.h) -----------------------------------
+struct Fp8PathCase {
+  const char* name;
+  int64_t G;  // 0: linear; else grouped_wo_a with G groups of N × K
+  int64_t N, K, T;
+  dsv4::rt::GemmPath path;
+  DType y;
+};
+class Fp8GemmOnPathCpuVsCuda : public ::testing::TestWithParam<Fp8PathCase> {};
+
+// Every element against the CPU op, and the skinny kernel's result repeatable bit for bit (its
+// split-K reduction adds in split order).
+TEST_P(Fp8GemmOnPathCpuVsCuda, SameResults) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const Fp8PathCase c = GetParam();
+  const int64_t G = std::max<int64_t>(c.G, 1);
+  const Fp8Activation x = make_activation(c.T, G * c.K, 50 + c.T + c.K);
+  const Fp8Weight w = make_weight(c.G, c.N, c.K, 60 + c.N + c.K);
+  HostTensor y_cpu = poisoned(c.y, {c.T, G * c.N});
+  if (c.G > 0)
+    dsv4::grouped_wo_a(x.codes, x.host_scale(), w.op.values, w.op.scale, y_cpu);
+  else
+    dsv4::linear(x.codes, x.host_scale(), w.op.values, w.op.scale, y_cpu);
+
+  const DeviceTensor xd = DeviceTensor::from_host(x.codes), xsd = DeviceTensor::from_host(x.scale_t);
+  const DeviceTensor wd = DeviceTensor::from_host(w.op.values), wsd = DeviceTensor::from_host(w.cuda_scale);
+  const DeviceTensor work(DType::uint8, {dsv4::kGemmWorkspaceBytes});
+  const dsv4::rt::GemmChoice choice{c.path};
+  auto run = [&](const DeviceTensor& y) {
+    const TensorView ws = scale_window(wsd, c.K / 128);
+    if (c.G > 0)
+      dsv4::rt::grouped_wo_a_on_path(choice, xd, transposed(xsd.view()), wd, ws, y, work, nullptr);
+    else
+      dsv4::rt::linear_on_path(choice, xd, transposed(xsd.view()), wd, ws, y, work, nullptr);
+  };
+  DeviceTensor yd = poisoned_device(c.y, {c.T, G * c.N}), yd2 = poisoned_device(c.y, {c.T, G * c.N});
+  run(yd);
+  run(yd2);
+  const HostTensor y_gpu = finish(yd);
+  const HostTensor sums = c.G > 0 ? grouped_abs_sums(x, w, c.T, G, c.N, c.K) : abs_sums(x.real, w.real, c.T, c.N);
+  expect_fp8_gemm_match(std::string(dsv4::rt::gemm_path_name(c.path)), y_cpu, y_gpu, sums, c.y);
+  if (c.path == dsv4::rt::GemmPath::skinny) EXPECT_EQ(bytes_of(finish(yd2)), bytes_of(y_gpu)) << "not deterministic";
+}
+
+// T 36 and 100: a 64- and a 128-token tile with padded tokens; 64 and 128 full; 256 two 128-token
+// tiles. V4-Flash's wq_a and grouped wo_a (8 × 1024 × 4096), and small shapes with an odd number of
+// 64-column tiles (N 320, L 192) and K blocks (14, 7) that the split rule leaves uneven.
+std::vector<Fp8PathCase> fp8_path_grid() {
+  std::vector<Fp8PathCase> grid;
+  const struct { const char* name; int64_t G, N, K; std::vector<int64_t> tokens; DType y; } shapes[] = {
+      {"wq_a", 0, 1024, 4096, {64, 128, 256}, DType::bf16},
+      {"wo_a", 8, 1024, 4096, {64, 128, 256}, DType::bf16},
+      {"linear", 0, 320, 1792, {36, 64, 100, 128, 256}, DType::fp32},
+      {"grouped", 3, 192, 896, {36, 64, 100, 128, 256}, DType::bf16},
+  };
+  for (const auto& s : shapes)
+    for (int64_t T : s.tokens)
+      for (auto path : {dsv4::rt::GemmPath::skinny, dsv4::rt::GemmPath::cublaslt})
+        grid.push_back({s.name, s.G, s.N, s.K, T, path, s.y});
+  // cuBLASLt below the automatic limit, where the skinny kernel runs by default.
+  grid.push_back({"wq_a", 0, 1024, 4096, 16, dsv4::rt::GemmPath::cublaslt, DType::bf16});
+  grid.push_back({"wo_a", 8, 1024, 4096, 4, dsv4::rt::GemmPath::cublaslt, DType::bf16});
+  return grid;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, Fp8GemmOnPathCpuVsCuda, ::testing::ValuesIn(fp8_path_grid()),
+                         [](const auto& info) {
+                           const Fp8PathCase& c = info.param;
+                           std::ostringstream name;
+                           name << c.name << "_G" << c.G << "_N" << c.N << "_K" << c.K << "_T" << c.T << "_"
+                                << dsv4::rt::gemm_path_name(c.path);
                            return name.str();
                          });
 

@@ -1,9 +1,10 @@
 // Host side of the CUDA grouped_wo_a: the CUDA-only dtype and scale-layout rules, then one
 // strided-batched cuBLASLt matmul over the G groups (bf16 / fp32); for FP8, one launch of the
-// skinny GEMM over all G groups at decode sizes (skinny_gemm.h), else one block-scaled
-// cuBLASLt matmul per group (matmul_xwT runs block-scaled FP8 one matrix per call) with the G of
-// them side by side on fanned-out streams: one group's GEMM (T × o_lora_rank outputs) fills only
-// a few SMs, so back to back the eight of V4 cost eight GEMM latencies.
+// skinny GEMM over all G groups where it is preferred (decode sizes, skinny_gemm.h) or forced,
+// else one block-scaled cuBLASLt matmul per group (matmul_xwT runs block-scaled FP8 one matrix
+// per call) with the G of them side by side on fanned-out streams: one group's GEMM
+// (T × o_lora_rank outputs) fills only a few SMs, so back to back the eight of V4 cost eight GEMM
+// latencies.
 #include "cuda/gemm/grouped_wo_a.h"
 
 #include <algorithm>
@@ -11,12 +12,20 @@
 #include "cuda/common/stream_fanout.h"
 #include "cuda/gemm/cublaslt_matmul.h"
 #include "cuda/gemm/skinny_gemm.h"
+#include "dsv4/status.h"
 
 namespace dsv4::cuda {
 
 void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorView& wo_a,
                   const TensorView& wo_a_scale, const TensorView& z, const TensorView& workspace,
                   Stream stream) {
+  // Qualified: rt::grouped_wo_a_on_path takes the same arguments, and argument-dependent lookup finds it.
+  cuda::grouped_wo_a_on_path(rt::GemmChoice{}, o, o_scale, wo_a, wo_a_scale, z, workspace, stream);
+}
+
+void grouped_wo_a_on_path(const rt::GemmChoice& choice, const TensorView& o, const TensorView& o_scale,
+                          const TensorView& wo_a, const TensorView& wo_a_scale, const TensorView& z,
+                          const TensorView& workspace, Stream stream) {
   constexpr const char* kOp = "grouped_wo_a";
   check_matmul_dtypes(kOp, "o", o, "o_scale", o_scale, "wo_a", wo_a, "wo_a_scale", wo_a_scale, "z", z);
   const int64_t workspace_bytes = check_matmul_workspace(kOp, workspace);
@@ -35,6 +44,8 @@ void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorVi
   p.y_name = "z";
   const int64_t ab = static_cast<int64_t>(dtype_size(o.dtype)), zb = static_cast<int64_t>(dtype_size(z.dtype));
   if (o.dtype != DType::fp8_e4m3) {
+    DSV4_CHECK(choice.path != rt::GemmPath::skinny, kOp, ": the skinny GEMM (forced) takes FP8 groups only, got ",
+               dtype_name(o.dtype));
     p.batch = G;
     p.x = {o.data, o.strides[0], Dg};  // group g: columns [g·Dg, (g+1)·Dg) of every row of o
     p.w = {wo_a.data, wo_a.strides[1], wo_a.strides[0]};
@@ -71,7 +82,9 @@ void grouped_wo_a(const TensorView& o, const TensorView& o_scale, const TensorVi
   skinny.y_batch_stride = L;
   skinny.workspace = workspace.data;
   skinny.workspace_bytes = workspace_bytes;
-  if (p.T > 0 && skinny_gemm_fits(skinny)) {
+  skinny.splits = choice.skinny_splits;
+  skinny.token_tile = choice.skinny_token_tile;
+  if (p.T > 0 && runs_on_skinny_gemm(kOp, choice.path, skinny)) {
     MatmulXwT group0 = p;  // the rules each group's cuBLASLt call would check
     group0.x = {o.data, o.strides[0], 0};
     group0.x_scale = skinny.x_scale;

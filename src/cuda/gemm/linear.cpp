@@ -1,6 +1,6 @@
 // Host side of the CUDA linear: the CUDA-only dtype and scale-layout rules, then one GEMM: the
-// skinny kernel for the decode-sized fp8 / bf16 problems it takes (skinny_gemm.h says why), else
-// one cuBLASLt matmul.
+// skinny kernel for the decode-sized fp8 / bf16 problems it is preferred for (skinny_gemm.h says
+// why) or is forced onto, else one cuBLASLt matmul.
 #include "cuda/gemm/linear.h"
 
 #include "cuda/gemm/cublaslt_matmul.h"
@@ -11,6 +11,13 @@ namespace dsv4::cuda {
 void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
             const TensorView& w_scale, const TensorView& y, const TensorView& workspace,
             Stream stream) {
+  // Qualified: rt::linear_on_path takes the same arguments, and argument-dependent lookup finds it.
+  cuda::linear_on_path(rt::GemmChoice{}, x, x_scale, w, w_scale, y, workspace, stream);
+}
+
+void linear_on_path(const rt::GemmChoice& choice, const TensorView& x, const TensorView& x_scale,
+                    const TensorView& w, const TensorView& w_scale, const TensorView& y,
+                    const TensorView& workspace, Stream stream) {
   constexpr const char* kOp = "linear";
   check_matmul_dtypes(kOp, "x", x, "x_scale", x_scale, "w", w, "w_scale", w_scale, "y", y);
   const int64_t workspace_bytes = check_matmul_workspace(kOp, workspace);
@@ -33,8 +40,8 @@ void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
   p.y_ld = y.strides[0];
   p.workspace = workspace.data;
   p.workspace_bytes = workspace_bytes;
-  if (p.T > 0 && (x.dtype == DType::fp8_e4m3 || x.dtype == DType::bf16)) {
-    check_matmul(kOp, p);
+  if (p.T > 0) {
+    check_matmul(kOp, p);  // the rules of both kernels: a problem is refused the same on either
     SkinnyGemm skinny;
     skinny.ab_dtype = x.dtype;
     skinny.T = p.T;
@@ -52,7 +59,9 @@ void linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
     skinny.y_ld = y.strides[0];
     skinny.workspace = workspace.data;
     skinny.workspace_bytes = workspace_bytes;
-    if (skinny_gemm_fits(skinny)) {
+    skinny.splits = choice.skinny_splits;
+    skinny.token_tile = choice.skinny_token_tile;
+    if (runs_on_skinny_gemm(kOp, choice.path, skinny)) {
       skinny_gemm(skinny, stream);
       return;
     }

@@ -1,5 +1,5 @@
-// The GEMM for decode-sized problems (sm_90a): y[b] = x[b] · w[b]ᵀ for at most kSkinnyMaxTokens
-// rows of x, optionally batched (grouped_wo_a's G groups in one launch), on
+// The GEMM for decode-sized problems (sm_90a): y[b] = x[b] · w[b]ᵀ for a few dozen to a few
+// hundred rows of x (tokens), optionally batched (grouped_wo_a's G groups in one launch), on
 //   fp8 e4m3 operands with DeepSeek's block scales (x one fp32 per row and 128 columns, w one per
 //     128 × 128 block): the layer's projections;
 //   bf16 operands: the compressors' projections (fp32 out).
@@ -10,24 +10,30 @@
 // projection whatever T is, where reading the weight once takes 1-4 µs. This kernel tiles N by
 // 64 and splits K over more CTAs (partial sums in the caller's workspace, added in split order
 // by a second kernel, so results are deterministic), which spreads the weight read over the GPU.
+// One CTA covers up to 128 tokens (token tiles of 16, 32, 64 or 128), so up to 128 tokens read
+// each weight tile once.
 //
 // Numerics: fp8 — every 128-deep slice of K is one fp32 wgmma accumulation (4 steps of 32)
 // started from zero, then scaled by w_scale · x_scale and added to an fp32 total, slice by slice,
 // as cuBLASLt and the CPU reference do; bf16 — exact products summed in fp32 by the tensor cores.
-// The order of the additions differs from both (the CPU/CUDA GEMM tolerances cover it).
+// The order of the additions differs from both (the CPU/CUDA GEMM tolerances cover it). For a
+// given number of K splits, a result does not depend on the token tile or on T's other tokens.
 #pragma once
 
 #include <cstdint>
 
 #include "dsv4/ops.h"
+#include "runtime/gemm_path.h"
 
 namespace dsv4::cuda {
 
-// The most rows of x (tokens) the kernel takes. Measured on the H200 (V4-Flash layer, graph
+// The most rows of x (tokens) the automatic path (linear, grouped_wo_a) runs on this kernel; the
+// one place the limit lives (skinny_gemm_preferred). Measured on the H200 (V4-Flash layer, graph
 // replay): at 1-4 tokens it runs wo_a in 17 µs against 56 µs for cuBLASLt's eight fanned-out
-// groups, and wq_a / wkv / wo_b in 12-20 µs against 16-33 µs; at 128 tokens it lost (wo_a 48 µs
-// against 30, wo_b 46 against 26: its K loop waits on each 128-deep product before the next), so
-// larger problems stay on cuBLASLt.
+// groups, and wq_a / wkv / wo_b in 12-20 µs against 16-33 µs; at 128 tokens the kernel of then
+// (32-token tiles, each K block's product waited on before its scaling) lost (wo_a 48 µs against
+// 30, wo_b 46 against 26). The 64 / 128-token tiles and the pipelined scaling are to be measured
+// (docs/notes/skinny-gemm.md) before this moves.
 inline constexpr int64_t kSkinnyMaxTokens = 32;
 
 struct SkinnyGemm {
@@ -53,14 +59,27 @@ struct SkinnyGemm {
   // it K is not split.
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
+  // For benchmarks and tests (0: the kernel's own choice). token_tile: the tokens per CTA, 16, 32,
+  // 64 or 128 (more tokens take several tiles, each reading the weights again). splits: the number
+  // of K splits asked for; fewer run where K has fewer blocks or the workspace holds fewer partial
+  // sums (none without a workspace).
+  int token_tile = 0;
+  int64_t splits = 0;
 };
 
-// Whether the kernel takes the problem and beats cuBLASLt's tiling there: fp8 or bf16 operands,
-// 1 ≤ T ≤ kSkinnyMaxTokens, N a multiple of 64, K a positive multiple of one 128-byte row (128
-// fp8 or 64 bf16 values), x and w rows and batches 16-byte aligned (TMA), batch ≤ 65535, and
-// fewer cuBLASLt output tiles (batch · ⌈N/128⌉) than the GPU has SMs. Callers take the cuBLASLt
-// path otherwise.
+// Whether the kernel can run the problem: fp8 or bf16 operands, T ≥ 1, N a multiple of 64, K a
+// positive multiple of one 128-byte row (128 fp8 or 64 bf16 values), x and w rows and batches
+// 16-byte aligned (TMA), batch ≤ 65535, token_tile 0 / 16 / 32 / 64 / 128, splits ≥ 0.
 bool skinny_gemm_fits(const SkinnyGemm& g);
+
+// Whether the automatic path runs the problem here: it fits, T ≤ kSkinnyMaxTokens, and cuBLASLt
+// would have fewer output tiles (batch · ⌈N/128⌉) than the GPU has SMs.
+bool skinny_gemm_preferred(const SkinnyGemm& g);
+
+// The choice of a linear / grouped_wo_a call named `op`: automatic → skinny_gemm_preferred;
+// skinny → true, or dsv4::Error naming `op` and the problem when the kernel does not fit it;
+// cublaslt → false.
+bool runs_on_skinny_gemm(const char* op, rt::GemmPath path, const SkinnyGemm& g);
 
 // Enqueues the GEMM on `stream` (a problem skinny_gemm_fits accepts): no allocation, no
 // synchronization, capturable in a CUDA graph.

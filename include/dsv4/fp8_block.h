@@ -1,5 +1,6 @@
-// FP8 e4m3 quantization of one block of values with one power-of-two scale (the UE8M0 rule of
-// docs/spec.md §7: scale = 2^ceil(log2(max(amax / 448, 1e-4)))). Shared by the compressor (the nope dims
+// FP8 e4m3 quantization of one block of values with one scale: a power of two (the UE8M0 rule of
+// docs/spec.md §7: scale = 2^ceil(log2(max(amax / 448, 1e-4)))), or an arbitrary fp32 scale
+// given for a whole tensor (below). The power-of-two rule is shared by the compressor (the nope dims
 // of an entry, blocks of 64, for caches that do not store FP8 themselves), the indexer key cache
 // (one block of 128 per entry) and the indexer queries (one block of 128 per head), on the host
 // and in CUDA kernels (DSV4_HD), so every path rounds identically.
@@ -24,6 +25,14 @@ DSV4_HD int32_t fp8_quantize_block(const float* v, int n, uint8_t* q) {
   for (int i = 0; i < n; ++i) q[i] = fp8_encode_value(v[i], k);
   return k;
 }
+
+// One arbitrary fp32 scale for a whole tensor (vLLM's per-tensor FP8: the FP8_PER_TENSOR cache,
+// the FP8 query of qnorm_rope_kv_insert): code = fp8(v · inv_scale), inv_scale = ieee_div(1, scale)
+// computed once by the caller (a multiply per value, as the port's kernels do; not always the
+// same code as fp8(v / scale)), saturating at ±448; the value a code means is fp8 · scale, one
+// fp32 rounding (exact for a power-of-two scale).
+DSV4_HD uint8_t fp8_encode_scaled(float v, float inv_scale) { return float_to_fp8_e4m3(ieee_mul(v, inv_scale)); }
+DSV4_HD float fp8_decode_scaled(uint8_t code, float scale) { return ieee_mul(fp8_e4m3_to_float(code), scale); }
 
 // In place: v[i] ← fp8(v[i] / 2^k) · 2^k, the value an FP8 block cache would hand back.
 DSV4_HD void fp8_round_block(float* v, int n) {

@@ -148,7 +148,7 @@ DSV4_HD void kv_encode_plain_value(const KvGeometry& g, uint8_t* block, int offs
       reinterpret_cast<uint16_t*>(row)[i] = float_to_bf16_bits(value);
       return;
     case KvLayout::fp8_per_tensor:
-      row[i] = float_to_fp8_e4m3(ieee_mul(value, inv_tensor_scale));
+      row[i] = fp8_encode_scaled(value, inv_tensor_scale);
       return;
   }
 }
@@ -193,7 +193,7 @@ DSV4_HD float kv_decode_value(const KvGeometry& g, const uint8_t* block, int off
     case KvLayout::bf16:
       return bf16_bits_to_float(reinterpret_cast<const uint16_t*>(row)[i]);
     case KvLayout::fp8_per_tensor:
-      return ieee_mul(fp8_e4m3_to_float(row[i]), tensor_scale);
+      return fp8_decode_scaled(row[i], tensor_scale);
   }
   return 0.0f;
 }

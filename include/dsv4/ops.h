@@ -185,10 +185,36 @@ void inv_rope_fp8_quant(const TensorView& o, const TensorView& positions, const 
 void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const TensorView& positions,
                           const TensorView& cos_sin, float eps, const KvCacheView& cache,
                           const TensorView& slot_mapping, Stream stream = nullptr);
+// The optional FP8 query output of the insert (the FlashInfer port's STORE_Q_FP8, which the
+// port's per-tensor FP8 decode consumes with bmm1_scale = softmax_scale · q_scale · kv_scale).
+// Allowed with any cache layout (the port uses it with FP8_PER_TENSOR).
+struct Fp8QueryOutput {
+  // [T, H, D] fp8_e4m3, q's shape, any non-negative strides with a contiguous last dim (no two
+  // elements at one address; no byte shared with q, kv, the cache or the read inputs).
+  // Undefined: no FP8 query (q_scale must then stay 1).
+  TensorView q_fp8;
+  // The FP8 query's dequantization scale (vLLM's _q_scale): a finite value > 0 whose largest
+  // query, bf16(448 · q_scale), is finite.
+  float q_scale = 1.0f;
+};
+// The same, also writing the FP8 query: after the head norm and RoPE (fp32), per value
+//   q_fp8 = e4m3(q · (1 / q_scale))   (fp8_block.h fp8_encode_scaled: the reciprocal once, as the
+//                                      cache's per-tensor encoder; saturating at ±448),
+//   q     = bf16(fp8 · q_scale)       (in place: what the FP8 query means, as kv is overwritten
+//                                      with what the cache holds),
+// so a caller attending with the bf16 q (the prefill path) sees exactly the FP8 decode's query
+// (sparse_decode attends an FP8 q as bf16(fp8 · q_scale), SparseDecodeArgs::q_scale). CPU and
+// CUDA write the same bytes; on CUDA a skipped token (position outside the table) leaves its q_fp8
+// rows untouched too.
+void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const TensorView& positions,
+                          const TensorView& cos_sin, float eps, const KvCacheView& cache,
+                          const TensorView& slot_mapping, const Fp8QueryOutput& fp8_query,
+                          Stream stream = nullptr);
 
 // ================================ sparse attention ===========================================
 // Contract (docs/spec.md §6): for each query row (b, s, h): over the valid gathered rows k_i,
 //   P_i = scale · q·k_i,  lse = ln Σ exp(P_i),  out = Σ exp(P_i − lse) · k_i[:d_v];
+//   (sparse_decode with an FP8 query: q = bf16(fp8 · q_scale), see SparseDecodeArgs::q_scale);
 //   with a sink σ_h: out ← out · exp(lse) / (exp(lse) + exp(σ_h)). lse excludes the sink.
 //   No valid row: out = 0, lse = +inf.
 //   k_i is the cached row as the tensor cores take it: each value decoded in fp32 (kv_layout.h)
@@ -203,8 +229,11 @@ void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const Tenso
 // descriptors take strides in multiples of 16 bytes), so there the strides of q's and out's
 // leading dims (those of size > 1) and kv's row stride must be multiples of 8 elements, with
 // 16-byte aligned base pointers; the error names the offending stride. No op copies an input.
+// (16 bytes are 8 elements of a bf16 q or out, 16 of an FP8 q.)
 struct SparseDecodeArgs {
-  TensorView q;                 // [b, s_q, H, d_qk] bf16; d_qk = 512 (MODEL1) or 576 (V32)
+  // [b, s_q, H, d_qk] bf16, or fp8_e4m3 (an FP8 query of scale q_scale, e.g. qnorm_rope_kv_insert's
+  // q_fp8); d_qk = 512 (MODEL1, BF16, FP8_PER_TENSOR) or 576 (V32), with any cache layout.
+  TensorView q;
   KvCacheView k_cache;          // main scope
   TensorView indices;           // [b, s_q, topk] int32 global slots; -1 = invalid
   TensorView topk_length;       // optional [b] int32: only the first topk_length[b] slots count
@@ -213,9 +242,21 @@ struct SparseDecodeArgs {
   TensorView extra_topk_length; // optional [b] int32
   TensorView attn_sink;         // optional [H] fp32
   float softmax_scale = 0.0f;   // 0 → d_qk^-0.5
+  // An FP8 q's dequantization scale. The decode attends with the bf16 query the codes mean,
+  // bf16(fp8 · q_scale) (fp8_block.h fp8_decode_scaled, then one bf16 rounding): exactly the q
+  // that qnorm_rope_kv_insert leaves beside its q_fp8, which a prefill attends with, so the two
+  // paths see one query. Logits: softmax_scale · (bf16(q_fp8 · q_scale) · k) — the FlashInfer
+  // port's softmax_scale · q_scale · (q_fp8 · k) (its bmm1_scale) exactly for a power-of-two
+  // q_scale, within one bf16 rounding of each query value (2^-9 relative) otherwise. (Folding the
+  // scale into the logits left each FP8 decode ~2e-3 away from the prefill's bf16 query, which the
+  // layer's FP8 activation rounding amplified to 2-3e-2: measured on the tiny model at 0.6.)
+  // The conversion happens as the kernels load q; their tensor-core math is unchanged. A finite
+  // value > 0 whose largest query bf16(448 · q_scale) is finite; 1 for a bf16 q (any other value
+  // is refused).
+  float q_scale = 1.0f;
   int d_v = 512;
   TensorView out;               // [b, s_q, H, d_v] bf16
-  TensorView lse;               // [b, s_q, H] fp32 (natural log)
+  TensorView lse;               // [b, s_q, H] fp32 (natural log, of the logits above)
 };
 
 // Split-KV plan: depends only on shapes (b, s_q, H, topk + extra_topk) and the SM count, so it

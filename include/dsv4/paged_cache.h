@@ -166,6 +166,11 @@ struct LayerCacheOptions {
   // vLLM's per-layer kv scale. 1 (vLLM's default without a calibrated scale) suits the layer's
   // RMS-normed rows: they stay inside e4m3's normal range. A finite value > 0.
   float kv_scale = 1.0f;
+  // FP8_PER_TENSOR only: the scale of the FP8 queries the layer decodes with over those caches
+  // (q_fp8 = e4m3(q / q_scale), vLLM's per-layer _q_scale, the FlashInfer port's FP8 query path:
+  // qnorm_rope_kv_insert writes them, sparse_decode reads them; prefills attend with the bf16 q,
+  // which then holds bf16(fp8 · q_scale)). 1 by default, as vLLM's. A finite value > 0.
+  float q_scale = 1.0f;
   // Where the caches' storage lives: host memory, or CUDA device memory (DeviceTensors owned by
   // the LayerCaches; block tables and pools stay on the host either way).
   Device device = Device::cpu;

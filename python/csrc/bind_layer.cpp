@@ -115,13 +115,15 @@ KvLayout kv_layout_arg(const char* where, const std::string& name) {
   fail_expected(where, "kv_layout", "'model1', 'bf16' or 'fp8_per_tensor'", "'" + name + "'");
 }
 
-// kv_scale: the FP8_PER_TENSOR caches' scale; any other layout takes only the default 1.
-float kv_scale_arg(const char* where, KvLayout layout, double kv_scale) {
-  if (layout != KvLayout::fp8_per_tensor && kv_scale != 1.0)
-    fail_expected(where, "kv_scale", "1 (a scale applies to kv_layout 'fp8_per_tensor' only)", kv_scale);
-  if (!(kv_scale > 0.0 && kv_scale < 3.0e38))
-    fail_expected(where, "kv_scale", "a finite value > 0", kv_scale);
-  return static_cast<float>(kv_scale);
+// A per-tensor FP8 scale of the layer (`name`): kv_scale, the FP8_PER_TENSOR caches' scale, or
+// q_scale, the FP8 queries' the layer decodes with over them; any other layout takes only the
+// default 1.
+float per_tensor_scale_arg(const char* where, const char* name, KvLayout layout, double scale) {
+  if (layout != KvLayout::fp8_per_tensor && scale != 1.0)
+    fail_expected(where, name, "1 (a scale applies to kv_layout 'fp8_per_tensor' only)", scale);
+  if (!(scale > 0.0 && scale < 3.0e38))
+    fail_expected(where, name, "a finite value > 0", scale);
+  return static_cast<float>(scale);
 }
 
 Attention make_attention(const ModelConfig& cfg, const IntArg& layer_arg, const AttentionWeights& w,
@@ -129,7 +131,7 @@ Attention make_attention(const ModelConfig& cfg, const IntArg& layer_arg, const 
                          const IntArg& state_blocks, const IntArg& swa_block_size,
                          bool fp8_activations, const std::string& backend, bool cuda_graphs,
                          bool caller_caches, const IntArg& tp_rank, const IntArg& tp_size,
-                         const std::string& kv_layout, double kv_scale) {
+                         const std::string& kv_layout, double kv_scale, double q_scale) {
   constexpr const char* k = "Attention";
   const int layer = int_arg(k, "layer", layer_arg);
   check_weights_for(k, w, cfg, layer);
@@ -141,7 +143,8 @@ Attention make_attention(const ModelConfig& cfg, const IntArg& layer_arg, const 
   opts.caches.state_blocks = int_arg(k, "state_blocks", state_blocks);
   opts.caches.swa_block_size = int_arg(k, "swa_block_size", swa_block_size);
   opts.caches.layout = kv_layout_arg(k, kv_layout);
-  opts.caches.kv_scale = kv_scale_arg(k, opts.caches.layout, kv_scale);
+  opts.caches.kv_scale = per_tensor_scale_arg(k, "kv_scale", opts.caches.layout, kv_scale);
+  opts.caches.q_scale = per_tensor_scale_arg(k, "q_scale", opts.caches.layout, q_scale);
   opts.fp8_activations = fp8_activations;  // Python's flag covers every FP8 activation quantization
   opts.fp8_gemm_activations = fp8_activations;
   opts.cuda_graphs = cuda_graphs;
@@ -224,18 +227,18 @@ void bind_attention(nb::module_& m) {
              const IntArg& state_blocks, const IntArg& swa_block_size, bool fp8_activations,
              const std::string& backend, bool cuda_graphs, bool caller_caches,
              const IntArg& tp_rank, const IntArg& tp_size, const std::string& kv_layout,
-             double kv_scale) {
+             double kv_scale, double q_scale) {
             new (self) Attention(make_attention(cfg, layer, w, swa_blocks, compressed_blocks,
                                                 state_blocks, swa_block_size, fp8_activations,
                                                 backend, cuda_graphs, caller_caches, tp_rank,
-                                                tp_size, kv_layout, kv_scale));
+                                                tp_size, kv_layout, kv_scale, q_scale));
           },
           arg("config"), arg("layer").none(), arg("weights"), arg("swa_blocks").none(),
           arg("compressed_blocks").none(), arg("state_blocks").none(),
           arg("swa_block_size").none(), arg("fp8_activations"), arg("backend") = "cpu",
           arg("cuda_graphs") = true, arg("caller_caches") = false,
           arg("tp_rank").none() = 0, arg("tp_size").none() = 1, arg("kv_layout") = "model1",
-          arg("kv_scale") = 1.0)
+          arg("kv_scale") = 1.0, arg("q_scale") = 1.0)
       .def("bind_caches", &bind_caller_caches, arg("swa").none(), arg("compressed").none(),
            arg("compressor_state").none(), arg("indexer_keys").none(), arg("indexer_state").none(),
            "Caller-owned caches: uint8 [num_blocks, block_bytes] views (any block stride)")
@@ -348,11 +351,12 @@ using HostF64 = nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device:
 nb::ndarray<nb::pytorch, double> reference_op(const ModelConfig& cfg, const IntArg& layer_arg,
                                               const AttentionWeights& w, const HostF64& x,
                                               bool fp8_activations, const std::string& kv_layout,
-                                              double kv_scale) {
+                                              double kv_scale, double q_scale) {
   const char* where = "reference_attention_layer";
   ReferenceOptions opts{fp8_activations, fp8_activations};
   opts.kv_layout = kv_layout_arg(where, kv_layout);
-  opts.kv_scale = kv_scale_arg(where, opts.kv_layout, kv_scale);
+  opts.kv_scale = per_tensor_scale_arg(where, "kv_scale", opts.kv_layout, kv_scale);
+  opts.q_scale = per_tensor_scale_arg(where, "q_scale", opts.kv_layout, q_scale);
   const int layer = int_arg(where, "layer", layer_arg);
   check_weights_for(where, w, cfg, layer);
   DSV4_CHECK_EQ(where, "x.shape[1] (dim)", static_cast<size_t>(cfg.dim), x.shape(1));
@@ -387,6 +391,7 @@ void bind_layer(nb::module_& m) {
   bind_attention(m);
   m.def("reference_attention_layer", &reference_op, arg("config"), arg("layer").none(), arg("weights"),
         arg("x"), arg("fp8_activations") = true, arg("kv_layout") = "model1", arg("kv_scale") = 1.0,
+        arg("q_scale") = 1.0,
         "float64 y [L, dim] of one request's tokens x [L, dim] (float64, positions 0..L-1)");
 }
 

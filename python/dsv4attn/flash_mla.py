@@ -369,6 +369,10 @@ def flash_mla_with_kvcache(
     if q.dim() != 4:
         raise Error(f"flash_mla_with_kvcache: q.ndim: expected 4 ([b, s_q, h_q, d_qk]), "
                     f"got {q.dim()}")
+    if q.dtype != torch.bfloat16:
+        # FlashMLA's sparse decode takes a bf16 q; dsv4attn's op would also take an FP8 one
+        # (SparseDecodeArgs::q_scale), which this interface has no argument for.
+        raise Error(f"flash_mla_with_kvcache: q.dtype: expected torch.bfloat16, got {q.dtype}")
     b, s_q, h_q, d_qk = q.shape
     head_dim_v = int_arg(where, "head_dim_v", head_dim_v, 1, d_qk)
     cfg = None

@@ -315,6 +315,10 @@ class Attention(_LayerWrapper):
         backend, "cpu" and "cuda".
     kv_scale: the fp8_per_tensor caches' scale (value = fp8 · kv_scale; vLLM's per-layer kv
         scale, 1 by default as there).
+    q_scale: with kv_layout "fp8_per_tensor" the layer's queries are FP8 too, as the FlashInfer
+        port's: the insert writes e4m3(q / q_scale), decodes read them (the scale folded into the
+        logit scale) and prefills attend with the bf16 q holding bf16(fp8 · q_scale). vLLM's
+        per-layer q scale, 1 by default as there.
     fp8_activations: quantize activations to FP8 as production does (per token and 128 columns,
         UE8M0): the attention output before wo_a, and the input of every projection whose weight
         is FP8. Required on "cuda" for FP8 weights (FP8 tensor cores take FP8 inputs).
@@ -351,11 +355,14 @@ class Attention(_LayerWrapper):
                  backend: Union[str, None] = None, caller_caches: bool = False,
                  tp_rank: int = 0, tp_size: int = 1,
                  reduce: Optional[Callable[[torch.Tensor], object]] = None,
-                 kv_layout: str = "model1", kv_scale: float = 1.0):
+                 kv_layout: str = "model1", kv_scale: float = 1.0, q_scale: float = 1.0):
         self.backend = selected_backend(backend)
-        if (kv_layout != "model1" or kv_scale != 1.0) and self.backend != "native":
-            raise Error(f"Attention: kv_layout: expected 'model1' with backend {self.backend}, "
-                        f"got {kv_layout!r}")
+        if self.backend != "native":
+            for name, value, default in (("kv_layout", kv_layout, "model1"),
+                                         ("kv_scale", kv_scale, 1.0), ("q_scale", q_scale, 1.0)):
+                if value != default:
+                    raise Error(f"Attention: {name}: expected {default!r} with backend "
+                                f"{self.backend}, got {value!r}")
         if caller_caches and self.backend != "native":
             raise Error(f"Attention: caller_caches: the {self.backend} backend keeps its own "
                         f"caches; use backend='native'")
@@ -382,7 +389,7 @@ class Attention(_LayerWrapper):
             self._layer = _C.Attention(config, layer, w, swa_blocks, compressed_blocks,
                                        state_blocks, swa_block_size, fp8_activations,
                                        self.device.type, cuda_graphs, bool(caller_caches),
-                                       tp_rank, tp_size, kv_layout, kv_scale)
+                                       tp_rank, tp_size, kv_layout, kv_scale, q_scale)
 
     # ---- caller-owned caches (caller_caches=True) ---------------------------------------------
     _CACHE_NAMES = ("swa", "compressed", "compressor_state", "indexer_keys", "indexer_state")
@@ -630,14 +637,14 @@ class AttentionStack:
 
 def reference_attention_layer(config, layer: int, weights: AttentionWeights, x: torch.Tensor,
                               fp8_activations: bool = True, kv_layout: str = "model1",
-                              kv_scale: float = 1.0) -> torch.Tensor:
+                              kv_scale: float = 1.0, q_scale: float = 1.0) -> torch.Tensor:
     """The float64 reference (include/dsv4/reference.h): y [L, dim] float64 for ONE request's
     tokens x [L, dim] at positions 0..L-1, with no caches or batching. fp8_activations: model the
     layer's FP8 activation quantizations (Attention's flag of the same name); kv_layout: model
-    what the layer's caches hand back, kv_scale the FP8_PER_TENSOR scale (Attention's arguments
-    of the same names)."""
+    what the layer's caches hand back, kv_scale the FP8_PER_TENSOR scale and q_scale its FP8
+    queries' (Attention's arguments of the same names)."""
     if isinstance(config, str):
         config = _C.ModelConfig.builtin(config)
     x = x.detach().to("cpu", torch.float64).contiguous()
     return _C.reference_attention_layer(config, layer, weights, x, fp8_activations, kv_layout,
-                                        kv_scale)
+                                        kv_scale, q_scale)

@@ -288,6 +288,10 @@ std::vector<LayerCacheSlot> layer_cache_slots(const ModelConfig& cfg, LayerKind 
   if (opts.layout == KvLayout::fp8_per_tensor &&
       !(opts.kv_scale > 0.0f && std::isfinite(opts.kv_scale)))
     fail_expected(where, "opts.kv_scale", "a finite value > 0 (FP8_PER_TENSOR)", opts.kv_scale);
+  // (Not a cache's property, but the queries decoded over these caches: checked with their scale.)
+  if (opts.layout == KvLayout::fp8_per_tensor &&
+      !(opts.q_scale > 0.0f && std::isfinite(opts.q_scale)))
+    fail_expected(where, "opts.q_scale", "a finite value > 0 (FP8_PER_TENSOR)", opts.q_scale);
   const float tensor_scale = opts.kv_scale;
   auto spec = [tensor_scale](std::string name, int block_size, int64_t block_bytes, int32_t num_blocks,
                  int64_t retain, std::optional<KvLayout> layout) {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dsv4/dtype.h"
+#include "dsv4/fp8_block.h"
 
 namespace dsv4::cpu {
 
@@ -148,6 +149,15 @@ class QueryAttention {
     for (int h = 0; h < heads_; ++h)
       for (int d = 0; d < d_qk_; ++d)
         q_[static_cast<size_t>(h) * d_qk_ + d] = bf16_bits_to_float(q_bf16[h * head_stride + d]);
+    softmax_.reset();
+  }
+  // The same from e4m3 codes of scale q_scale: the bf16 query they mean, bf16(fp8 · q_scale)
+  // (fp8_block.h's rule, then one bf16 rounding; what the CUDA decode converts them to).
+  void set_query_fp8(const uint8_t* q_fp8, int64_t head_stride, float q_scale) {
+    for (int h = 0; h < heads_; ++h)
+      for (int d = 0; d < d_qk_; ++d)
+        q_[static_cast<size_t>(h) * d_qk_ + d] =
+            round_bf16(fp8_decode_scaled(q_fp8[h * head_stride + d], q_scale));
     softmax_.reset();
   }
 

@@ -47,7 +47,8 @@ void inv_rope_fp8_quant(const TensorView& o, const TensorView& positions, const 
                         Stream stream);
 void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const TensorView& positions,
                           const TensorView& cos_sin, float eps, const KvCacheView& cache,
-                          const TensorView& slot_mapping, Stream stream);
+                          const TensorView& slot_mapping, const Fp8QueryOutput& fp8_query,
+                          Stream stream);
 
 // ---- paged KV caches (kv_quantize.cpp): host utilities
 void kv_quantize(const KvCacheView& cache, const TensorView& values, const TensorView& slots,

@@ -1,6 +1,7 @@
-// The CPU kernel of qnorm_rope_kv_insert: per token, q ← RoPE(rms_norm(q) per head),
-// kv ← RoPE(kv), kv encoded into its cache slot and replaced by the decoded value (kv_layout.h's
-// per-token encode/decode, shared with CUDA).
+// The CPU kernel of qnorm_rope_kv_insert: per token, q ← RoPE(rms_norm(q) per head) (with an FP8
+// query: its codes written, q ← what they mean), kv ← RoPE(kv), kv encoded into its cache slot and
+// replaced by the decoded value (kv_layout.h's per-token encode/decode and fp8_block.h's
+// per-tensor rule, shared with CUDA).
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -9,6 +10,7 @@
 #include "cpu/kernels.h"
 #include "cpu/rope_common.h"
 #include "cpu/rows.h"
+#include "dsv4/fp8_block.h"
 #include "math/rms_norm.h"
 
 namespace dsv4::cpu {
@@ -39,7 +41,8 @@ void check_slots(const TensorView& slot_mapping, int64_t num_slots) {
 
 void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const TensorView& positions,
                           const TensorView& cos_sin, float eps, const KvCacheView& cache,
-                          const TensorView& slot_mapping, Stream /*stream*/) {
+                          const TensorView& slot_mapping, const Fp8QueryOutput& fp8_query,
+                          Stream /*stream*/) {
   const int64_t R = cos_sin.shape[1];
   check_positions_in_table(kOp, positions, cos_sin);
   check_slots(slot_mapping, cache.num_slots());
@@ -50,6 +53,8 @@ void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const Tenso
   // cache would hold whether or not it is stored.
   const KvGeometry scratch_g = kv_geometry(cache.layout, 1);
   uint8_t* cache_bytes = static_cast<uint8_t*>(cache.data.data);
+  const TensorView& q_fp8 = fp8_query.q_fp8;
+  const float q_scale = fp8_query.q_scale, inv_q_scale = ieee_div(1.0f, q_scale);
 #pragma omp parallel if (T > 1)
   {
     std::vector<float> row(static_cast<size_t>(D));
@@ -63,6 +68,13 @@ void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const Tenso
         load_row(q_row, DType::bf16, D, row.data());
         math::rms_normalize(row.data(), D, eps, nullptr);
         math::rope_rotate_pairs(row.data() + (D - R), cos_sin_row, R / 2, false);
+        if (q_fp8.defined()) {
+          uint8_t* codes = static_cast<uint8_t*>(q_fp8.data) + t * q_fp8.strides[0] + h * q_fp8.strides[1];
+          for (int64_t i = 0; i < D; ++i) {
+            codes[i] = fp8_encode_scaled(row[i], inv_q_scale);
+            row[i] = fp8_decode_scaled(codes[i], q_scale);
+          }
+        }
         store_row(row.data(), DType::bf16, D, q_row);
       }
 

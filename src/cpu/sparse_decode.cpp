@@ -72,7 +72,7 @@ void attend_splits(const SparseDecodeArgs& a, const DecodeDims& dims,
                                 : Scope{};
   const int64_t rows = dims.b * dims.s_q, splits = schedule.num_splits;
   const int h = static_cast<int>(dims.h), d_qk = static_cast<int>(dims.d_qk), d_v = a.d_v;
-  const uint16_t* q = a.q.ptr<const uint16_t>();
+  const bool q_fp8 = a.q.dtype == DType::fp8_e4m3;
   float* po = partial_o.ptr<float>();
   float* plse = partial_lse.ptr<float>();
 
@@ -83,7 +83,11 @@ void attend_splits(const SparseDecodeArgs& a, const DecodeDims& dims,
     for (int64_t item = 0; item < rows * splits; ++item) {
       const int64_t row = item / splits, split = item % splits;
       const int64_t bi = row / dims.s_q, si = row % dims.s_q;
-      attention.set_query(q + bi * a.q.strides[0] + si * a.q.strides[1], a.q.strides[2]);
+      const int64_t q_row = bi * a.q.strides[0] + si * a.q.strides[1];
+      if (q_fp8)
+        attention.set_query_fp8(a.q.ptr<const uint8_t>() + q_row, a.q.strides[2], a.q_scale);
+      else
+        attention.set_query(a.q.ptr<const uint16_t>() + q_row, a.q.strides[2]);
       const int64_t main_len = main.counted(bi);
       const int64_t total = main_len + (has_extra ? extra.counted(bi) : 0);
       const int64_t begin = std::min(split * schedule.split_len, total);

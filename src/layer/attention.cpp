@@ -3,6 +3,7 @@
 //   x ─► wq_a, wkv ─► fused q/kv RMSNorm ─► wq_b ─► q head-norm + RoPE, kv RoPE + quant + insert
 //     ─► [compressor ─► compressed cache; C4A: indexer top-k; C128A: all entries]
 //     ─► decodes: sparse_decode over (SWA window | compressed entries) read from the FP8 caches
+//        (with a per-tensor FP8 cache, of the FP8 queries the insert wrote, as the FlashInfer port)
 //     ─► prefills: gather (compressed | SWA) into a bf16 workspace, sparse_prefill
 //     ─► inverse RoPE + FP8 act quant (one pass) ─► grouped wo_a ─► wo_b ─► y
 // Projections with FP8 weights take FP8 inputs (per token and 128 columns, UE8M0), as DeepSeek's
@@ -129,6 +130,10 @@ struct Attention::Impl {
     const StepPlan& sp;
     Stream stream;
     TensorView q;             // [T, H, D] bf16: normed, roped queries
+    // FP8_PER_TENSOR caches: [T, H, D] fp8_e4m3, the queries the decodes read (q = bf16(fp8 ·
+    // q_scale)); undefined otherwise.
+    TensorView q_fp8;
+    float q_scale = 1.0f;
     TensorView o;             // [T, H, D] bf16: the attention output
     TensorView positions;     // [T] int64
     TensorView token_to_req;  // [T] int32
@@ -334,6 +339,7 @@ Attention::Impl::WorkspaceBound Attention::Impl::workspace_bound(int64_t max_tok
   add(2 * T * cfg.q_lora_rank);  // qr_n
   add(2 * T * D);                // kv
   add(2 * T * HD);               // q
+  if (opts.caches.layout == KvLayout::fp8_per_tensor) add(T * HD);  // q_fp8
   add(2 * T * HD);               // o
   if (ratio) {
     const int64_t coff = ratio == 4 ? 2 : 1;
@@ -493,14 +499,22 @@ void Attention::Impl::launch(const StepPlan& sp, const TensorView& x, const Tens
   const auto [qa, qa_scale] = qr_n.for_weight(wv.wq_b);
   linear(qa, qa_scale, wv.wq_b.value, wv.wq_b.scale, reshape(q, {T, int64_t{H} * D}), gemm_workspace, stream);
 
-  // 4–5. q head-norm + RoPE, kv RoPE + quant + insert into the SWA slots.
+  // 4–5. q head-norm + RoPE, kv RoPE + quant + insert into the SWA slots. Over per-tensor FP8
+  // caches the queries are FP8 too (the FlashInfer port's path: the decodes read them), and q
+  // keeps what they mean, bf16(fp8 · q_scale), the query the prefills and the decodes attend with.
+  Fp8QueryOutput fp8_query;
+  if (opts.caches.layout == KvLayout::fp8_per_tensor) {
+    fp8_query.q_fp8 = ws.tensor(DType::fp8_e4m3, {T, H, D});
+    fp8_query.q_scale = opts.caches.q_scale;
+  }
   op("qnorm_rope_kv_insert");
   qnorm_rope_kv_insert(q, kv, positions, cos_sin_v, eps, caches.swa->kv_view(),
-                       upload.view(sp.slot_mapping), stream);
+                       upload.view(sp.slot_mapping), fp8_query, stream);
   if (overlap) side_join.make_wait(stream);
 
-  Step st{sp, stream, q, ws.tensor(DType::bf16, {T, H, D}), positions, token_to_req,
-          std::move(cidx), cos_sin_v, 1.0f / std::sqrt(static_cast<float>(D))};
+  Step st{sp, stream, q, fp8_query.q_fp8, fp8_query.q_scale, ws.tensor(DType::bf16, {T, H, D}),
+          positions, token_to_req, std::move(cidx), cos_sin_v,
+          1.0f / std::sqrt(static_cast<float>(D))};
   if (sp.nd > 0) attend_decodes(st);
   if (!sp.prefill_groups.empty()) attend_prefills(st);
   project_output(st, y);
@@ -521,7 +535,12 @@ void Attention::Impl::attend_decodes(const Step& st) {
                      upload.view(sp.swa_table), caches.swa->spec().block_size, W, swa_idx,
                      swa_len, st.stream);
   SparseDecodeArgs a;
-  a.q = reshape(st.q.slice0(0, nd), {nd, 1, H, D});
+  if (st.q_fp8.defined()) {
+    a.q = reshape(st.q_fp8.slice0(0, nd), {nd, 1, H, D});
+    a.q_scale = st.q_scale;
+  } else {
+    a.q = reshape(st.q.slice0(0, nd), {nd, 1, H, D});
+  }
   a.k_cache = caches.swa->kv_view();
   a.indices = reshape(swa_idx, {nd, 1, W});
   a.topk_length = swa_len;

@@ -32,22 +32,26 @@ void nope_block_round(double* v, int D, int R) {
   }
 }
 
+// n values as a per-tensor FP8 tensor of `scale` hands them back to its bf16 readers:
+// bf16(fp8(v / scale) · scale), the division as the encoder's fp32 multiply by 1 / scale, the
+// product in fp32 and rounded to bf16 (exact for a power-of-two scale). The layer's cache rows
+// (kv_scale) and, over such a cache, its queries (q_scale).
+void fp8_tensor_round(double* v, int64_t n, float scale) {
+  const float inv = 1.0f / scale;
+  for (int64_t i = 0; i < n; ++i)
+    v[i] = round_bf16(fp8_e4m3_to_float(float_to_fp8_e4m3(static_cast<float>(v[i]) * inv)) * scale);
+}
+
 // A row as the layer's cache of `layout` hands it back. MODEL1: nope dims FP8 blocks of 64, rope
-// dims bf16. BF16: every dim bf16. FP8_PER_TENSOR: every dim bf16(fp8(v / kv_scale) · kv_scale),
-// the division as the encoder's fp32 multiply by 1 / kv_scale, the product in fp32 and rounded
-// to bf16 as every reader takes it (the gather's bf16 rows, the decode's tensor-core operands,
-// the insert's kv); exact for a power-of-two scale.
+// dims bf16. BF16: every dim bf16. FP8_PER_TENSOR: every dim fp8_tensor_round at kv_scale, as
+// every reader takes it (the gather's bf16 rows, the decode's tensor-core operands, the insert's
+// kv).
 void layout_round(double* v, int D, int R, KvLayout layout, float kv_scale) {
   switch (layout) {
     case KvLayout::bf16:
       for (int i = 0; i < D; ++i) v[i] = round_bf16(static_cast<float>(v[i]));
       return;
-    case KvLayout::fp8_per_tensor: {
-      const float inv = 1.0f / kv_scale;
-      for (int i = 0; i < D; ++i)
-        v[i] = round_bf16(fp8_e4m3_to_float(float_to_fp8_e4m3(static_cast<float>(v[i]) * inv)) * kv_scale);
-      return;
-    }
+    case KvLayout::fp8_per_tensor: fp8_tensor_round(v, D, kv_scale); return;
     default:
       nope_block_round(v, D, R);
       for (int i = D - R; i < D; ++i) v[i] = round_bf16(static_cast<float>(v[i]));
@@ -145,7 +149,12 @@ std::vector<double> reference_attention_layer(const ModelConfig& cfg, int layer,
       rmsnorm(q + h * D, D, nullptr, eps);
       rotate(q + h * D, D, freqs, static_cast<double>(p));
     }
-    bf16_round(q, H * D);
+    // The stored query: bf16, or over per-tensor FP8 caches what the FP8 query means (encoded
+    // from the unrounded values, as the insert encodes its fp32 ones).
+    if (opts.kv_layout == KvLayout::fp8_per_tensor)
+      fp8_tensor_round(q, H * D, opts.q_scale);
+    else
+      bf16_round(q, H * D);
     double* kv = &KV.a[p * D];
     rmsnorm(kv, D, &kv_norm, eps);
     bf16_round(kv, D);

@@ -87,7 +87,7 @@ using InvRopeFp8QuantFn = void(const TensorView& o, const TensorView& positions,
 using QnormRopeKvInsertFn = void(const TensorView& q, const TensorView& kv,
                                  const TensorView& positions, const TensorView& cos_sin, float eps,
                                  const KvCacheView& cache, const TensorView& slot_mapping,
-                                 Stream stream);
+                                 const Fp8QueryOutput& fp8_query, Stream stream);
 using KvQuantizeFn = void(const KvCacheView& cache, const TensorView& values,
                           const TensorView& slots, Stream stream);
 using KvDequantizeFn = void(const KvCacheView& cache, const TensorView& slots,

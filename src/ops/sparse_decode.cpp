@@ -65,6 +65,16 @@ void check_scope_indices(const char* indices_name, const char* length_name,
   }
 }
 
+// q_scale: an FP8 q's dequantization scale (ops::check_fp8_query_scale); a bf16 q has none, so
+// only 1.
+void check_query_scale(const TensorView& q, float q_scale) {
+  if (q.dtype == DType::bf16) {
+    if (q_scale != 1.0f) fail_expected(kOp, "q_scale", "1 for a bf16 q (the scale of an FP8 q)", q_scale);
+    return;
+  }
+  ops::check_fp8_query_scale(kOp, q_scale);
+}
+
 // The one validation of sparse_decode's arguments, shared by both backends.
 DecodeDims validate_decode(const SparseDecodeArgs& a, const DecodeSchedule& schedule,
                            const TensorView& workspace) {
@@ -77,7 +87,8 @@ DecodeDims validate_decode(const SparseDecodeArgs& a, const DecodeSchedule& sche
   dims.h = a.q.shape[2];
   dims.d_qk = a.q.shape[3];
   const int64_t b = dims.b, s_q = dims.s_q, h = dims.h, d_qk = dims.d_qk;
-  ops::check_tensor(kOp, "q", a.q, DType::bf16, {-1, -1, -1, -1}, dims.device,
+  ops::check_dtype_in(kOp, "q", a.q, {DType::bf16, DType::fp8_e4m3});
+  ops::check_tensor(kOp, "q", a.q, a.q.dtype, {-1, -1, -1, -1}, dims.device,
                     ops::Dense::last_dim);
   if (h < 1) fail_expected(kOp, "q.shape[2] (heads)", ">= 1", h);
 
@@ -118,6 +129,7 @@ DecodeDims validate_decode(const SparseDecodeArgs& a, const DecodeSchedule& sche
 
   ops::check_optional_tensor(kOp, "attn_sink", a.attn_sink, DType::fp32, {h}, dims.device);
   dims.scale = ops::resolve_softmax_scale(kOp, a.softmax_scale, d_qk);
+  check_query_scale(a.q, a.q_scale);
   ops::check_output_tensor(kOp, "out", a.out, DType::bf16, {b, s_q, h, a.d_v}, dims.device,
                            ops::Dense::last_dim);
   ops::check_output_tensor(kOp, "lse", a.lse, DType::fp32, {b, s_q, h}, dims.device,

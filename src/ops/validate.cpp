@@ -1,6 +1,7 @@
 #include "ops/validate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -8,8 +9,17 @@
 #include <vector>
 
 #include "dsv4/checked_math.h"
+#include "dsv4/dtype.h"
 
 namespace dsv4::ops {
+
+void check_fp8_query_scale(const char* where, float q_scale) {
+  if (!(q_scale > 0.0f) || !std::isfinite(q_scale))
+    fail_expected(where, "q_scale", "a finite value > 0", q_scale);
+  if (!std::isfinite(round_bf16(ieee_mul(kFp8Max, q_scale))))
+    fail_expected(where, "q_scale", "a value whose largest query, bf16(448 * q_scale), is finite",
+                  q_scale);
+}
 
 void check_dtype_in(const char* where, const char* name, const TensorView& t,
                     std::initializer_list<DType> allowed) {

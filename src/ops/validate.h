@@ -53,6 +53,10 @@ void check_weight_scale(const char* where, const char* w_name, const TensorView&
                         const char* scale_name, const TensorView& scale,
                         std::initializer_list<int64_t> expected_shape);
 
+// The dequantization scale of an FP8 query (Fp8QueryOutput::q_scale, SparseDecodeArgs::q_scale):
+// finite, > 0, and small enough that the largest query, bf16(448 · q_scale), is finite.
+void check_fp8_query_scale(const char* where, float q_scale);
+
 // An index tensor (positions, slots): 1-d, int32 or int64, `expected_len` entries.
 void check_index_vector(const char* where, const char* name, const TensorView& t,
                         int64_t expected_len);

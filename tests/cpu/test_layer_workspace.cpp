@@ -1,6 +1,7 @@
 // Attention::reserve(): the workspace bound it reserves covers what every step within its limits
 // takes (measured by the scratch's high-water mark, counted on the CPU exactly as the CUDA arena
-// carves it), and bad limits are refused.
+// carves it), and bad limits are refused. With per-tensor FP8 caches the decodes' FP8 queries are
+// one more temporary.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -12,8 +13,10 @@
 namespace dsv4 {
 namespace {
 
-Attention make_layer(const ModelConfig& cfg, int layer, int group) {
+Attention make_layer(const ModelConfig& cfg, int layer, int group, KvLayout layout = KvLayout::model1_fp8) {
   AttentionOptions opts;
+  opts.caches.layout = layout;
+  opts.caches.q_scale = 0.6f;  // read with FP8_PER_TENSOR only
   opts.caches.swa_blocks = 128;
   opts.caches.compressed_blocks = 128;
   opts.caches.state_blocks = 128;
@@ -27,12 +30,12 @@ void step(Attention& a, const std::vector<RequestStep>& steps) {
   a.forward(plan, xy.x, xy.y);
 }
 
-class LayerWorkspace : public ::testing::TestWithParam<std::tuple<int, int>> {};
+class LayerWorkspace : public ::testing::TestWithParam<std::tuple<int, int, KvLayout>> {};
 
 TEST_P(LayerWorkspace, ReserveCoversEveryStepWithinItsLimits) {
-  const auto [layer, group] = GetParam();
+  const auto [layer, group, layout] = GetParam();
   const ModelConfig cfg = ModelConfig::builtin("tiny");
-  Attention a = make_layer(cfg, layer, group);
+  Attention a = make_layer(cfg, layer, group, layout);
   // Up to 96 tokens a step over up to 6 requests, sequences up to 600 tokens.
   const LayerMemory reserved = a.reserve(96, 6, 600);
   ASSERT_GT(reserved.workspace, 0);
@@ -49,7 +52,8 @@ TEST_P(LayerWorkspace, ReserveCoversEveryStepWithinItsLimits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(KindsAndGroups, LayerWorkspace,
-                         ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Values(1, 4)));
+                         ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Values(1, 4),
+                                            ::testing::Values(KvLayout::model1_fp8, KvLayout::fp8_per_tensor)));
 
 TEST(LayerWorkspaceArgs, RefusesBadLimits) {
   const ModelConfig cfg = ModelConfig::builtin("tiny");

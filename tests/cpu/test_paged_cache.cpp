@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <set>
 #include <string>
@@ -351,6 +352,32 @@ TEST(LayerCaches, RequestsSpanEveryCacheAndLayoutMustMatchTheHeadDim) {
   const auto ok = dsv4::make_layer_caches(v32, LayerKind::swa, opts);
   EXPECT_EQ(ok.swa->spec().block_bytes, 64 * 656);
   EXPECT_EQ(ok.swa->spec().retain, 0);  // no sliding window in v3.2: keep everything
+}
+
+// FP8_PER_TENSOR's two scales, the caches' (kv_scale, their tensor_scale) and the FP8 queries'
+// (q_scale), must be finite and > 0, each error naming its option; other layouts ignore them.
+TEST(LayerCaches, PerTensorScalesAreChecked) {
+  const auto tiny = dsv4::ModelConfig::builtin("tiny");
+  dsv4::LayerCacheOptions opts;
+  opts.swa_blocks = opts.compressed_blocks = opts.state_blocks = 4;
+  opts.layout = KvLayout::fp8_per_tensor;
+  opts.kv_scale = 0.7f;
+  opts.q_scale = 0.6f;
+  const auto ok = dsv4::make_layer_caches(tiny, LayerKind::c128a, opts);
+  EXPECT_EQ(ok.swa->kv_view().tensor_scale, 0.7f);
+  EXPECT_EQ(ok.compressed->kv_view().tensor_scale, 0.7f);
+  for (const float bad : {0.0f, -1.0f, INFINITY, NAN}) {
+    SCOPED_TRACE(bad);
+    dsv4::LayerCacheOptions k = opts, q = opts;
+    k.kv_scale = bad;
+    q.q_scale = bad;
+    EXPECT_NE(error_of([&] { dsv4::make_layer_caches(tiny, LayerKind::swa, k); }).find("opts.kv_scale"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] { dsv4::make_layer_caches(tiny, LayerKind::swa, q); }).find("opts.q_scale"),
+              std::string::npos);
+    q.layout = KvLayout::model1_fp8;  // no FP8 queries: the scale is not read
+    EXPECT_NO_THROW(dsv4::make_layer_caches(tiny, LayerKind::swa, q));
+  }
 }
 
 }  // namespace

@@ -7,6 +7,9 @@
 //      subnormal quantum + the bf16 tolerance).
 //   The cache bytes, decoded here with an independent docs/spec.md §7 decoder, equal the kv the op
 //   returns; bytes outside the written tokens are untouched; slot -1 stores nothing.
+//   With an FP8 query (Fp8QueryOutput): the codes are e4m3(q / q_scale) of the float64 q within
+//   half an e4m3 step, saturating at ±448; q holds exactly what they mean, bf16(fp8 · q_scale);
+//   kv and the cache are the bytes of the same call without one.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -108,6 +111,31 @@ Batch make_batch(int64_t T, int64_t H, int64_t D, int64_t num_slots, uint64_t se
   return b;
 }
 
+// Float64 q of token t, head h after the head norm and RoPE (`value`), and per value the magnitude
+// its fp32 computation's error scales with (`magnitude`: the value itself for a nope dim, its
+// pair's norm for a rotated one).
+struct HeadQuery {
+  std::vector<double> value, magnitude;
+};
+HeadQuery reference_query(const Batch& b, int64_t t, int64_t h, int64_t H, int64_t D,
+                          const std::vector<double>& freqs) {
+  const int64_t p = b.positions.data<int64_t>()[t], base = (t * H + h) * D;
+  double ss = 0;
+  for (int64_t i = 0; i < D; ++i) ss += b.qd[base + i] * b.qd[base + i];
+  const double inv = 1.0 / std::sqrt(ss / D + kEps);
+  HeadQuery q{std::vector<double>(D), std::vector<double>(D)};
+  for (int64_t i = 0; i < D - kRope; ++i) {
+    q.value[i] = b.qd[base + i] * inv;
+    q.magnitude[i] = std::fabs(q.value[i]);
+  }
+  for (int64_t j = 0; j < kRope / 2; ++j) {
+    const int64_t i = D - kRope + 2 * j;
+    reference_rotate(b.qd[base + i] * inv, b.qd[base + i + 1] * inv, p * freqs[j], q.value[i], q.value[i + 1]);
+    q.magnitude[i] = q.magnitude[i + 1] = std::hypot(q.value[i], q.value[i + 1]);
+  }
+  return q;
+}
+
 // Float64 expectation of the layout's stored value for dim i of a token whose RoPE'd kv is `v`,
 // exact for the nope dims; `exact` says whether it is.
 double expected_stored(KvLayout l, const std::vector<double>& v, int64_t i, double tensor_scale, bool& exact) {
@@ -153,23 +181,12 @@ TEST_P(QnormRopeKvInsert, MatchesFloat64AndCacheRoundTrips) {
   std::vector<bool> written(cache.nbytes(), false);
   for (int64_t t = 0; t < T; ++t) {
     const int64_t p = b.positions.data<int64_t>()[t];
-    // q: head norm then RoPE.
+    // q: head norm then RoPE, rounded once to bf16.
     for (int64_t h = 0; h < c.H; ++h) {
-      const int64_t base = (t * c.H + h) * D;
-      double ss = 0;
-      for (int64_t i = 0; i < D; ++i) ss += b.qd[base + i] * b.qd[base + i];
-      const double inv = 1.0 / std::sqrt(ss / D + kEps);
-      for (int64_t i = 0; i < D - kRope; ++i)
-        ASSERT_NEAR(at(b.q, base + i), b.qd[base + i] * inv, bf16_rel * std::fabs(b.qd[base + i] * inv))
+      const HeadQuery want = reference_query(b, t, h, c.H, D, f);
+      for (int64_t i = 0; i < D; ++i)
+        ASSERT_NEAR(at(b.q, (t * c.H + h) * D + i), want.value[i], bf16_rel * want.magnitude[i])
             << "q t " << t << " h " << h << " i " << i;
-      for (int64_t j = 0; j < kRope / 2; ++j) {
-        const int64_t i = D - kRope + 2 * j;
-        double ya, yb;
-        reference_rotate(b.qd[base + i] * inv, b.qd[base + i + 1] * inv, p * f[j], ya, yb);
-        const double tol = bf16_rel * std::hypot(ya, yb);
-        ASSERT_NEAR(at(b.q, base + i), ya, tol) << "q t " << t << " h " << h << " pair " << j;
-        ASSERT_NEAR(at(b.q, base + i + 1), yb, tol) << "q t " << t << " h " << h << " pair " << j;
-      }
     }
     // kv: RoPE in float64, then the layout's quantization.
     std::vector<double> v(b.kvd.begin() + t * D, b.kvd.begin() + (t + 1) * D);
@@ -244,22 +261,120 @@ TEST(QnormRopeKvInsertEdges, PerTensorArbitraryScale) {
   }
 }
 
+// ---- the FP8 query (Fp8QueryOutput) -------------------------------------------------------------
+// The nearest bf16 of v (round to nearest even), from the format's definition.
+double bf16_round(double v) {
+  const float f = static_cast<float>(v);
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bf16_value(static_cast<uint16_t>(u >> 16));
+}
+
+struct Fp8QueryCase {
+  KvLayout layout;
+  float q_scale;
+};
+class QnormRopeKvInsertFp8Query : public ::testing::TestWithParam<Fp8QueryCase> {};
+
+// Per q value x (float64, reference_query), with s = q_scale:
+//   fp8(code) · s == sat(x) within half an e4m3 step: 2^-4 |sat(x)| for a normal code, half the
+//   subnormal quantum 2^-9 (in units of s) below, plus 2^-16 of the value's magnitude for the fp32
+//   norm / RoPE / 1/s arithmetic ahead of the rounding (~1e-6 relative, far below an fp8 step);
+//   sat(x) = x clamped to ±448 · s (e4m3's largest finite value; saturated codes are exactly ±448);
+//   q == bf16(fp8(code) · s) exactly (two exact values, their product rounded once to fp32 then to
+//   bf16: what the op states q holds).
+// The codes sit in a wider poisoned buffer (heads and rows padded): every code is written (none
+// is the NaN poison), the padding is not. kv and the cache equal the call without an FP8 query.
+TEST_P(QnormRopeKvInsertFp8Query, CodesAreTheScaledQueryAndQHoldsWhatTheyMean) {
+  const Fp8QueryCase c = GetParam();
+  const int64_t T = 6, H = 16, D = layout_dim(c.layout), B = 8, num_blocks = 2;
+  const double s = c.q_scale;
+  HostTensor cache = HostTensor(DType::uint8, {num_blocks, block_bytes(c.layout, B)});
+  HostTensor cache_plain = HostTensor(DType::uint8, {num_blocks, block_bytes(c.layout, B)});
+  cache.fill_bytes(0xAB);
+  cache_plain.fill_bytes(0xAB);
+  Batch b = make_batch(T, H, D, num_blocks * B, 77), plain = make_batch(T, H, D, num_blocks * B, 77);
+  const int64_t head_pad = 1, row_pad = 16;
+  HostTensor codes_buf = poisoned(DType::fp8_e4m3, {T, H + head_pad, D + row_pad});
+  TensorView q_fp8(codes_buf.data<uint8_t>(), DType::fp8_e4m3, {T, H, D});
+  q_fp8.strides = {(H + head_pad) * (D + row_pad), D + row_pad, 1};
+  const float kv_scale = 0.0625f;
+  dsv4::qnorm_rope_kv_insert(b.q, b.kv, b.positions, rope_table(false), kEps,
+                             {cache.view(), c.layout, static_cast<int>(B), kv_scale}, b.slots,
+                             dsv4::Fp8QueryOutput{q_fp8, c.q_scale});
+  dsv4::qnorm_rope_kv_insert(plain.q, plain.kv, plain.positions, rope_table(false), kEps,
+                             {cache_plain.view(), c.layout, static_cast<int>(B), kv_scale}, plain.slots);
+  ASSERT_EQ(bytes_of(b.kv), bytes_of(plain.kv));
+  ASSERT_EQ(bytes_of(cache), bytes_of(cache_plain));
+
+  const std::vector<double> f = reference_rope_freqs(swa_rope());
+  const uint8_t* buf = codes_buf.data<uint8_t>();
+  int saturated = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      const HeadQuery want = reference_query(b, t, h, H, D, f);
+      const uint8_t* codes = buf + t * q_fp8.strides[0] + h * q_fp8.strides[1];
+      for (int64_t i = 0; i < D; ++i) {
+        SCOPED_TRACE(::testing::Message() << "t " << t << " h " << h << " i " << i);
+        ASSERT_NE(codes[i] & 0x7F, 0x7F) << "a NaN code: unwritten";
+        const double x = want.value[i], sat = std::clamp(x, -448.0 * s, 448.0 * s);
+        const double got = fp8_value(codes[i]) * s;
+        ASSERT_NEAR(got, sat, std::ldexp(std::fabs(sat), -4) + std::ldexp(s, -10) +
+                                  std::ldexp(want.magnitude[i], -16));
+        if (std::fabs(x) >= 464.0 * s) {  // beyond the rounding range of 448: saturated
+          ASSERT_EQ(codes[i] & 0x7F, 0x7E);
+          ++saturated;
+        }
+        ASSERT_EQ(at(b.q, (t * H + h) * D + i), bf16_round(got));
+      }
+    }
+  if (c.q_scale < 1.0f / 256) {
+    EXPECT_GT(saturated, 0) << "the saturating case saturated nothing";
+  }
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H + head_pad; ++h)
+      for (int64_t i = 0; i < D + row_pad; ++i)
+        if (h >= H || i >= D) {
+          ASSERT_EQ(buf[(t * (H + head_pad) + h) * (D + row_pad) + i], 0xFF) << "padding written";
+        }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, QnormRopeKvInsertFp8Query,
+    ::testing::Values(Fp8QueryCase{KvLayout::fp8_per_tensor, 0.37f}, Fp8QueryCase{KvLayout::fp8_per_tensor, 1.0f},
+                      Fp8QueryCase{KvLayout::model1_fp8, 0.37f}, Fp8QueryCase{KvLayout::v32_fp8, 0.37f},
+                      Fp8QueryCase{KvLayout::bf16, 0.37f},
+                      // q_scale 2^-9: the normed q (|x| up to ~2) exceeds 448 · 2^-9 = 0.875.
+                      Fp8QueryCase{KvLayout::fp8_per_tensor, 1.0f / 512}),
+    [](const auto& info) {
+      std::ostringstream n;
+      n << dsv4::kv_layout_name(info.param.layout) << "_q_scale_"
+        << (info.param.q_scale == 0.37f ? "0_37" : info.param.q_scale == 1.0f ? "1" : "2e_9");
+      return n.str();
+    });
+
 class QnormRopeKvInsertErrors : public ::testing::Test {
  protected:
   static constexpr int64_t T = 4, H = 16, D = 512, B = 8, kBlocks = 2;
   HostTensor cache = HostTensor(DType::uint8, {kBlocks, block_bytes(KvLayout::model1_fp8, B)});
   Batch b = make_batch(T, H, D, kBlocks * B, 9);
+  HostTensor q_fp8 = HostTensor(DType::fp8_e4m3, {T, H, D});  // an FP8 query output, 0x5A bytes
   dsv4::KvCacheView view() const { return {cache.view(), KvLayout::model1_fp8, static_cast<int>(B), 1.0f}; }
 
-  void SetUp() override { cache.fill_bytes(0x5A); }
-  // Runs `check` (which expects the calls it makes to be refused), then checks q, kv and the cache
-  // are unchanged.
+  void SetUp() override {
+    cache.fill_bytes(0x5A);
+    q_fp8.fill_bytes(0x5A);
+  }
+  // Runs `check` (which expects the calls it makes to be refused), then checks q, kv, the cache
+  // and q_fp8 are unchanged.
   void expect_unchanged(const std::function<void()>& check, const std::string& what) {
-    const auto q0 = bytes_of(b.q), kv0 = bytes_of(b.kv), c0 = bytes_of(cache);
+    const auto q0 = bytes_of(b.q), kv0 = bytes_of(b.kv), c0 = bytes_of(cache), f0 = bytes_of(q_fp8);
     check();
     EXPECT_EQ(bytes_of(b.q), q0) << what;
     EXPECT_EQ(bytes_of(b.kv), kv0) << what;
     EXPECT_EQ(bytes_of(cache), c0) << what;
+    EXPECT_EQ(bytes_of(q_fp8), f0) << what;
   }
   // Runs the call expecting the error, then checks q, kv and the cache are unchanged.
   void expect_rejected(const std::function<void()>& call, std::vector<std::string> parts) {
@@ -269,6 +384,58 @@ class QnormRopeKvInsertErrors : public ::testing::Test {
     dsv4::qnorm_rope_kv_insert(b.q, b.kv, positions, rope_table(false), kEps, view(), slots);
   }
 };
+
+// The FP8 query output: dtype, shape, strides, scale and memory checked before anything is written
+// (q_fp8 included), each error naming q_fp8 or q_scale; a data error (a bad slot) found with an
+// FP8 query writes no code either.
+TEST_F(QnormRopeKvInsertErrors, Fp8QueryOutput) {
+  const HostTensor& table = rope_table(false);
+  auto call = [&](const TensorView& codes, float q_scale) {
+    dsv4::qnorm_rope_kv_insert(b.q, b.kv, b.positions, table, kEps, view(), b.slots,
+                               dsv4::Fp8QueryOutput{codes, q_scale});
+  };
+  HostTensor q_bf16(DType::bf16, {T, H, D}), q_fewer_heads(DType::fp8_e4m3, {T, H - 1, D});
+  HostTensor wide = HostTensor::zeros(DType::fp8_e4m3, {T, H, 2 * D});
+  TensorView every_other(wide.data<uint8_t>(), DType::fp8_e4m3, {T, H, D});
+  every_other.strides = {H * 2 * D, 2 * D, 2};
+  TensorView heads_alias = q_fp8.view();  // every head of a token at the same address
+  heads_alias.strides[1] = 0;
+  TensorView negative = q_fp8.view();
+  negative.strides[0] = -H * D;
+  expect_rejected([&] { call(q_bf16, 0.5f); }, {"qnorm_rope_kv_insert", "q_fp8.dtype", "fp8_e4m3", "bf16"});
+  expect_rejected([&] { call(q_fewer_heads, 0.5f); }, {"q_fp8.shape", "15"});
+  expect_rejected([&] { call(every_other, 0.5f); }, {"q_fp8.stride(-1)", "expected 1", "got 2"});
+  expect_rejected([&] { call(heads_alias, 0.5f); }, {"q_fp8", "do not overlap"});
+  expect_rejected([&] { call(negative, 0.5f); }, {"q_fp8"});
+  for (const float bad : {0.0f, -0.5f, INFINITY, NAN, -INFINITY})
+    expect_rejected([&] { call(q_fp8, bad); }, {"qnorm_rope_kv_insert", "q_scale", "a finite value > 0"});
+  // A scale whose largest query (448 · q_scale) overflows the bf16 q.
+  expect_rejected([&] { call(q_fp8, 1e36f); }, {"q_scale", "bf16(448 * q_scale), is finite", "1e+36"});
+  // A scale without codes would be ignored: refused.
+  expect_rejected([&] { call(TensorView{}, 2.0f); }, {"q_scale", "1 without q_fp8"});
+  // Memory: codes sharing bytes with q, kv or an input (outputs are written while those are used).
+  expect_rejected([&] { call(TensorView(b.q.data<uint8_t>(), DType::fp8_e4m3, {T, H, D}), 0.5f); },
+                  {"q_fp8: expected memory disjoint from q"});
+  HostTensor shared = HostTensor::zeros(DType::fp8_e4m3, {T, H, D});  // codes, with kv / positions inside
+  const auto shared0 = bytes_of(shared);
+  expect_rejected([&] {
+    dsv4::qnorm_rope_kv_insert(b.q, TensorView(shared.data<uint8_t>(), DType::bf16, {T, D}), b.positions, table,
+                               kEps, view(), b.slots, dsv4::Fp8QueryOutput{shared, 0.5f});
+  }, {"kv: expected memory disjoint from q_fp8"});
+  expect_rejected([&] {
+    dsv4::qnorm_rope_kv_insert(b.q, b.kv, TensorView(shared.data<uint8_t>(), DType::int64, {T}), table, kEps,
+                               view(), b.slots, dsv4::Fp8QueryOutput{shared, 0.5f});
+  }, {"q_fp8: expected memory disjoint from positions"});
+  EXPECT_EQ(bytes_of(shared), shared0);
+  expect_rejected([&] { call(on_cuda(q_fp8), 0.5f); }, {"q_fp8", "device"});
+  // A bad slot with an FP8 query: refused before any code is written.
+  HostTensor bad_slots = HostTensor::zeros(DType::int64, {T});
+  bad_slots.data<int64_t>()[1] = -7;
+  expect_rejected([&] {
+    dsv4::qnorm_rope_kv_insert(b.q, b.kv, b.positions, table, kEps, view(), bad_slots,
+                               dsv4::Fp8QueryOutput{q_fp8, 0.5f});
+  }, {"slot_mapping[1]"});
+}
 
 TEST_F(QnormRopeKvInsertErrors, SlotsOutsideTheCache) {
   for (const int64_t bad : {kBlocks * B, int64_t{-2}, int64_t{1} << 40}) {

@@ -1,5 +1,8 @@
 // sparse_decode (and make_decode_schedule): split-KV sparse attention over the paged caches,
-// against the docs/spec.md §6 formula in float64 with rows decoded by hand from the cache bytes.
+// against the docs/spec.md §6 formula in float64 with rows decoded by hand from the cache bytes;
+// with a bf16 query, and with an FP8 one (q_scale 0.37: the decode attends with the bf16 query the
+// codes mean, bf16(fp8 · q_scale), the product of the two exact values rounded once to fp32 and
+// once to bf16; the float64 formula takes that q).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -46,6 +49,8 @@ struct DecodeProblem {
   std::mt19937 rng;
   std::unique_ptr<DecodeScope> main, extra;
   HostTensor q, sink, out, lse;
+  HostTensor q_fp8;        // defined after use_fp8_query: the decode's query instead of q
+  float q_scale = 1.0f;
 
   explicit DecodeProblem(const DecodeCase& cs, uint32_t seed = 1234)
       : c(cs), d_qk(dsv4::test::spec_dim(cs.layout)), rng(seed) {
@@ -69,8 +74,20 @@ struct DecodeProblem {
     lse.fill_bytes(0xFF);  // fp32 NaN
   }
 
+  // The decode reads an FP8 query of scale `s`: the codes e4m3(q / s) of the bf16 q (values of
+  // the same size, a query meaning fp8 · s).
+  void use_fp8_query(float s) {
+    q_fp8 = HostTensor(DType::fp8_e4m3, q.shape());
+    for (int64_t i = 0; i < q.numel(); ++i)
+      q_fp8.data<uint8_t>()[i] = dsv4::float_to_fp8_e4m3(dsv4::bf16_bits_to_float(q.data<uint16_t>()[i]) / s);
+    q_scale = s;
+  }
+
   dsv4::SparseDecodeArgs args() const {
-    return dsv4::test::decode_args(q, *main, extra.get(), sink, scale, d_v, out, lse);
+    dsv4::SparseDecodeArgs a =
+        dsv4::test::decode_args(q_fp8.view().defined() ? q_fp8 : q, *main, extra.get(), sink, scale, d_v, out, lse);
+    a.q_scale = q_scale;
+    return a;
   }
   int topk_total() const { return c.topk + c.extra_topk; }
 
@@ -87,9 +104,17 @@ struct DecodeProblem {
   dsv4::test::HeadResult reference(int bi, int si, int hi,
                                    std::map<std::pair<int, int64_t>, std::vector<double>>& rows_cache,
                                    double sink_override = NAN, int drop = -1) const {
+    // The query's values: bf16, or an FP8 query's bf16(fp8 · q_scale).
     std::vector<double> qv(d_qk);
-    const uint16_t* qp = q.data<uint16_t>() + ((int64_t{bi} * c.s_q + si) * c.h + hi) * d_qk;
-    for (int d = 0; d < d_qk; ++d) qv[d] = dsv4::bf16_bits_to_float(qp[d]);
+    const int64_t q_off = ((int64_t{bi} * c.s_q + si) * c.h + hi) * d_qk;
+    for (int d = 0; d < d_qk; ++d) {
+      if (q_fp8.view().defined()) {
+        const double meant = double(dsv4::fp8_e4m3_to_float(q_fp8.data<uint8_t>()[q_off + d])) * q_scale;
+        qv[d] = dsv4::round_bf16(static_cast<float>(meant));
+      } else {
+        qv[d] = dsv4::bf16_bits_to_float(q.data<uint16_t>()[q_off + d]);
+      }
+    }
     std::vector<const std::vector<double>*> rows;
     int position = 0;
     for (int scope = 0; scope < 2; ++scope) {
@@ -101,7 +126,12 @@ struct DecodeProblem {
         if (slot == -1) continue;
         if (position++ == drop) continue;
         auto [it, fresh] = rows_cache.try_emplace({scope, slot});
-        if (fresh) it->second = sd->cache->decode(slot);
+        if (fresh) {
+          // The row as the decode attends with it: bf16, the kernels' tensor-core operands (exact
+          // but for FP8_PER_TENSOR's non-power-of-two scale, where it is bf16(fp8 · scale)).
+          it->second = sd->cache->decode(slot);
+          for (double& v : it->second) v = dsv4::round_bf16(static_cast<float>(v));
+        }
         rows.push_back(&it->second);
       }
     }
@@ -188,6 +218,15 @@ TEST_P(SparseDecodeGrid, OneSplitEqualsManySplits) {
     const float b = dsv4::bf16_bits_to_float(p.out.data<uint16_t>()[i]);
     ASSERT_NEAR(a, b, std::abs(a) * (2.0f / 256) + 1e-5f * max_out) << "element " << i;
   }
+}
+
+// An FP8 query with a scale that is not a power of two (the FlashInfer port's FP8 decode): every
+// shape and layout of the grid against the same float64 formula and tolerances.
+TEST_P(SparseDecodeGrid, Fp8QueryMatchesFloat64Reference) {
+  DecodeProblem p(GetParam(), 7);
+  p.use_fp8_query(0.37f);
+  p.run();
+  p.expect_matches_reference();
 }
 
 constexpr KvLayout M1 = KvLayout::model1_fp8, V32 = KvLayout::v32_fp8, BF = KvLayout::bf16,
@@ -405,6 +444,44 @@ TEST(SparseDecode, ReferenceIsSensitiveBeyondTolerance) {
   EXPECT_GT(d_sink, dsv4::test::kOutTol * max_out);
 }
 
+// An FP8 query's scale matters beyond the tolerance: its reference at q_scale 1 (a decode that
+// ignored the scale) is off by more than kOutTol somewhere.
+TEST(SparseDecode, Fp8QueryScaleIsNotIgnorable) {
+  DecodeProblem p(small_case(64, 0));
+  p.use_fp8_query(0.37f);
+  std::map<std::pair<int, int64_t>, std::vector<double>> rows;
+  const auto scaled = p.reference(0, 0, 0, rows, -INFINITY);
+  p.q_scale = 1.0f;
+  const auto unscaled = p.reference(0, 0, 0, rows, -INFINITY);
+  double max_out = 0, diff = 0;
+  for (int d = 0; d < p.d_v; ++d) {
+    max_out = std::max(max_out, std::abs(scaled.out[d]));
+    diff = std::max(diff, std::abs(scaled.out[d] - unscaled.out[d]));
+  }
+  EXPECT_GT(diff, dsv4::test::kOutTol * max_out);
+  EXPECT_GT(std::abs(scaled.lse - unscaled.lse), dsv4::test::kLseTol * std::max(1.0, std::abs(scaled.lse)));
+}
+
+// An FP8 query in FlashMLA-style strides (heads padded with NaN codes, [b, s_q] swapped in memory,
+// every dim padded): the same bits as the dense FP8 run (strides change addressing only).
+TEST(SparseDecode, StridedFp8QueryMatchesDense) {
+  using dsv4::test::StridedTensor;
+  DecodeCase c = small_case();
+  c.s_q = 2;
+  DecodeProblem dense(c), strided(c);
+  dense.use_fp8_query(0.37f);
+  strided.use_fp8_query(0.37f);
+  dense.run();
+  const StridedTensor q = StridedTensor::copy_of(strided.q_fp8, {1, 2, 3, 16}, true);
+  const auto s = dsv4::make_decode_schedule(c.b, c.s_q, c.h, strided.topk_total());
+  HostTensor ws(DType::uint8, {s.workspace_bytes});
+  dsv4::SparseDecodeArgs a = strided.args();
+  a.q = q.view;
+  dsv4::sparse_decode(a, s, ws);
+  EXPECT_EQ(0, std::memcmp(strided.out.data<uint8_t>(), dense.out.data<uint8_t>(), dense.out.nbytes()));
+  EXPECT_EQ(0, std::memcmp(strided.lse.data<uint8_t>(), dense.lse.data<uint8_t>(), dense.lse.nbytes()));
+}
+
 // ---- the schedule ----------------------------------------------------------------------------
 TEST(DecodeSchedule, CoversTheIndexListWithoutEmptySplits) {
   for (int b : {1, 2, 8, 64, 300})
@@ -460,6 +537,9 @@ TEST(SparseDecode, BadInputThrowsAndWritesNothing) {
   HostTensor sink_bad(DType::fp32, {c.h + 1}), out_bad(DType::bf16, {c.b, c.s_q, c.h, 256});
   HostTensor out_fp32(DType::fp32, {c.b, c.s_q, c.h, 512}), lse_bad(DType::fp32, {c.b, c.h});
   HostTensor small_ws(DType::uint8, {64});
+  HostTensor q_fp16(DType::fp16, {c.b, c.s_q, c.h, 512}), q_fp8(DType::fp8_e4m3, {c.b, c.s_q, c.h, 512});
+  HostTensor q_fp8_576(DType::fp8_e4m3, {c.b, c.s_q, c.h, 576});
+  q_fp8.fill_bytes(0x38);  // 1.0
   HostTensor bad_cache(DType::uint8, {4, 1000});
   TestCache v32_cache(V32, 64, 4);
   const int64_t main_slots = p.main->cache->num_slots(), extra_slots = p.extra->cache->num_slots();
@@ -468,6 +548,16 @@ TEST(SparseDecode, BadInputThrowsAndWritesNothing) {
   const std::vector<BadDecode> cases = {
       {"q.dtype", [&](auto& a, auto&, auto&) { a.q = q_fp32; }},
       {"q.shape[3]", [&](auto& a, auto&, auto&) { a.q = q_576; }},
+      {"q.dtype: expected bf16 or fp8_e4m3, got fp16", [&](auto& a, auto&, auto&) { a.q = q_fp16; }},
+      {"q.shape[3]", [&](auto& a, auto&, auto&) { a.q = q_fp8_576; a.q_scale = 0.5f; }},
+      // q_scale: 1 for a bf16 q; an FP8 q's finite and > 0, its largest query a finite bf16.
+      {"q_scale: expected 1 for a bf16 q", [&](auto& a, auto&, auto&) { a.q_scale = 0.5f; }},
+      {"q_scale: expected a finite value > 0, got 0", [&](auto& a, auto&, auto&) { a.q = q_fp8; a.q_scale = 0.0f; }},
+      {"q_scale: expected a finite value > 0, got -0.5", [&](auto& a, auto&, auto&) { a.q = q_fp8; a.q_scale = -0.5f; }},
+      {"q_scale: expected a finite value > 0, got nan", [&](auto& a, auto&, auto&) { a.q = q_fp8; a.q_scale = NAN; }},
+      {"q_scale: expected a finite value > 0, got inf", [&](auto& a, auto&, auto&) { a.q = q_fp8; a.q_scale = INFINITY; }},
+      {"q_scale: expected a value whose largest query, bf16(448 * q_scale), is finite",
+       [&](auto& a, auto&, auto&) { a.q = q_fp8; a.q_scale = 1e36f; }},
       {"indices.shape", [&](auto& a, auto&, auto&) { a.indices = idx_bad_shape; }},
       {"indices.dtype", [&](auto& a, auto&, auto&) { a.indices = idx_i64; }},
       {"indices[0][0][0]", [&](auto&, auto&, auto&) { set_index(p.main->indices, 0, int32_t(main_slots)); }},

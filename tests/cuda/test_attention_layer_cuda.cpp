@@ -56,11 +56,13 @@ std::vector<float> hidden(int dim, int64_t req, int64_t pos) {
 // fp8_weights: the released checkpoints' FP8 projections (on CUDA: FP8 tensor cores, which take
 // FP8 inputs only, so fp8_act must be on); else a bf16 checkpoint.
 // layout: the SWA and compressed caches' (MODEL1_FP8, or BF16 / FP8_PER_TENSOR: the FlashInfer
-// port's full-width rows).
+// port's full-width rows); q_scale: FP8_PER_TENSOR's FP8 queries' scale.
 Attention make_layer(const ModelConfig& cfg, int layer, Backend backend, bool fp8_act = true,
-                     bool fp8_weights = true, KvLayout layout = KvLayout::model1_fp8) {
+                     bool fp8_weights = true, KvLayout layout = KvLayout::model1_fp8,
+                     float q_scale = 1.0f) {
   AttentionOptions opts;
   opts.caches.layout = layout;
+  opts.caches.q_scale = q_scale;
   opts.backend = backend;
   opts.fp8_activations = fp8_act;
   opts.caches.swa_blocks = 64;
@@ -113,6 +115,7 @@ struct LayerCase {
   bool fp8_act = true;      // FP8 activations before wo_a (production)
   bool fp8_weights = true;  // FP8 projection weights (the released checkpoints)
   KvLayout layout = KvLayout::model1_fp8;  // the SWA and compressed caches' layout
+  float q_scale = 1.0f;                    // FP8_PER_TENSOR: its FP8 queries' scale
 };
 std::ostream& operator<<(std::ostream& os, const LayerCase& c) { return os << c.name; }
 bool selects(const LayerCase& c) { return c.layer == 1; }  // the C4A layer of the tiny config
@@ -158,8 +161,8 @@ void expect_close(const std::vector<double>& errs_in, bool fp8_act, bool top_k_s
 TEST_P(CudaLayerTest, MatchesCpuBackendOverMixedBatches) {
   DSV4_SKIP_WITHOUT_GPU();
   const LayerCase& c = GetParam();
-  Attention cpu = make_layer(cfg, c.layer, Backend::cpu, c.fp8_act, c.fp8_weights, c.layout);
-  Attention gpu = make_layer(cfg, c.layer, Backend::cuda, c.fp8_act, c.fp8_weights, c.layout);
+  Attention cpu = make_layer(cfg, c.layer, Backend::cpu, c.fp8_act, c.fp8_weights, c.layout, c.q_scale);
+  Attention gpu = make_layer(cfg, c.layer, Backend::cuda, c.fp8_act, c.fp8_weights, c.layout, c.q_scale);
   const Outputs want = run_schedule(cpu, Io::host);
   const Outputs got = run_schedule(gpu, Io::host);
   ASSERT_EQ(want.size(), got.size());
@@ -172,8 +175,8 @@ TEST_P(CudaLayerTest, MatchesCpuBackendOverMixedBatches) {
 TEST_P(CudaLayerTest, DeviceAndHostTensorsGiveTheSameBits) {
   DSV4_SKIP_WITHOUT_GPU();
   const LayerCase& c = GetParam();
-  Attention a = make_layer(cfg, c.layer, Backend::cuda, c.fp8_act, c.fp8_weights, c.layout);
-  Attention b = make_layer(cfg, c.layer, Backend::cuda, c.fp8_act, c.fp8_weights, c.layout);
+  Attention a = make_layer(cfg, c.layer, Backend::cuda, c.fp8_act, c.fp8_weights, c.layout, c.q_scale);
+  Attention b = make_layer(cfg, c.layer, Backend::cuda, c.fp8_act, c.fp8_weights, c.layout, c.q_scale);
   const Outputs host = run_schedule(a, Io::host);
   const Outputs dev = run_schedule(b, Io::device);
   for (const auto& [key, row] : host)
@@ -185,7 +188,7 @@ TEST_P(CudaLayerTest, DeviceAndHostTensorsGiveTheSameBits) {
 TEST_P(CudaLayerTest, MatchesFloat64Reference) {
   DSV4_SKIP_WITHOUT_GPU();
   const LayerCase& c = GetParam();
-  Attention gpu = make_layer(cfg, c.layer, Backend::cuda, c.fp8_act, c.fp8_weights, c.layout);
+  Attention gpu = make_layer(cfg, c.layer, Backend::cuda, c.fp8_act, c.fp8_weights, c.layout, c.q_scale);
   const Outputs got = run_schedule(gpu, Io::host);
   const int L = 148;
   std::vector<double> x;
@@ -196,6 +199,7 @@ TEST_P(CudaLayerTest, MatchesFloat64Reference) {
   const AttentionWeights w = random_attention_weights(cfg, GetParam().layer, kSeed, GetParam().fp8_weights);
   ReferenceOptions ro{c.fp8_act, true};
   ro.kv_layout = c.layout;
+  ro.q_scale = c.q_scale;
   const std::vector<double> ref = reference_attention_layer(cfg, c.layer, w, x, ro);
   std::vector<double> errs;
   for (int p = 0; p < L; ++p)
@@ -261,7 +265,13 @@ INSTANTIATE_TEST_SUITE_P(Kinds, CudaLayerTest,
                                            // encode the same values with the same e4m3 rounding.
                                            LayerCase{0, "SWA_fp8_tensor_cache", true, true, KvLayout::fp8_per_tensor},
                                            LayerCase{1, "C4A_fp8_tensor_cache", true, true, KvLayout::fp8_per_tensor},
-                                           LayerCase{2, "C128A_fp8_tensor_cache", true, true, KvLayout::fp8_per_tensor}),
+                                           LayerCase{2, "C128A_fp8_tensor_cache", true, true, KvLayout::fp8_per_tensor},
+                                           // ... and FP8 queries of scale 0.6 (not a power of
+                                           // two): both backends encode the same codes and
+                                           // attend with bf16(fp8 · 0.6), the reference too.
+                                           LayerCase{0, "SWA_fp8_tensor_cache_q_scale", true, true, KvLayout::fp8_per_tensor, 0.6f},
+                                           LayerCase{1, "C4A_fp8_tensor_cache_q_scale", true, true, KvLayout::fp8_per_tensor, 0.6f},
+                                           LayerCase{2, "C128A_fp8_tensor_cache_q_scale", true, true, KvLayout::fp8_per_tensor, 0.6f}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -2,12 +2,16 @@
 // through the public API, on identical inputs (host tensors and their device copies), for every
 // cache layout (MODEL1_FP8, V32_FP8 at D 576, BF16, FP8_PER_TENSOR with a non-power-of-two scale).
 //
-// Tolerance: none — q, kv, the cache bytes and the gathered workspace must be byte-identical.
+// Tolerance: none — q, kv, the cache bytes, the FP8 query's codes (Fp8QueryOutput, q_scale 0.37)
+// and the gathered workspace must be byte-identical.
 // Both backends run the same DSV4_HD math: the q head norm and both RoPEs use the CPU's helpers
 // (IEEE-rounded fp32 ops in one fixed order, dtype.h ieee_*, immune to --use_fast_math), and the
 // kernels encode / decode with kv_layout.h's own kv_encode_scale_block / kv_encode_plain_value /
 // kv_decode_value (the UE8M0 exponent's division is IEEE-rounded too). So the fp32 values that
-// feed every fp8 / bf16 rounding are the same bits on both sides and no fp8 code can flip.
+// feed every fp8 / bf16 rounding are the same bits on both sides and no fp8 code can flip. The FP8
+// query's codes: the same fp32 q times the same 1/q_scale (ieee_mul), encoded by the hardware's
+// e4m3 conversion on the vector path and dtype.h's encoder otherwise, which fp8_convert.cuh
+// states are bit-identical; q then holds fp8_decode_scaled of the code on both sides.
 //
 // Also: slot −1, T = 0, T = 1, int32 and int64 indices, block sizes 64 and 3; CUDA-only data
 // behaviour (the host cannot read device indices): an out-of-range slot acts as −1, an
@@ -19,8 +23,10 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "cpu/dense_test_support.h"
@@ -70,12 +76,15 @@ struct InsertCase {
   int block_size;
   DType index_dt;
   bool yarn;
+  bool fp8_query = false;  // also write the FP8 query (q_scale kQScale)
 };
+constexpr float kQScale = 0.37f;  // not a power of two: the reciprocal and the product round
 
 // One batch: q, kv (token magnitudes 2^-6 .. 2^6 so the UE8M0 scales differ), positions (0, the
 // last table row, random), distinct random slots with token 3 at −1, a cache of random bytes.
 struct InsertBatch {
   HostTensor q, kv, positions, slots, cache;
+  HostTensor q_fp8;  // the FP8 query's codes, poisoned (0xFF: NaN) before the call; fp8_query only
   KvCacheView view;  // on the host
 
   InsertBatch(const InsertCase& c, uint32_t seed) {
@@ -100,20 +109,35 @@ struct InsertBatch {
     for (int64_t i = 0; i < cache.numel(); ++i) cache.data<uint8_t>()[i] = static_cast<uint8_t>(rng());
     view = KvCacheView{cache.view(), c.layout, c.block_size,
                        c.layout == KvLayout::fp8_per_tensor ? 0.37f : 1.0f};
+    if (c.fp8_query) {
+      q_fp8 = HostTensor(DType::fp8_e4m3, {c.T, c.H, D});
+      q_fp8.fill_bytes(0xFF);
+    }
+  }
+  // The FP8 query output of the host call (none without one).
+  dsv4::Fp8QueryOutput fp8_query() const {
+    return q_fp8.view().defined() ? dsv4::Fp8QueryOutput{q_fp8, kQScale} : dsv4::Fp8QueryOutput{};
+  }
+  void run(const TensorView& table) {
+    dsv4::qnorm_rope_kv_insert(q, kv, positions, table, kEps, view, slots, fp8_query());
   }
 };
 
 // Device copies of a batch; run() calls the CUDA op on them.
 struct DeviceBatch {
   Twin q, kv, positions, slots, cache;
+  std::optional<Twin> q_fp8;  // with an FP8 query
   KvCacheView view;
   explicit DeviceBatch(const InsertBatch& b)
       : q(Twin::of(clone(b.q))), kv(Twin::of(clone(b.kv))), positions(Twin::of(b.positions)),
         slots(Twin::of(b.slots)), cache(Twin::of(clone(b.cache))), view(b.view) {
     view.data = cache.dev.view();
+    if (b.q_fp8.view().defined()) q_fp8 = Twin::of(clone(b.q_fp8));
   }
   void run(const TensorView& table) {
-    dsv4::qnorm_rope_kv_insert(q.dev, kv.dev, positions.dev, table, kEps, view, slots.dev);
+    const dsv4::Fp8QueryOutput fp8_query =
+        q_fp8 ? dsv4::Fp8QueryOutput{q_fp8->dev, kQScale} : dsv4::Fp8QueryOutput{};
+    dsv4::qnorm_rope_kv_insert(q.dev, kv.dev, positions.dev, table, kEps, view, slots.dev, fp8_query);
   }
 };
 
@@ -121,6 +145,8 @@ void expect_batch_equal(const InsertBatch& want, const DeviceBatch& got) {
   expect_bytes_equal("q", want.q, got.q.dev_bytes());
   expect_bytes_equal("kv", want.kv, got.kv.dev_bytes());
   expect_bytes_equal("cache", want.cache, got.cache.dev_bytes());
+  ASSERT_EQ(want.q_fp8.view().defined(), got.q_fp8.has_value());
+  if (got.q_fp8) expect_bytes_equal("q_fp8", want.q_fp8, got.q_fp8->dev_bytes());
 }
 
 class QnormRopeKvInsertCpuVsCuda : public ::testing::TestWithParam<InsertCase> {};
@@ -131,7 +157,7 @@ TEST_P(QnormRopeKvInsertCpuVsCuda, BitIdentical) {
   InsertBatch cpu(c, 100 + static_cast<uint32_t>(c.H + c.block_size));
   DeviceBatch gpu(cpu);
   Twin table = Twin::of(rope_table(c.yarn));
-  dsv4::qnorm_rope_kv_insert(cpu.q, cpu.kv, cpu.positions, table.host, kEps, cpu.view, cpu.slots);
+  cpu.run(table.host);
   gpu.run(table.dev);
   expect_batch_equal(cpu, gpu);
 }
@@ -159,12 +185,37 @@ TEST(QnormRopeKvInsertCuda, UnalignedQRows) {
   expect_bytes_equal("cache", cpu.cache, gpu.cache.dev_bytes());
 }
 
+// FP8 query rows that are not 8-byte aligned (codes in rows 3 bytes wider than D, heads padded by
+// one row): the kernel's element-wise path for q and its codes, the same bytes as the CPU, the
+// padding untouched (still the 0xFF poison).
+TEST(QnormRopeKvInsertCuda, UnalignedFp8QueryRows) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const InsertCase c{KvLayout::fp8_per_tensor, 7, 16, 64, DType::int64, false, false};
+  InsertBatch cpu(c, 301);
+  const int64_t D = cpu.q.shape()[2];
+  Twin codes = Twin::poisoned(DType::fp8_e4m3, {c.T, c.H + 1, D + 3});
+  TensorView codes_host = codes.host.view();
+  codes_host.shape = {c.T, c.H, D};
+  codes_host.strides = {(c.H + 1) * (D + 3), D + 3, 1};
+  DeviceBatch gpu(cpu);
+  Twin table = Twin::of(rope_table(c.yarn));
+  dsv4::qnorm_rope_kv_insert(cpu.q, cpu.kv, cpu.positions, table.host, kEps, cpu.view, cpu.slots,
+                             dsv4::Fp8QueryOutput{codes_host, kQScale});
+  dsv4::qnorm_rope_kv_insert(gpu.q.dev, gpu.kv.dev, gpu.positions.dev, table.dev, kEps, gpu.view, gpu.slots.dev,
+                             dsv4::Fp8QueryOutput{same_view_on_device(codes, codes_host), kQScale});
+  expect_bytes_equal("q_fp8 (and its padding)", codes.host, codes.dev_bytes());
+  expect_bytes_equal("q", cpu.q, gpu.q.dev_bytes());
+  expect_bytes_equal("kv", cpu.kv, gpu.kv.dev_bytes());
+  expect_bytes_equal("cache", cpu.cache, gpu.cache.dev_bytes());
+}
+
 std::vector<InsertCase> insert_grid() {
   std::vector<InsertCase> grid;
   for (const KvLayout l : {KvLayout::model1_fp8, KvLayout::v32_fp8, KvLayout::bf16, KvLayout::fp8_per_tensor})
     for (const int64_t H : {16, 64})
       for (const int bs : {64, 3})
-        grid.push_back({l, 9, H, bs, H == 64 ? DType::int64 : DType::int32, H == 64});
+        for (const bool fp8_query : {false, true})
+          grid.push_back({l, 9, H, bs, H == 64 ? DType::int64 : DType::int32, H == 64, fp8_query});
   grid.push_back({KvLayout::model1_fp8, 1, 64, 64, DType::int64, true});
   grid.push_back({KvLayout::model1_fp8, 37, 64, 64, DType::int64, true});
   grid.push_back({KvLayout::model1_fp8, 0, 64, 64, DType::int64, true});
@@ -172,13 +223,16 @@ std::vector<InsertCase> insert_grid() {
   // above take its head-group grid.
   grid.push_back({KvLayout::model1_fp8, 600, 64, 64, DType::int64, true});
   grid.push_back({KvLayout::v32_fp8, 600, 16, 64, DType::int32, false});
+  // The FP8 query on both grids, with the decode-sized T 1 and H 128 (16 head groups).
+  grid.push_back({KvLayout::fp8_per_tensor, 600, 64, 64, DType::int64, true, true});
+  grid.push_back({KvLayout::fp8_per_tensor, 1, 128, 64, DType::int64, false, true});
   return grid;
 }
 INSTANTIATE_TEST_SUITE_P(Grid, QnormRopeKvInsertCpuVsCuda, ::testing::ValuesIn(insert_grid()), [](const auto& info) {
   const InsertCase& c = info.param;
   std::ostringstream n;
   n << dsv4::kv_layout_name(c.layout) << "_T" << c.T << "_H" << c.H << "_B" << c.block_size << "_"
-    << dsv4::dtype_name(c.index_dt) << (c.yarn ? "_yarn" : "");
+    << dsv4::dtype_name(c.index_dt) << (c.yarn ? "_yarn" : "") << (c.fp8_query ? "_fp8_query" : "");
   return n.str();
 });
 
@@ -202,26 +256,29 @@ TEST(QnormRopeKvInsertCuda, SlotOutsideTheCacheActsAsMinusOne) {
 }
 
 // A position outside the table cannot be rejected on the host: the kernel skips the token (its
-// q rows, kv row and slot keep their bytes); the other tokens match the CPU.
+// q rows, FP8 query rows, kv row and slot keep their bytes); the other tokens match the CPU.
 TEST(QnormRopeKvInsertCuda, PositionOutsideTheTableSkipsTheToken) {
   DSV4_SKIP_WITHOUT_GPU();
-  const InsertCase c{KvLayout::v32_fp8, 6, 16, 8, DType::int32, false};
-  Twin table = Twin::of(rope_table(c.yarn));
-  for (const int64_t bad : {int64_t{-1}, kMaxPos}) {
-    SCOPED_TRACE(bad);
-    InsertBatch cpu(c, 8);
-    InsertBatch bad_batch(c, 8);
-    bad_batch.positions.data<int32_t>()[4] = static_cast<int32_t>(bad);
-    DeviceBatch gpu(bad_batch);
-    // CPU: token 4 not stored, then its q and kv rows restored.
-    const HostTensor q0 = clone(cpu.q), kv0 = clone(cpu.kv);
-    cpu.slots.data<int32_t>()[4] = -1;
-    dsv4::qnorm_rope_kv_insert(cpu.q, cpu.kv, cpu.positions, table.host, kEps, cpu.view, cpu.slots);
-    const int64_t D = 576;
-    std::memcpy(cpu.q.data<uint16_t>() + 4 * c.H * D, q0.data<uint16_t>() + 4 * c.H * D, c.H * D * 2);
-    std::memcpy(cpu.kv.data<uint16_t>() + 4 * D, kv0.data<uint16_t>() + 4 * D, D * 2);
-    gpu.run(table.dev);
-    expect_batch_equal(cpu, gpu);
+  for (const bool fp8_query : {false, true}) {
+    for (const int64_t bad : {int64_t{-1}, kMaxPos}) {
+      SCOPED_TRACE(::testing::Message() << "position " << bad << (fp8_query ? ", FP8 query" : ""));
+      const InsertCase c{KvLayout::v32_fp8, 6, 16, 8, DType::int32, false, fp8_query};
+      Twin table = Twin::of(rope_table(c.yarn));
+      InsertBatch cpu(c, 8);
+      InsertBatch bad_batch(c, 8);
+      bad_batch.positions.data<int32_t>()[4] = static_cast<int32_t>(bad);
+      DeviceBatch gpu(bad_batch);
+      // CPU: token 4 not stored, then its q and kv rows restored (its FP8 query rows re-poisoned).
+      const HostTensor q0 = clone(cpu.q), kv0 = clone(cpu.kv);
+      cpu.slots.data<int32_t>()[4] = -1;
+      cpu.run(table.host);
+      const int64_t D = 576;
+      std::memcpy(cpu.q.data<uint16_t>() + 4 * c.H * D, q0.data<uint16_t>() + 4 * c.H * D, c.H * D * 2);
+      std::memcpy(cpu.kv.data<uint16_t>() + 4 * D, kv0.data<uint16_t>() + 4 * D, D * 2);
+      if (fp8_query) std::memset(cpu.q_fp8.data<uint8_t>() + 4 * c.H * D, 0xFF, c.H * D);  // the poison
+      gpu.run(table.dev);
+      expect_batch_equal(cpu, gpu);
+    }
   }
 }
 
@@ -238,6 +295,16 @@ TEST(QnormRopeKvInsertCuda, MixedDevicesThrowAndWriteNothing) {
                                           host.view, gpu.slots.dev), dsv4::Error);
   EXPECT_THROW(dsv4::qnorm_rope_kv_insert(gpu.q.dev, gpu.kv.host, gpu.positions.dev, table.dev, kEps,
                                           gpu.view, gpu.slots.dev), dsv4::Error);
+  // An FP8 query output in host memory beside device tensors: refused, naming it; no code written.
+  HostTensor host_codes = dense_test::poisoned(DType::fp8_e4m3, {c.T, c.H, 512});
+  try {
+    dsv4::qnorm_rope_kv_insert(gpu.q.dev, gpu.kv.dev, gpu.positions.dev, table.dev, kEps, gpu.view,
+                               gpu.slots.dev, dsv4::Fp8QueryOutput{host_codes, kQScale});
+    ADD_FAILURE() << "a host q_fp8 with device tensors was accepted";
+  } catch (const dsv4::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q_fp8.device"), std::string::npos) << e.what();
+  }
+  expect_bytes_equal("host q_fp8", dense_test::poisoned(DType::fp8_e4m3, {c.T, c.H, 512}), host_codes);
   expect_batch_equal(untouched, gpu);
   expect_bytes_equal("host cache", untouched.cache, host.cache);
 }

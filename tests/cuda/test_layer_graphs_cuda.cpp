@@ -27,10 +27,14 @@ namespace {
 constexpr uint64_t kSeed = 7;
 using Outputs = dsv4_test::LayerOutputs;
 
-Attention make_layer(const ModelConfig& cfg, int layer, bool graphs) {
+// layout FP8_PER_TENSOR: the decodes read the FP8 queries the insert writes (q_scale 0.6), a
+// temporary of the captured step like the others.
+Attention make_layer(const ModelConfig& cfg, int layer, bool graphs, KvLayout layout = KvLayout::model1_fp8) {
   AttentionOptions opts;
   opts.backend = Backend::cuda;
   opts.cuda_graphs = graphs;
+  opts.caches.layout = layout;
+  opts.caches.q_scale = 0.6f;  // read with FP8_PER_TENSOR only
   opts.caches.swa_blocks = 96;
   opts.caches.compressed_blocks = 96;
   opts.caches.state_blocks = 96;
@@ -82,15 +86,21 @@ void expect_close(const Outputs& want, const Outputs& got, const char* what) {
   EXPECT_LT(errs[errs.size() / 2], 1.5e-2) << what;
 }
 
-class GraphLayerTest : public ::testing::TestWithParam<int> {
+struct GraphCase {
+  int layer;  // of the tiny config: 0 SWA, 1 C4A, 2 C128A
+  KvLayout layout;
+  const char* name;
+};
+
+class GraphLayerTest : public ::testing::TestWithParam<GraphCase> {
  protected:
   ModelConfig cfg = ModelConfig::builtin("tiny");
 };
 
 TEST_P(GraphLayerTest, ReplayedDecodesMatchEagerSteps) {
   DSV4_SKIP_WITHOUT_GPU();
-  Attention eager = make_layer(cfg, GetParam(), false);
-  Attention graphs = make_layer(cfg, GetParam(), true);
+  Attention eager = make_layer(cfg, GetParam().layer, false, GetParam().layout);
+  Attention graphs = make_layer(cfg, GetParam().layer, true, GetParam().layout);
   const Outputs want = run_decodes(eager);
   const Outputs got = run_decodes(graphs);
   EXPECT_EQ(eager.graph_captures(), 0);
@@ -102,7 +112,7 @@ TEST_P(GraphLayerTest, ReplayedDecodesMatchEagerSteps) {
 // reserve() sizes the workspace for the schedule: no forward within the bounds grows it.
 TEST_P(GraphLayerTest, ReserveCoversEveryStep) {
   DSV4_SKIP_WITHOUT_GPU();
-  Attention a = make_layer(cfg, GetParam(), true);
+  Attention a = make_layer(cfg, GetParam().layer, true, GetParam().layout);
   const LayerMemory reserved = a.reserve(/*max_tokens=*/120, /*max_requests=*/5, /*max_context=*/256);
   EXPECT_GT(reserved.weights, 0);
   EXPECT_GT(reserved.caches, 0);
@@ -114,10 +124,14 @@ TEST_P(GraphLayerTest, ReserveCoversEveryStep) {
   EXPECT_LE(after.workspace_used, after.workspace);
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, GraphLayerTest, ::testing::Values(0, 1, 2),
-                         [](const auto& info) {
-                           return std::string(info.param == 0 ? "SWA" : info.param == 1 ? "C4A" : "C128A");
-                         });
+INSTANTIATE_TEST_SUITE_P(Kinds, GraphLayerTest,
+                         ::testing::Values(GraphCase{0, KvLayout::model1_fp8, "SWA"},
+                                           GraphCase{1, KvLayout::model1_fp8, "C4A"},
+                                           GraphCase{2, KvLayout::model1_fp8, "C128A"},
+                                           GraphCase{0, KvLayout::fp8_per_tensor, "SWA_fp8_tensor_fp8_query"},
+                                           GraphCase{1, KvLayout::fp8_per_tensor, "C4A_fp8_tensor_fp8_query"},
+                                           GraphCase{2, KvLayout::fp8_per_tensor, "C128A_fp8_tensor_fp8_query"}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // The stack keeps its residual on the GPU: x and y on the device give the bits of x and y on the
 // host, and the result stays close to the CPU stack.

@@ -67,7 +67,9 @@ HostTensor sink_with_infinities(int heads, std::mt19937& rng) {
 // keys, but the kernels round the softmax weights to bf16 for the P·V product (as FlashMLA
 // does): a relative 2^-9 per weight, plus each side's bf16 output rounding (2^-9 of the
 // element). 1e-2 · max|out| bounds both with margin. lse: fp32 logits on both sides,
-// different summation order and exp2 vs exp: 2e-4 relative to max(1, |lse|).
+// different summation order and exp2 vs exp: 2e-4 relative to max(1, |lse|). An FP8 query
+// changes none of this: both attend with the same bf16 query its codes mean, bf16(fp8 · q_scale)
+// (bit-identical conversions, fp8_convert.cuh).
 constexpr double kGpuOutTol = 1e-2;
 constexpr double kGpuLseTol = 2e-4;
 
@@ -99,6 +101,7 @@ struct XDecodeCase {
   KvLayout layout;
   int h, b, s_q, topk, extra_topk;
   bool with_length, with_sink, all_invalid;
+  float q_scale = 0.0f;  // > 0: the query is FP8 (codes e4m3(q / q_scale)) of this scale
 };
 
 class SparseDecodeCpuVsCuda : public ::testing::TestWithParam<XDecodeCase> {};
@@ -117,6 +120,12 @@ TEST_P(SparseDecodeCpuVsCuda, SameResults) {
   const int d_qk = dsv4::test::spec_dim(c.layout);
   HostTensor q(DType::bf16, {c.b, c.s_q, c.h, d_qk});
   dsv4::test::fill_bf16_normal(q, rng);
+  if (c.q_scale > 0.0f) {  // the same query values as FP8 codes
+    HostTensor codes(DType::fp8_e4m3, {c.b, c.s_q, c.h, d_qk});
+    for (int64_t i = 0; i < q.numel(); ++i)
+      codes.data<uint8_t>()[i] = dsv4::float_to_fp8_e4m3(q.get(i) / c.q_scale);
+    q = codes;
+  }
   HostTensor sink;
   if (c.with_sink) sink = sink_with_infinities(c.h, rng);
   HostTensor out_cpu(DType::bf16, {c.b, c.s_q, c.h, 512}), lse_cpu(DType::fp32, {c.b, c.s_q, c.h});
@@ -125,15 +134,16 @@ TEST_P(SparseDecodeCpuVsCuda, SameResults) {
   lse_gpu.fill_bytes(0xFF);
 
   const int topk_total = c.topk + c.extra_topk;
-  const dsv4::SparseDecodeArgs a =
-      dsv4::test::decode_args(q, main, extra.get(), sink, 0.0f, 512, out_cpu, lse_cpu);
+  dsv4::SparseDecodeArgs a = dsv4::test::decode_args(q, main, extra.get(), sink, 0.0f, 512, out_cpu, lse_cpu);
+  if (c.q_scale > 0.0f) a.q_scale = c.q_scale;
   HostTensor ws_host(DType::uint8, {dsv4::make_decode_schedule(c.b, c.s_q, c.h, topk_total).workspace_bytes});
   dsv4::sparse_decode(a, dsv4::make_decode_schedule(c.b, c.s_q, c.h, topk_total), ws_host);
 
   // The same on the GPU, with the default plan and with a single split.
   Uploads up;
-  const dsv4::SparseDecodeArgs g = on_device(
+  dsv4::SparseDecodeArgs g = on_device(
       dsv4::test::decode_args(q, main, extra.get(), sink, 0.0f, 512, out_gpu, lse_gpu), up);
+  g.q_scale = a.q_scale;
   for (int num_sms : {132, 1}) {
     SCOPED_TRACE(num_sms == 1 ? "one split" : "default plan");
     const dsv4::DecodeSchedule s = dsv4::make_decode_schedule(c.b, c.s_q, c.h, topk_total, num_sms);
@@ -146,7 +156,7 @@ TEST_P(SparseDecodeCpuVsCuda, SameResults) {
   }
 }
 
-constexpr KvLayout M1 = KvLayout::model1_fp8, V32 = KvLayout::v32_fp8;
+constexpr KvLayout M1 = KvLayout::model1_fp8, V32 = KvLayout::v32_fp8, PT = KvLayout::fp8_per_tensor;
 INSTANTIATE_TEST_SUITE_P(
     Shapes, SparseDecodeCpuVsCuda,
     ::testing::Values(
@@ -156,7 +166,12 @@ INSTANTIATE_TEST_SUITE_P(
         XDecodeCase{"model1_h128_c128a",  M1,   128,  3, 1,  128,  64,   true, false, false},
         XDecodeCase{"v32_h128_topk2048",  V32,  128,  2, 1,  2048, 0,    true, true,  false},
         XDecodeCase{"v32_h64_extra",      V32,   64,  3, 1,  256,  64,   false, false, false},
-        XDecodeCase{"model1_all_invalid", M1,    64,  2, 1,  128,  64,   false, true, true}),
+        XDecodeCase{"model1_all_invalid", M1,    64,  2, 1,  128,  64,   false, true, true},
+        // FP8 queries (q_scale 0.37): per-tensor FP8 caches (the FlashInfer port's FP8 decode)
+        // with and without the H 128 cluster, and a MODEL1 cache.
+        XDecodeCase{"fp8q_fp8t_h128",     PT,   128,  2, 1,  128,  64,   true, true,  false, 0.37f},
+        XDecodeCase{"fp8q_fp8t_h64",      PT,    64,  3, 2,  256,  0,    false, true, false, 0.37f},
+        XDecodeCase{"fp8q_model1_h64_c4a", M1,   64,  4, 1,  512,  128,  true, true,  false, 0.37f}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // One call for a whole mixed batch (tests/mixed_batch_decode.h: a prompt from scratch, a decode,

@@ -5,6 +5,10 @@
 // random data; outputs are poisoned (NaN bytes) before every call; rows of the cache that no
 // selected slot refers to hold NaN bytes, so reading one shows up.
 //
+// FP8 queries (q_scale > 0 in a Case): q holds e4m3 codes; the kernel attends with the bf16 query
+// they mean, bf16(fp8 · q_scale) (the product rounded once to fp32, then to bf16), which the
+// reference takes as its query: a bf16 query like the others, so the same bounds hold.
+//
 // Tolerances: K/V are exact in bf16 (fp8 · power-of-two scale), q is bf16, so the kernel's only
 // roundings are the fp32 accumulation, exp2/log2 approximations, the bf16 rounding of the
 // probabilities P before P·V (relative 2^-9 each) and of the output (2^-9). Per output element
@@ -113,6 +117,7 @@ struct Case {
   bool lengths = false;         // random topk_length per batch
   bool sink = false;
   double invalid_frac = 0.1;    // fraction of −1 / out-of-range indices
+  float q_scale = 0.0f;         // > 0: the query is FP8, codes e4m3(q / q_scale), of this scale
 };
 
 // Everything one decode call needs, on the host and device.
@@ -121,6 +126,7 @@ struct Problem {
   int d_qk;
   int64_t rows;
   std::vector<uint16_t> q;      // bf16 bits [rows, H, d_qk]
+  std::vector<uint8_t> q_fp8;   // c.q_scale > 0: the FP8 query the decode reads, e4m3(q / q_scale)
   HostCache main_cache, extra_cache;
   Scope main, extra;
   std::vector<float> sink;
@@ -135,6 +141,8 @@ struct Problem {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     q.resize(static_cast<size_t>(rows * c.h * d_qk));
     for (auto& x : q) x = float_to_bf16_bits(2.0f * normal(rng));
+    if (c.q_scale > 0.0f)
+      for (uint16_t x : q) q_fp8.push_back(float_to_fp8_e4m3(bf16_bits_to_float(x) / c.q_scale));
     make_scope(main, main_cache, c.topk, rng);
     if (c.extra_topk > 0) make_scope(extra, extra_cache, c.extra_topk, rng);
     if (c.sink) {
@@ -178,6 +186,17 @@ struct Problem {
     return s.lengths.empty() ? s.topk : std::min(s.topk, s.lengths[row / c.s_q]);
   }
 
+  // The query of (row, head) the decode attends with: the bf16 values, or bf16(fp8 · q_scale).
+  std::vector<double> query(int64_t r, int h) const {
+    std::vector<double> v(d_qk);
+    const int64_t off = (r * c.h + h) * d_qk;
+    for (int i = 0; i < d_qk; ++i)
+      v[i] = c.q_scale > 0.0f
+                 ? double(round_bf16(static_cast<float>(double(fp8_e4m3_to_float(q_fp8[off + i])) * c.q_scale)))
+                 : double(bf16_bits_to_float(q[off + i]));
+    return v;
+  }
+
   // float64 docs/spec.md §6 for every (row, head): out [rows, H, 512], lse [rows, H].
   void reference(std::vector<double>& out, std::vector<double>& lse) const {
     out.assign(static_cast<size_t>(rows * c.h * 512), 0.0);
@@ -202,12 +221,12 @@ struct Problem {
           lse[r * c.h + h] = INFINITY;
           continue;
         }
-        const uint16_t* qh = &q[(r * c.h + h) * d_qk];
+        const std::vector<double> qh = query(r, h);
         std::vector<double> logit(keys.size());
         double mx = -INFINITY;
         for (size_t k = 0; k < keys.size(); ++k) {
           double dot = 0.0;
-          for (int i = 0; i < d_qk; ++i) dot += double(bf16_bits_to_float(qh[i])) * keys[k][i];
+          for (int i = 0; i < d_qk; ++i) dot += qh[i] * keys[k][i];
           logit[k] = double(scale) * dot;
           mx = std::max(mx, logit[k]);
         }
@@ -238,6 +257,7 @@ DeviceResult run_cuda(const Problem& pb) {
   const Case& c = pb.c;
   DeviceResult res;
   const DeviceBuffer<uint16_t> q(pb.q);
+  const auto q_fp8 = upload_or_empty(pb.q_fp8);
   const DeviceBuffer<uint8_t> kc(pb.main_cache.bytes);
   const DeviceBuffer<int32_t> ki(pb.main.indices);
   const auto kl = upload_or_empty(pb.main.lengths);
@@ -252,7 +272,12 @@ DeviceResult run_cuda(const Problem& pb) {
 
   const Device gpu = Device::cuda;
   SparseDecodeArgs a;
-  a.q = TensorView(q.data(), DType::bf16, {c.b, c.s_q, c.h, pb.d_qk}, gpu);
+  if (c.q_scale > 0.0f) {
+    a.q = TensorView(q_fp8.data(), DType::fp8_e4m3, {c.b, c.s_q, c.h, pb.d_qk}, gpu);
+    a.q_scale = c.q_scale;
+  } else {
+    a.q = TensorView(q.data(), DType::bf16, {c.b, c.s_q, c.h, pb.d_qk}, gpu);
+  }
   a.k_cache.data = TensorView(kc.data(), DType::uint8, {pb.main_cache.num_blocks, pb.main_cache.block_bytes}, gpu);
   a.k_cache.layout = c.layout;
   a.k_cache.block_size = c.block;
@@ -353,6 +378,15 @@ std::vector<Case> grid() {
       {"fp8t_h64_b2_sq2_direct", L::fp8_per_tensor, 64, 2, 2, 128, 256, 512, 64, 1, false, true},
       {"fp8t_h128_b2_sq2_blk2_split4", L::fp8_per_tensor, 128, 2, 2, 128, 64, 1024, 2, 4, true, true},
       {"fp8t_h192_no_cluster_split2", L::fp8_per_tensor, 192, 1, 1, 300, 64, 0, 0, 2, false, false},
+      // FP8 queries (q_scale 0.37, the FlashInfer port's FP8 decode) through load_q's FP8 path on
+      // every layout and CTA shape: with FP8_PER_TENSOR caches (no cluster, H 64 and 192; the H 128
+      // cluster), MODEL1 (cluster), V3.2 (d 576, cluster) and BF16 (rows by cp.async; padded H 32).
+      {"fp8q_fp8t_h64_b2_sq2_direct", L::fp8_per_tensor, 64, 2, 2, 128, 256, 512, 64, 1, false, true, 0.1, 0.37f},
+      {"fp8q_fp8t_h128_b2_sq2_blk2_split4", L::fp8_per_tensor, 128, 2, 2, 128, 64, 1024, 2, 4, true, true, 0.1, 0.37f},
+      {"fp8q_fp8t_h192_no_cluster_split2", L::fp8_per_tensor, 192, 1, 1, 300, 64, 0, 0, 2, false, false, 0.1, 0.37f},
+      {"fp8q_model1_h128_b3_sq1_blk2", L::model1_fp8, 128, 3, 1, 128, 256, 1024, 2, 5, false, true, 0.1, 0.37f},
+      {"fp8q_v32_h128_b2_sq2_split8", L::v32_fp8, 128, 2, 2, 2048, 64, 0, 0, 8, true, true, 0.1, 0.37f},
+      {"fp8q_bf16_padded_h32_odd_topk", L::bf16, 32, 1, 2, 100, 16, 37, 2, 1, false, true, 0.1, 0.37f},
   };
 }
 
@@ -545,6 +579,27 @@ TEST_F(SparseDecodeCudaEdge, RejectsBadArguments) {
     ADD_FAILURE() << "misaligned out accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("out: expected a 16-byte aligned pointer"), std::string::npos) << e.what();
+  }
+  a.out = out.view(DType::bf16, {1, 1, 64, 512});
+  // q_scale belongs to an FP8 q: a bf16 q with another scale is refused.
+  a.q_scale = 0.5f;
+  EXPECT_THROW(cuda::sparse_decode(a, sched, TensorView(), nullptr), Error);
+  // An FP8 q's rows are read in aligned pieces too: head rows 520 codes apart (a multiple of 8
+  // elements, enough for bf16, but 520 bytes) are refused, naming the stride in fp8 elements.
+  const DeviceBuffer<uint8_t> q8(64 * 520);
+  a.q = TensorView(q8.data(), DType::fp8_e4m3, {1, 1, 64, 512}, Device::cuda);
+  a.q.strides = {64 * 520, 64 * 520, 520, 1};
+  try {
+    cuda::sparse_decode(a, sched, TensorView(), nullptr);
+    ADD_FAILURE() << "FP8 q rows 520 bytes apart accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q.stride(2): expected a multiple of 16 elements"), std::string::npos)
+        << e.what();
+  }
+  a.q.strides = {64 * 512, 64 * 512, 512, 1};
+  for (const float bad : {0.0f, -1.0f, INFINITY, NAN}) {
+    a.q_scale = bad;
+    EXPECT_THROW(cuda::sparse_decode(a, sched, TensorView(), nullptr), Error) << bad;
   }
 }
 

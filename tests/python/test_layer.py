@@ -138,32 +138,49 @@ def test_matches_float64_reference(layer, fp8_activations):
 
 
 @pytest.mark.parametrize("layer", KINDS)
-@pytest.mark.parametrize("kv_layout,kv_scale", [("bf16", 1.0), ("fp8_per_tensor", 1.0),
-                                                ("fp8_per_tensor", 0.7)])
-def test_full_width_cache_layouts_match_their_float64_reference(layer, kv_layout, kv_scale):
+@pytest.mark.parametrize("kv_layout,kv_scale,q_scale", [
+    ("bf16", 1.0, 1.0), ("fp8_per_tensor", 1.0, 1.0), ("fp8_per_tensor", 0.7, 1.0),
+    ("fp8_per_tensor", 1.0, 0.6), ("fp8_per_tensor", 0.7, 0.6)])
+def test_full_width_cache_layouts_match_their_float64_reference(layer, kv_layout, kv_scale,
+                                                                q_scale):
     """kv_layout="bf16" / "fp8_per_tensor" (full-width cache rows, the FlashInfer port's caches):
-    the same 300-token prompt, without FP8 activations, against the reference told the layout
-    and scale (SWA rows as encoded, compressed entries the model's FP8-rounded nope dims, then
-    encoded): within the 1e-2 of the test above. The reference of the MODEL1 layout must not
-    match bf16 (its FP8-rounded SWA rows differ by FP8 steps: a layout that were ignored would
-    pass the first bound and fail this one); for fp8_per_tensor at 0.7 the reference at scale 1
-    must not match (the e4m3 grid is no longer the unscaled one, so most values round
-    differently; a power of two would only move the subnormals)."""
-    L = 300
-    a = small_layer(layer, fp8_activations=False, kv_layout=kv_layout, kv_scale=kv_scale)
+    the same 300 tokens (a 296-token prompt, then 4 decode steps), without FP8 activations,
+    against the reference told the layout and scales (SWA rows as encoded, compressed entries the
+    model's FP8-rounded nope dims, then encoded; with fp8_per_tensor the queries FP8 too,
+    bf16(e4m3(q / q_scale) · q_scale), what both the prefill and the FP8 decodes attend with):
+    within the 1e-2 of the test above. The reference of the MODEL1 layout must not match bf16
+    (its FP8-rounded SWA rows differ by FP8 steps: a layout that were ignored would pass the
+    first bound and fail this one); for fp8_per_tensor at kv_scale 0.7 the reference at kv_scale
+    1 must not match (the e4m3 grid is no longer the unscaled one, so most values round
+    differently; a power of two would only move the subnormals); at q_scale 0.6 likewise the
+    reference at q_scale 1 (measured ~6e-2 off, the decodes ~3e-2 to 6e-2)."""
+    L, decodes = 300, 4
+    a = small_layer(layer, fp8_activations=False, kv_layout=kv_layout, kv_scale=kv_scale,
+                    q_scale=q_scale)
     x = hidden(L, 7)
-    y = a.forward(dsv4attn.BatchDescription([7], [0], [L]), x)
+    ys = [a.forward(dsv4attn.BatchDescription([7], [0], [L - decodes]), x[:L - decodes])]
+    for p in range(L - decodes, L):
+        ys.append(a.forward(dsv4attn.BatchDescription([7], [p], [1]), x[p:p + 1]))
+    y = torch.cat(ys)
     want = dsv4attn.reference_attention_layer(TINY, layer, a.weights, x, fp8_activations=False,
-                                              kv_layout=kv_layout, kv_scale=kv_scale)
+                                              kv_layout=kv_layout, kv_scale=kv_scale,
+                                              q_scale=q_scale)
     assert row_rel_err(y, want).max() <= 1e-2
     if kv_layout == "bf16":
         model1 = dsv4attn.reference_attention_layer(TINY, layer, a.weights, x,
                                                     fp8_activations=False)
         assert row_rel_err(y, model1).max() > 2e-2
-    elif kv_scale != 1.0:
+    if kv_scale != 1.0:
         unscaled = dsv4attn.reference_attention_layer(TINY, layer, a.weights, x,
-                                                      fp8_activations=False, kv_layout=kv_layout)
+                                                      fp8_activations=False, kv_layout=kv_layout,
+                                                      q_scale=q_scale)
         assert row_rel_err(y, unscaled).max() > 2e-2
+    if q_scale != 1.0:
+        unscaled_q = dsv4attn.reference_attention_layer(TINY, layer, a.weights, x,
+                                                        fp8_activations=False,
+                                                        kv_layout=kv_layout, kv_scale=kv_scale)
+        assert row_rel_err(y, unscaled_q).max() > 2e-2
+        assert row_rel_err(y[L - decodes:], unscaled_q[L - decodes:]).max() > 2e-2
 
 
 def test_cache_layout_arguments_are_checked():
@@ -174,6 +191,19 @@ def test_cache_layout_arguments_are_checked():
     for bad in (0.0, -1.0, float("inf")):
         with pytest.raises(dsv4attn.Error, match="kv_scale"):
             small_layer(0, kv_layout="fp8_per_tensor", kv_scale=bad)
+    # q_scale: the FP8 queries' scale, which only the per-tensor FP8 layout has.
+    for layout in ("model1", "bf16"):
+        with pytest.raises(dsv4attn.Error, match="q_scale"):
+            small_layer(0, kv_layout=layout, q_scale=0.5)
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(dsv4attn.Error, match="q_scale"):
+            small_layer(0, kv_layout="fp8_per_tensor", q_scale=bad)
+        with pytest.raises(dsv4attn.Error, match="q_scale"):
+            dsv4attn.reference_attention_layer(TINY, 0, small_layer(0).weights, hidden(2, 1),
+                                               kv_layout="fp8_per_tensor", q_scale=bad)
+    with pytest.raises(dsv4attn.Error, match="q_scale"):
+        dsv4attn.reference_attention_layer(TINY, 0, small_layer(0).weights, hidden(2, 1),
+                                           q_scale=0.5)
 
 
 

@@ -38,6 +38,8 @@ const std::vector<FlagSpec> kFlags = {
     {"kv-layout", true, "layout of the SWA and compressed KV caches: model1 (MODEL1_FP8, default), bf16 "
                         "(full-width bf16 rows) or fp8-tensor (full-width e4m3 rows, one scale)", "L"},
     {"kv-scale", true, "the fp8-tensor caches' scale, value = fp8 * S (default 1)", "S"},
+    {"q-scale", true, "with --kv-layout fp8-tensor the decodes read FP8 queries: their scale, "
+                      "q = fp8 * S (default 1)", "S"},
     {"tp", true, "tensor-parallel ranks per layer, a divisor of the heads and wo_a groups: on cuda "
                  "rank r on GPU r (N GPUs, one NCCL group), on cpu threads summing y in process "
                  "(default 1)", "N"},
@@ -173,6 +175,10 @@ int cmd_run(const Args& raw) {
   if (a.has("kv-scale") && kv_layout != "fp8-tensor")
     fail("run: --kv-scale: applies to --kv-layout fp8-tensor only, got --kv-layout ", kv_layout);
   so.attention.caches.kv_scale = static_cast<float>(a.get_positive_double("kv-scale", 1.0));
+  if (a.has("q-scale") && kv_layout != "fp8-tensor")
+    fail("run: --q-scale: applies to --kv-layout fp8-tensor only (its FP8 queries), got --kv-layout ",
+         kv_layout);
+  so.attention.caches.q_scale = static_cast<float>(a.get_positive_double("q-scale", 1.0));
   if (kv_layout != "model1" && v32)
     fail("run: --kv-layout ", kv_layout, ": the DeepSeek-V3.2 layer has its own 656-byte cache layout");
   so.tp = static_cast<int>(a.get_int("tp", 1, 1, 128));
@@ -199,6 +205,7 @@ int cmd_run(const Args& raw) {
   sc.seed = so.seed;
   sc.kv_layout = so.attention.caches.layout;
   sc.kv_scale = so.attention.caches.kv_scale;
+  sc.q_scale = so.attention.caches.q_scale;
   sc.check_requests = a.has("check") ? static_cast<int>(a.get_int("check-requests", 1, 0, sc.requests)) : 0;
   // The CUDA kernels feed the softmax weights to the P·V MMA as bf16 (as FlashMLA does), and the
   // FP8 projections accumulate on FP8 tensor cores with a short accumulator (about 1e-2 of |y|

@@ -204,6 +204,7 @@ SimReport run_serving_sim(AttentionStack& stack, const SimConfig& sc,
       ReferenceOptions ro;
       ro.kv_layout = sc.kv_layout;
       ro.kv_scale = sc.kv_scale;
+      ro.q_scale = sc.q_scale;
       const std::vector<double> ref =
           stack.sparse_mla() ? reference_sparse_mla_layer(cfg, stack.sparse_mla_layer(l).weights(), xin, ro)
                              : reference_attention_layer(cfg, lc.layer, stack.layer_weights(l), xin, ro);

@@ -30,6 +30,7 @@ struct SimConfig {
   double check_tolerance = 3e-2;     // CPU backend; `dsv4 run` uses 5e-2 for CUDA (cmd_run.cpp)
   KvLayout kv_layout = KvLayout::model1_fp8;  // the layers' cache layout, for the reference's rounding
   float kv_scale = 1.0f;                      // and its FP8_PER_TENSOR scale
+  float q_scale = 1.0f;                       // and, with it, the FP8 queries' scale
 };
 
 // Throws dsv4::Error naming the flag for a config `dsv4 run` cannot simulate on `model`.

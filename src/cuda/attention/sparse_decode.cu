@@ -4,9 +4,10 @@
 // Argument checks of the public API (index ranges etc.) live in the dispatching src/cpu op.
 //
 // Strides: q, indices, out and lse may have any strides whose last dim is contiguous; q and out
-// rows must start 16-byte aligned (strides of their [b, s_q, H] dims multiples of 8 elements:
-// q rows are copied and out rows stored in 16-byte pieces). Caches: any block stride >= the
-// layout's block bytes that is a multiple of 16, bytes dense within a block.
+// rows must start 16-byte aligned (strides of their [b, s_q, H] dims multiples of 16 bytes: 8
+// elements of a bf16 q or out, 16 of an FP8 q; q rows are read and out rows stored in aligned
+// pieces). Caches: any block stride >= the layout's block bytes that is a multiple of 16, bytes
+// dense within a block. An FP8 q is converted to bf16(fp8 · q_scale) as the kernels load it.
 #include "cuda/attention/sparse_decode.h"
 
 #include <cmath>
@@ -102,11 +103,16 @@ void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
   const int64_t d_qk = kv_geometry(layout, 1).dim;
   check_defined(kOp, "q", args.q);
   check_device(kOp, "q", args.q, Device::cuda);
-  check_dtype(kOp, "q", args.q, DType::bf16);
+  const bool q_fp8 = args.q.dtype == DType::fp8_e4m3;
+  if (!q_fp8) check_dtype(kOp, "q", args.q, DType::bf16);  // "expected bf16" names the usual dtype
   check_ndim(kOp, "q", args.q, 4);
   const int64_t b = args.q.shape[0], s_q = args.q.shape[1], h = args.q.shape[2];
   check_dim(kOp, "q", args.q, 3, d_qk);
-  check_aligned_rows(kOp, "q", args.q, 3, "q rows are copied in 16-byte chunks");
+  check_aligned_rows(kOp, "q", args.q, 3, "q rows are read in aligned pieces");
+  DSV4_CHECK(std::isfinite(args.q_scale) && args.q_scale > 0.0f && (q_fp8 || args.q_scale == 1.0f),
+             kOp, ": q_scale: expected a finite value > 0 (1 for a bf16 q), got ", args.q_scale);
+  // (The front door also refuses a scale whose largest query overflows bf16; here it would only
+  // give infinite logits, no memory hazard.)
   DSV4_CHECK(h >= 1 && b >= 1 && s_q >= 1, kOp, ": q: expected non-empty, got ", args.q.shape_str());
   DSV4_CHECK(args.d_v == sd::kDv, kOp, ": d_v: expected 512, got ", args.d_v);
 
@@ -137,7 +143,9 @@ void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
     DSV4_CHECK(aligned16(workspace.data), kOp, ": workspace: expected 16-byte alignment");
   }
 
-  p.q = args.q.ptr<const uint16_t>();
+  p.q = args.q.data;
+  p.q_fp8 = q_fp8;
+  p.q_scale = args.q_scale;
   p.q_strides = row_strides(args.q);
   p.num_rows = static_cast<int>(rows);
   p.s_q = static_cast<int>(s_q);

@@ -1,5 +1,6 @@
 // Register-level conversions: fp8 e4m3 → bf16 with a power-of-two scale (exact: e4m3 · 2^k fits
-// bf16) for kernels that dequantize FP8 on the fly, float pairs → packed bf16x2, and floats →
+// bf16) for kernels that dequantize FP8 on the fly, or with any scale rounded as the host rounds
+// it (an FP8 query), float pairs → packed bf16x2, and floats →
 // fp8 e4m3 codes for the quantizing kernels.
 #pragma once
 
@@ -27,6 +28,23 @@ __device__ __forceinline__ uint2 fp8x4_to_bf16x4(uint32_t fp8x4, float scale) {
       static_cast<__nv_fp8x2_storage_t>(fp8x4 >> 16), __NV_E4M3));
   const float2 a = __half22float2(lo), b = __half22float2(hi);
   return make_uint2(pack_bf16x2(a.x * scale, a.y * scale), pack_bf16x2(b.x * scale, b.y * scale));
+}
+
+// Eight fp8 e4m3 codes (little-endian) → eight bf16 values bf16(fp8 · scale) for any fp32 scale,
+// bit-identical to the host's round_bf16(fp8_decode_scaled(code, scale)) (fp8_block.h) for every
+// non-NaN code: the conversion to float is exact (e4m3 ⊂ fp16, all normal there), the product
+// IEEE-rounded (ieee_mul, immune to --use_fast_math's flush-to-zero), then rounded once to bf16
+// (to nearest even, subnormals kept; a NaN code gives some NaN).
+__device__ __forceinline__ uint4 fp8x8_to_bf16x8_scaled(const uint2& codes, float scale) {
+  uint32_t packed[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t word = k < 2 ? codes.x : codes.y;
+    const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>((word >> (16 * (k % 2))) & 0xffffu), __NV_E4M3)));
+    packed[k] = pack_bf16x2(ieee_mul(v.x, scale), ieee_mul(v.y, scale));
+  }
+  return make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 
 // Sixteen fp8 values (one 16-byte chunk) → two 16-byte chunks of bf16.

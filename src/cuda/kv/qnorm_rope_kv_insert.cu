@@ -10,7 +10,9 @@
 //      their squares, the butterfly gives every lane the head's factor (warp_rms.cuh: the CPU's
 //      summation order), then the lane reloads its chunks, normalizes them, rotates the rope pairs
 //      among them and stores them back (one 16-byte store) — each element read and written by one
-//      lane only. q is the bulk of the op's bytes (H · D per token against D for kv).
+//      lane only. q is the bulk of the op's bytes (H · D per token against D for kv). With an FP8
+//      query the lane also encodes the roped chunk (fp8(v · 1/q_scale), one 8-byte store of codes
+//      by the hardware encoder, bit-identical to dtype.h's) and stores in q what the codes mean.
 //   2. kv: the roped fp32 row goes to shared memory; the token is encoded into a one-token block
 //      in shared memory with the CPU's own per-scale-block / per-value encoders (kv_layout.h:
 //      thread s encodes scale block s, all threads the plain dims), then kv is overwritten with
@@ -22,13 +24,16 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 
 #include "cuda/common/check.h"
 #include "cuda/common/float_rows.cuh"
+#include "cuda/common/fp8_convert.cuh"
 #include "cuda/common/index_vector.cuh"
 #include "cuda/common/rope_table.cuh"
 #include "cuda/common/warp_kv_scale_block.cuh"
 #include "cuda/norm/warp_rms.cuh"
+#include "dsv4/fp8_block.h"
 
 namespace dsv4::cuda {
 namespace {
@@ -44,8 +49,60 @@ static_assert(kScratchBytes >= v32::kTokenBytes && kScratchBytes >= 2 * model1::
 static_assert(model1::kNumScales < kThreads && v32::kNumScales < kThreads,
               "one thread per scale block, plus one for the padding");
 
+// The optional FP8 query [T, H, D] (fp8_e4m3, last dim contiguous): codes of row (t, h) start at
+// data + t · token_stride + h · head_stride bytes. data == nullptr: none.
+struct Fp8QueryRows {
+  uint8_t* data = nullptr;
+  int64_t token_stride = 0, head_stride = 0;
+  float scale = 1.0f, inv_scale = 1.0f;  // q = fp8 · scale; codes = fp8(q · inv_scale)
+
+  static Fp8QueryRows of(const Fp8QueryOutput& out) {
+    Fp8QueryRows r;
+    if (!out.q_fp8.defined()) return r;
+    r.data = static_cast<uint8_t*>(out.q_fp8.data);
+    r.token_stride = out.q_fp8.strides[0];
+    r.head_stride = out.q_fp8.strides[1];
+    r.scale = out.q_scale;
+    r.inv_scale = ieee_div(1.0f, out.q_scale);  // once, as the CPU kernel
+    return r;
+  }
+  // Whether every row starts 8-byte aligned: a chunk of 8 codes is then one 8-byte store.
+  bool rows_aligned8() const {
+    return reinterpret_cast<uintptr_t>(data) % 8 == 0 && token_stride % 8 == 0 && head_stride % 8 == 0;
+  }
+  // Elements [i, min(i + 8, n)) of row (t, h), roped in v: their codes into the row, and v ← the
+  // values the codes mean (fp8 · scale), which q then stores. kVector (rows_aligned8): a whole
+  // chunk is one 8-byte store of hardware-encoded codes.
+  template <bool kVector>
+  __device__ __forceinline__ void quantize_chunk(int64_t t, int64_t h, int64_t i, int64_t n,
+                                                 float v[FloatRows::kChunk]) const {
+    constexpr int kChunk = FloatRows::kChunk;
+    static_assert(kChunk == 8, "a chunk of codes is one 8-byte store");
+    uint8_t* codes = data + t * token_stride + h * head_stride + i;
+    float scaled[kChunk];
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) scaled[k] = ieee_mul(v[k], inv_scale);
+    if (kVector && i + kChunk <= n) {
+      const uint2 packed = fp8x8_e4m3_encode(scaled);
+      *reinterpret_cast<uint2*>(codes) = packed;
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k)
+        v[k] = fp8_decode_scaled(static_cast<uint8_t>((k < 4 ? packed.x : packed.y) >> (8 * (k % 4))), scale);
+      return;
+    }
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+      if (i + k >= n) continue;
+      const uint8_t code = float_to_fp8_e4m3(scaled[k]);
+      codes[k] = code;
+      v[k] = fp8_decode_scaled(code, scale);
+    }
+  }
+};
+
 struct InsertParams {
   FloatRows q;   // rows (t, h): T · heads rows of D
+  Fp8QueryRows q_fp8;  // optional
   FloatRows kv;  // rows t: T rows of D
   int64_t heads;
   IndexVector positions;  // [T]
@@ -91,6 +148,7 @@ __global__ void __launch_bounds__(kThreads) qnorm_rope_kv_insert_kernel(const In
       for (int k = 0; k < kChunk / 2; ++k)  // pairs (2j, 2j + 1) never straddle a chunk: nope is even
         if (i + 2 * k >= nope && i + 2 * k + 1 < D)
           p.table.rotate(pos, static_cast<int>((i + 2 * k - nope) / 2), v[2 * k], v[2 * k + 1]);
+      if (p.q_fp8.data != nullptr) p.q_fp8.quantize_chunk<kVector>(t, h, i, D, v);
       p.q.store_chunk<kVector>(q_off, i, D, v);
     }
   }
@@ -143,10 +201,12 @@ __global__ void __launch_bounds__(kThreads) qnorm_rope_kv_insert_kernel(const In
 
 void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const TensorView& positions,
                           const TensorView& cos_sin, float eps, const KvCacheView& cache,
-                          const TensorView& slot_mapping, Stream stream) {
+                          const TensorView& slot_mapping, const Fp8QueryOutput& fp8_query,
+                          Stream stream) {
   constexpr const char* kOp = "qnorm_rope_kv_insert";
   InsertParams p;
   p.q = FloatRows::of(q);
+  p.q_fp8 = Fp8QueryRows::of(fp8_query);
   p.kv = FloatRows::of(kv);
   const int64_t T = kv.shape[0];
   if (T == 0) return;  // nothing to write
@@ -172,7 +232,9 @@ void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const Tenso
   constexpr int64_t kMaxGroups = 65535;
   const int64_t groups = T >= kTokensFillingTheGpu ? 1 : std::clamp<int64_t>((p.heads + kWarps - 1) / kWarps, 1, kMaxGroups);
   const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(groups));
-  if (p.q.rows_aligned16())
+  // The vector path moves q in 16-byte and the FP8 query in 8-byte pieces; either misaligned
+  // takes the element-wise path (same bytes).
+  if (p.q.rows_aligned16() && (p.q_fp8.data == nullptr || p.q_fp8.rows_aligned8()))
     qnorm_rope_kv_insert_kernel<true><<<grid, kThreads, 0, stream>>>(p);
   else
     qnorm_rope_kv_insert_kernel<false><<<grid, kThreads, 0, stream>>>(p);

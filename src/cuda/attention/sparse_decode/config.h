@@ -154,8 +154,12 @@ struct RowStrides {
 };
 
 struct DecodeParams {
-  const uint16_t* q = nullptr;  // bf16 bits, [b, s_q, H, d_qk] with q_strides (last dim dense)
-  RowStrides q_strides;         // multiples of 8 elements: rows are copied in 16-byte chunks
+  // [b, s_q, H, d_qk] with q_strides (last dim dense): bf16 bits, or e4m3 codes when q_fp8, which
+  // load_q converts to the bf16 query they mean, bf16(fp8 · q_scale).
+  const void* q = nullptr;
+  bool q_fp8 = false;
+  float q_scale = 1.0f;
+  RowStrides q_strides;         // elements; 16-byte multiples: rows are read in aligned pieces
   int num_rows = 0, s_q = 1, num_heads = 0;
   DecodeScope main, extra;      // extra.topk == 0: no extra scope
   int topk_total = 0, num_splits = 1, split_len = 0;

@@ -370,21 +370,39 @@ __device__ __forceinline__ void produce_by_copy(const DecodeParams& p, const Cta
 }
 
 // Both consumer warpgroups: Q rows of this head block (zero rows past H) into shared memory, in
-// the same tile layout as the KV stages.
+// the same tile layout as the KV stages, as bf16 whatever q's dtype: bf16 rows are copied by
+// cp.async; an FP8 q's 8 codes of each 16-byte bf16 chunk are loaded (8 bytes, aligned: q rows
+// start 16-byte aligned) and converted to the query they mean, bf16(fp8 · q_scale) — the CPU
+// twin's and the insert's rule — so the products are unchanged.
 template <KvLayout L>
 __device__ __forceinline__ void load_q(const DecodeParams& p, const CtaWork& w, uint8_t* q_tile) {
   constexpr int kChunks = LayoutTraits<L>::kDqk / 8;
-  const uint16_t* q_row = p.q + p.q_strides.row_offset(w.batch, w.seq);
-  for (int i = threadIdx.x; i < kHeadsPerCta * kChunks; i += kConsumerThreads) {
-    const int r = i / kChunks, c = i - r * kChunks;
-    const int h = w.head_block * kHeadsPerCta + r;
-    const bool ok = h < p.num_heads;
-    const uint16_t* src = q_row + static_cast<int64_t>(ok ? h : 0) * p.q_strides.h + c * 8;
-    ptx::cp_async_16_zfill(q_tile + sw128_chunk_offset<kHeadsPerCta>(r, c), src, ok);
+  const int64_t row = p.q_strides.row_offset(w.batch, w.seq);
+  if (p.q_fp8) {
+    const uint8_t* q_row = static_cast<const uint8_t*>(p.q) + row;
+    for (int i = threadIdx.x; i < kHeadsPerCta * kChunks; i += kConsumerThreads) {
+      const int r = i / kChunks, c = i - r * kChunks;
+      const int h = w.head_block * kHeadsPerCta + r;
+      uint4 chunk = make_uint4(0u, 0u, 0u, 0u);
+      if (h < p.num_heads) {
+        const uint2 codes = __ldg(reinterpret_cast<const uint2*>(q_row + static_cast<int64_t>(h) * p.q_strides.h + c * 8));
+        chunk = fp8x8_to_bf16x8_scaled(codes, p.q_scale);
+      }
+      *reinterpret_cast<uint4*>(q_tile + sw128_chunk_offset<kHeadsPerCta>(r, c)) = chunk;
+    }
+  } else {
+    const uint16_t* q_row = static_cast<const uint16_t*>(p.q) + row;
+    for (int i = threadIdx.x; i < kHeadsPerCta * kChunks; i += kConsumerThreads) {
+      const int r = i / kChunks, c = i - r * kChunks;
+      const int h = w.head_block * kHeadsPerCta + r;
+      const bool ok = h < p.num_heads;
+      const uint16_t* src = q_row + static_cast<int64_t>(ok ? h : 0) * p.q_strides.h + c * 8;
+      ptx::cp_async_16_zfill(q_tile + sw128_chunk_offset<kHeadsPerCta>(r, c), src, ok);
+    }
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<0>();
   }
-  ptx::cp_async_commit();
-  ptx::cp_async_wait<0>();
-  ptx::fence_proxy_async_smem();  // Q is read by wgmma
+  ptx::fence_proxy_async_smem();  // Q is read by wgmma (the FP8 path's plain stores included)
   ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);
 }
 

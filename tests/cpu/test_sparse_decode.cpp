@@ -126,12 +126,7 @@ struct DecodeProblem {
         if (slot == -1) continue;
         if (position++ == drop) continue;
         auto [it, fresh] = rows_cache.try_emplace({scope, slot});
-        if (fresh) {
-          // The row as the decode attends with it: bf16, the kernels' tensor-core operands (exact
-          // but for FP8_PER_TENSOR's non-power-of-two scale, where it is bf16(fp8 · scale)).
-          it->second = sd->cache->decode(slot);
-          for (double& v : it->second) v = dsv4::round_bf16(static_cast<float>(v));
-        }
+        if (fresh) it->second = sd->cache->decode(slot);  // bf16 rows, as the decode reads them
         rows.push_back(&it->second);
       }
     }

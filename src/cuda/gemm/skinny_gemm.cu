@@ -341,13 +341,16 @@ void launch(const Params& p, dim3 grid, cudaStream_t stream) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The token tile (wgmma N) of a problem of T tokens: the smallest of 16 … 128 that holds them
-// (padding at most half a tile), 128 beyond (several tiles).
+// The token tile (wgmma N) of a problem of T tokens: the smallest of 16 … 64 that holds them
+// (padding at most half a tile), 64 beyond (several tiles). The 128-token tile (one CTA per SM)
+// lost to two 64-token tiles on all six V4-Flash projections at 128 tokens (H200, 2026-11-27,
+// bench/RESULTS.md), so only a forced token_tile takes it.
 int token_tile(const SkinnyGemm& g) {
+  constexpr int kDefaultMaxTile = 64;
   if (g.token_tile != 0) return g.token_tile;
-  for (int tile = 16; tile < kMaxTokenTile; tile *= 2)
+  for (int tile = 16; tile < kDefaultMaxTile; tile *= 2)
     if (g.T <= tile) return tile;
-  return kMaxTokenTile;
+  return kDefaultMaxTile;
 }
 
 // Bytes between rows of a [rows, K] operand as the TMA map gets them: a one-row matrix's ld is

@@ -32,8 +32,11 @@ namespace dsv4::cuda {
 // replay): at 1-4 tokens it runs wo_a in 17 µs against 56 µs for cuBLASLt's eight fanned-out
 // groups, and wq_a / wkv / wo_b in 12-20 µs against 16-33 µs; at 128 tokens the kernel of then
 // (32-token tiles, each K block's product waited on before its scaling) lost (wo_a 48 µs against
-// 30, wo_b 46 against 26). The 64 / 128-token tiles and the pipelined scaling are to be measured
-// (docs/notes/skinny-gemm.md) before this moves.
+// 30, wo_b 46 against 26). With the pipelined scaling and 64-token tiles it wins at 64 tokens
+// on wq_a / wkv / grouped wo_a and loses on wq_b / wo_b, and at 128 tokens it wins only on the
+// grouped wo_a against cuBLASLt's groups one after another (bench/RESULTS.md, 2026-11-27); the
+// layer fans those groups out over streams, against which it was not yet timed, so the limit
+// stays.
 inline constexpr int64_t kSkinnyMaxTokens = 32;
 
 struct SkinnyGemm {

@@ -111,4 +111,11 @@ __device__ __forceinline__ uint2 fp8x8_restore_nan_signs(const uint2& codes, con
   return make_uint2(w[0], w[1]);
 }
 
+// Eight floats → eight fp8 e4m3 codes, little-endian (v[0] in the lowest byte): fp8x2_e4m3_encode's
+// bytes, the NaN test done once on the hardware codes.
+__device__ __forceinline__ uint2 fp8x8_e4m3_encode(const float v[8]) {
+  const uint2 codes = fp8x8_e4m3_encode_hw(v);
+  return fp8x8_nan_code_bits(codes) ? fp8x8_restore_nan_signs(codes, v) : codes;
+}
+
 }  // namespace dsv4::cuda

@@ -42,19 +42,21 @@ struct InvRopeCase {
   bool transposed_scale;
   int64_t head_pad;  // o's heads are a window of H + head_pad stored heads
   int64_t row_pad;   // o_fp8 rows are HD + row_pad apart (odd: the element-wise path)
+  int64_t D = 512;   // head dim
+  int R = 64;        // rope dims (the last R of each head)
 };
 class InvRopeFp8QuantCpuVsCuda : public ::testing::TestWithParam<InvRopeCase> {};
 
 TEST_P(InvRopeFp8QuantCpuVsCuda, BitIdentical) {
   DSV4_SKIP_WITHOUT_GPU();
   const InvRopeCase c = GetParam();
-  const int64_t D = 512, HD = c.H * D, blocks = HD / c.block;
+  const int64_t D = c.D, HD = c.H * D, blocks = HD / c.block;
   HostTensor o_buf = random_tensor(DType::bf16, {c.T, c.H + c.head_pad, D}, 7 + c.T, 1e-3, 8.0);
   dense_test::shape_blocks(o_buf, c.T * (c.H + c.head_pad), D, c.block, 8);  // scale boundaries too
   HostTensor pos(DType::int64, {c.T});
   for (int64_t t = 0; t < c.T; ++t) pos.data<int64_t>()[t] = (t * 1237 + 3) % 65536;
   const Twin o = Twin::of(o_buf), positions = Twin::of(pos);
-  const Twin table = Twin::of(dsv4::build_rope_cache(dense_test::yarn_rope(64), 65536));
+  const Twin table = Twin::of(dsv4::build_rope_cache(dense_test::yarn_rope(c.R), 65536));
   Twin q = Twin::poisoned(DType::fp8_e4m3, {c.T, HD + c.row_pad});
   Twin s = c.transposed_scale ? Twin::poisoned(c.scale, {blocks, c.T}) : Twin::poisoned(c.scale, {c.T, blocks});
   TensorView o_view = o.host.view(), q_view = q.host.view();
@@ -77,14 +79,49 @@ INSTANTIATE_TEST_SUITE_P(
                       InvRopeCase{9, 8, 64, DType::ue8m0, true, 0, 0},
                       InvRopeCase{11, 60, 128, DType::fp32, true, 4, 0},  // heads padded to 64
                       InvRopeCase{5, 16, 128, DType::fp32, true, 0, 3},   // unaligned o_fp8 rows
-                      InvRopeCase{0, 64, 128, DType::fp32, true, 0, 0}),
+                      InvRopeCase{0, 64, 128, DType::fp32, true, 0, 0},
+                      // More tokens than block rows (4096): a block row loops over tokens.
+                      InvRopeCase{4100, 1, 128, DType::fp32, true, 0, 0},
+                      // 36 / 40 units of 16 values per token: the last warp only partly in the
+                      // row; rope dims starting inside an 8-value half (R = 6) or at dim 0 (R = D).
+                      InvRopeCase{7, 3, 64, DType::ue8m0, false, 0, 0, 192, 6},
+                      InvRopeCase{7, 3, 64, DType::fp32, true, 1, 5, 192, 6},
+                      InvRopeCase{6, 5, 128, DType::fp32, true, 0, 0, 128, 128}),
     [](const auto& info) {
       const InvRopeCase& c = info.param;
       std::ostringstream n;
       n << "T" << c.T << "_H" << c.H << "_b" << c.block << "_" << dsv4::dtype_name(c.scale)
         << (c.transposed_scale ? "_scaleT" : "") << (c.head_pad ? "_headpad" : "") << (c.row_pad ? "_rowpad" : "");
+      if (c.D != 512 || c.R != 64) n << "_D" << c.D << "_R" << c.R;
       return n.str();
     });
+
+// NaNs and infinities among the values that are only quantized (the dims before the rope dims):
+// a NaN's code is 0x7f, an infinity makes its block's scale degenerate (amax = inf) the same way
+// on both backends. The kernels test the hardware codes for NaNs once per lane and re-encode
+// those lanes value by value. (Positive NaNs only: the GPU's multiply by the block's inverse
+// scale returns the positive canonical NaN whatever the input's sign, where the CPU keeps it.)
+TEST(InvRopeFp8QuantCpuVsCuda, NanAndInfinityCodesBitIdentical) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const int64_t T = 6, H = 4, D = 512, HD = H * D;
+  HostTensor o_buf = random_tensor(DType::bf16, {T, H, D}, 41, 1e-3, 8.0);
+  const uint16_t specials[] = {0x7fc0, 0x7f81, 0x7f80, 0xff80};  // quiet NaN, a payload, ±inf
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h)
+      if ((t + h) % 3 != 0)  // some heads keep only finite values
+        for (int k = 0; k < 3; ++k)
+          o_buf.data<uint16_t>()[(t * H + h) * D + (t * 97 + h * 31 + k * 131) % 448] =
+              specials[(t + h + k) % 4];
+  HostTensor pos(DType::int64, {T});
+  for (int64_t t = 0; t < T; ++t) pos.data<int64_t>()[t] = t * 5;
+  const Twin o = Twin::of(o_buf), positions = Twin::of(pos);
+  const Twin table = Twin::of(dsv4::build_rope_cache(dense_test::yarn_rope(64), 64));
+  Twin q = Twin::poisoned(DType::fp8_e4m3, {T, HD}), s = Twin::poisoned(DType::ue8m0, {T, HD / 128});
+  dsv4::inv_rope_fp8_quant(o.host, positions.host, table.host, 128, q.host, s.host);
+  dsv4::inv_rope_fp8_quant(o.dev, positions.dev, table.dev, 128, q.dev, s.dev);
+  expect_bytes_equal("o_fp8", q.host, q.dev_bytes());
+  expect_bytes_equal("o_scale", s.host, s.dev_bytes());
+}
 
 // A position outside the table cannot be rejected on the host: that token is left unwritten, the
 // others match the CPU.

@@ -104,7 +104,41 @@ INSTANTIATE_TEST_SUITE_P(Shapes, IndexerQueryRowsCpuVsCuda,
                                            QueryCase{37, 64, 64, DType::int32},
                                            QueryCase{5, 4, 128, DType::int64},
                                            QueryCase{9, 3, 2, DType::int32},
+                                           QueryCase{7, 1, 64, DType::int64},  // one head: t = row
                                            QueryCase{0, 64, 64, DType::int64}));
+
+// q_fp8 rows that are not 4-byte aligned (a [T, H, 128] window at byte 1 of [T, H, 131]): the
+// kernel's byte-store path; the padding around the window stays as poisoned as on the CPU.
+TEST(IndexerQueryRowsCpuVsCuda, UnalignedCodeRowsBitIdentical) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const int64_t T = 5, H = 6, kPadded = kDim + 3, max_pos = 64;
+  std::mt19937 rng(31);
+  HostTensor q(DType::fp32, {T, H, kDim}), w(DType::fp32, {T, H});
+  for (int64_t i = 0; i < q.numel(); ++i) q.data<float>()[i] = nonzero(rng);
+  for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = nonzero(rng);
+  std::vector<int64_t> pv(static_cast<size_t>(T));
+  for (auto& p : pv) p = integer(rng, 0, max_pos - 1);
+  const HostTensor pos = index_tensor(DType::int32, pv);
+  const HostTensor cos_sin = build_rope_cache(yarn_rope(64), max_pos);
+  auto window = [&](TensorView v) {  // [T, H, 128] at byte 1 of a [T, H, 131] buffer
+    v.data = static_cast<uint8_t*>(v.data) + 1;
+    v.shape[2] = kDim;
+    return v;
+  };
+
+  HostTensor q_cpu = copy_of(q), w_cpu = copy_of(w);
+  HostTensor codes_cpu = poisoned_host(DType::fp8_e4m3, {T, H, kPadded}),
+             scale_cpu = poisoned_host(DType::fp32, {T, H});
+  cpu::indexer_query_rows(q_cpu, pos, cos_sin, window(codes_cpu.view()), scale_cpu, w_cpu);
+  DeviceTensor q_d = DeviceTensor::from_host(q), w_d = DeviceTensor::from_host(w),
+               pos_d = DeviceTensor::from_host(pos), cs_d = DeviceTensor::from_host(cos_sin);
+  DeviceTensor codes_d = poisoned(DType::fp8_e4m3, {T, H, kPadded}),
+               scale_d = poisoned(DType::fp32, {T, H});
+  cuda::indexer_query_rows(q_d, pos_d, cs_d, window(codes_d), scale_d, w_d, nullptr);
+  expect_same_bytes("q_fp8 (with its padding)", codes_cpu, download(codes_d));
+  expect_same_bytes("q_scale", scale_cpu, download(scale_d));
+  expect_same_bytes("weights", w_cpu, download(w_d));
+}
 
 // Rows a·e_0: the Hadamard spreads a over all 128 dims exactly (sums with zeros), so
 // amax = fl(a · 128^-0.5) can be put exactly on a UE8M0 boundary (amax / 448 a power of two),

@@ -20,6 +20,27 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return r;
 }
 
+// dtype.h's round_bf16 of eight floats, four hardware conversions: cvt.rn rounds to nearest even
+// (subnormals kept, overflow to ±inf) exactly as float_to_bf16_bits does; only a NaN, which the
+// hardware turns into 0x7fff, takes dtype.h's own rule (its payload kept, made quiet), so a group
+// holding one is rounded value by value (one test for the eight, a rare branch).
+__device__ __forceinline__ void round_bf16x8(float* v) {
+  bool nan = false;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) nan |= v[i] != v[i];
+  if (nan) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = round_bf16(v[i]);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; i += 2) {
+    const uint32_t packed = pack_bf16x2(v[i], v[i + 1]);
+    v[i] = __uint_as_float(packed << 16);
+    v[i + 1] = __uint_as_float(packed & 0xffff0000u);
+  }
+}
+
 // Four fp8 e4m3 values (little-endian in a word) times `scale` → two packed bf16x2 words.
 __device__ __forceinline__ uint2 fp8x4_to_bf16x4(uint32_t fp8x4, float scale) {
   const __half2 lo = __half2(__nv_cvt_fp8x2_to_halfraw2(
@@ -55,6 +76,13 @@ __device__ __forceinline__ void fp8x16_to_bf16x16(const uint4& v, float scale, u
   hi = make_uint4(c.x, c.y, d.x, d.y);
 }
 
+// Two floats → two fp8 e4m3 codes (`lo`'s in the low byte) as the hardware converts them: round
+// to nearest even, saturating to ±448 (infinities included), a NaN → a NaN code of either sign.
+// Every code of a non-NaN has bits 0-6 at most 0x7e; a NaN's has them all set.
+__device__ __forceinline__ uint32_t fp8x2_e4m3_encode_hw(float lo, float hi) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3) & 0xffffu;
+}
+
 // Two floats → two fp8 e4m3 codes (`lo`'s in the low byte), bit-identical to dtype.h's
 // float_to_fp8_e4m3 but one hardware conversion per pair (the software encoder costs ~15
 // instructions per value, as much as a memory-bound kernel's whole budget): both round to nearest
@@ -68,10 +96,44 @@ __device__ __forceinline__ uint32_t fp8x2_e4m3_encode(float lo, float hi) {
   return codes & 0xffffu;
 }
 
-// Eight floats → eight fp8 e4m3 codes, little-endian (v[0] in the lowest byte).
+// Eight floats → eight fp8 e4m3 codes as the hardware converts them (fp8x2_e4m3_encode_hw),
+// little-endian (v[0] in the lowest byte).
+__device__ __forceinline__ uint2 fp8x8_e4m3_encode_hw(const float v[8]) {
+  return make_uint2(fp8x2_e4m3_encode_hw(v[0], v[1]) | (fp8x2_e4m3_encode_hw(v[2], v[3]) << 16),
+                    fp8x2_e4m3_encode_hw(v[4], v[5]) | (fp8x2_e4m3_encode_hw(v[6], v[7]) << 16));
+}
+
+// Nonzero iff one of the eight codes in `c` (fp8x8_e4m3_encode_hw's) is a NaN's: bits 0-6 of a
+// byte all set, so adding 1 to them carries into its bit 7 (and no further: they are at most
+// 0x7f, so bytes never carry into each other). Callers OR the results of several groups and test
+// once.
+__device__ __forceinline__ uint32_t fp8x8_nan_code_bits(const uint2& c) {
+  constexpr uint32_t kLow7 = 0x7f7f7f7fu, kOnes = 0x01010101u, kHigh = 0x80808080u;
+  return (((c.x & kLow7) + kOnes) | ((c.y & kLow7) + kOnes)) & kHigh;
+}
+
+// fp8x2_e4m3_encode's codes from fp8x8_e4m3_encode_hw's codes of v: a NaN's byte becomes its
+// sign | 0x7f (the hardware gives the positive NaN code); every other byte is already the same.
+// Quantizers test the hardware codes first (fp8x8_nan_code_bits: ~1 instruction per value) and
+// call this only for groups that hold a NaN: tested value by value, the fix costs ~6 instructions
+// per value, more than the conversion.
+__device__ __forceinline__ uint2 fp8x8_restore_nan_signs(const uint2& codes, const float v[8]) {
+  uint32_t w[2] = {codes.x, codes.y};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t bits = float_bits(v[i]);
+    if ((bits & 0x7fffffffu) <= 0x7f800000u) continue;
+    const int shift = 8 * (i % 4);
+    w[i / 4] = (w[i / 4] & ~(0xffu << shift)) | ((((bits >> 24) & 0x80u) | 0x7fu) << shift);
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+// Eight floats → eight fp8 e4m3 codes, little-endian (v[0] in the lowest byte): fp8x2_e4m3_encode's
+// bytes, the NaN test done once on the hardware codes.
 __device__ __forceinline__ uint2 fp8x8_e4m3_encode(const float v[8]) {
-  return make_uint2(fp8x2_e4m3_encode(v[0], v[1]) | (fp8x2_e4m3_encode(v[2], v[3]) << 16),
-                    fp8x2_e4m3_encode(v[4], v[5]) | (fp8x2_e4m3_encode(v[6], v[7]) << 16));
+  const uint2 codes = fp8x8_e4m3_encode_hw(v);
+  return fp8x8_nan_code_bits(codes) ? fp8x8_restore_nan_signs(codes, v) : codes;
 }
 
 }  // namespace dsv4::cuda

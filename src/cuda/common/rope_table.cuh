@@ -10,6 +10,16 @@
 
 namespace dsv4::cuda {
 
+// One table row: cos θ_j at cos[j], sin θ_j at sin[j].
+struct RopeAngles {
+  const float* cos;
+  const float* sin;
+  // Rotates GPT-J pair j, (a, b) = rope dims (2j, 2j + 1), by θ_j (inverse: by −θ_j).
+  __device__ __forceinline__ void rotate(int j, float& a, float& b, bool inverse = false) const {
+    math::rope_rotate_pair(a, b, cos[j], inverse ? -sin[j] : sin[j]);
+  }
+};
+
 struct RopeTable {
   const float* data = nullptr;
   int64_t stride = 0, max_pos = 0;
@@ -22,6 +32,13 @@ struct RopeTable {
   // Whether the table has a row for pos (positions outside it are left unrotated / unwritten by
   // the ops, never read).
   __device__ __forceinline__ bool contains(int64_t pos) const { return pos >= 0 && pos < max_pos; }
+  // The angles of position pos, for kernels that rotate many pairs of one position: indexed as a
+  // base plus constants (pair j0 + k), each pair's two loads are one address plus an immediate
+  // instead of a 64-bit pos · stride per pair.
+  __device__ __forceinline__ RopeAngles angles(int64_t pos) const {
+    const float* row = data + pos * stride;
+    return RopeAngles{row, row + half};
+  }
   // Rotates GPT-J pair j, (a, b) = rope dims (2j, 2j + 1), to position pos (inverse: back from it).
   __device__ __forceinline__ void rotate(int64_t pos, int j, float& a, float& b,
                                          bool inverse = false) const {

@@ -19,6 +19,7 @@
 #include "dsv4/model.h"
 #include "dsv4/weights.h"
 #include "gpu_test_util.h"
+#include "layer_device_step.h"
 #include "layer_test_support.h"
 
 namespace dsv4 {
@@ -43,14 +44,7 @@ Attention make_layer(const ModelConfig& cfg, int layer, bool graphs, KvLayout la
 
 // x and y on the GPU (the serving path).
 void step(Attention& a, const std::vector<RequestStep>& steps, Outputs& out) {
-  const BatchPlan plan = BatchPlan::make(steps);
-  const int dim = a.config().dim;
-  dsv4_test::StepIo xy = dsv4_test::step_io(plan, dim, kSeed, /*bf16_representable=*/true);
-  DeviceTensor xd = DeviceTensor::from_host(HostTensor::copy_of(xy.x, DType::bf16));
-  DeviceTensor yd(DType::fp32, {plan.num_tokens(), dim});
-  yd.fill_bytes(0xFF);
-  a.forward(plan, xd, yd);
-  dsv4_test::record_outputs(plan, yd.to_host(), dim, out);
+  dsv4_test::device_step(a, steps, kSeed, out);
 }
 
 // Prefills of five requests, then decode steps whose batches fall in buckets 1, 4 and 8 (each

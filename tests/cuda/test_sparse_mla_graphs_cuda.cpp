@@ -26,6 +26,7 @@
 #include "dsv4/sparse_mla_layer.h"
 #include "dsv4/sparse_mla_weights.h"
 #include "gpu_test_util.h"
+#include "layer_device_step.h"
 #include "layer_test_support.h"
 
 namespace dsv4 {
@@ -45,14 +46,7 @@ SparseMlaAttention make_layer(const ModelConfig& cfg, const SparseMlaWeights& w,
 
 // One step with x and y on the GPU (the serving path); y poisoned, so an unwritten row shows.
 void step(SparseMlaAttention& a, const std::vector<RequestStep>& steps, Outputs& out) {
-  const BatchPlan plan = BatchPlan::make(steps);
-  const int dim = a.config().dim;
-  const dsv4_test::StepIo io = dsv4_test::step_io(plan, dim, kSeed, /*bf16_representable=*/true);
-  const DeviceTensor x = DeviceTensor::from_host(HostTensor::copy_of(io.x, DType::bf16));
-  DeviceTensor y(DType::fp32, {plan.num_tokens(), dim});
-  y.fill_bytes(0xFF);
-  a.forward(plan, x, y);
-  dsv4_test::record_outputs(plan, y.to_host(), dim, out);
+  dsv4_test::device_step(a, steps, kSeed, out);
 }
 
 // Five prefills (143 and 115 tokens), then decode-only steps of 1, 3 and 4 requests (all bucket 4: padded by 3, by 1

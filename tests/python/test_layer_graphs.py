@@ -11,6 +11,7 @@ import torch
 
 import dsv4attn
 from dsv4attn import Attention, AttentionStack, BatchDescription
+from graph_capture_support import expect_capture_replays_like_eager
 
 cuda = pytest.mark.skipif(not (dsv4attn._C.with_cuda and torch.cuda.is_available()),
                           reason="needs a CUDA device and a CUDA build")
@@ -37,24 +38,7 @@ def test_torch_cuda_graph_capture_and_replay_match_eager(layer):
         a.forward(warm, xw)
         return a
 
-    a = layer_before_step()
-    x_static = _x(2, cfg.dim, 2)
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g):
-            y_static = a.forward(step, x_static)
-    torch.cuda.current_stream().wait_stream(s)
-    for seed in (3, 4):
-        x_new = _x(2, cfg.dim, seed)
-        x_static.copy_(x_new)
-        g.replay()
-        # An eager twin runs the same step (same positions and slots) on the new input.
-        want = layer_before_step().forward(step, x_new)
-        torch.cuda.synchronize()
-        assert torch.isfinite(y_static).all()
-        assert torch.equal(y_static, want), f"replay with seed {seed} differs from eager"
+    expect_capture_replays_like_eager(layer_before_step, step, lambda seed: _x(2, cfg.dim, seed))
 
 
 @cuda

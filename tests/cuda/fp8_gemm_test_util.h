@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpu/dense_operands.h"
+#include "cuda/gpu_test_util.h"
 #include "dsv4/device_tensor.h"
 #include "dsv4/ops.h"
 #include "dsv4/weights.h"
@@ -20,18 +21,9 @@
 namespace fp8_gemm_test {
 using namespace dense_test;
 using dsv4::DeviceTensor;
+using dsv4::test::poisoned_device;
+using dsv4::test::synced_to_host;
 
-// A device tensor filled with 0xFF bytes (NaN in bf16 / fp32): what a kernel leaves unwritten fails.
-inline DeviceTensor poisoned_device(DType dt, std::vector<int64_t> dims) {
-  DeviceTensor d(dt, std::move(dims));
-  d.fill_bytes(0xFF);
-  return d;
-}
-// Waits for the op's kernels (an asynchronous fault fails here) and copies the result back.
-inline HostTensor finish(const DeviceTensor& d) {
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  return d.to_host();
-}
 // The 2-d view with its dims swapped (the CUDA activation-scale layout is a transposed buffer).
 inline TensorView transposed(TensorView v) {
   std::swap(v.shape[0], v.shape[1]);

@@ -8,8 +8,10 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
+#include "dsv4/device_tensor.h"
 #include "dsv4/dtype.h"
 #include "dsv4/tensor.h"
 
@@ -97,6 +99,18 @@ inline std::vector<float> random_f32(size_t n, std::mt19937& rng, float lo = -1.
   std::vector<float> v(n);
   for (auto& x : v) x = dist(rng);
   return v;
+}
+
+// A device tensor filled with 0xFF bytes (NaN in bf16 / fp32): what a kernel leaves unwritten fails.
+inline DeviceTensor poisoned_device(DType dt, std::vector<int64_t> dims) {
+  DeviceTensor d(dt, std::move(dims));
+  d.fill_bytes(0xFF);
+  return d;
+}
+// Waits for the op's kernels (so an asynchronous fault fails here) and copies the result back.
+inline HostTensor synced_to_host(const DeviceTensor& d) {
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return d.to_host();
 }
 
 inline double bf16_value(uint16_t bits) { return static_cast<double>(bf16_bits_to_float(bits)); }

@@ -23,20 +23,12 @@
 namespace {
 using namespace dense_test;
 using dsv4::DeviceTensor;
+using dsv4::test::poisoned_device;
+using dsv4::test::synced_to_host;
 
-DeviceTensor poisoned_device(DType dt, std::vector<int64_t> dims) {
-  DeviceTensor d(dt, std::move(dims));
-  d.fill_bytes(0xFF);
-  return d;
-}
 // A device copy of an optional (maybe undefined) host tensor.
 DeviceTensor upload_optional(const HostTensor& h) {
   return h.view().defined() ? DeviceTensor::from_host(h) : DeviceTensor();
-}
-// Waits for the op's kernels (so an asynchronous fault fails here) and copies the result back.
-HostTensor finish(const DeviceTensor& d) {
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  return d.to_host();
 }
 // A view of `base` moved by `offset` elements with shape[d] = extent (a window of a wider buffer).
 TensorView window(TensorView base, int64_t offset, int dim, int64_t extent) {
@@ -112,14 +104,14 @@ TEST_P(LinearCpuVsCuda, SameResults) {
   const DeviceTensor xd = DeviceTensor::from_host(x.values), wd = DeviceTensor::from_host(w.values);
   DeviceTensor yd = poisoned_device(c.y, {c.T, c.N});
   dsv4::linear(xd, {}, wd, {}, yd);
-  const HostTensor y_gpu = finish(yd);
+  const HostTensor y_gpu = synced_to_host(yd);
   const GemmReference ref = reference_gemm(x.real, 0, c.K, w.real, 0, c.T, c.N, c.K);
   expect_gemm_match("linear", y_cpu, y_gpu, ref.abs_sum, c.y);
 
   // Deterministic: the same call again gives the same bytes.
   DeviceTensor yd2 = poisoned_device(c.y, {c.T, c.N});
   dsv4::linear(xd, {}, wd, {}, yd2);
-  EXPECT_EQ(bytes_of(finish(yd2)), bytes_of(y_gpu));
+  EXPECT_EQ(bytes_of(synced_to_host(yd2)), bytes_of(y_gpu));
 }
 
 // T 0 / 1 / small / over a 64-row tile; K and N multiples of 16, multiples of 8 only, and odd
@@ -176,10 +168,10 @@ TEST_P(LinearOnPathCpuVsCuda, SameResults) {
   DeviceTensor yd = poisoned_device(c.y, {c.T, c.N}), yd2 = poisoned_device(c.y, {c.T, c.N});
   dsv4::rt::linear_on_path({c.path}, xd, {}, wd, {}, yd, work, nullptr);
   dsv4::rt::linear_on_path({c.path}, xd, {}, wd, {}, yd2, work, nullptr);
-  const HostTensor y_gpu = finish(yd);
+  const HostTensor y_gpu = synced_to_host(yd);
   const GemmReference ref = reference_gemm(x.real, 0, c.K, w.real, 0, c.T, c.N, c.K);
   expect_gemm_match(std::string("linear on ") + dsv4::rt::gemm_path_name(c.path), y_cpu, y_gpu, ref.abs_sum, c.y);
-  if (c.path == dsv4::rt::GemmPath::skinny) EXPECT_EQ(bytes_of(finish(yd2)), bytes_of(y_gpu)) << "not deterministic";
+  if (c.path == dsv4::rt::GemmPath::skinny) EXPECT_EQ(bytes_of(synced_to_host(yd2)), bytes_of(y_gpu)) << "not deterministic";
 }
 
 std::vector<LinearPathCase> linear_path_grid() {
@@ -212,7 +204,7 @@ void run_strided_linear(int64_t offset, int64_t N = 72) {
   const DeviceTensor wide_d = DeviceTensor::from_host(wide), wd = DeviceTensor::from_host(w.values);
   DeviceTensor y_gpu_buf = poisoned_device(DType::fp32, {T, N + 8});
   dsv4::linear(window(wide_d, offset, 1, K), {}, wd, {}, window(y_gpu_buf, 0, 1, N));
-  const HostTensor y_gpu = finish(y_gpu_buf);
+  const HostTensor y_gpu = synced_to_host(y_gpu_buf);
 
   const GemmReference ref = reference_gemm(to_doubles(wide), offset, K + pad, w.real, 0, T, N, K);
   HostTensor cpu_rows(DType::fp32, {T, N}), gpu_rows(DType::fp32, {T, N});
@@ -263,7 +255,7 @@ TEST(LinearCpuVsCudaErrors, RejectedOnCudaAndNothingWritten) {
   expect_error([&] { dsv4::linear(x32d, {}, w32d, {}, y); }, {"linear", "y.dtype", "fp32", "bf16"});
   expect_error([&] { dsv4::linear(x_overlap, {}, wd, {}, y); }, {"linear", "x", "row stride", ">= 256", "8"});
   expect_error([&] { dsv4::linear(x.values, {}, wd, {}, y); }, {"linear", "device"});
-  EXPECT_EQ(bytes_of(finish(y)), std::vector<uint8_t>(4 * 64 * 2, 0xFF));
+  EXPECT_EQ(bytes_of(synced_to_host(y)), std::vector<uint8_t>(4 * 64 * 2, 0xFF));
 }
 
 // ---- batched_linear ----------------------------------------------------------------------------
@@ -299,7 +291,7 @@ TEST_P(BatchedLinearCpuVsCuda, SameResults) {
   const DeviceTensor xd = DeviceTensor::from_host(x), wd = DeviceTensor::from_host(w);
   DeviceTensor yd = poisoned_device(c.y, {c.T, Hp, y_width});
   dsv4::batched_linear(heads_view(xd, c.B, c.T, c.K, x_width, c.B), wd, heads_view(yd, c.B, c.T, c.N, y_width, Hp));
-  const HostTensor y_gpu = finish(yd);
+  const HostTensor y_gpu = synced_to_host(yd);
 
   const std::vector<double> xr = to_doubles(x), wr = to_doubles(w);
   HostTensor cpu_head(c.y, {c.T, c.N}), gpu_head(c.y, {c.T, c.N});
@@ -319,7 +311,7 @@ TEST_P(BatchedLinearCpuVsCuda, SameResults) {
 
   DeviceTensor yd2 = poisoned_device(c.y, {c.T, Hp, y_width});
   dsv4::batched_linear(heads_view(xd, c.B, c.T, c.K, x_width, c.B), wd, heads_view(yd2, c.B, c.T, c.N, y_width, Hp));
-  EXPECT_EQ(bytes_of(finish(yd2)), bytes_of(y_gpu));
+  EXPECT_EQ(bytes_of(synced_to_host(yd2)), bytes_of(y_gpu));
 }
 
 // W_UK (K 128 → N 512) and W_UV (512 → 128) at tiny-v3.2's 16 and V3.2's 128 heads, decode and
@@ -355,7 +347,7 @@ TEST(BatchedLinearCpuVsCudaErrors, RejectedOnCudaAndNothingWritten) {
   DeviceTensor y = poisoned_device(DType::bf16, {4, 3, 32});
   expect_error([&] { dsv4::batched_linear(x, w32, y); }, {"batched_linear", "same dtype", "bf16", "fp32"});
   expect_error([&] { dsv4::batched_linear(x, w_host, y); }, {"batched_linear", "device"});
-  EXPECT_EQ(bytes_of(finish(y)), std::vector<uint8_t>(4 * 3 * 32 * 2, 0xFF));
+  EXPECT_EQ(bytes_of(synced_to_host(y)), std::vector<uint8_t>(4 * 3 * 32 * 2, 0xFF));
 }
 
 // ---- grouped_wo_a ------------------------------------------------------------------------------
@@ -377,7 +369,7 @@ TEST_P(GroupedWoACpuVsCuda, SameResults) {
   const DeviceTensor od = DeviceTensor::from_host(o.values), wd = DeviceTensor::from_host(w.values);
   DeviceTensor zd = poisoned_device(c.z, {c.T, c.G * c.L});
   dsv4::grouped_wo_a(od, {}, wd, {}, zd);
-  const HostTensor z_gpu = finish(zd);
+  const HostTensor z_gpu = synced_to_host(zd);
 
   std::vector<double> abs_sum(static_cast<size_t>(c.T * c.G * c.L));
   for (int64_t g = 0; g < c.G; ++g) {
@@ -438,7 +430,7 @@ TEST(GroupedWoACpuVsCudaFp8, DequantizedOperandsMatchCpuFp8Path) {
   dsv4::dequantize_fp8_blocks(wq, ws, 128, 128, w_bf16);
   DeviceTensor zd = poisoned_device(DType::bf16, {T, G * L});
   dsv4::grouped_wo_a(o_bf16, {}, w_bf16, {}, zd);
-  const HostTensor z_gpu = finish(zd);
+  const HostTensor z_gpu = synced_to_host(zd);
 
   // Σ|o w| from the quantized activations and the weight's real values.
   HostTensor o_real(DType::fp32, {T, G * Dg});
@@ -459,7 +451,7 @@ TEST(GroupedWoACpuVsCudaFp8, DequantizedOperandsMatchCpuFp8Path) {
   expect_error([&] { dsv4::grouped_wo_a(o_bf16, {}, wq, ws, z_untouched); },
                {"grouped_wo_a", "wo_a.dtype", "quantize_act_fp8"});
   expect_error([&] { dsv4::grouped_wo_a(o_bf16, {}, w.values, w.scale, z_untouched); }, {"grouped_wo_a", "device"});
-  EXPECT_EQ(bytes_of(finish(z_untouched)), std::vector<uint8_t>(static_cast<size_t>(T * G * L * 2), 0xFF));
+  EXPECT_EQ(bytes_of(synced_to_host(z_untouched)), std::vector<uint8_t>(static_cast<size_t>(T * G * L * 2), 0xFF));
 }
 
 // ---- dequantize_fp8_blocks ---------------------------------------------------------------------
@@ -495,7 +487,7 @@ TEST_P(DequantizeFp8BlocksCpuVsCuda, SameBits) {
   const DeviceTensor xd = DeviceTensor::from_host(x), sd = DeviceTensor::from_host(s);
   DeviceTensor yd = poisoned_device(c.y, c.shape);
   dsv4::dequantize_fp8_blocks(xd, sd, c.block_rows, c.block_cols, yd);
-  expect_same_values("dequantize_fp8_blocks", y_cpu, finish(yd));
+  expect_same_values("dequantize_fp8_blocks", y_cpu, synced_to_host(yd));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -534,7 +526,7 @@ TEST(DequantizeFp8BlocksCpuVsCudaLayout, StridedViews) {
   const DeviceTensor wide_d = DeviceTensor::from_host(wide), sd = DeviceTensor::from_host(s);
   DeviceTensor yd = poisoned_device(DType::bf16, {G, R + 1, C + 8});
   dsv4::dequantize_fp8_blocks(window(wide_d, pad, 2, C), sd, 128, 128, window(window(yd, 0, 1, R), 0, 2, C));
-  const HostTensor y_gpu = finish(yd);
+  const HostTensor y_gpu = synced_to_host(yd);
   EXPECT_EQ(bytes_of(y_gpu), bytes_of(y_cpu));  // values and untouched (0xFF) padding alike
 }
 
@@ -556,7 +548,7 @@ TEST_P(QuantizeActFp8CpuVsCuda, SameCodesAndScales) {
   const DeviceTensor xd = DeviceTensor::from_host(x);
   DeviceTensor xqd = poisoned_device(DType::fp8_e4m3, {T, K}), sd = poisoned_device(s_dt, {T, K / block});
   dsv4::quantize_act_fp8(xd, block, xqd, sd);
-  const HostTensor xq_gpu = finish(xqd), s_gpu = finish(sd);
+  const HostTensor xq_gpu = synced_to_host(xqd), s_gpu = synced_to_host(sd);
   EXPECT_EQ(bytes_of(s_gpu), bytes_of(s_cpu)) << "scales";
   const std::vector<uint8_t> a = bytes_of(xq_cpu), b = bytes_of(xq_gpu);
   int bad = 0;
@@ -587,8 +579,8 @@ TEST(QuantizeActFp8CpuVsCudaLayout, StridedRows) {
   const DeviceTensor wide_d = DeviceTensor::from_host(wide);
   DeviceTensor xqd = poisoned_device(DType::fp8_e4m3, {T, K + 16}), sd = poisoned_device(DType::fp32, {T, 6});
   dsv4::quantize_act_fp8(window(wide_d, 32, 1, K), block, window(xqd, 0, 1, K), window(sd, 0, 1, K / block));
-  EXPECT_EQ(bytes_of(finish(xqd)), bytes_of(xq_cpu));
-  EXPECT_EQ(bytes_of(finish(sd)), bytes_of(s_cpu));
+  EXPECT_EQ(bytes_of(synced_to_host(xqd)), bytes_of(xq_cpu));
+  EXPECT_EQ(bytes_of(synced_to_host(sd)), bytes_of(s_cpu));
 }
 
 TEST(QuantizeActFp8CpuVsCudaErrors, MixedDevicesRejectedNothingWritten) {
@@ -596,8 +588,8 @@ TEST(QuantizeActFp8CpuVsCudaErrors, MixedDevicesRejectedNothingWritten) {
   const HostTensor x = random_tensor(DType::bf16, {2, 256}, 1);
   DeviceTensor xq = poisoned_device(DType::fp8_e4m3, {2, 256}), s = poisoned_device(DType::ue8m0, {2, 2});
   expect_error([&] { dsv4::quantize_act_fp8(x, 128, xq, s); }, {"quantize_act_fp8", "device"});
-  EXPECT_EQ(bytes_of(finish(xq)), std::vector<uint8_t>(512, 0xFF));
-  EXPECT_EQ(bytes_of(finish(s)), std::vector<uint8_t>(4, 0xFF));
+  EXPECT_EQ(bytes_of(synced_to_host(xq)), std::vector<uint8_t>(512, 0xFF));
+  EXPECT_EQ(bytes_of(synced_to_host(s)), std::vector<uint8_t>(4, 0xFF));
 }
 
 }  // namespace

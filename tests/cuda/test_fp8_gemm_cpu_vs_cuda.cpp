@@ -60,7 +60,7 @@ TEST_P(Fp8LinearCpuVsCuda, SameResults) {
   const DeviceTensor work(DType::uint8, {dsv4::kGemmWorkspaceBytes});
   DeviceTensor yd = poisoned_device(c.y, {c.T, c.N});
   dsv4::linear(xd, transposed(xsd.view()), wd, scale_window(wsd, w.op.scale.shape()[1]), yd);
-  const HostTensor y_gpu = finish(yd);
+  const HostTensor y_gpu = synced_to_host(yd);
   const HostTensor sums = abs_sums(x.real, w.real, c.T, c.N);
   expect_fp8_gemm_match("linear fp8", y_cpu, y_gpu, sums, c.y);
 
@@ -68,9 +68,9 @@ TEST_P(Fp8LinearCpuVsCuda, SameResults) {
   DeviceTensor yw = poisoned_device(c.y, {c.T, c.N}), yw2 = poisoned_device(c.y, {c.T, c.N});
   dsv4::linear(xd, transposed(xsd.view()), wd, scale_window(wsd, w.op.scale.shape()[1]), yw, work, nullptr);
   dsv4::linear(xd, transposed(xsd.view()), wd, scale_window(wsd, w.op.scale.shape()[1]), yw2, work, nullptr);
-  const HostTensor y_ws = finish(yw);
+  const HostTensor y_ws = synced_to_host(yw);
   expect_fp8_gemm_match("linear fp8 with workspace", y_cpu, y_ws, sums, c.y);
-  EXPECT_EQ(bytes_of(finish(yw2)), bytes_of(y_ws)) << "not deterministic";
+  EXPECT_EQ(bytes_of(synced_to_host(yw2)), bytes_of(y_ws)) << "not deterministic";
 }
 
 std::vector<Fp8LinearCase> fp8_linear_grid() {
@@ -123,7 +123,7 @@ TEST(Fp8LinearCuda, CachedPlanTakesEachCallsScales) {
     const DeviceTensor wd = DeviceTensor::from_host(w.op.values), wsd = DeviceTensor::from_host(w.cuda_scale);
     DeviceTensor yd = poisoned_device(DType::fp32, {T, N});
     dsv4::linear(xd, transposed(xsd.view()), wd, scale_window(wsd, K / 128), yd);
-    expect_fp8_gemm_match("seed " + std::to_string(seed), y_cpu, finish(yd), abs_sums(x.real, w.real, T, N),
+    expect_fp8_gemm_match("seed " + std::to_string(seed), y_cpu, synced_to_host(yd), abs_sums(x.real, w.real, T, N),
                           DType::fp32);
   }
 }
@@ -199,14 +199,14 @@ TEST(Fp8LinearCuda, RejectedAndNothingWritten) {
   expect_error([&] { dsv4::linear(xd, xs, wd, wue, y); }, {"linear", "w_scale.dtype", "fp32", "cuda_weight_scale"});
   expect_error([&] { dsv4::linear(xd, xs_rows, wd, ws, y); }, {"linear", "x_scale", "strides {1, 4}"});
   expect_error([&] { dsv4::linear(xd, xs, wd, unpadded, y); }, {"linear", "w_scale", "4 apart"});
-  EXPECT_EQ(bytes_of(finish(y)), std::vector<uint8_t>(static_cast<size_t>(T * N * 2), 0xFF));
+  EXPECT_EQ(bytes_of(synced_to_host(y)), std::vector<uint8_t>(static_cast<size_t>(T * N * 2), 0xFF));
   // Three rows: cuBLASLt's activation scales need rows 16-byte aligned (multiples of 4 rows).
   const Fp8Activation x3 = make_activation(3, K, 5);
   const DeviceTensor x3d = DeviceTensor::from_host(x3.codes), x3sd = DeviceTensor::from_host(x3.scale_t);
   DeviceTensor y3 = poisoned_device(DType::bf16, {3, N});
   expect_error([&] { dsv4::linear(x3d, transposed(x3sd.view()), wd, ws, y3); },
                {"linear", "x.shape[0]", "multiple of 4"});
-  EXPECT_EQ(bytes_of(finish(y3)), std::vector<uint8_t>(static_cast<size_t>(3 * N * 2), 0xFF));
+  EXPECT_EQ(bytes_of(synced_to_host(y3)), std::vector<uint8_t>(static_cast<size_t>(3 * N * 2), 0xFF));
 }
 
 // ---- grouped_wo_a ------------------------------------------------------------------------------
@@ -229,7 +229,7 @@ TEST_P(Fp8GroupedWoACpuVsCuda, SameResults) {
   const DeviceTensor work(DType::uint8, {dsv4::kGemmWorkspaceBytes});
   DeviceTensor zd = poisoned_device(z_dt, {T, G * L});
   dsv4::grouped_wo_a(od, transposed(osd.view()), wd, scale_window(wsd, Dg / 128), zd, work, nullptr);
-  const HostTensor z_gpu = finish(zd);
+  const HostTensor z_gpu = synced_to_host(zd);
 
   expect_fp8_gemm_match("grouped_wo_a fp8", z_cpu, z_gpu, grouped_abs_sums(o, w, T, G, L, Dg), z_dt);
 }
@@ -292,10 +292,10 @@ TEST_P(Fp8GemmOnPathCpuVsCuda, SameResults) {
   DeviceTensor yd = poisoned_device(c.y, {c.T, G * c.N}), yd2 = poisoned_device(c.y, {c.T, G * c.N});
   run(yd);
   run(yd2);
-  const HostTensor y_gpu = finish(yd);
+  const HostTensor y_gpu = synced_to_host(yd);
   const HostTensor sums = c.G > 0 ? grouped_abs_sums(x, w, c.T, G, c.N, c.K) : abs_sums(x.real, w.real, c.T, c.N);
   expect_fp8_gemm_match(std::string(dsv4::rt::gemm_path_name(c.path)), y_cpu, y_gpu, sums, c.y);
-  if (c.path == dsv4::rt::GemmPath::skinny) EXPECT_EQ(bytes_of(finish(yd2)), bytes_of(y_gpu)) << "not deterministic";
+  if (c.path == dsv4::rt::GemmPath::skinny) EXPECT_EQ(bytes_of(synced_to_host(yd2)), bytes_of(y_gpu)) << "not deterministic";
 }
 
 // T 36 and 100: a 64- and a 128-token tile with padded tokens; 64 and 128 full; 256 two 128-token

@@ -69,7 +69,7 @@ struct Fp8Problem {
       dsv4::rt::grouped_wo_a_on_path(choice, xd, transposed(xsd.view()), wd, ws, y, work, nullptr);
     else
       dsv4::rt::linear_on_path(choice, xd, transposed(xsd.view()), wd, ws, y, work, nullptr);
-    return finish(y);
+    return synced_to_host(y);
   }
 };
 
@@ -90,7 +90,7 @@ struct Bf16Problem {
   HostTensor run(const GemmChoice& choice, const DeviceTensor& work) const {
     DeviceTensor y = poisoned_device(DType::fp32, {T, N});
     dsv4::rt::linear_on_path(choice, xd, {}, wd, {}, y, work, nullptr);
-    return finish(y);
+    return synced_to_host(y);
   }
   void expect_near_reference(const std::string& what, const HostTensor& y) const {
     int bad = 0;
@@ -196,9 +196,9 @@ TEST(SkinnyGemmForced, RefusesWhatItDoesNotTakeAndWritesNothing) {
                {"linear", "skinny", "token tile 48"});
   expect_error([&] { dsv4::rt::grouped_wo_a_on_path(skinny, x16d, {}, wgd, {}, z, {}, nullptr); },
                {"grouped_wo_a", "skinny", "FP8"});
-  EXPECT_EQ(bytes_of(finish(y64)), std::vector<uint8_t>(static_cast<size_t>(T * 64 * 4), 0xFF));
-  EXPECT_EQ(bytes_of(finish(y72)), std::vector<uint8_t>(static_cast<size_t>(T * 72 * 4), 0xFF));
-  EXPECT_EQ(bytes_of(finish(z)), std::vector<uint8_t>(static_cast<size_t>(T * 128 * 4), 0xFF));
+  EXPECT_EQ(bytes_of(synced_to_host(y64)), std::vector<uint8_t>(static_cast<size_t>(T * 64 * 4), 0xFF));
+  EXPECT_EQ(bytes_of(synced_to_host(y72)), std::vector<uint8_t>(static_cast<size_t>(T * 72 * 4), 0xFF));
+  EXPECT_EQ(bytes_of(synced_to_host(z)), std::vector<uint8_t>(static_cast<size_t>(T * 128 * 4), 0xFF));
 }
 
 }  // namespace

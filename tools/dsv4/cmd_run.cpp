@@ -172,13 +172,14 @@ int cmd_run(const Args& raw) {
   else if (kv_layout == "bf16") so.attention.caches.layout = KvLayout::bf16;
   else if (kv_layout == "fp8-tensor") so.attention.caches.layout = KvLayout::fp8_per_tensor;
   else fail_expected("run", "--kv-layout", "model1, bf16 or fp8-tensor", kv_layout);
-  if (a.has("kv-scale") && kv_layout != "fp8-tensor")
-    fail("run: --kv-scale: applies to --kv-layout fp8-tensor only, got --kv-layout ", kv_layout);
-  so.attention.caches.kv_scale = static_cast<float>(a.get_positive_double("kv-scale", 1.0));
-  if (a.has("q-scale") && kv_layout != "fp8-tensor")
-    fail("run: --q-scale: applies to --kv-layout fp8-tensor only (its FP8 queries), got --kv-layout ",
-         kv_layout);
-  so.attention.caches.q_scale = static_cast<float>(a.get_positive_double("q-scale", 1.0));
+  // The fp8-tensor caches' scale and their FP8 queries' (default 1, as vLLM's).
+  const auto per_tensor_scale = [&](const char* flag) {
+    if (a.has(flag) && kv_layout != "fp8-tensor")
+      fail("run: --", flag, ": applies to --kv-layout fp8-tensor only, got --kv-layout ", kv_layout);
+    return static_cast<float>(a.get_positive_double(flag, 1.0));
+  };
+  so.attention.caches.kv_scale = per_tensor_scale("kv-scale");
+  so.attention.caches.q_scale = per_tensor_scale("q-scale");
   if (kv_layout != "model1" && v32)
     fail("run: --kv-layout ", kv_layout, ": the DeepSeek-V3.2 layer has its own 656-byte cache layout");
   so.tp = static_cast<int>(a.get_int("tp", 1, 1, 128));

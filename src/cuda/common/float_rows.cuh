@@ -114,18 +114,8 @@ struct FloatRows {
   __device__ __forceinline__ void store_chunk(int64_t row_off, int64_t i, int64_t n, const float v[kChunk]) const {
     if (kVector && i + kChunk <= n) {
       if (is_bf16) {
-        // The hardware conversion (one cvt a pair) is float_to_bf16_bits for every non-NaN
-        // (fp8_convert.cuh, round_bf16x8); a chunk holding a NaN takes dtype.h's rule.
-        bool nan = false;
-#pragma unroll
-        for (int k = 0; k < kChunk; ++k) nan |= v[k] != v[k];
-        uint32_t w[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-          w[k] = nan ? static_cast<uint32_t>(float_to_bf16_bits(v[2 * k])) |
-                           (static_cast<uint32_t>(float_to_bf16_bits(v[2 * k + 1])) << 16)
-                     : pack_bf16x2(v[2 * k], v[2 * k + 1]);
-        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(data) + row_off + i) = make_uint4(w[0], w[1], w[2], w[3]);
+        // Hardware conversions, float_to_bf16_bits's bytes (fp8_convert.cuh, pack_bf16x8).
+        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(data) + row_off + i) = pack_bf16x8(v);
       } else {
         float4* f = reinterpret_cast<float4*>(static_cast<float*>(data) + row_off + i);
         f[0] = make_float4(v[0], v[1], v[2], v[3]);

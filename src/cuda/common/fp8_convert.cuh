@@ -20,24 +20,32 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return r;
 }
 
-// dtype.h's round_bf16 of eight floats, four hardware conversions: cvt.rn rounds to nearest even
-// (subnormals kept, overflow to ±inf) exactly as float_to_bf16_bits does; only a NaN, which the
-// hardware turns into 0x7fff, takes dtype.h's own rule (its payload kept, made quiet), so a group
-// holding one is rounded value by value (one test for the eight, a rare branch).
-__device__ __forceinline__ void round_bf16x8(float* v) {
+// dtype.h's float_to_bf16_bits of eight floats, packed in pairs (v[0] in the lowest half), by four
+// hardware conversions: cvt.rn rounds to nearest even (subnormals kept, overflow to ±inf) exactly
+// as float_to_bf16_bits does; only a NaN, which the hardware turns into 0x7fff, takes dtype.h's
+// own rule (its payload kept, made quiet), so a group holding one is converted value by value
+// (one test for the eight, a rare branch).
+__device__ __forceinline__ uint4 pack_bf16x8(const float* v) {
   bool nan = false;
 #pragma unroll
   for (int i = 0; i < 8; ++i) nan |= v[i] != v[i];
-  if (nan) {
+  uint32_t w[4];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = round_bf16(v[i]);
-    return;
-  }
+  for (int k = 0; k < 4; ++k)
+    w[k] = nan ? static_cast<uint32_t>(float_to_bf16_bits(v[2 * k])) |
+                     (static_cast<uint32_t>(float_to_bf16_bits(v[2 * k + 1])) << 16)
+               : pack_bf16x2(v[2 * k], v[2 * k + 1]);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// dtype.h's round_bf16 of eight floats, in place (pack_bf16x8's rounding).
+__device__ __forceinline__ void round_bf16x8(float* v) {
+  const uint4 p = pack_bf16x8(v);
+  const uint32_t w[4] = {p.x, p.y, p.z, p.w};
 #pragma unroll
-  for (int i = 0; i < 8; i += 2) {
-    const uint32_t packed = pack_bf16x2(v[i], v[i + 1]);
-    v[i] = __uint_as_float(packed << 16);
-    v[i + 1] = __uint_as_float(packed & 0xffff0000u);
+  for (int k = 0; k < 4; ++k) {
+    v[2 * k] = __uint_as_float(w[k] << 16);
+    v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
   }
 }
 

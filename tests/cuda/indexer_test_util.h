@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/gpu_test_util.h"
 #include "dsv4/device_tensor.h"
 #include "dsv4/status.h"
 #include "dsv4/tensor.h"
@@ -44,22 +45,17 @@ inline HostTensor copy_of(const HostTensor& t) {
   return c;
 }
 
-// A device output poisoned with 0xFF bytes (NaN for fp32, −1 for int32, fp8 NaN).
-inline DeviceTensor poisoned(DType dtype, std::vector<int64_t> dims) {
-  DeviceTensor d(dtype, std::move(dims));
-  d.fill_bytes(0xFF);
-  return d;
-}
+// Device outputs poisoned with 0xFF bytes (NaN for fp32, −1 for int32, fp8 NaN) and their copies
+// back after a sync: gpu_test_util.h's.
+using dsv4::test::poisoned_device;
+using dsv4::test::synced_to_host;
+// A host output poisoned the same way.
 inline HostTensor poisoned_host(DType dtype, std::vector<int64_t> dims) {
   HostTensor h(dtype, std::move(dims));
   h.fill_bytes(0xFF);
   return h;
 }
 
-inline HostTensor download(const DeviceTensor& d) {
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  return d.to_host();
-}
 
 // Byte equality, reporting the first differing element.
 inline void expect_same_bytes(const char* what, const HostTensor& cpu, const HostTensor& gpu) {

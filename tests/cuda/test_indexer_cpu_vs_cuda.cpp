@@ -69,12 +69,12 @@ void expect_query_rows_match(const HostTensor& q, const HostTensor& w, const Hos
   cpu::indexer_query_rows(q_cpu, pos, cos_sin, codes_cpu, scale_cpu, w_cpu);
   DeviceTensor q_d = DeviceTensor::from_host(q), w_d = DeviceTensor::from_host(w),
                pos_d = DeviceTensor::from_host(pos), cs_d = DeviceTensor::from_host(cos_sin);
-  DeviceTensor codes_d = poisoned(DType::fp8_e4m3, {T, H, kDim}),
-               scale_d = poisoned(DType::fp32, {T, H});
+  DeviceTensor codes_d = poisoned_device(DType::fp8_e4m3, {T, H, kDim}),
+               scale_d = poisoned_device(DType::fp32, {T, H});
   cuda::indexer_query_rows(q_d, pos_d, cs_d, codes_d, scale_d, w_d, nullptr);
-  expect_same_bytes("q_fp8", codes_cpu, download(codes_d));
-  expect_same_bytes("q_scale", scale_cpu, download(scale_d));
-  if (check_weights) expect_same_bytes("weights", w_cpu, download(w_d));
+  expect_same_bytes("q_fp8", codes_cpu, synced_to_host(codes_d));
+  expect_same_bytes("q_scale", scale_cpu, synced_to_host(scale_d));
+  if (check_weights) expect_same_bytes("weights", w_cpu, synced_to_host(w_d));
 }
 
 // The same projected rows into both backends' row step: RoPE, Hadamard and FP8 are the same fp32
@@ -132,12 +132,12 @@ TEST(IndexerQueryRowsCpuVsCuda, UnalignedCodeRowsBitIdentical) {
   cpu::indexer_query_rows(q_cpu, pos, cos_sin, window(codes_cpu.view()), scale_cpu, w_cpu);
   DeviceTensor q_d = DeviceTensor::from_host(q), w_d = DeviceTensor::from_host(w),
                pos_d = DeviceTensor::from_host(pos), cs_d = DeviceTensor::from_host(cos_sin);
-  DeviceTensor codes_d = poisoned(DType::fp8_e4m3, {T, H, kPadded}),
-               scale_d = poisoned(DType::fp32, {T, H});
+  DeviceTensor codes_d = poisoned_device(DType::fp8_e4m3, {T, H, kPadded}),
+               scale_d = poisoned_device(DType::fp32, {T, H});
   cuda::indexer_query_rows(q_d, pos_d, cs_d, window(codes_d), scale_d, w_d, nullptr);
-  expect_same_bytes("q_fp8 (with its padding)", codes_cpu, download(codes_d));
-  expect_same_bytes("q_scale", scale_cpu, download(scale_d));
-  expect_same_bytes("weights", w_cpu, download(w_d));
+  expect_same_bytes("q_fp8 (with its padding)", codes_cpu, synced_to_host(codes_d));
+  expect_same_bytes("q_scale", scale_cpu, synced_to_host(scale_d));
+  expect_same_bytes("weights", w_cpu, synced_to_host(w_d));
 }
 
 // Rows a·e_0: the Hadamard spreads a over all 128 dims exactly (sums with zeros), so
@@ -186,10 +186,10 @@ TEST(IndexerQueryRowsCuda, OutOfTablePositionMarksTheToken) {
   DeviceTensor q_d = DeviceTensor::from_host(q), w_d = DeviceTensor::from_host(w),
                pos_d = DeviceTensor::from_host(index_tensor(DType::int64, bad)),
                cs_d = DeviceTensor::from_host(cos_sin);
-  DeviceTensor codes_d = poisoned(DType::fp8_e4m3, {T, H, kDim}),
-               scale_d = poisoned(DType::fp32, {T, H});
+  DeviceTensor codes_d = poisoned_device(DType::fp8_e4m3, {T, H, kDim}),
+               scale_d = poisoned_device(DType::fp32, {T, H});
   cuda::indexer_query_rows(q_d, pos_d, cs_d, codes_d, scale_d, w_d, nullptr);
-  const HostTensor codes = download(codes_d), scale = download(scale_d), wg = download(w_d);
+  const HostTensor codes = synced_to_host(codes_d), scale = synced_to_host(scale_d), wg = synced_to_host(w_d);
   expect_same_bytes("weights", w_cpu, wg);
   for (int64_t t = 0; t < T; ++t) {
     const bool invalid = t == 1 || t == 3;
@@ -239,8 +239,8 @@ TEST(IndexerQueryCpuVsCuda, QueryThroughLinear) {
   DeviceTensor qr_d = DeviceTensor::from_host(qr), wq_d = DeviceTensor::from_host(wq_b),
                x_d = DeviceTensor::from_host(x), wp_d = DeviceTensor::from_host(wp),
                pos_d = DeviceTensor::from_host(pos), cs_d = DeviceTensor::from_host(cos_sin);
-  DeviceTensor codes_d = poisoned(DType::fp8_e4m3, {T, H, kDim}),
-               scale_d = poisoned(DType::fp32, {T, H}), w_d = poisoned(DType::fp32, {T, H});
+  DeviceTensor codes_d = poisoned_device(DType::fp8_e4m3, {T, H, kDim}),
+               scale_d = poisoned_device(DType::fp32, {T, H}), w_d = poisoned_device(DType::fp32, {T, H});
   DeviceTensor ws(DType::uint8, {indexer_query_workspace_bytes(T, H)});
   try {
     indexer_query(qr_d, {}, wq_d, {}, x_d, wp_d, pos_d, cs_d, codes_d, scale_d, w_d, ws);
@@ -250,7 +250,7 @@ TEST(IndexerQueryCpuVsCuda, QueryThroughLinear) {
       GTEST_SKIP() << "dsv4::linear has no CUDA backend yet: " << e.what();
     throw;
   }
-  const HostTensor codes = download(codes_d), scale = download(scale_d), wg = download(w_d);
+  const HostTensor codes = synced_to_host(codes_d), scale = synced_to_host(scale_d), wg = synced_to_host(w_d);
   for (int64_t r = 0; r < T * H; ++r) {
     const double sc = scale_cpu.data<float>()[r], sg = scale.data<float>()[r];
     ASSERT_TRUE(sg == sc || sg == 2 * sc || 2 * sg == sc) << "row " << r << ": " << sc << " vs " << sg;
@@ -288,8 +288,8 @@ TEST(IndexerQueryCuda, RejectionsWriteNothing) {
                wq8_d = DeviceTensor::from_host(wq8), wqs_d = DeviceTensor::from_host(wq_scale),
                x_d = DeviceTensor::from_host(x), wp_d = DeviceTensor::from_host(wp),
                pos_d = DeviceTensor::from_host(pos), cs_d = DeviceTensor::from_host(cos_sin);
-  DeviceTensor codes_d = poisoned(DType::fp8_e4m3, {T, H, kDim}),
-               scale_d = poisoned(DType::fp32, {T, H}), w_d = poisoned(DType::fp32, {T, H});
+  DeviceTensor codes_d = poisoned_device(DType::fp8_e4m3, {T, H, kDim}),
+               scale_d = poisoned_device(DType::fp32, {T, H}), w_d = poisoned_device(DType::fp32, {T, H});
   DeviceTensor ws(DType::uint8, {indexer_query_workspace_bytes(T, H)}),
       ws_small(DType::uint8, {indexer_query_workspace_bytes(T, H) - 1});
   expect_error([&] {
@@ -304,7 +304,7 @@ TEST(IndexerQueryCuda, RejectionsWriteNothing) {
   expect_error([&] {  // positions on the host
     indexer_query(qr_d, {}, wq_d, {}, x_d, wp_d, pos, cs_d, codes_d, scale_d, w_d, ws);
   }, {"indexer_query", "positions.device"});
-  const HostTensor codes = download(codes_d), scale = download(scale_d), w = download(w_d);
+  const HostTensor codes = synced_to_host(codes_d), scale = synced_to_host(scale_d), w = synced_to_host(w_d);
   for (const HostTensor* t : {&codes, &scale, &w})
     for (int64_t i = 0; i < static_cast<int64_t>(t->nbytes()); ++i)
       ASSERT_EQ(t->data<uint8_t>()[i], 0xFF);
@@ -363,13 +363,13 @@ TEST_P(IndexerTopkCpuVsCuda, SameIndices) {
   idx_d.fill_bytes(0x7F);  // 0xFF would read as the −1 padding
   lens_d.fill_bytes(0x7F);
   indexer_topk(scores_d, pos_d, 4, idx_d, lens_d);
-  expect_same_bytes("indices", idx_cpu, download(idx_d));
-  expect_same_bytes("lens", lens_cpu, download(lens_d));
+  expect_same_bytes("indices", idx_cpu, synced_to_host(idx_d));
+  expect_same_bytes("lens", lens_cpu, synced_to_host(lens_d));
 
   // Without lens: the same indices.
   idx_d.fill_bytes(0x7F);
   indexer_topk(scores_d, pos_d, 4, idx_d);
-  expect_same_bytes("indices (no lens)", idx_cpu, download(idx_d));
+  expect_same_bytes("indices (no lens)", idx_cpu, synced_to_host(idx_d));
 }
 
 // Every launch shape of the CUDA top-k (src/cuda/indexer/topk.cu): 128-thread blocks (>= 512
@@ -391,11 +391,11 @@ TEST(IndexerTopkCuda, RejectionsWriteNothing) {
   for (int64_t i = 0; i < scores.numel(); ++i) scores.data<float>()[i] = static_cast<float>(i);
   const HostTensor pos = index_tensor(DType::int32, {3, 31});
   DeviceTensor scores_d = DeviceTensor::from_host(scores), pos_d = DeviceTensor::from_host(pos);
-  DeviceTensor idx_big = poisoned(DType::int32, {2, 4097}), idx_d = poisoned(DType::int32, {2, 4});
+  DeviceTensor idx_big = poisoned_device(DType::int32, {2, 4097}), idx_d = poisoned_device(DType::int32, {2, 4});
   expect_error([&] { indexer_topk(scores_d, pos_d, 4, idx_big); }, {"indexer_topk", "K"});
   expect_error([&] { indexer_topk(scores_d, pos, 4, idx_d); }, {"indexer_topk", "positions.device"});
   for (const DeviceTensor* d : {&idx_big, &idx_d}) {
-    const HostTensor h = download(*d);
+    const HostTensor h = synced_to_host(*d);
     for (int64_t i = 0; i < static_cast<int64_t>(h.nbytes()); ++i) ASSERT_EQ(h.data<uint8_t>()[i], 0xFF);
   }
 }
@@ -417,8 +417,8 @@ TEST(CompressedPrefixIndicesCpuVsCuda, SameIndices) {
     idx_d.fill_bytes(0x7F);
     lens_d.fill_bytes(0x7F);
     compressed_prefix_indices(pos_d, 128, idx_d, lens_d);
-    expect_same_bytes("indices", idx_cpu, download(idx_d));
-    expect_same_bytes("lens", lens_cpu, download(lens_d));
+    expect_same_bytes("indices", idx_cpu, synced_to_host(idx_d));
+    expect_same_bytes("lens", lens_cpu, synced_to_host(lens_d));
   }
   // T = 0 launches nothing; mixed devices are rejected.
   DeviceTensor pos0(DType::int64, {0}), idx0(DType::int32, {0, 4});

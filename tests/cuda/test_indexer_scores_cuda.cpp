@@ -218,13 +218,13 @@ struct ScoresBatch {
   // The public op (automatic launch shape), or the CUDA entry point with a forced one.
   HostTensor run_cuda(const cuda::ScoresTiling* tiling = nullptr) const {
     const OnDevice d = upload();
-    DeviceTensor scores = poisoned(DType::fp32, {T, N});
+    DeviceTensor scores = poisoned_device(DType::fp32, {T, N});
     if (tiling == nullptr)
       indexer_scores(q_view(d.q), d.q_scale, d.w, d.pos, d.req, {d.keys, block}, d.table, kRatio, scores);
     else
       cuda::indexer_scores(q_view(d.q), d.q_scale, d.w, d.pos, d.req, {d.keys, block}, d.table, kRatio, scores,
                            nullptr, *tiling);
-    return download(scores);
+    return synced_to_host(scores);
   }
 
   // Every column against the formula: −inf past the visible count, within the tolerance before.
@@ -464,7 +464,7 @@ TEST(IndexerScoresCuda, RejectionsWriteNothing) {
   const ScoresBatch batch(spec);
   const ScoresBatch::OnDevice d = batch.upload();
   const TensorView q = batch.q_view(d.q);
-  DeviceTensor scores_d = poisoned(DType::fp32, {batch.T, batch.N});
+  DeviceTensor scores_d = poisoned_device(DType::fp32, {batch.T, batch.N});
   // Blocks of one entry (132 bytes) starting 2 bytes in: not 4-byte aligned.
   TensorView shifted = d.keys.view();
   shifted.data = static_cast<uint8_t*>(shifted.data) + 2;
@@ -481,15 +481,15 @@ TEST(IndexerScoresCuda, RejectionsWriteNothing) {
     indexer_scores(q_shifted, d.q_scale, d.w, d.pos, d.req, {d.keys, 1}, d.table, kRatio, scores_d);
   }, {"indexer_scores", "q_fp8", "aligned"});
   // More index heads than the kernel pads to.
-  DeviceTensor q_big = poisoned(DType::fp8_e4m3, {batch.T, 257, kDim}),
-               s_big = poisoned(DType::fp32, {batch.T, 257}), w_big = poisoned(DType::fp32, {batch.T, 257});
+  DeviceTensor q_big = poisoned_device(DType::fp8_e4m3, {batch.T, 257, kDim}),
+               s_big = poisoned_device(DType::fp32, {batch.T, 257}), w_big = poisoned_device(DType::fp32, {batch.T, 257});
   expect_error([&] {
     indexer_scores(q_big, s_big, w_big, d.pos, d.req, {d.keys, 1}, d.table, kRatio, scores_d);
   }, {"indexer_scores", "index heads"});
   expect_error([&] {  // the block table on the host
     indexer_scores(q, d.q_scale, d.w, d.pos, d.req, {d.keys, 1}, batch.table, kRatio, scores_d);
   }, {"indexer_scores", "key_block_table.device"});
-  const HostTensor s = download(scores_d);
+  const HostTensor s = synced_to_host(scores_d);
   for (int64_t i = 0; i < static_cast<int64_t>(s.nbytes()); ++i) ASSERT_EQ(s.data<uint8_t>()[i], 0xFF);
 }
 

@@ -6,7 +6,8 @@
 # profile (bench/scripts/layer_profile.py with PROFILE_ARGS), ncu (Nsight Compute sections of the
 # kernels matching NCU_KERNELS in such a run), cputests (dsv4_tests with CPU_FILTER),
 # kernels (the sparse kernels against a base tree's: see kernels_step), flashmla (FlashMLA's
-# side_by_side.py from the carried .peers/flashmla). BUILD_TARGETS overrides the
+# side_by_side.py from the carried .peers/flashmla), ab (`dsv4 bench` cases against a base's files:
+# see ab_step). BUILD_TARGETS overrides the
 # targets built first (default: dsv4_gpu_tests dsv4 _C).
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -92,6 +93,46 @@ for name, us in runs["new"].items():
     print(f"{name:48} {us:9.1f} " + (f"{b:9.1f} {us / b:9.3f}" if b else f"{'-':>9} {'-':>9}"))
 PY
 }
+# This tree's `dsv4 bench --filter "$AB_FILTER"` cases against a base's, for a kernel change
+# outside the sparse kernels: every file under BASE_SRC (default .bench-base, a mirror of repo
+# paths, e.g. `git show main:src/x.cu > .bench-base/src/x.cu`) replaces this tree's for the base
+# build of dsv4, then this tree's files come back. AB_REPS rounds, the order alternating per round;
+# the medians of both go to $OUT/ab.txt.
+ab_step() {
+  local base=${BASE_SRC:-.bench-base} bins=/tmp/ab-bins keep
+  rm -rf "$bins" && mkdir -p "$bins" && cp build/dsv4 "$bins/dsv4-new" || return 1
+  keep=$(mktemp -d)
+  (cd "$base" && find . -type f) | while read -r f; do
+    mkdir -p "$keep/$(dirname "$f")" && cp "$f" "$keep/$f" && cp "$base/$f" "$f"
+  done
+  log base build of dsv4
+  if cmake --build build -j16 --target dsv4 >"$OUT/build_base.log" 2>&1; then cp build/dsv4 "$bins/dsv4-base"
+  else grep -B5 -A20 -E "error" "$OUT/build_base.log" | head -40; fi
+  rm -f "$OUT/build_base.log"
+  (cd "$keep" && find . -type f) | while read -r f; do cp "$keep/$f" "$f"; done
+  rm -rf "$keep" && cp "$bins/dsv4-new" build/dsv4
+  for i in $(seq 1 "${AB_REPS:-2}"); do
+    local order="new base"
+    [ $((i % 2)) = 0 ] && order="base new"
+    for v in $order; do
+      [ -x "$bins/dsv4-$v" ] || continue
+      timeout 120 "$bins/dsv4-$v" bench --filter "$AB_FILTER" --json "$bins/bench-$v-$i.json" >/dev/null 2>&1
+    done
+  done
+  python3 - "$bins" <<'PY' | tee "$OUT/ab.txt"
+import glob, json, os, statistics, sys
+runs = {"new": {}, "base": {}}
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "bench-*.json"))):
+    v = os.path.basename(path).split("-")[1]
+    for r in json.load(open(path))["results"]:
+        runs[v].setdefault(r["name"], []).append(r["median_us"])
+print(f"{'case':48} {'new us':>9} {'base us':>9} {'new/base':>9}")
+for name, us in runs["new"].items():
+    n, b = statistics.median(us), runs["base"].get(name)
+    b = statistics.median(b) if b else None
+    print(f"{name:48} {n:9.1f} " + (f"{b:9.1f} {n / b:9.3f}" if b else f"{'-':>9} {'-':>9}"))
+PY
+}
 for step in "$@"; do
   case "$step" in
     graphs)
@@ -125,10 +166,12 @@ for step in "$@"; do
       # space-separated) in a layer_profile.py run (NCU_PROFILE_ARGS): a memory-bound kernel's why.
       for k in ${NCU_KERNELS:-inv_rope}; do
         log "ncu: $k"
-        timeout 300 ncu --kernel-name "regex:$k" --launch-count 1 \
+        # NCU_CMD replaces the profiled program (e.g. a `dsv4 bench layer` case), NCU_SKIP skips
+        # that many matching launches first (a later, longer-context step).
+        timeout 300 ncu --kernel-name "regex:$k" --launch-skip "${NCU_SKIP:-0}" --launch-count 1 \
           --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-          --section WarpStateStats --section SchedulerStats \
-          $PY bench/scripts/layer_profile.py ${NCU_PROFILE_ARGS:---layer 2 --requests 128 --context 256} \
+          --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+          ${NCU_CMD:-$PY bench/scripts/layer_profile.py ${NCU_PROFILE_ARGS:---layer 2 --requests 128 --context 256}} \
           >"$OUT/ncu-$k.log" 2>&1
         grep -E "^  [a-zA-Z_].*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Issued Warp|No Eligible|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Grid Size|Block Size" \
           "$OUT/ncu-$k.log" | head -40
@@ -143,6 +186,8 @@ for step in "$@"; do
         tee "$OUT/triton.log" | tail -40 ;;
     kernels)
       kernels_step ;;
+    ab)
+      ab_step ;;
     flashmla)
       # FlashMLA beside us on its own inputs (docs/performance.md): its measurement-only snapshot
       # (build.sh, side_by_side.py, sources) is copied into the ignored .peers/flashmla and

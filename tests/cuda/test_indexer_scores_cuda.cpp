@@ -389,6 +389,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ScoresCase{"decode_h64_b64", decode_batch(64, 64, 1)},
                       ScoresCase{"prefill_h64_b64", prefill_batch(64, 64, 2)},
                       ScoresCase{"mixed_h64_b16", mixed_batch(64, 16, 3)},
+                      // Blocks of several 64-key tiles (one table read per tile, tile → block
+                      // by division).
+                      ScoresCase{"prefill_h64_b128", prefill_batch(64, 128, 14)},
+                      ScoresCase{"decode_h64_b192", decode_batch(64, 192, 15)},
                       ScoresCase{"mixed_h4_b4_tiny", mixed_batch(4, 4, 4)},
                       ScoresCase{"decode_h100_b32", decode_batch(100, 32, 5)},
                       ScoresCase{"prefill_h128_b64", prefill_batch(128, 64, 6)},
@@ -427,9 +431,12 @@ TEST(IndexerScoresCuda, AgreesWithTheCpuOpAndIsDeterministic) {
 
 // What the CPU rejects, CUDA marks: a token whose request row is out of range, and a visible
 // entry whose block is unmapped, score NaN; everything else is within the tolerance.
-TEST(IndexerScoresCuda, OutOfRangeIndicesScoreNaN) {
+// Blocks of 4 keys take the per-key copies, blocks of 64 the per-tile ones.
+class IndexerScoresOutOfRangeCuda : public ::testing::TestWithParam<int> {};
+
+TEST_P(IndexerScoresOutOfRangeCuda, OutOfRangeIndicesScoreNaN) {
   DSV4_SKIP_WITHOUT_GPU();
-  BatchSpec spec = mixed_batch(8, 4, 13);
+  BatchSpec spec = mixed_batch(8, GetParam(), 13);
   ScoresBatch batch(spec);
   const int64_t cols = batch.table.shape()[1];
   batch.req.data<int32_t>()[0] = static_cast<int32_t>(batch.R);  // token 0: no such request
@@ -454,6 +461,7 @@ TEST(IndexerScoresCuda, OutOfRangeIndicesScoreNaN) {
     }
   }
 }
+INSTANTIATE_TEST_SUITE_P(BlockSizes, IndexerScoresOutOfRangeCuda, ::testing::Values(4, 64));
 
 TEST(IndexerScoresCuda, RejectionsWriteNothing) {
   DSV4_SKIP_WITHOUT_GPU();

@@ -95,7 +95,11 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
   p.key_rows_16 = aligned(p.keys, 16) && p.key_stride0 % 16 == 0;
   p.q_rows_16 = aligned(p.q_fp8, 16) && p.q_stride0 % 16 == 0 && p.q_stride1 % 16 == 0;
 
+  p.block_tiles = keys.block_size % sd::kTileKeys == 0 && p.key_rows_16;
+  p.tiles_in_block = FastDivmod::of(p.block_tiles ? keys.block_size / sd::kTileKeys : 1);
+
   const int64_t tiles = (N + sd::kTileKeys - 1) / sd::kTileKeys;
+  DSV4_CHECK(tiles <= INT32_MAX, kOp, ": N = ", N, " columns exceed 2^31 key tiles");
   const int64_t groups = (T + tokens - 1) / tokens;
   int64_t chunk = tiling.chunk_tiles;
   if (chunk <= 0) {

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/fast_divmod.cuh"
 #include "cuda/common/index_vector.cuh"
 
 namespace dsv4::cuda::indexer_scores_detail {
@@ -58,6 +59,11 @@ struct Params {
   // Copy width of the gathers: 16-byte cp.async when every Q and key row is 16-byte aligned,
   // 4-byte otherwise (rows are always 4-byte aligned: the host checks).
   bool q_rows_16, key_rows_16;
+  // Every key tile lies in one cache block (block_size a multiple of kTileKeys, key rows 16-byte
+  // aligned): one table read per tile. tiles_in_block divides a row's tile index into (block,
+  // tile within it).
+  bool block_tiles;
+  FastDivmod tiles_in_block;
 };
 
 // Who a CTA's tokens are: the rows it writes, what they see, which segment (request) they are in.

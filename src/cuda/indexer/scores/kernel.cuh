@@ -7,7 +7,9 @@
 //   producer — Q of the kTokens tokens (heads padded with zero rows) into the B operand, then for
 //              every (segment, tile): wait for a free stage, gather the tile's 64 key rows through
 //              the block table (cp.async, rows of unmapped blocks zero-filled) and their scales
-//              (NaN for an unmapped key), arrive on the stage's `full` barrier.
+//              (NaN for an unmapped key), arrive on the stage's `full` barrier. When every tile
+//              lies in one block (the usual layout) that is one table read per tile, made a tile
+//              ahead; otherwise one per key.
 //   math     — per tile: C = K̂·Q̂ᵀ (wgmma m64 n{kCols} k32 × 4, fp32 accumulators), release the
 //              stage, then per key row: score = k_scale · Σ_h (w_h · q_scale_h) · ReLU(C[key, h])
 //              for each token of the segment (in-thread FMAs over the thread's head columns, then
@@ -43,9 +45,9 @@ using MmaScores = decltype(cute::make_tiled_mma(
                                cute::Shape<cute::Int<kTileKeys>, cute::Int<kCols>, cute::_32>>()));
 
 // The scale a gathered key row gets when it has no key (request out of range, block unmapped):
-// its score becomes NaN, as the op documents. A global (fp32 NaN bits) so cp.async can copy it
-// like a real scale.
-__device__ const uint32_t kMissingKeyScale = 0x7fc00000u;
+// its score becomes NaN, as the op documents. Globals (fp32 NaN bits, four for a 16-byte copy)
+// so cp.async can copy them like real scales.
+__device__ const uint4 kMissingKeyScales = {0x7fc00000u, 0x7fc00000u, 0x7fc00000u, 0x7fc00000u};
 
 // ReLU that keeps NaN (max.NaN), as indexer_math::head_term does.
 __device__ __forceinline__ float relu_keep_nan(float x) {
@@ -147,20 +149,11 @@ __device__ __forceinline__ void gather_rows(uint8_t* tile, bool chunk16, int lan
   }
 }
 
-template <int kCols, int kHeadsPadded>
-__device__ void produce(const Params& p, SharedPlan<kCols, kCols / kHeadsPadded>& sp, int lane) {
-  constexpr int kTokens = kCols / kHeadsPadded;
-  const TokenPlan<kTokens>& plan = sp.plan;
-  const uint8_t* any_global = p.keys;
-
-  // Q: row (token tau, head h) of the B operand; padded heads and tokens past T are zero rows.
-  gather_rows<kCols>(sp.q, p.q_rows_16, lane, any_global, [&](int row) -> const uint8_t* {
-    const int tau = row / kHeadsPadded, h = row % kHeadsPadded;
-    const int64_t t = plan.token[tau];
-    return t >= 0 && h < p.num_heads ? p.q_fp8 + t * p.q_stride0 + h * p.q_stride1 : nullptr;
-  });
-  ptx::cp_async_arrive_noinc(&sp.q_full);
-
+// Key tiles, general layout: lane l resolves keys j0 + l and j0 + l + 32 through the block table
+// (a tile may span blocks), the others get the row addresses by shuffle.
+template <class Plan>
+__device__ void produce_row_tiles(const Params& p, Plan& sp, int lane) {
+  const auto& plan = sp.plan;
   int it = 0;
   for (int s = 0; s < plan.num_segments; ++s) {
     const int64_t req = plan.request[s], limit = plan.limit[s];
@@ -168,8 +161,6 @@ __device__ void produce(const Params& p, SharedPlan<kCols, kCols / kHeadsPadded>
       const int stage = it % kStages;
       if (it >= kStages) ptx::mbarrier_wait(&sp.empty[stage], ((it / kStages) - 1) & 1);
       const int64_t j0 = plan.chunk_begin + static_cast<int64_t>(k) * kTileKeys;
-      // Lane l resolves keys j0 + l and j0 + l + 32 (one table read each); the others get the
-      // row addresses by shuffle.
       const uint8_t* row_of_lane[2];
       const float* scale_of_lane[2];
 #pragma unroll
@@ -180,16 +171,88 @@ __device__ void produce(const Params& p, SharedPlan<kCols, kCols / kHeadsPadded>
         row_of_lane[half] = block != nullptr ? indexer_key_codes(block, off) : nullptr;
         scale_of_lane[half] = block != nullptr ? reinterpret_cast<const float*>(
                                                      block + indexer_key_scale_offset(p.block_size, off))
-                                               : reinterpret_cast<const float*>(&kMissingKeyScale);
+                                               : reinterpret_cast<const float*>(&kMissingKeyScales);
         ptx::cp_async_4_zfill(&sp.key_scale[stage][lane + 32 * half], scale_of_lane[half], true);
       }
-      gather_rows<kTileKeys>(sp.keys[stage], p.key_rows_16, lane, any_global, [&](int row) {
+      gather_rows<kTileKeys>(sp.keys[stage], p.key_rows_16, lane, p.keys, [&](int row) {
         const auto mine = reinterpret_cast<uintptr_t>(row < 32 ? row_of_lane[0] : row_of_lane[1]);
         return reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, static_cast<unsigned long long>(mine), row % 32));
       });
       ptx::cp_async_arrive_noinc(&sp.full[stage]);
     }
   }
+}
+
+// The block-table entry holding key tile `tile` of segment `s` (its keys [j0, j0 + 64) lie in one
+// block: p.tiles_in_block), or −1 when the request row or the block index is out of range.
+template <class TokenPlanT>
+__device__ __forceinline__ int32_t tile_block_entry(const Params& p, const TokenPlanT& plan, int s, int tile) {
+  const int64_t req = plan.request[s];
+  const uint32_t tile_in_row = static_cast<uint32_t>(plan.chunk_begin / kTileKeys) + tile;
+  const int64_t k = p.tiles_in_block.div(tile_in_row);
+  if (req < 0 || k >= p.max_blocks) return -1;
+  return __ldg(p.table + req * p.table_stride0 + k * p.table_stride1);
+}
+
+// Key tiles when each lies in one cache block (block_size a multiple of 64, rows 16-byte aligned:
+// the usual layout): one table read per tile, issued a tile ahead so that its latency passes
+// while the previous tile is copied, and each lane's sixteen 16-byte chunks (chunk l % 8 of rows
+// l / 8 + 4i) and the 64 scales (lanes 0-15, 16 bytes each) at fixed offsets from the block.
+// Rows past the segment's limit are copied too (same block): every score there is masked −inf.
+template <class Plan>
+__device__ void produce_block_tiles(const Params& p, Plan& sp, int lane) {
+  const auto& plan = sp.plan;
+  int s = 0, tile = 0;  // the (segment, tile) being copied, in the math warpgroup's order
+  auto skip_empty_segments = [&] {
+    while (s < plan.num_segments && tile >= plan.tiles[s]) {
+      ++s;
+      tile = 0;
+    }
+  };
+  skip_empty_segments();
+  int32_t next_entry = tile_block_entry(p, plan, s, tile);
+  for (int it = 0; it < plan.total_tiles; ++it) {
+    const int32_t entry = next_entry;
+    const uint32_t tile_in_row = static_cast<uint32_t>(plan.chunk_begin / kTileKeys) + tile;
+    ++tile;
+    skip_empty_segments();
+    if (it + 1 < plan.total_tiles) next_entry = tile_block_entry(p, plan, s, tile);
+    const int stage = it % kStages;
+    if (it >= kStages) ptx::mbarrier_wait(&sp.empty[stage], ((it / kStages) - 1) & 1);
+    const bool mapped = entry >= 0 && entry < p.num_key_blocks;
+    const uint8_t* block = p.keys + (mapped ? entry * p.key_stride0 : 0);
+    const int off0 = static_cast<int>(tile_in_row - p.tiles_in_block.div(tile_in_row) * p.tiles_in_block.divisor) *
+                     kTileKeys;
+    const uint8_t* rows = block + indexer_key_data_offset(off0);
+#pragma unroll
+    for (int i = 0; i < kTileKeys / 4; ++i) {
+      const int row = lane / 8 + 4 * i, chunk = lane % 8;
+      ptx::cp_async_16_zfill(sp.keys[stage] + sw128_chunk_offset<kTileKeys>(row, chunk),
+                             rows + row * kDim + chunk * 16, mapped);
+    }
+    if (lane < kTileKeys / 4) {
+      const uint8_t* scales = mapped ? block + indexer_key_scale_offset(p.block_size, off0) + lane * 16
+                                     : reinterpret_cast<const uint8_t*>(&kMissingKeyScales);
+      ptx::cp_async_16_zfill(&sp.key_scale[stage][4 * lane], scales, true);
+    }
+    ptx::cp_async_arrive_noinc(&sp.full[stage]);
+  }
+}
+
+template <int kCols, int kHeadsPadded>
+__device__ void produce(const Params& p, SharedPlan<kCols, kCols / kHeadsPadded>& sp, int lane) {
+  constexpr int kTokens = kCols / kHeadsPadded;
+  const TokenPlan<kTokens>& plan = sp.plan;
+
+  // Q: row (token tau, head h) of the B operand; padded heads and tokens past T are zero rows.
+  gather_rows<kCols>(sp.q, p.q_rows_16, lane, p.keys, [&](int row) -> const uint8_t* {
+    const int tau = row / kHeadsPadded, h = row % kHeadsPadded;
+    const int64_t t = plan.token[tau];
+    return t >= 0 && h < p.num_heads ? p.q_fp8 + t * p.q_stride0 + h * p.q_stride1 : nullptr;
+  });
+  ptx::cp_async_arrive_noinc(&sp.q_full);
+  if (p.block_tiles) produce_block_tiles(p, sp, lane);
+  else produce_row_tiles(p, sp, lane);
 }
 
 // ---------------------------------------------------------------- math (one warpgroup)

@@ -10,7 +10,8 @@
 //   w = (x · weights_projᵀ) · 128^-0.5 · H_I^-0.5   (fp32, [H_I]).
 //   score_j = Σ_h w_h · ReLU(q̂_h · k̂_j) over the request's indexer keys k̂_j (dequantized), for
 //   j < (p+1) div r; entries j >= (p+1) div r get −inf.
-//   top-min(index_topk, (p+1) div r) by score, descending, ties → lowest j first; unused slots −1.
+//   top-min(index_topk, (p+1) div r) by score, ties → lowest j first; unused slots −1. Written
+//   descending by score or ascending by j (TopkOrder): the same set.
 // The rotation is orthonormal, so it leaves q·k unchanged and only spreads values before FP8.
 // All indices here are request-local entry numbers.
 #pragma once
@@ -82,15 +83,26 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
                     const IndexerKeyCacheView& keys, const TensorView& key_block_table, int ratio,
                     const TensorView& scores, Stream stream = nullptr);
 
+// The order indexer_topk writes a row's selection in. The selected set is the same either way.
+//   score:  descending score (ties → lowest index first; NaN ranks below −inf), as torch.topk's
+//           sorted=True reads.
+//   column: ascending index. Sparse attention over the selection does not depend on its order
+//           (beyond fp32 rounding), and on CUDA this skips the sort: a row whose visible entries
+//           all fit in K is 0, 1, …, count−1 without reading its scores.
+enum class TopkOrder { score, column };
+
 // Top-k of each row: indices [T, K] int32 receives the min(K, (p+1) div r) visible entries with
-// the highest scores, descending (ties → lowest index first; NaN ranks below −inf), then −1.
+// the highest scores (among equal scores the lowest indices; NaN ranks below −inf), in `order`,
+// then −1.
 //   scores [T, N] fp32 (N >= (p+1) div r), positions [T] int32/int64, ratio >= 1;
 //   lens (optional) [T] int32 = number of valid slots.
-// CUDA: K <= 4096 and N < 2^31; the visible count is clamped to [0, N]. Needs no workspace (one
-// block per row: a radix select of the count-th key, an ordered compaction and a stable block
-// radix sort of the selection, so any N works); the same indices as the CPU, bit for bit.
+// CUDA: K <= 4096 and N < 2^31; the visible count is clamped to [0, N]. Needs no workspace and
+// works for any N (one block per row: a radix select of the count-th key, then an ordered
+// compaction that leaves the selection in column order; TopkOrder::score then sorts it with a
+// stable block radix sort); the same indices as the CPU, bit for bit, in either order.
 void indexer_topk(const TensorView& scores, const TensorView& positions, int ratio,
-                  const TensorView& indices, const TensorView& lens = {}, Stream stream = nullptr);
+                  const TensorView& indices, const TensorView& lens = {}, Stream stream = nullptr,
+                  TopkOrder order = TopkOrder::score);
 
 // C128A planning: indices [T, K] int32 = 0, 1, ..., (p+1) div r − 1, then −1 (K must be >= that
 // count for every token); lens (optional) [T] int32 = the count. CUDA: the count is clamped to

@@ -51,12 +51,15 @@ void indexer_scores_op(const TensorArg& q_fp8, const TensorArg& q_scale, const T
                  tensor_arg(k, "scores", scores), stream_of(stream));
 }
 
+// sorted (torch.topk's word): true = descending score, false = ascending column (TopkOrder).
 void indexer_topk_op(const TensorArg& scores, const TensorArg& positions, const IntArg& ratio,
-                     const TensorArg& indices, const TensorArg& lens, uintptr_t stream) {
+                     const TensorArg& indices, const TensorArg& lens, bool sorted,
+                     uintptr_t stream) {
   constexpr const char* k = "indexer_topk";
   indexer_topk(tensor_arg(k, "scores", scores), tensor_arg(k, "positions", positions),
                int_arg(k, "ratio", ratio), tensor_arg(k, "indices", indices),
-               optional_tensor_arg(k, "lens", lens), stream_of(stream));
+               optional_tensor_arg(k, "lens", lens), stream_of(stream),
+               sorted ? TopkOrder::score : TopkOrder::column);
 }
 
 void compressed_prefix_indices_op(const TensorArg& positions, const IntArg& ratio,
@@ -81,7 +84,7 @@ void bind_indexer(nb::module_& m) {
         any("positions"), any("token_to_req"), any("keys"), any("key_block_size"),
         any("key_block_table"), any("ratio"), any("scores"), arg("stream") = 0, Release());
   m.def("indexer_topk", &indexer_topk_op, any("scores"), any("positions"), any("ratio"),
-        any("indices"), any("lens"), arg("stream") = 0, Release());
+        any("indices"), any("lens"), arg("sorted") = true, arg("stream") = 0, Release());
   m.def("compressed_prefix_indices", &compressed_prefix_indices_op, any("positions"),
         any("ratio"), any("indices"), any("lens"), arg("stream") = 0, Release());
 }

@@ -241,11 +241,12 @@ def indexer_scores(q_fp8: Tensor, q_scale: Tensor, weights: Tensor, positions: T
 
 @_op("indexer_topk", ("indices", "lens"))
 def indexer_topk(scores: Tensor, positions: Tensor, ratio: int, indices: Tensor,
-                 lens: Optional[Tensor]) -> None:
-    """indices [T, K] int32: the best min(K, visible) request-local entries, descending, −1
-    padded; lens [T] their count."""
+                 lens: Optional[Tensor], sorted: bool = True) -> None:
+    """indices [T, K] int32: the best min(K, visible) request-local entries (ties: lowest
+    entries), −1 padded; lens [T] their count. sorted=True: descending score; sorted=False: the
+    same entries in ascending entry order (TopkOrder::column: no sort on CUDA)."""
     with device_guard(scores):
-        _C.indexer_topk(scores, positions, ratio, indices, lens, stream_handle(scores))
+        _C.indexer_topk(scores, positions, ratio, indices, lens, sorted, stream_handle(scores))
 
 
 @_op("compressed_prefix_indices", ("indices", "lens"))

@@ -154,9 +154,10 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
 }
 
 void indexer_topk(const TensorView& scores, const TensorView& positions, int ratio,
-                  const TensorView& indices, const TensorView& lens, Stream /*stream*/) {
-  const int64_t T = scores.size(0), N = scores.size(1);
-  check_visible_fit("indexer_topk", "scores.shape[1]", positions, ratio, N);  const int64_t K = indices.size(1);
+                  const TensorView& indices, const TensorView& lens, Stream /*stream*/,
+                  TopkOrder order) {
+  const int64_t T = scores.size(0), N = scores.size(1), K = indices.size(1);
+  check_visible_fit("indexer_topk", "scores.shape[1]", positions, ratio, N);
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t t = 0; t < T; ++t) {
     const float* s = scores.ptr<float>() + t * scores.stride(0);
@@ -169,11 +170,18 @@ void indexer_topk(const TensorView& scores, const TensorView& positions, int rat
       const uint32_t ka = indexer_math::topk_key(s[a]), kb = indexer_math::topk_key(s[b]);
       return ka != kb ? ka < kb : a < b;
     };
-    std::vector<int32_t> order(static_cast<size_t>(visible));
-    for (int64_t j = 0; j < visible; ++j) order[j] = static_cast<int32_t>(j);
-    std::partial_sort(order.begin(), order.begin() + count, order.end(), before);
+    std::vector<int32_t> ranked(static_cast<size_t>(visible));
+    for (int64_t j = 0; j < visible; ++j) ranked[j] = static_cast<int32_t>(j);
+    const auto selected_end = ranked.begin() + count;
+    if (order == TopkOrder::score) {
+      std::partial_sort(ranked.begin(), selected_end, ranked.end(), before);
+    } else {
+      // The same `count` first entries of that order, as a set, then written by column.
+      std::nth_element(ranked.begin(), selected_end, ranked.end(), before);
+      std::sort(ranked.begin(), selected_end);
+    }
     int32_t* out = indices.ptr<int32_t>() + t * indices.stride(0);
-    std::copy(order.begin(), order.begin() + count, out);
+    std::copy(ranked.begin(), selected_end, out);
     std::fill(out + count, out + K, -1);
     store_len(lens, t, count);
   }

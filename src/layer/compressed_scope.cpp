@@ -100,7 +100,9 @@ CompressedIndices CompressedScope::launch(const CompressedPlan& p, const StepUpl
                                      caches_.indexer_keys->spec().block_size},
                  upload.view(p.index_key_table), ratio_, scores, stream);
   op("indexer_topk");
-  indexer_topk(scores, positions, ratio_, out.local, out.lens, stream);
+  // Column order: the attention over the selected entries does not depend on their order (only
+  // its fp32 rounding does), and on CUDA it spares the kernel its sort.
+  indexer_topk(scores, positions, ratio_, out.local, out.lens, stream, TopkOrder::column);
   return out;
 }
 

@@ -29,7 +29,9 @@ namespace dsv4 {
 inline constexpr int64_t kCompressorGemmWorkspaceBytes = int64_t{4} << 20;
 
 struct CompressedIndices {
-  TensorView local;  // [T, topk] int32 request-local entry numbers, -1 padded (scratch)
+  // [T, topk] int32 request-local entry numbers, -1 padded (scratch). C4A: the indexer's
+  // selection in ascending entry order (TopkOrder::column); C128A: every entry, ascending.
+  TensorView local;
   TensorView lens;   // [T] int32 valid entries per token (scratch)
   int topk = 0;
 };

@@ -219,10 +219,12 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
 // ================================ top-k ======================================================
 
 void indexer_topk(const TensorView& scores, const TensorView& positions, int ratio,
-                  const TensorView& indices, const TensorView& lens,
-                  Stream stream) {
+                  const TensorView& indices, const TensorView& lens, Stream stream,
+                  TopkOrder order) {
   constexpr const char* kOp = "indexer_topk";
   check_ratio(kOp, ratio);
+  if (order != TopkOrder::score && order != TopkOrder::column)
+    fail_expected(kOp, "order", "TopkOrder::score or TopkOrder::column", static_cast<int>(order));
   check_defined(kOp, "scores", scores);
   check_dtype(kOp, "scores", scores, DType::fp32);
   check_ndim(kOp, "scores", scores, 2);
@@ -235,7 +237,7 @@ void indexer_topk(const TensorView& scores, const TensorView& positions, int rat
   const Device dev = ops::common_device(
       kOp, {{"scores", scores}, {"positions", positions}, {"indices", indices}, {"lens", lens}});
   // The CPU kernel checks the positions' data before writing; the CUDA one skips bad tokens.
-  ops::kernel(kOp, ops::kIndexerTopk, dev)(scores, positions, ratio, indices, lens, stream);
+  ops::kernel(kOp, ops::kIndexerTopk, dev)(scores, positions, ratio, indices, lens, stream, order);
 }
 
 // ================================ C128A plan =================================================

@@ -125,7 +125,8 @@ using IndexerScoresFn = void(const TensorView& q_fp8, const TensorView& q_scale,
                              const TensorView& key_block_table, int ratio,
                              const TensorView& scores, Stream stream);
 using IndexerTopkFn = void(const TensorView& scores, const TensorView& positions, int ratio,
-                           const TensorView& indices, const TensorView& lens, Stream stream);
+                           const TensorView& indices, const TensorView& lens, Stream stream,
+                           TopkOrder order);
 using CompressedPrefixIndicesFn = void(const TensorView& positions, int ratio,
                                        const TensorView& indices, const TensorView& lens,
                                        Stream stream);

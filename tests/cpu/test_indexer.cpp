@@ -427,6 +427,93 @@ TEST_P(IndexerTopk, MatchesStableSortWithTiesAndCausality) {
   }
 }
 
+// Expected TopkOrder::column output of one row, by a different route than expected_topk: column j
+// is selected iff fewer than min(k, visible) columns rank ahead of it (a higher score, NaN below
+// every number, or an equal score — NaN equal to NaN, −0 to +0 — at a lower column); the selected
+// columns are then listed in ascending order, then −1.
+std::vector<int32_t> expected_topk_by_column(const float* s, int64_t visible, int64_t k) {
+  auto ahead = [s](int64_t i, int64_t j) {  // does column i rank ahead of column j?
+    const bool ni = std::isnan(s[i]), nj = std::isnan(s[j]);
+    if (ni != nj) return nj;
+    const bool equal = ni || double{s[i]} == double{s[j]};
+    return equal ? i < j : double{s[i]} > double{s[j]};
+  };
+  const int64_t count = std::min(k, visible);
+  std::vector<int32_t> idx;
+  for (int64_t j = 0; j < visible; ++j) {
+    int64_t rank = 0;
+    for (int64_t i = 0; i < visible; ++i) rank += ahead(i, j) ? 1 : 0;
+    if (rank < count) idx.push_back(static_cast<int32_t>(j));
+  }
+  idx.resize(static_cast<size_t>(k), -1);
+  return idx;
+}
+
+// TopkOrder::column: the selection of TopkOrder::score (same set, same lens), listed by ascending
+// column. Rows of every kind — few levels (ties) with NaN, ±inf and ±0; distinct values; all
+// equal; all NaN — and visible counts 0, N (the most the CPU accepts: it rejects visible > N),
+// around K and random, so count == visible and count < visible both occur (and K > visible for
+// K 64 > N). Future columns hold the largest values: they must never be picked.
+TEST_P(IndexerTopk, ColumnOrderIsTheScoreOrderSetByColumn) {
+  const int64_t K = GetParam(), T = 48, N = 50;
+  Rng rng(170 + K);
+  HostTensor scores(DType::fp32, {T, N}), pos(DType::int64, {T});
+  for (int64_t t = 0; t < T; ++t) {
+    int64_t p;
+    switch (t % 6) {
+      case 0: p = rng.integer(0, 2); break;                    // nothing visible
+      case 1: p = 4 * N - 1; break;                            // visible == N
+      case 2: p = std::max<int64_t>(0, 4 * std::min(N, K) - 1 - rng.integer(0, 6)); break;  // ~K
+      default: p = rng.integer(0, 4 * N - 1); break;
+    }
+    pos.data<int64_t>()[t] = p;
+    const int64_t visible = (p + 1) / 4;
+    for (int64_t j = 0; j < N; ++j) {
+      float v;
+      switch ((t / 6) % 4) {
+        case 0:
+          v = static_cast<float>(rng.integer(-3, 3)) * 0.5f;
+          switch (rng.integer(0, 20)) {
+            case 0: v = std::numeric_limits<float>::quiet_NaN(); break;
+            case 1: v = -std::numeric_limits<float>::quiet_NaN(); break;
+            case 2: v = -kInf; break;
+            case 3: v = kInf; break;
+            case 4: v = -0.0f; break;
+            default: break;
+          }
+          break;
+        case 1: v = static_cast<float>(rng.nonzero(1e-3, 1e3)); break;
+        case 2: v = 0.25f; break;
+        default: v = std::numeric_limits<float>::quiet_NaN(); break;
+      }
+      scores.data<float>()[t * N + j] = j < visible ? v : 1e30f;
+    }
+  }
+  HostTensor by_score(DType::int32, {T, K}), by_column(DType::int32, {T, K}),
+      lens_score(DType::int32, {T}), lens_column(DType::int32, {T});
+  for (HostTensor* h : {&by_score, &by_column, &lens_score, &lens_column}) h->fill_bytes(0x7F);
+  indexer_topk(scores, pos, 4, by_score, lens_score);  // the default: TopkOrder::score
+  indexer_topk(scores, pos, 4, by_column, lens_column, nullptr, TopkOrder::column);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t visible = (pos.data<int64_t>()[t] + 1) / 4, count = std::min(K, visible);
+    const float* row = scores.data<float>() + t * N;
+    const auto want = expected_topk_by_column(row, visible, K);
+    const auto want_by_score = expected_topk(row, visible, K);
+    const int32_t* got = by_column.data<int32_t>() + t * K;
+    for (int64_t k = 0; k < K; ++k)
+      ASSERT_EQ(got[k], want[k]) << "t " << t << " k " << k << " visible " << visible;
+    for (int64_t k = 0; k < K; ++k)
+      ASSERT_EQ(by_score.data<int32_t>()[t * K + k], want_by_score[k]) << "t " << t << " k " << k;
+    // The same set either way: the score order's selection, sorted, is the column order's.
+    std::vector<int32_t> score_set(by_score.data<int32_t>() + t * K,
+                                   by_score.data<int32_t>() + t * K + count);
+    std::sort(score_set.begin(), score_set.end());
+    EXPECT_TRUE(std::equal(score_set.begin(), score_set.end(), got)) << "t " << t;
+    EXPECT_EQ(lens_column.data<int32_t>()[t], count) << "t " << t;
+    EXPECT_EQ(lens_score.data<int32_t>()[t], count) << "t " << t;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(K, IndexerTopk, ::testing::Values(1, 8, 64));
 
 TEST(IndexerTopkErrors, BadInputWritesNothing) {
@@ -455,6 +542,9 @@ TEST(IndexerTopkErrors, BadInputWritesNothing) {
       [&] { indexer_topk(scores, pos, 4, TensorView(scores.data<float>(), DType::int32, {2, 3})); },
       {"indices: expected memory disjoint from scores"});
   dense_test::expect_error([&] { indexer_topk(scores, pos, 0, idx); }, {"ratio"});
+  dense_test::expect_error(
+      [&] { indexer_topk(scores, pos, 4, idx, {}, nullptr, static_cast<TopkOrder>(7)); },
+      {"indexer_topk: order"});
   // The last position at ratio 1 sees INT64_MAX + 1 entries: refused like any count past the
   // scores (found by the fuzzer as a signed overflow in visible_entries).
   pos.data<int64_t>()[1] = INT64_MAX;

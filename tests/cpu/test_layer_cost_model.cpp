@@ -136,12 +136,17 @@ TEST(LayerCostModel, StepShapeCountsRowsRingsAndEntries) {
   // C4A from context 0: Σ_{k=1}^{2048} floor(k / 4) keys scored, 512 entries, no ring reads.
   const StepShape c4 = shape("v4-flash", LayerKind::c4a, {{0, 0, 2048}});
   EXPECT_DOUBLE_EQ(c4.visible, 4.0 * 511 * 512 / 2 + 512);
+  EXPECT_DOUBLE_EQ(c4.topk_scores_read, 0);  // nobody sees more than the top-512
   EXPECT_DOUBLE_EQ(c4.emitted, 512);
   EXPECT_DOUBLE_EQ(c4.key_rows, 512);
   EXPECT_DOUBLE_EQ(c4.ring_reads, 0);
   EXPECT_DOUBLE_EQ(c4.ring_writes, 8);
   EXPECT_DOUBLE_EQ(c4.gathered_rows, 2048 + 512);
   EXPECT_DOUBLE_EQ(c4.topk_width, 512);
+  // A chunk at positions 2040..2055 sees 510..514 entries: the top-k reads the scores of the five
+  // tokens that see more than 512 (positions 2051..2054 see 513, 2055 sees 514).
+  const StepShape c4_edge = shape("v4-flash", LayerKind::c4a, {{0, 2040, 16}});
+  EXPECT_DOUBLE_EQ(c4_edge.topk_scores_read, 4 * 513 + 514);
 
   // MTP: two tokens per request run as prefill chunks.
   const StepShape mtp = shape("v4-flash", LayerKind::swa, {{0, 4096, 2}, {1, 4096, 2}});

@@ -320,21 +320,27 @@ class IndexerTopkCpuVsCuda : public ::testing::TestWithParam<TopkCase> {};
 
 // Rows of several kinds — few levels (ties) with NaN, ±inf and ±0; distinct values; all equal —
 // and visible counts from 0 to N; columns past the causal limit hold the largest values. The
-// same scores on both sides: indices and lengths must be identical.
+// same scores on both sides, in both orders: indices and lengths must be identical. Some rows'
+// positions lie past 4·N − 1 or below 0, which CUDA clamps to N or 0 visible entries and the CPU
+// refuses: the CPU gets those positions clamped to [0, 4·N − 1], which sees the same entries.
 TEST_P(IndexerTopkCpuVsCuda, SameIndices) {
   DSV4_SKIP_WITHOUT_GPU();
   const auto [T, N, K] = GetParam();
   std::mt19937 rng(static_cast<uint32_t>(400 + T + N + K));
   HostTensor scores(DType::fp32, {T, N});
-  std::vector<int64_t> pv(static_cast<size_t>(T));
+  std::vector<int64_t> pv(static_cast<size_t>(T)), pv_cpu(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) {
     switch (t % 6) {
       case 0: pv[t] = integer(rng, 0, 2); break;                 // nothing visible
       case 1: pv[t] = 4 * N - 1; break;                          // everything visible
       case 2: pv[t] = std::max<int64_t>(0, 4 * std::min(N, K) - 1 - integer(rng, 0, 3)); break;  // ~K visible
+      case 3:  // beyond the scores (visible clamped to N) or negative (none visible)
+        pv[t] = (t / 6) % 2 == 0 ? 4 * N + integer(rng, 0, 1000) : -1 - integer(rng, 0, 5);
+        break;
       default: pv[t] = integer(rng, 0, 4 * N - 1); break;
     }
-    const int64_t visible = (pv[t] + 1) / 4;
+    pv_cpu[t] = std::clamp<int64_t>(pv[t], 0, std::max<int64_t>(0, 4 * N - 1));
+    const int64_t visible = (pv_cpu[t] + 1) / 4;
     const int kind = static_cast<int>(t % 3);
     for (int64_t j = 0; j < N; ++j) {
       float v;
@@ -354,28 +360,31 @@ TEST_P(IndexerTopkCpuVsCuda, SameIndices) {
       scores.data<float>()[t * N + j] = j < visible ? v : 1e30f;
     }
   }
-  const HostTensor pos = index_tensor(DType::int64, pv);
-  HostTensor idx_cpu = poisoned_host(DType::int32, {T, K}), lens_cpu = poisoned_host(DType::int32, {T});
-  indexer_topk(scores, pos, 4, idx_cpu, lens_cpu);
-
+  const HostTensor pos = index_tensor(DType::int64, pv), pos_cpu = index_tensor(DType::int64, pv_cpu);
   DeviceTensor scores_d = DeviceTensor::from_host(scores), pos_d = DeviceTensor::from_host(pos);
-  DeviceTensor idx_d = DeviceTensor(DType::int32, {T, K}), lens_d = DeviceTensor(DType::int32, {T});
-  idx_d.fill_bytes(0x7F);  // 0xFF would read as the −1 padding
-  lens_d.fill_bytes(0x7F);
-  indexer_topk(scores_d, pos_d, 4, idx_d, lens_d);
-  expect_same_bytes("indices", idx_cpu, synced_to_host(idx_d));
-  expect_same_bytes("lens", lens_cpu, synced_to_host(lens_d));
+  for (const TopkOrder order : {TopkOrder::score, TopkOrder::column}) {
+    SCOPED_TRACE(order == TopkOrder::score ? "TopkOrder::score" : "TopkOrder::column");
+    HostTensor idx_cpu = poisoned_host(DType::int32, {T, K}), lens_cpu = poisoned_host(DType::int32, {T});
+    indexer_topk(scores, pos_cpu, 4, idx_cpu, lens_cpu, nullptr, order);
 
-  // Without lens: the same indices.
-  idx_d.fill_bytes(0x7F);
-  indexer_topk(scores_d, pos_d, 4, idx_d);
-  expect_same_bytes("indices (no lens)", idx_cpu, synced_to_host(idx_d));
+    DeviceTensor idx_d = DeviceTensor(DType::int32, {T, K}), lens_d = DeviceTensor(DType::int32, {T});
+    idx_d.fill_bytes(0x7F);  // 0xFF would read as the −1 padding
+    lens_d.fill_bytes(0x7F);
+    indexer_topk(scores_d, pos_d, 4, idx_d, lens_d, nullptr, order);
+    expect_same_bytes("indices", idx_cpu, synced_to_host(idx_d));
+    expect_same_bytes("lens", lens_cpu, synced_to_host(lens_d));
+
+    // Without lens: the same indices.
+    idx_d.fill_bytes(0x7F);
+    indexer_topk(scores_d, pos_d, 4, idx_d, {}, nullptr, order);
+    expect_same_bytes("indices (no lens)", idx_cpu, synced_to_host(idx_d));
+  }
 }
 
 // Every launch shape of the CUDA top-k (src/cuda/indexer/topk.cu): 128-thread blocks (>= 512
 // rows of <= 8192 columns) with sort capacities 512, 1024, 2048 and 512-thread blocks (fewer or
-// wider rows, K > 2048) with 512 .. 4096; K = 0; rows where everything visible is selected (no
-// threshold) and rows that need it.
+// wider rows: N > 8192, K > 2048) with 512 .. 4096; K = 0; rows where everything visible is
+// selected (no threshold; in column order not even a read of the scores) and rows that need it.
 INSTANTIATE_TEST_SUITE_P(Shapes, IndexerTopkCpuVsCuda,
                          ::testing::Values(TopkCase{40, 50, 1}, TopkCase{40, 50, 8},
                                            TopkCase{40, 50, 64}, TopkCase{520, 700, 512},

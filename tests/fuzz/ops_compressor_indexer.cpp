@@ -179,11 +179,12 @@ Case make_indexer_topk(Rng& rng) {
   c.args.push_back(output("indices", DType::int32, {T, K}));
   if (coin(rng)) c.args.push_back(output("lens", DType::int32, {T}));
   c.scalars.push_back({"ratio", static_cast<double>(ratio), true});
+  c.scalars.push_back({"order", coin(rng) ? 1.0 : 0.0, true});  // TopkOrder: 0 score, 1 column
   return c;
 }
 void call_indexer_topk(const Bound& b) {
   indexer_topk(b.t("scores"), b.t("positions"), static_cast<int>(b.i("ratio")), b.t("indices"),
-               b.t("lens"));
+               b.t("lens"), nullptr, static_cast<TopkOrder>(static_cast<int>(b.i("order"))));
 }
 
 Case make_compressed_prefix(Rng& rng) {

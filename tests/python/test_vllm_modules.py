@@ -291,15 +291,48 @@ def test_indexer_topk_and_prefix_ops(device):
     assert idx.cpu().tolist() == [list(range(n)) + [-1] * (4 - n) for n in counts]
 
 
+def test_indexer_topk_unsorted(device):
+    """sorted=False: the entries sorted=True selects (ties: lowest entries; NaN below -inf), in
+    ascending entry order. Reference: entry j is taken iff fewer than min(K, visible) entries rank
+    ahead of it; the rows have ties, NaN, -inf, ±0, K < visible, K == visible and K > visible."""
+    T, N, K = 8, 24, 6
+    nan, inf = float("nan"), float("inf")
+    scores = torch.randint(-2, 3, (T, N)).float() * 0.5  # few levels: many ties
+    scores[1, 3] = scores[1, 9] = scores[4, 0] = nan
+    scores[2, 5] = scores[4, 7] = -inf
+    scores[3, 1], scores[3, 2] = -0.0, 0.0  # equal keys
+    scores[6] = nan  # all NaN
+    pos = torch.tensor([0, 95, 50, 23, 27, 19, 95, 60])  # visible 0, 24, 12, 6, 7, 5, 24, 15
+
+    def rank_key(t, j):  # ascending = descending score, NaN after every number, then entry
+        v = float(scores[t, j])
+        return ((1, 0.0) if math.isnan(v) else (0, -v)), j
+
+    for is_sorted in (True, False):
+        idx, lens = poisoned((T, K), I32, device), poisoned((T,), I32, device)
+        torch.ops.dsv4.indexer_topk(scores.to(device), pos.to(device), 4, idx, lens,
+                                    sorted=is_sorted)
+        for t in range(T):
+            vis = min((int(pos[t]) + 1) // 4, N)
+            count = min(K, vis)
+            chosen = [j for j in range(vis)  # ascending entries
+                      if sum(rank_key(t, i) < rank_key(t, j) for i in range(vis)) < count]
+            if is_sorted:
+                chosen.sort(key=lambda j: rank_key(t, j))
+            assert idx[t].cpu().tolist() == chosen + [-1] * (K - count), (t, is_sorted)
+            assert int(lens[t]) == count
+
+
 def test_new_ops_fake_kernels():
     """torch.library.opcheck: schema and fake tensor of the compressor and indexer ops."""
     utils = ("test_schema", "test_faketensor")
     torch.library.opcheck(torch.ops.dsv4.compressed_prefix_indices.default,
                           (torch.arange(4), 4, torch.empty(4, 2, dtype=I32),
                            torch.empty(4, dtype=I32)), test_utils=utils)
-    torch.library.opcheck(torch.ops.dsv4.indexer_topk.default,
-                          (torch.randn(3, 8), torch.tensor([3, 20, 31]), 4,
-                           torch.empty(3, 2, dtype=I32), None), test_utils=utils)
+    for is_sorted in (True, False):
+        torch.library.opcheck(torch.ops.dsv4.indexer_topk.default,
+                              (torch.randn(3, 8), torch.tensor([3, 20, 31]), 4,
+                               torch.empty(3, 2, dtype=I32), None, is_sorted), test_utils=utils)
     x = torch.randn(3, HIDDEN)
     torch.library.opcheck(torch.ops.dsv4.compressor_project.default,
                           (512, 4, 64, 1e-6, "kv_cache", x, torch.randn(1024, HIDDEN),

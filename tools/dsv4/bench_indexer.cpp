@@ -1,13 +1,15 @@
 // C4A lightning-indexer benchmark cases (`dsv4 bench --filter indexer`): the FP8 scores (tensor
-// cores), the top-k, and both back to back, at V4-Flash shapes (64 index heads × 128 dims,
-// top-512, indexer key blocks of 64 entries, ratio 4):
+// cores), the top-k in the layer's order (TopkOrder::column: no sort) and in score order
+// (`topk_by_score`, the sorting kernel), and scores + column top-k back to back, at V4-Flash
+// shapes (64 index heads × 128 dims, top-512, indexer key blocks of 64 entries, ratio 4):
 //   prefill_8x2048_ctx0      16384 tokens: 8 requests × 2048 new tokens from context 0 (N 512)
 //   prefill_4x4096_ctx8192   16384 tokens: 4 requests × 4096 new tokens after 8192 cached (N 3072)
 //   decode_128_ctx4096       128 requests × 1 token at context 4096 (N 1024)
 //   decode_128_ctx65536      128 requests × 1 token at context 65536 (N 16384: the wide top-k)
 // Counting: FLOPs = 2 · 64 · 128 per visible (token, key) pair (masked columns not counted).
 // Bytes = each request's visible keys once (132 B each: codes + scale), q codes, q_scale and
-// weights, the scores written (T · N · 4); top-k: the scores read and the indices written. A case
+// weights, the scores written (T · N · 4); top-k: the scores read and the indices written (in
+// column order a row whose visible entries all fit in the top-k reads no scores). A case
 // is memory-bound when its bytes take longer at the copy ceiling than its FLOPs at the FP8 one.
 // Inputs: Gaussian rows through the production quantizers (a host pattern tiled on the device);
 // memory-bound cases rotate key sets (other blocks) beyond L2.
@@ -38,10 +40,11 @@ struct IndexerShape {
   int requests, new_tokens, context;  // per request: positions context .. context + new_tokens − 1
 };
 
-enum class Part { scores, topk, both };
+enum class Part { scores, topk, topk_by_score, both };
 
 struct Counts {
   int64_t T, N, keys_per_request;
+  int64_t rows_over_topk;  // rows with more visible entries than the top-k: a select reads them
   double visible_pairs;
 };
 
@@ -51,8 +54,13 @@ Counts counts_of(const IndexerShape& s) {
   c.N = (int64_t{s.context} + s.new_tokens) / kRatio;
   c.keys_per_request = c.N;
   c.visible_pairs = 0;
-  for (int64_t p = s.context; p < int64_t{s.context} + s.new_tokens; ++p) c.visible_pairs += double((p + 1) / kRatio);
+  c.rows_over_topk = 0;
+  for (int64_t p = s.context; p < int64_t{s.context} + s.new_tokens; ++p) {
+    c.visible_pairs += double((p + 1) / kRatio);
+    c.rows_over_topk += (p + 1) / kRatio > kTopk;
+  }
   c.visible_pairs *= s.requests;
+  c.rows_over_topk *= s.requests;
   return c;
 }
 
@@ -145,20 +153,26 @@ Case make_case(const IndexerShape& s, Part part) {
   const double score_flops = 2.0 * kHeads * kDim * n.visible_pairs;
   const double score_bytes = double(s.requests) * n.keys_per_request * indexer_keys::kEntryBytes +
                              double(n.T) * kHeads * (kDim + 8) + double(n.T) * n.N * 4;
-  const double topk_bytes = double(n.T) * n.N * 4 + double(n.T) * (kTopk + 1) * 4;
+  const bool sorts = part == Part::topk_by_score;  // else the layer's order: TopkOrder::column
+  const double rows_read = sorts ? double(n.T) : double(n.rows_over_topk);
+  const double topk_bytes = rows_read * n.N * 4 + double(n.T) * (kTopk + 1) * 4;
+  const bool topk_only = part == Part::topk || part == Part::topk_by_score;
   Case c;
-  const char* part_name = part == Part::scores ? "scores" : part == Part::topk ? "topk" : "scores_topk";
+  const char* part_name = part == Part::scores          ? "scores"
+                          : part == Part::topk          ? "topk"
+                          : part == Part::topk_by_score ? "topk_by_score"
+                                                        : "scores_topk";
   c.name = std::string("indexer_") + part_name + "_" + s.name;
   c.config = "v4-flash indexer: " + std::to_string(s.requests) + " × " + std::to_string(s.new_tokens) +
              " tokens after " + std::to_string(s.context) + " cached, H 64 × 128, N " + std::to_string(n.N) +
              ", top-" + std::to_string(kTopk);
-  c.flops = part == Part::topk ? 0.0 : score_flops;
-  c.bytes = (part == Part::topk ? 0.0 : score_bytes) + (part == Part::scores ? 0.0 : topk_bytes);
+  c.flops = topk_only ? 0.0 : score_flops;
+  c.bytes = (topk_only ? 0.0 : score_bytes) + (part == Part::scores ? 0.0 : topk_bytes);
   c.fp8 = true;
   c.memory_bound = c.bytes / (kHbmGbpsCeiling * 1e9) > c.flops / (kFp8TflopsCeiling * 1e12);
   // Memory-bound cases rotate key sets so that one pass over them is 2× the H100's 50 MB L2.
   const double keys_per_set = double(s.requests) * n.keys_per_request * indexer_keys::kEntryBytes;
-  c.rotations = c.memory_bound && part != Part::topk
+  c.rotations = c.memory_bound && !topk_only
                     ? static_cast<int>(std::clamp(std::ceil(2.0 * 50e6 / keys_per_set), 1.0, 64.0))
                     : 1;
   // Through the ops' front doors (the CUDA tensors pick the CUDA kernels), as the layer calls them:
@@ -169,11 +183,14 @@ Case make_case(const IndexerShape& s, Part part) {
       indexer_scores(in->q, in->q_scale, in->w, in->pos, in->req, in->keys, in->tables[set], kRatio, in->scores,
                      stream);
     };
-    auto topk = [in](Stream stream) { indexer_topk(in->scores, in->pos, kRatio, in->indices, in->lens, stream); };
+    const TopkOrder order = part == Part::topk_by_score ? TopkOrder::score : TopkOrder::column;
+    auto topk = [in, order](Stream stream) {
+      indexer_topk(in->scores, in->pos, kRatio, in->indices, in->lens, stream, order);
+    };
     scores(nullptr, 0);  // the top-k alone ranks real scores
     rt::synchronize_device("bench indexer: first scores");
     if (part == Part::scores) return [scores](Stream st, int set) { scores(st, set); };
-    if (part == Part::topk) return [topk](Stream st, int) { topk(st); };
+    if (part == Part::topk || part == Part::topk_by_score) return [topk](Stream st, int) { topk(st); };
     return [scores, topk](Stream st, int set) {
       scores(st, set);
       topk(st);
@@ -191,7 +208,8 @@ std::vector<Case> indexer_cases() {
   };
   std::vector<Case> cases;
   for (const auto& s : shapes)
-    for (Part part : {Part::scores, Part::topk, Part::both}) cases.push_back(make_case(s, part));
+    for (Part part : {Part::scores, Part::topk, Part::topk_by_score, Part::both})
+      cases.push_back(make_case(s, part));
   return cases;
 }
 

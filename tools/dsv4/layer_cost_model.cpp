@@ -126,10 +126,12 @@ const std::array kTable = {
                       s.visible * A::score;
             return c;
           }},
+    // Column order (as the layer asks): a token that sees at most index_topk entries takes them
+    // all without a read of its scores.
     Entry{"indexer_topk",
           [](const StepShape& s) {
             return OpCost{0, 0,
-                          s.visible * A::score +
+                          s.topk_scores_read * A::score +
                               s.tokens * (s.topk_width * A::index + A::index + A::position)};
           }},
     // Decode index lists: the SWA window's slots and the compressed entries' global slots.
@@ -285,6 +287,7 @@ StepShape StepShape::make(const ModelConfig& cfg, LayerKind kind, const BatchPla
       const int64_t attended = r == 4 ? std::min<int64_t>(cfg.index_topk, visible) : visible;
       rows += static_cast<double>(std::min(W, p + 1) + attended);
       if (r == 4) s.visible += static_cast<double>(visible);
+      if (r == 4 && visible > cfg.index_topk) s.topk_scores_read += static_cast<double>(visible);
     }
     if (decode) {
       ++s.decodes;

@@ -89,6 +89,8 @@ struct StepShape {
   double prefill_slots = 0;    // index slots per prefill token
   double gathered_rows = 0;    // Σ over prefill requests of the rows gathered for it once
   double visible = 0;          // Σ over tokens of compressed entries visible to it (C4A: keys scored)
+  double topk_scores_read = 0; // C4A: that Σ over the tokens that see more than index_topk entries
+                               // (the layer's column-order top-k reads no other token's scores)
   double topk_width = 0;       // compressed slots per token (C4A: index_topk, C128A: max visible)
   double key_rows = 0;         // Σ over requests of indexer keys read (visible at its last token)
   double emitted = 0;          // compressed entries the step emits (all requests)

@@ -27,7 +27,8 @@ void indexer_scores(const TensorView& q_fp8, const TensorView& q_scale, const Te
                     const TensorView& scores, Stream stream, ScoresTiling tiling = {});
 
 void indexer_topk(const TensorView& scores, const TensorView& positions, int ratio,
-                  const TensorView& indices, const TensorView& lens, Stream stream);
+                  const TensorView& indices, const TensorView& lens, Stream stream,
+                  TopkOrder order);
 
 void compressed_prefix_indices(const TensorView& positions, int ratio, const TensorView& indices,
                                const TensorView& lens, Stream stream);

@@ -11,8 +11,12 @@
 //      counts gives each selected column its place in column order (no atomics, deterministic).
 //      When count == visible (every visible column is selected: short prefill rows) steps 1–2 are
 //      skipped and the row is read directly.
-//   3. a stable block radix sort (CUB) of the count keys with their columns, over only the bits in
-//      which the selected keys differ; stable on column order = ties → lower column.
+//   3. TopkOrder::score: a stable block radix sort (CUB) of the count keys with their columns,
+//      over only the bits in which the selected keys differ; stable on column order = ties →
+//      lower column. TopkOrder::column: no sort, the compaction's column order is stored as it is;
+//      and when count == visible the row is 0, 1, …, count−1, so its scores are not read at all.
+//      The order is one runtime flag of the launch (grid-uniform, so every branch on it is
+//      block-uniform and the barriers inside stay legal): one kernel per shape serves both.
 // Block shape by launch: 128 threads when there are many rows (>= kFewRows) of at most
 // kWideRowColumns columns (a prefill: more rows in flight), 512 otherwise (a decode batch, long
 // rows: more loads in flight per row); the sort capacity is the smallest of 512, 1024, 2048, 4096
@@ -56,6 +60,7 @@ struct TopkParams {
   int K;
   int32_t* lens;  // [T] (stride lens_stride) or nullptr
   int64_t lens_stride;
+  bool by_column;  // TopkOrder::column: the selection in ascending column order, unsorted
 };
 
 // Selected: keys whose bits under `mask` are < `prefix`, and the `need` lowest columns among
@@ -211,6 +216,12 @@ struct Topk {
     }
   }
 
+  // out[i] = column_of(i) for i < count, then −1 up to K: coalesced stores, the block striding.
+  template <class ColumnOf>
+  __device__ static void store_in_order(int32_t* out, int K, int count, ColumnOf column_of) {
+    for (int i = threadIdx.x; i < K; i += kThreads) out[i] = i < count ? column_of(i) : -1;
+  }
+
   __device__ static void run(const TopkParams& p, Shared& sh) {
     const int tid = threadIdx.x;
     const int64_t t = blockIdx.x;
@@ -220,8 +231,10 @@ struct Topk {
     const int count = static_cast<int>(visible < p.K ? visible : p.K);  // block-uniform
     int32_t* out = p.indices + t * p.indices_stride0;
     if (p.lens != nullptr && tid == 0) p.lens[t * p.lens_stride] = count;
-    if (count == 0) {  // nothing visible (or K = 0): no select, no sort
-      for (int i = tid; i < p.K; i += kThreads) out[i] = -1;
+    if (count == 0 || (p.by_column && count == visible)) {
+      // The selection is columns 0 .. count−1 (none: nothing visible, or K = 0), already in column
+      // order: no scores to read, no select, no sort.
+      store_in_order(out, p.K, count, [](int i) { return static_cast<int32_t>(i); });
       return;
     }
     uint32_t key[kItems];
@@ -236,7 +249,11 @@ struct Topk {
       }
     } else {
       const Threshold th = find_threshold(row, visible, static_cast<uint32_t>(count), sh);
-      compact(row, visible, th, sh);
+      compact(row, visible, th, sh);  // ends with a barrier: the whole selection is visible
+      if (p.by_column) {
+        store_in_order(out, p.K, count, [&sh](int i) { return sh.phase.selected.column[i]; });
+        return;
+      }
 #pragma unroll
       for (int k = 0; k < kItems; ++k) {
         const int i = tid * kItems + k;
@@ -264,7 +281,8 @@ void launch(const TopkParams& p, int64_t T, cudaStream_t stream) {
 }  // namespace
 
 void indexer_topk(const TensorView& scores, const TensorView& positions, int ratio,
-                  const TensorView& indices, const TensorView& lens, Stream stream) {
+                  const TensorView& indices, const TensorView& lens, Stream stream,
+                  TopkOrder order) {
   const int64_t T = scores.size(0), N = scores.size(1), K = indices.size(1);
   if (K > kMaxK) fail_expected(kOp, "indices.shape[1] (K) on CUDA", "<= 4096", K);
   if (N > 0x7fffffff) fail_expected(kOp, "scores.shape[1] on CUDA", "< 2^31", N);
@@ -282,6 +300,7 @@ void indexer_topk(const TensorView& scores, const TensorView& positions, int rat
   p.K = static_cast<int>(K);
   p.lens = lens.defined() ? lens.ptr<int32_t>() : nullptr;
   p.lens_stride = lens.defined() ? lens.stride(0) : 0;
+  p.by_column = order == TopkOrder::column;
   // Few rows (a decode batch) cannot fill the GPU with 128-thread blocks: give each row more.
   const bool wide = N > kWideRowColumns || K > 2048 || T < kFewRows;
   const cudaStream_t s = stream;

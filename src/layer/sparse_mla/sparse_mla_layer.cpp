@@ -468,7 +468,8 @@ void SparseMlaAttention::Impl::launch(const Step& st, const TensorView& x, const
                  key_view, st.key_tables, 1, scores, stream);
   const TensorView local = ws.tensor(DType::int32, {T, K});
   const TensorView lens = ws.tensor(DType::int32, {T});
-  indexer_topk(scores, st.positions, 1, local, lens, stream);
+  // Column order: the attention below needs the selected set, not its ranking (no sort on CUDA).
+  indexer_topk(scores, st.positions, 1, local, lens, stream, TopkOrder::column);
 
   // 5. Sparse attention into the latent output.
   const TensorView o_latent = ws.tensor(DType::bf16, {T, Hp, c});

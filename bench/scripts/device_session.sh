@@ -93,7 +93,7 @@ for name, us in runs["new"].items():
     print(f"{name:48} {us:9.1f} " + (f"{b:9.1f} {us / b:9.3f}" if b else f"{'-':>9} {'-':>9}"))
 PY
 }
-# This tree's `dsv4 bench --filter "$AB_FILTER"` cases against a base's, for a kernel change
+# This tree's `dsv4 bench --filter F` cases (F in the space-separated AB_FILTER) against a base's, for a kernel change
 # outside the sparse kernels: every file under BASE_SRC (default .bench-base, a mirror of repo
 # paths, e.g. `git show main:src/x.cu > .bench-base/src/x.cu`) replaces this tree's for the base
 # build of dsv4, then this tree's files come back. AB_REPS rounds, the order alternating per round;
@@ -116,7 +116,11 @@ ab_step() {
     [ $((i % 2)) = 0 ] && order="base new"
     for v in $order; do
       [ -x "$bins/dsv4-$v" ] || continue
-      timeout 120 "$bins/dsv4-$v" bench --filter "$AB_FILTER" --json "$bins/bench-$v-$i.json" >/dev/null 2>&1
+      local k=0 f
+      for f in $AB_FILTER; do  # space-separated substrings, one bench run each
+        timeout 120 "$bins/dsv4-$v" bench --filter "$f" --json "$bins/bench-$v-$i-$k.json" >/dev/null 2>&1
+        k=$((k + 1))
+      done
     done
   done
   python3 - "$bins" <<'PY' | tee "$OUT/ab.txt"

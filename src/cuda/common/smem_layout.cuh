@@ -18,6 +18,19 @@
 
 namespace dsv4::cuda {
 
+#if defined(__CUDACC__)
+// A kernel's dynamic shared memory as a T at the first kAlign-aligned byte (the launch asks for
+// kAlign more bytes than sizeof(T); 1024 is what 128-byte-swizzled wgmma tiles need). The
+// offset is added to the declared array itself: a round trip of the address through an integer
+// hides that it is shared memory, and every access of the plan then compiles to a generic LD / ST
+// (slower, and an L1TEX dependency) instead of LDS / STS.
+template <class T, int kAlign = 1024>
+__device__ __forceinline__ T& aligned_dynamic_smem(uint8_t* smem_raw) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  return *reinterpret_cast<T*>(smem_raw + (kAlign - addr % kAlign) % kAlign);
+}
+#endif
+
 // Byte offset of 16-byte chunk `chunk` (8 bf16 values) of row `row` in a K-major SW128 tile.
 template <int kRows>
 __host__ __device__ __forceinline__ uint32_t sw128_chunk_offset(int row, int chunk) {

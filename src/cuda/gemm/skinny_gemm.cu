@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kCols>) skinny_gemm_kerne
   static_assert(kCtasPerSm<kCols> * (kSmemBytes<kCols> + kSmemReservedPerCta) <= kSmemPerSm,
                 "kCtasPerSm CTAs of this tile do not fit an SM's shared memory");
   extern __shared__ uint8_t smem_raw[];
-  auto& sp = *reinterpret_cast<SharedPlan<kCols>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  auto& sp = aligned_dynamic_smem<SharedPlan<kCols>>(smem_raw);
   const CtaWork c = cta_work<kCols>(p);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages<kCols>; ++s) {

@@ -54,8 +54,7 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
   using Cfg = Config<D_QK>;
   using Plan = typename Cfg::SharedPlan;
   extern __shared__ uint8_t smem_raw[];
-  Plan& plan = *reinterpret_cast<Plan*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                        ~uintptr_t(1023));
+  Plan& plan = aligned_dynamic_smem<Plan>(smem_raw);
   if (threadIdx.x == 0) init_barriers(plan);
   __syncthreads();
 

@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kCols>) scores_kernel(
   static_assert(kHeadsPadded % 64 == 0 && kCols % kHeadsPadded == 0 && kCols <= kMaxCols, "bad tile shape");
   using Plan = SharedPlan<kCols, kCols / kHeadsPadded>;
   extern __shared__ uint8_t smem_raw[];
-  Plan& sp = *reinterpret_cast<Plan*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  Plan& sp = aligned_dynamic_smem<Plan>(smem_raw);
   if (threadIdx.x == 0) {
     build_token_plan(p, sp.plan);
     ptx::mbarrier_init(&sp.q_full, kProducerThreads);

@@ -98,8 +98,10 @@ enum class TopkOrder { score, column };
 //   lens (optional) [T] int32 = number of valid slots.
 // CUDA: K <= 4096 and N < 2^31; the visible count is clamped to [0, N]. Needs no workspace and
 // works for any N (one block per row: a radix select of the count-th key, then an ordered
-// compaction that leaves the selection in column order; TopkOrder::score then sorts it with a
-// stable block radix sort); the same indices as the CPU, bit for bit, in either order.
+// compaction that leaves the selection in column order, both over the row's keys held in
+// registers when it has at most 3072 (128-thread launch) or 4096 visible entries, else re-read per
+// pass; TopkOrder::score then sorts it with a stable block radix sort); the same indices as the
+// CPU, bit for bit, in either order.
 void indexer_topk(const TensorView& scores, const TensorView& positions, int ratio,
                   const TensorView& indices, const TensorView& lens = {}, Stream stream = nullptr,
                   TopkOrder order = TopkOrder::score);

@@ -318,6 +318,31 @@ struct TopkCase {
 
 class IndexerTopkCpuVsCuda : public ::testing::TestWithParam<TopkCase> {};
 
+// The CPU indexer_topk (positions pos_cpu) against the CUDA one (positions pos_cuda) on the same
+// scores, K columns, in both orders, with and without lens: identical indices and lengths.
+void expect_topk_matches_cpu(const HostTensor& scores, const HostTensor& pos_cuda, const HostTensor& pos_cpu,
+                             int64_t K) {
+  const int64_t T = scores.shape()[0];
+  DeviceTensor scores_d = DeviceTensor::from_host(scores), pos_d = DeviceTensor::from_host(pos_cuda);
+  for (const TopkOrder order : {TopkOrder::score, TopkOrder::column}) {
+    SCOPED_TRACE(order == TopkOrder::score ? "TopkOrder::score" : "TopkOrder::column");
+    HostTensor idx_cpu = poisoned_host(DType::int32, {T, K}), lens_cpu = poisoned_host(DType::int32, {T});
+    indexer_topk(scores, pos_cpu, 4, idx_cpu, lens_cpu, nullptr, order);
+
+    DeviceTensor idx_d = DeviceTensor(DType::int32, {T, K}), lens_d = DeviceTensor(DType::int32, {T});
+    idx_d.fill_bytes(0x7F);  // 0xFF would read as the −1 padding
+    lens_d.fill_bytes(0x7F);
+    indexer_topk(scores_d, pos_d, 4, idx_d, lens_d, nullptr, order);
+    expect_same_bytes("indices", idx_cpu, synced_to_host(idx_d));
+    expect_same_bytes("lens", lens_cpu, synced_to_host(lens_d));
+
+    // Without lens: the same indices.
+    idx_d.fill_bytes(0x7F);
+    indexer_topk(scores_d, pos_d, 4, idx_d, {}, nullptr, order);
+    expect_same_bytes("indices (no lens)", idx_cpu, synced_to_host(idx_d));
+  }
+}
+
 // Rows of several kinds — few levels (ties) with NaN, ±inf and ±0; distinct values; all equal —
 // and visible counts from 0 to N; columns past the causal limit hold the largest values. The
 // same scores on both sides, in both orders: indices and lengths must be identical. Some rows'
@@ -360,25 +385,7 @@ TEST_P(IndexerTopkCpuVsCuda, SameIndices) {
       scores.data<float>()[t * N + j] = j < visible ? v : 1e30f;
     }
   }
-  const HostTensor pos = index_tensor(DType::int64, pv), pos_cpu = index_tensor(DType::int64, pv_cpu);
-  DeviceTensor scores_d = DeviceTensor::from_host(scores), pos_d = DeviceTensor::from_host(pos);
-  for (const TopkOrder order : {TopkOrder::score, TopkOrder::column}) {
-    SCOPED_TRACE(order == TopkOrder::score ? "TopkOrder::score" : "TopkOrder::column");
-    HostTensor idx_cpu = poisoned_host(DType::int32, {T, K}), lens_cpu = poisoned_host(DType::int32, {T});
-    indexer_topk(scores, pos_cpu, 4, idx_cpu, lens_cpu, nullptr, order);
-
-    DeviceTensor idx_d = DeviceTensor(DType::int32, {T, K}), lens_d = DeviceTensor(DType::int32, {T});
-    idx_d.fill_bytes(0x7F);  // 0xFF would read as the −1 padding
-    lens_d.fill_bytes(0x7F);
-    indexer_topk(scores_d, pos_d, 4, idx_d, lens_d, nullptr, order);
-    expect_same_bytes("indices", idx_cpu, synced_to_host(idx_d));
-    expect_same_bytes("lens", lens_cpu, synced_to_host(lens_d));
-
-    // Without lens: the same indices.
-    idx_d.fill_bytes(0x7F);
-    indexer_topk(scores_d, pos_d, 4, idx_d, {}, nullptr, order);
-    expect_same_bytes("indices (no lens)", idx_cpu, synced_to_host(idx_d));
-  }
+  expect_topk_matches_cpu(scores, index_tensor(DType::int64, pv), index_tensor(DType::int64, pv_cpu), K);
 }
 
 // Every launch shape of the CUDA top-k (src/cuda/indexer/topk.cu): 128-thread blocks (>= 512
@@ -393,6 +400,56 @@ INSTANTIATE_TEST_SUITE_P(Shapes, IndexerTopkCpuVsCuda,
                                            TopkCase{12, 50000, 512}, TopkCase{12, 9000, 1024},
                                            TopkCase{8, 20000, 2048}, TopkCase{6, 50000, 4096},
                                            TopkCase{12, 40, 0}, TopkCase{0, 50, 8}));
+
+// Rows around the CUDA top-k's register cache (src/cuda/indexer/topk.cu, cached_keys_per_thread:
+// a row of at most `cached` visible columns is read once into registers, a longer one streamed):
+// visible counts just below, at and just above it, and short of it by part of a warp (padding
+// keys in some lanes of a warp), all with count < visible so the threshold and compaction run.
+struct TopkCacheCase {
+  int64_t T, K, cached;
+};
+
+class IndexerTopkCacheBoundaryCpuVsCuda : public ::testing::TestWithParam<TopkCacheCase> {};
+
+// Kinds of row: heavy ties at the threshold (three levels; the count-th key inside a level of
+// hundreds); mostly NaN and −inf (the count-th key among the NaNs, whose key is the padding's,
+// so any padding counted would move the selection); mostly −inf ties; distinct values; ±0 only
+// (one key). Columns past the visible ones hold the largest values.
+TEST_P(IndexerTopkCacheBoundaryCpuVsCuda, SameIndices) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const auto [T, K, cached] = GetParam();
+  const int64_t N = cached + 300;
+  const std::vector<int64_t> visibles = {cached - 1, cached, cached + 1, cached - 17, cached - 128 - 5, N};
+  constexpr int kKinds = 5;
+  std::mt19937 rng(static_cast<uint32_t>(900 + T + K + cached));
+  HostTensor scores(DType::fp32, {T, N});
+  std::vector<int64_t> pv(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t visible = visibles[static_cast<size_t>(t) % visibles.size()];
+    pv[t] = 4 * visible - 1 + integer(rng, 0, 3);  // (p + 1) div 4 = visible
+    const int kind = static_cast<int>(t / static_cast<int64_t>(visibles.size()) % kKinds);
+    for (int64_t j = 0; j < N; ++j) {
+      const int64_t roll = integer(rng, 0, 99);
+      float v;
+      switch (kind) {
+        case 0: v = roll < 6 ? 2.0f : roll < 56 ? 1.0f : 0.5f; break;
+        case 1: v = roll < 80 ? kNaN : roll < 85 ? -kNaN : roll < 95 ? -kInf : roll < 97 ? kInf : 1.5f; break;
+        case 2: v = roll < 90 ? -kInf : nonzero(rng); break;
+        case 3: v = nonzero(rng, 1e-3f, 1e3f); break;
+        default: v = roll < 50 ? 0.0f : -0.0f; break;
+      }
+      scores.data<float>()[t * N + j] = j < visible ? v : 1e30f;
+    }
+  }
+  const HostTensor pos = index_tensor(DType::int64, pv);
+  expect_topk_matches_cpu(scores, pos, pos, K);
+}
+
+// 128-thread launches (>= 512 rows, N <= 8192, K <= 2048; 24 keys a thread) and 512-thread
+// launches (fewer rows; 8 keys a thread), with sort capacities 512 and 2048.
+INSTANTIATE_TEST_SUITE_P(Shapes, IndexerTopkCacheBoundaryCpuVsCuda,
+                         ::testing::Values(TopkCacheCase{540, 512, 128 * 24}, TopkCacheCase{540, 2048, 128 * 24},
+                                           TopkCacheCase{60, 512, 512 * 8}, TopkCacheCase{60, 2048, 512 * 8}));
 
 TEST(IndexerTopkCuda, RejectionsWriteNothing) {
   DSV4_SKIP_WITHOUT_GPU();

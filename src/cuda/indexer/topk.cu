@@ -2,14 +2,25 @@
 //
 // Rank order: ascending 32-bit indexer_math::topk_key(score) (descending score, NaN last), ties →
 // lower column. Per row, with visible = min((p+1) div r, N) and count = min(K, visible):
-//   1. threshold (only when count < visible): a radix select over the keys, 11 + 11 + 10 bits from
-//      the top, one pass over the row per digit (histogram in shared memory, warp-aggregated
-//      increments: scores crowd into few buckets), stopping once the bucket holding the count-th
-//      key is taken whole. Result: a masked prefix θ and `need`: every key whose masked bits are
-//      < θ is selected, and the `need` lowest columns among those == θ.
-//   2. compaction: one more pass, 4 consecutive columns per thread, a block scan of (below, equal)
-//      counts gives each selected column its place in column order (no atomics, deterministic).
-//      When count == visible (every visible column is selected: short prefill rows) steps 1–2 are
+//   0. the keys (only when count < visible): a row of at most kCachedColumns visible entries is
+//      read from global memory once, coalesced (thread t holds columns u·threads + t, all its
+//      loads in flight before their conversions), and kept in registers as keys for every pass
+//      below; a longer row is streamed from global memory again by each pass, kLoadsInFlight
+//      loads per thread at a time. Both are one `RowKeys` source (tiles of columns in the same
+//      striped layout), so the passes are written once.
+//   1. threshold: a radix select over the keys, 11 + 11 + 10 bits from the top, one pass over
+//      the keys per digit (histogram in shared memory, warp-aggregated increments: scores crowd
+//      into few buckets; a warp with no key in the current bucket skips the step), stopping once
+//      the bucket holding the count-th key is taken whole. Result: a masked prefix θ and `need`:
+//      every key whose masked bits are < θ is selected, and the `need` lowest columns among
+//      those == θ.
+//   2. compaction: one more pass; per tile, warp ballots of (below, equal) in column order, one
+//      block scan of the per-warp counts, and each selected column lands at its rank in column
+//      order (no atomics, deterministic).
+//      The tiles' padding past `visible` (key kPadKey, which is also a NaN's key) is never counted
+//      and no key's column is tested: in 1 its histogram bin starts at −padding, in 2 it is never
+//      below θ and comes after every visible column, so it is never among the `need`.
+//      When count == visible (every visible column is selected: short prefill rows) steps 0–2 are
 //      skipped and the row is read directly.
 //   3. TopkOrder::score: a stable block radix sort (CUB) of the count keys with their columns,
 //      over only the bits in which the selected keys differ; stable on column order = ties →
@@ -20,7 +31,8 @@
 // Block shape by launch: 128 threads when there are many rows (>= kFewRows) of at most
 // kWideRowColumns columns (a prefill: more rows in flight), 512 otherwise (a decode batch, long
 // rows: more loads in flight per row); the sort capacity is the smallest of 512, 1024, 2048, 4096
-// holding K.
+// holding K. The register cache (kCachedColumns) is 24 keys a thread for 128 threads (3072
+// columns), 8 for 512 (4096 columns): see cached_keys_per_thread.
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
@@ -40,8 +52,12 @@ constexpr const char* kOp = "indexer_topk";
 constexpr int kMaxK = 4096;
 constexpr int64_t kWideRowColumns = 8192;
 constexpr int64_t kFewRows = 512;
-constexpr int kColumnsPerThread = 4;  // compaction: consecutive columns per thread per round
-constexpr int kLoadsInFlight = 4;     // threshold passes: loads per thread before their increments
+// Keys a thread holds of a row that fits the block's registers (the row then is read once):
+// 128 threads × 24 = 3072 columns (a V4-Flash prefill row, N = 3072, fits whole; 32 keys a thread
+// would take the kernel to 72 registers, 7 blocks an SM where 10 ran before, 24 keeps it at 56 and
+// 9), 512 × 8 = 4096 (these launches stay within 64 registers: 2 blocks an SM, as before).
+__host__ __device__ constexpr int cached_keys_per_thread(int threads) { return threads == 128 ? 24 : 8; }
+constexpr int kLoadsInFlight = 4;  // streamed rows: loads per thread before their keys are used
 constexpr uint32_t kPadKey = 0xffffffffu;
 
 // The radix select's digits, from the top: 11 + 11 + 10 bits.
@@ -63,6 +79,66 @@ struct TopkParams {
   bool by_column;  // TopkOrder::column: the selection in ascending column order, unsorted
 };
 
+// Thread threadIdx.x's keys of the columns base + u·kThreads + threadIdx.x (u < kRounds; kPadKey
+// past `visible`): every load issued before the first conversion, so kRounds are in flight.
+template <int kThreads, int kRounds>
+__device__ __forceinline__ void load_keys(const float* row, int64_t visible, int64_t base, uint32_t (&key)[kRounds]) {
+  float score[kRounds];
+#pragma unroll
+  for (int u = 0; u < kRounds; ++u) {
+    const int64_t j = base + u * kThreads + threadIdx.x;
+    score[u] = j < visible ? row[j] : 0.0f;
+  }
+#pragma unroll
+  for (int u = 0; u < kRounds; ++u)
+    key[u] = base + u * kThreads + threadIdx.x < visible ? im::topk_key(score[u]) : kPadKey;
+}
+
+// A row's keys as the passes see them (RowKeys): for_each_tile(visit) calls visit(base, key) for
+// tiles of kRounds · kThreads columns from base, thread t holding key[u] of column
+// base + u·kThreads + t (coalesced; column order is u-major, then thread), and `padding` keys
+// kPadKey past `visible` at the end. Every thread makes the same calls (the passes' barriers and
+// warp votes are inside).
+//
+// A row that fits the block's registers: read once, when made; one tile.
+template <int kThreads>
+struct CachedRowKeys {
+  static constexpr int kRounds = cached_keys_per_thread(kThreads);
+  static constexpr int kColumns = kRounds * kThreads;
+  int64_t visible;  // <= kColumns
+  uint32_t key[kRounds];
+
+  __device__ __forceinline__ uint32_t padding() const { return static_cast<uint32_t>(kColumns - visible); }
+  __device__ __forceinline__ CachedRowKeys(const float* row, int64_t visible_) : visible(visible_) {
+    load_keys<kThreads>(row, visible, 0, key);
+  }
+  template <class Visit>
+  __device__ __forceinline__ void for_each_tile(Visit&& visit) const {
+    visit(int64_t{0}, key);
+  }
+};
+
+// A longer row: read from global memory again by each pass, kLoadsInFlight columns a thread a tile.
+template <int kThreads>
+struct StreamedRowKeys {
+  static constexpr int kRounds = kLoadsInFlight;
+  int64_t visible;
+  const float* row;
+
+  __device__ __forceinline__ uint32_t padding() const {
+    constexpr int64_t kTile = int64_t{kThreads} * kRounds;
+    return static_cast<uint32_t>((visible + kTile - 1) / kTile * kTile - visible);
+  }
+  template <class Visit>
+  __device__ __forceinline__ void for_each_tile(Visit&& visit) const {
+    for (int64_t base = 0; base < visible; base += int64_t{kThreads} * kRounds) {
+      uint32_t key[kRounds];
+      load_keys<kThreads>(row, visible, base, key);
+      visit(base, key);
+    }
+  }
+};
+
 // Selected: keys whose bits under `mask` are < `prefix`, and the `need` lowest columns among
 // those whose masked bits equal it.
 struct Threshold {
@@ -74,6 +150,11 @@ struct Topk {
   static constexpr int kItems = kCapacity / kThreads;
   static_assert(kItems >= 1 && kCapacity % kThreads == 0, "capacity must be a multiple of the block");
   static_assert(kMaxBins % kThreads == 0 && (kMaxBins / 2) % kThreads == 0, "bins per thread");
+  static constexpr int kWarps = kThreads / 32;
+  // The compaction's per-warp counts of one tile: kRounds · kWarps, one a thread in its scan.
+  static constexpr int kCachedColumns = CachedRowKeys<kThreads>::kColumns;
+  static constexpr int kTileCounts = (kCachedColumns > kLoadsInFlight * kThreads ? kCachedColumns : kLoadsInFlight * kThreads) / 32;
+  static_assert(kTileCounts <= kThreads, "the compaction scans a tile's counts one a thread");
   using Scan = cub::BlockScan<uint32_t, kThreads>;
   using Reduce = cub::BlockReduce<uint32_t, kThreads>;
   using Sort = cub::BlockRadixSort<uint32_t, kThreads, kItems, int32_t>;
@@ -90,38 +171,37 @@ struct Topk {
     } phase;
     typename Scan::TempStorage scan;
     typename Reduce::TempStorage reduce;
+    uint32_t tile_counts[kTileCounts];  // 2. compaction: (equal << 16) | below per (round, warp)
     uint32_t digit, below, whole;  // a threshold pass's result, broadcast
     uint32_t differ;               // bits in which the selected keys differ, broadcast
   };
 
   // ---------------------------------------------------------------- 1. threshold
-  __device__ static Threshold find_threshold(const float* row, int64_t visible, uint32_t count, Shared& sh) {
+  template <class RowKeys>
+  __device__ __forceinline__ static Threshold find_threshold(const RowKeys& keys, uint32_t count, Shared& sh) {
     const int tid = threadIdx.x, lane = tid % 32;
+    const uint32_t padding = keys.padding();
     uint32_t prefix = 0, mask = 0, remaining = count;
 #pragma unroll 1
     for (int pass = 0; pass < kPasses; ++pass) {
       const int shift = digit_shift(pass), bins = 1 << digit_bits(pass);
-      for (int b = tid; b < bins; b += kThreads) sh.phase.hist[b] = 0;
+      // The padding keys (kPadKey: every digit all ones) fall in the bucket's last bin whenever the
+      // bucket holds them (prefix == mask); that bin starts at −padding (mod 2^32) so they are
+      // never counted, and no key needs a test of its column.
+      const uint32_t last_bin_start = prefix == mask ? 0u - padding : 0u;
+      for (int b = tid; b < bins; b += kThreads) sh.phase.hist[b] = b == bins - 1 ? last_bin_start : 0u;
       __syncthreads();
-      // Uniform trip count (whole warps): lanes past the row take part in the match as outsiders.
-      // kLoadsInFlight coalesced loads first, then their increments (the shared atomics would
-      // otherwise hold each next load back).
-      for (int64_t base = 0; base < visible; base += int64_t{kThreads} * kLoadsInFlight) {
-        uint32_t key[kLoadsInFlight];
+      keys.for_each_tile([&](int64_t, const uint32_t(&key)[RowKeys::kRounds]) {
 #pragma unroll
-        for (int u = 0; u < kLoadsInFlight; ++u) {
-          const int64_t j = base + u * kThreads + tid;
-          key[u] = j < visible ? im::topk_key(row[j]) : kPadKey;
-        }
-#pragma unroll
-        for (int u = 0; u < kLoadsInFlight; ++u) {
-          const bool in = base + u * kThreads + tid < visible && (key[u] & mask) == prefix;
+        for (int u = 0; u < RowKeys::kRounds; ++u) {
+          const bool in = (key[u] & mask) == prefix;
+          if (__ballot_sync(0xffffffffu, in) == 0u) continue;  // warp-uniform: no key in the bucket
           const uint32_t digit = (key[u] >> shift) & static_cast<uint32_t>(bins - 1);
           // Lanes with the same digit add together: one shared atomic per distinct digit.
           const uint32_t peers = __match_any_sync(0xffffffffu, in ? digit : kPadKey);
           if (in && lane == __ffs(peers) - 1) atomicAdd(&sh.phase.hist[digit], static_cast<uint32_t>(__popc(peers)));
         }
-      }
+      });
       __syncthreads();
       // The bucket holding the remaining-th key: thread t owns bins [t·per, (t+1)·per).
       const int per = bins / kThreads;
@@ -149,41 +229,61 @@ struct Topk {
   }
 
   // ---------------------------------------------------------------- 2. compaction
-  // Every selected (key, column) into sh.phase.selected, in column order.
-  __device__ static void compact(const float* row, int64_t visible, const Threshold& th, Shared& sh) {
-    const int tid = threadIdx.x;
-    uint32_t below_total = 0, equal_total = 0;  // over earlier rounds (block-uniform)
-    for (int64_t base = 0; base < visible; base += int64_t{kThreads} * kColumnsPerThread) {
-      const int64_t j0 = base + int64_t{tid} * kColumnsPerThread;
-      uint32_t key[kColumnsPerThread];
-      bool below[kColumnsPerThread], equal[kColumnsPerThread];
-      uint32_t counts = 0;  // (equal << 16) | below: both <= kThreads · 4 < 2^16
+  // Every selected (key, column) into sh.phase.selected, in column order; ends with a barrier.
+  template <class RowKeys>
+  __device__ __forceinline__ static void compact(const RowKeys& keys, const Threshold& th, Shared& sh) {
+    constexpr int kRounds = RowKeys::kRounds;
+    static_assert(kRounds * kWarps <= kTileCounts, "a tile's per-warp counts");
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const uint32_t lanes_before = (1u << lane) - 1u;  // lanes of lower columns in the warp
+    uint32_t below_total = 0, equal_total = 0;      // over earlier tiles (block-uniform)
+    keys.for_each_tile([&](int64_t base, const uint32_t(&key)[kRounds]) {
+      // The warp's columns of round u (32 consecutive ones) below / equal to the threshold. A
+      // padding key is never below (its masked bits are the mask, >= prefix) and, when equal, comes
+      // after every visible column: `need` is at most the visible equal ones, so it is never taken.
+      const auto vote = [&](int u, uint32_t& below, uint32_t& equal) {
+        const uint32_t masked = key[u] & th.mask;
+        below = __ballot_sync(0xffffffffu, masked < th.prefix);
+        equal = __ballot_sync(0xffffffffu, masked == th.prefix);
+      };
+      // Counts per (round, warp) — column order — as (equal << 16) | below: both <= 4096 < 2^16.
 #pragma unroll
-      for (int v = 0; v < kColumnsPerThread; ++v) {
-        const bool valid = j0 + v < visible;
-        key[v] = valid ? im::topk_key(row[j0 + v]) : kPadKey;
-        below[v] = valid && (key[v] & th.mask) < th.prefix;
-        equal[v] = valid && (key[v] & th.mask) == th.prefix;
-        counts += (static_cast<uint32_t>(equal[v]) << 16) | static_cast<uint32_t>(below[v]);
+      for (int u = 0; u < kRounds; ++u) {
+        uint32_t below, equal;
+        vote(u, below, equal);
+        if (lane == 0) sh.tile_counts[u * kWarps + warp] = (static_cast<uint32_t>(__popc(equal)) << 16) | __popc(below);
       }
-      uint32_t before, round_total;
-      Scan(sh.scan).ExclusiveSum(counts, before, round_total);
-      uint32_t n_below = below_total + (before & 0xffffu), n_equal = equal_total + (before >> 16);
+      __syncthreads();
+      // Their exclusive prefix: thread i reads and rewrites entry i only.
+      const bool owner = tid < kRounds * kWarps;
+      uint32_t before, tile_total;
+      Scan(sh.scan).ExclusiveSum(owner ? sh.tile_counts[tid] : 0u, before, tile_total);
+      if (owner) sh.tile_counts[tid] = before;
+      __syncthreads();
 #pragma unroll
-      for (int v = 0; v < kColumnsPerThread; ++v) {
+      for (int u = 0; u < kRounds; ++u) {
+        uint32_t below, equal;
+        vote(u, below, equal);
+        const uint32_t counted = sh.tile_counts[u * kWarps + warp];
+        const uint32_t n_below = below_total + (counted & 0xffffu) + __popc(below & lanes_before);
+        const uint32_t n_equal = equal_total + (counted >> 16) + __popc(equal & lanes_before);
         // Selected before this column: every "below" one and the first `need` "equal" ones.
-        if (below[v] || (equal[v] && n_equal < th.need)) {
+        const bool is_below = (below >> lane) & 1u, is_equal = (equal >> lane) & 1u;
+        if (is_below || (is_equal && n_equal < th.need)) {
           const uint32_t slot = n_below + (n_equal < th.need ? n_equal : th.need);
-          sh.phase.selected.key[slot] = key[v];
-          sh.phase.selected.column[slot] = static_cast<int32_t>(j0 + v);
+          sh.phase.selected.key[slot] = key[u];
+          sh.phase.selected.column[slot] = static_cast<int32_t>(base + u * kThreads + tid);
         }
-        n_below += below[v];
-        n_equal += equal[v];
       }
-      below_total += round_total & 0xffffu;
-      equal_total += round_total >> 16;
-      __syncthreads();  // the scan storage is reused
-    }
+      below_total += tile_total & 0xffffu;
+      equal_total += tile_total >> 16;
+      __syncthreads();  // the tile counts and the scan storage are reused; the selection is whole
+    });
+  }
+
+  template <class RowKeys>
+  __device__ __forceinline__ static void select(const RowKeys& keys, uint32_t count, Shared& sh) {
+    compact(keys, find_threshold(keys, count, sh), sh);
   }
 
   // ---------------------------------------------------------------- 3. sort and store
@@ -248,8 +348,9 @@ struct Topk {
         column[k] = i;
       }
     } else {
-      const Threshold th = find_threshold(row, visible, static_cast<uint32_t>(count), sh);
-      compact(row, visible, th, sh);  // ends with a barrier: the whole selection is visible
+      // The branch is block-uniform; either way ends with a barrier: the whole selection is visible.
+      if (visible <= kCachedColumns) select(CachedRowKeys<kThreads>(row, visible), count, sh);
+      else select(StreamedRowKeys<kThreads>{visible, row}, count, sh);
       if (p.by_column) {
         store_in_order(out, p.K, count, [&sh](int i) { return sh.phase.selected.column[i]; });
         return;

@@ -256,51 +256,73 @@ __device__ void produce(const Params& p, SharedPlan<kCols, kCols / kHeadsPadded>
 }
 
 // ---------------------------------------------------------------- math (one warpgroup)
+// The scores a math thread stores. Per key row pair (row0, row0 + 8) a tile has 2·kTokens
+// (token tau, row r) combos c = 2·tau + r; the four threads of a quad hold the same rows and
+// split them: thread `quad` owns c ≡ quad (mod 4), so its row offset r = quad % 2 is the same for
+// all it owns. Resolved once per CTA, so a tile's stores are a compare and a store each.
+template <int kTokens>
+struct OwnedScores {
+  static constexpr int kOwned = (2 * kTokens + 3) / 4;
+  float* row[kOwned];       // the combo's token's scores row
+  int64_t visible[kOwned];  // its visible count
+  int segment[kOwned];      // its segment; −1 when the quad has no such combo or no token
+  int r;
+
+  __device__ OwnedScores(const Params& p, const TokenPlan<kTokens>& plan, int quad) : r(quad % 2) {
+#pragma unroll
+    for (int m = 0; m < kOwned; ++m) {
+      const int c = quad + 4 * m, tau = c / 2;
+      const bool live = c < 2 * kTokens && plan.token[tau] >= 0;
+      row[m] = live ? p.scores + plan.token[tau] * p.scores_stride0 : p.scores;
+      visible[m] = live ? plan.visible[tau] : 0;
+      segment[m] = live ? plan.segment[tau] : -1;
+    }
+  }
+};
+
 // The scores of one tile from its accumulators: thread `tid` holds rows row0 and row0 + 8 of the
 // tile (keys j0 + row0 + 8r) and, per row, columns 8·v + 2·(lane % 4) + {0, 1} for v < kCols / 8.
 // Columns [tau·kHeadsPadded, (tau+1)·kHeadsPadded) are token tau's heads.
 template <int kCols, int kHeadsPadded, class Acc>
-__device__ __forceinline__ void store_tile_scores(const Params& p, const SharedPlan<kCols, kCols / kHeadsPadded>& sp,
-                                                  const Acc& acc, const float (&key_scale)[2], int segment,
-                                                  int64_t j0, int tid) {
+__device__ __forceinline__ void store_tile_scores(const SharedPlan<kCols, kCols / kHeadsPadded>& sp,
+                                                  const OwnedScores<kCols / kHeadsPadded>& own,
+                                                  const Acc& acc, float key_scale, int segment,
+                                                  int64_t j, int64_t chunk_end, int quad) {
   constexpr int kTokens = kCols / kHeadsPadded;
   constexpr int kGroupsPerToken = kHeadsPadded / 8;
-  const int quad = tid % 4;
-  float sum[kTokens][2];
+  constexpr int kOwned = OwnedScores<kTokens>::kOwned;
+  // sum[c]: combo c = 2·tau + r over this thread's columns (zero past 2·kTokens: a whole quad's
+  // worth of combos for the reduction below).
+  float sum[4 * kOwned];
 #pragma unroll
-  for (int tau = 0; tau < kTokens; ++tau) sum[tau][0] = sum[tau][1] = 0.0f;
+  for (int c = 0; c < 4 * kOwned; ++c) sum[c] = 0.0f;
 #pragma unroll
   for (int v = 0; v < kCols / 8; ++v) {
     const int tau = v / kGroupsPerToken;
     const float2 f = *reinterpret_cast<const float2*>(&sp.head_factor[8 * v + 2 * quad]);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      sum[tau][r] = fmaf(f.x, relu_keep_nan(acc(4 * v + 2 * r)), sum[tau][r]);
-      sum[tau][r] = fmaf(f.y, relu_keep_nan(acc(4 * v + 2 * r + 1)), sum[tau][r]);
+      sum[2 * tau + r] = fmaf(f.x, relu_keep_nan(acc(4 * v + 2 * r)), sum[2 * tau + r]);
+      sum[2 * tau + r] = fmaf(f.y, relu_keep_nan(acc(4 * v + 2 * r + 1)), sum[2 * tau + r]);
     }
   }
-  // The quad's four threads hold the same rows, disjoint columns: add them up.
+  // Reduce-scatter over the quad (its threads hold disjoint columns of the same rows): across
+  // lanes q, q ^ 1 each keeps the combos whose bit 0 is its own and sends the others; then across
+  // q, q ^ 2 by bit 1. Thread quad ends with the full sums of combos quad + 4m (each sum added in
+  // the order the full butterfly adds it: the same bits).
+  const bool bit0 = quad & 1, bit1 = quad & 2;
+  float half[2 * kOwned];
 #pragma unroll
-  for (int tau = 0; tau < kTokens; ++tau)
+  for (int i = 0; i < 2 * kOwned; ++i) {
+    const float keep = bit0 ? sum[2 * i + 1] : sum[2 * i], send = bit0 ? sum[2 * i] : sum[2 * i + 1];
+    half[i] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
+  }
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      sum[tau][r] += __shfl_xor_sync(0xffffffffu, sum[tau][r], 1);
-      sum[tau][r] += __shfl_xor_sync(0xffffffffu, sum[tau][r], 2);
-    }
-  // Thread quad stores the (tau, r) with (2·tau + r) % 4 == quad.
-  const TokenPlan<kTokens>& plan = sp.plan;
-  const int row0 = acc_row(0, tid);
-#pragma unroll
-  for (int tau = 0; tau < kTokens; ++tau) {
-    if (plan.segment[tau] != segment) continue;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      if ((2 * tau + r) % 4 != quad) continue;
-      const int64_t j = j0 + row0 + 8 * r;
-      if (j >= plan.chunk_end) continue;
-      p.scores[plan.token[tau] * p.scores_stride0 + j] =
-          j < plan.visible[tau] ? key_scale[r] * sum[tau][r] : -INFINITY;
-    }
+  for (int m = 0; m < kOwned; ++m) {
+    const float keep = bit1 ? half[2 * m + 1] : half[2 * m], send = bit1 ? half[2 * m] : half[2 * m + 1];
+    const float total = keep + __shfl_xor_sync(0xffffffffu, send, 2);
+    if (own.segment[m] == segment && j < chunk_end)
+      own.row[m][j] = j < own.visible[m] ? key_scale * total : -INFINITY;
   }
 }
 
@@ -325,7 +347,10 @@ __device__ void compute(const Params& p, SharedPlan<kCols, kCols / kHeadsPadded>
     ptx::mbarrier_wait(&sp.q_full, 0);
     auto sQ = make_tensor(make_smem_ptr(reinterpret_cast<fp8_e4m3_t*>(sp.q)), SmemTileKFp8x128<kCols>{});
     Tensor acc = partition_fragment_C(Mma{}, Shape<Int<kTileKeys>, Int<kCols>>{});
-    const int row0 = acc_row(0, tid);
+    const int quad = tid % 4;
+    const OwnedScores<kTokens> own(p, plan, quad);
+    const int row = acc_row(0, tid) + 8 * own.r;  // the tile row this thread stores
+    const int64_t chunk_end = plan.chunk_end;
     int it = 0;
     for (int s = 0; s < plan.num_segments; ++s) {
       for (int k = 0; k < plan.tiles[s]; ++k, ++it) {
@@ -335,11 +360,12 @@ __device__ void compute(const Params& p, SharedPlan<kCols, kCols / kHeadsPadded>
                               SmemTileKFp8x128<kTileKeys>{});
         wgmma_ss(Mma{}, sK, sQ, acc, /*zero_init=*/true);
         wgmma_commit();
-        const float key_scale[2] = {sp.key_scale[stage][row0], sp.key_scale[stage][row0 + 8]};
+        const float key_scale = sp.key_scale[stage][row];
         wgmma_wait<0>();
         ptx::mbarrier_arrive(&sp.empty[stage]);  // products and scales read: the stage is free
-        store_tile_scores<kCols, kHeadsPadded>(p, sp, acc, key_scale, s,
-                                               plan.chunk_begin + static_cast<int64_t>(k) * kTileKeys, tid);
+        store_tile_scores<kCols, kHeadsPadded>(sp, own, acc, key_scale, s,
+                                               plan.chunk_begin + static_cast<int64_t>(k) * kTileKeys + row,
+                                               chunk_end, quad);
       }
     }
   }

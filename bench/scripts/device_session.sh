@@ -128,6 +128,18 @@ ab_step() {
       done
     done
   done
+  # AB_LAYER_ARGS: also `dsv4 bench layer` cases, both binaries, the order alternating per round.
+  if [ -n "${AB_LAYER_ARGS:-}" ]; then
+    for i in $(seq 1 "${AB_REPS:-2}"); do
+      local order="new base"
+      [ $((i % 2)) = 0 ] && order="base new"
+      for v in $order; do
+        [ -x "$bins/dsv4-$v" ] || continue
+        timeout 200 "$bins/dsv4-$v" bench layer $AB_LAYER_ARGS 2>&1 | grep -E "^v4-|GPU/floor" |
+          grep -v building | paste - - | sed "s/^/$v $i /; s/  */ /g" | cut -c1-220
+      done
+    done | tee "$OUT/ab_layer.txt"
+  fi
   python3 - "$bins" <<'PY' | tee "$OUT/ab.txt"
 import glob, json, os, statistics, sys
 runs = {"new": {}, "base": {}}

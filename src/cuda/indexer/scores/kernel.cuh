@@ -13,7 +13,8 @@
 //   math     — per tile: C = K̂·Q̂ᵀ (wgmma m64 n{kCols} k32 × 4, fp32 accumulators), release the
 //              stage, then per key row: score = k_scale · Σ_h (w_h · q_scale_h) · ReLU(C[key, h])
 //              for each token of the segment (in-thread FMAs over the thread's head columns, then
-//              a quad butterfly), −inf past the token's visible count, stored to scores.
+//              a quad reduce-scatter: each thread stores the (token, row) scores it owns), −inf
+//              past the token's visible count.
 // ReLU commutes with the positive power-of-two scales, so applying q_scale·k_scale after it is
 // the CPU's w · ReLU(dot · q_scale · k_scale) up to rounding order (indexer.h states the bound).
 #pragma once

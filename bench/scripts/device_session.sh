@@ -7,7 +7,7 @@
 # kernels matching NCU_KERNELS in such a run), cputests (dsv4_tests with CPU_FILTER),
 # kernels (the sparse kernels against a base tree's: see kernels_step), flashmla (FlashMLA's
 # side_by_side.py from the carried .peers/flashmla), ab (`dsv4 bench` cases against a base's files:
-# see ab_step). BUILD_TARGETS overrides the
+# see ab_step), envab (`dsv4 bench layer` with and without AB_ENV: see envab_step). BUILD_TARGETS overrides the
 # targets built first (default: dsv4_gpu_tests dsv4 _C).
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -154,6 +154,40 @@ for name, us in runs["new"].items():
     print(f"{name:48} {n:9.1f} " + (f"{b:9.1f} {n / b:9.3f}" if b else f"{'-':>9} {'-':>9}"))
 PY
 }
+# `dsv4 bench layer $AB_LAYER_ARGS` of this build with and without the environment AB_ENV (e.g.
+# DSV4_PDL=0: one binary, a runtime switch), AB_REPS rounds, the order alternating per round; per
+# case the median wall and GPU µs of both go to $OUT/envab.txt, the JSON reports to $OUT/envab/.
+envab_step() {
+  mkdir -p "$OUT/envab"
+  for i in $(seq 1 "${AB_REPS:-2}"); do
+    local order="new base"
+    [ $((i % 2)) = 0 ] && order="base new"
+    for v in $order; do
+      local envs=()
+      [ $v = base ] && envs=($AB_ENV)
+      env "${envs[@]}" timeout "${LAYER_TIMEOUT:-300}" ./build/dsv4 bench layer $AB_LAYER_ARGS \
+        --json "$OUT/envab/layer-$v-$i.json" >"$OUT/envab/layer-$v-$i.log" 2>&1 || tail -5 "$OUT/envab/layer-$v-$i.log"
+    done
+  done
+  python3 - "$OUT/envab" "${AB_ENV}" <<'PY' | tee "$OUT/envab.txt"
+import glob, json, os, statistics, sys
+runs = {}
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "layer-*.json"))):
+    v = os.path.basename(path).split("-")[1]
+    for c in json.load(open(path))["cases"]:
+        key = (c["model"], c["kind"], c["phase"], c["requests"], c["tokens"])
+        runs.setdefault(key, {}).setdefault(v, []).append((c["wall_us"], c["gpu_us"], c["floor_us"]))
+print(f"base = with {sys.argv[2]}; µs medians over rounds")
+print(f"{'case':40} {'wall new':>9} {'wall base':>9} {'ratio':>6} {'gpu new':>9} {'gpu base':>9} {'ratio':>6} {'floor':>7}")
+for key, by in runs.items():
+    med = {v: [statistics.median(x[k] for x in r) for k in range(3)] for v, r in by.items()}
+    n, b = med.get("new"), med.get("base")
+    if not n or not b:
+        continue
+    name = "{} {} {} {}x{}".format(*key)
+    print(f"{name:40} {n[0]:9.1f} {b[0]:9.1f} {n[0] / b[0]:6.3f} {n[1]:9.1f} {b[1]:9.1f} {n[1] / b[1]:6.3f} {n[2]:7.1f}")
+PY
+}
 for step in "$@"; do
   case "$step" in
     graphs)
@@ -209,6 +243,8 @@ for step in "$@"; do
       kernels_step ;;
     ab)
       ab_step ;;
+    envab)
+      envab_step ;;
     flashmla)
       # FlashMLA beside us on its own inputs (docs/performance.md): its measurement-only snapshot
       # (build.sh, side_by_side.py, sources) is copied into the ignored .peers/flashmla and

@@ -75,6 +75,8 @@ struct Attention::Impl {
   DecodeGraphs graphs;                // CUDA: captured decode steps per shape bucket
   std::unique_ptr<rt::OwnedStream> side_stream;  // CUDA: the compressed half of a step
   rt::Event side_fork, side_join;                // its fork from / join into the layer's stream
+  std::unique_ptr<rt::OwnedStream> kv_stream;    // CUDA: the wkv projection, beside wq_a
+  rt::Event kv_fork, kv_join;
 
   void check_inputs(const BatchPlan& plan, const TensorView& x, const TensorView& y) const;
   void check_io(int64_t T, const TensorView& x, const TensorView& y) const;
@@ -158,6 +160,10 @@ struct Attention::Impl {
   // The cuBLASLt workspace of this forward's projections (CUDA; none on the CPU).
   TensorView gemm_workspace;
 };
+
+// The wkv projection's own cuBLASLt workspace (CUDA): it may run beside wq_a. Taken whether or not
+// it does, so that both orders pick the same algorithm and give the same bits.
+constexpr int64_t kKvProjectionWorkspaceBytes = int64_t{4} << 20;
 
 Attention::Attention(const ModelConfig& cfg, int layer, AttentionWeights weights,
                      AttentionOptions opts)
@@ -345,6 +351,7 @@ Attention::Impl::WorkspaceBound Attention::Impl::workspace_bound(int64_t max_tok
     const int64_t coff = ratio == 4 ? 2 : 1;
     add(2 * 4 * T * coff * D);  // compressor kv / score rows
     if (device == Device::cuda) add(kCompressorGemmWorkspaceBytes);
+    if (device == Device::cuda && ratio == 4) add(kCompressorGemmWorkspaceBytes);  // the indexer's
     add(4 * T * K);             // local entries
     add(4 * T);                 // lens
   }
@@ -372,6 +379,7 @@ Attention::Impl::WorkspaceBound Attention::Impl::workspace_bound(int64_t max_tok
   add(T * cfg.q_lora_rank + 4 * T * (cfg.q_lora_rank / 128 + 1));
   add(T * cfg.o_groups * cfg.o_lora_rank + 4 * T * (cfg.o_groups * cfg.o_lora_rank / 128 + 1));
   if (device == Device::cuda) add(kGemmWorkspaceBytes);
+  if (device == Device::cuda) add(kKvProjectionWorkspaceBytes);
   // Output path.
   add(4 * T * cfg.o_groups * cfg.o_lora_rank);  // z
   add(T * HD);                                  // o fp8
@@ -457,11 +465,27 @@ void Attention::Impl::launch(const StepPlan& sp, const TensorView& x, const Tens
   const GemmInput xin = make_gemm_input(x, fp8_input(wv.wq_a) || fp8_input(wv.wkv), ws, stream);
   TensorView qr = ws.tensor(DType::fp32, {T, cfg.q_lora_rank});
   TensorView kv_raw = ws.tensor(DType::fp32, {T, D});
+  const TensorView kv_workspace =
+      device == Device::cuda ? ws.tensor(DType::uint8, {kKvProjectionWorkspaceBytes}) : TensorView{};
+  // wq_a and wkv read the same x and nothing of each other: on CUDA (no op timer) wkv runs on a
+  // stream of its own beside wq_a. At decode each is a GEMM of a few CTAs.
+  const bool overlap_kv = device == Device::cuda && !timing();
+  Stream kvs = stream;
+  if (overlap_kv) {
+    if (!kv_stream) kv_stream = std::make_unique<rt::OwnedStream>();
+    kvs = kv_stream->get();
+    kv_fork.record(stream);
+    kv_fork.make_wait(kvs);
+  }
   const auto [xa, xa_scale] = xin.for_weight(wv.wq_a);
   linear(xa, xa_scale, wv.wq_a.value, wv.wq_a.scale, qr, gemm_workspace, stream);
   op("wkv");
   const auto [xkv, xkv_scale] = xin.for_weight(wv.wkv);
-  linear(xkv, xkv_scale, wv.wkv.value, wv.wkv.scale, kv_raw, gemm_workspace, stream);
+  linear(xkv, xkv_scale, wv.wkv.value, wv.wkv.scale, kv_raw, kv_workspace, kvs);
+  if (overlap_kv) {
+    kv_join.record(kvs);
+    kv_join.make_wait(stream);
+  }
   const WeightView* iwq_b = wv.indexer ? &wv.indexer->wq_b : nullptr;
   const bool qr_fp8 = fp8_input(wv.wq_b) || (iwq_b && fp8_input(*iwq_b));
   const bool qr_dense = !fp8_input(wv.wq_b) || (iwq_b && !fp8_input(*iwq_b));
@@ -490,7 +514,7 @@ void Attention::Impl::launch(const StepPlan& sp, const TensorView& x, const Tens
       side_fork.make_wait(cs);
     }
     cidx = compressed->launch(sp.compressed, upload, x, qr_n, positions, token_to_req, cos_sin_v,
-                              ws, cs, [this](const char* name) { op(name); });
+                              ws, cs, overlap, [this](const char* name) { op(name); });
     if (overlap) side_join.record(cs);
   }
 

@@ -47,26 +47,25 @@ CompressedIndices CompressedScope::launch(const CompressedPlan& p, const StepUpl
                                           const TensorView& positions,
                                           const TensorView& token_to_req,
                                           const TensorView& cos_sin, Scratch& scratch,
-                                          Stream stream,
+                                          Stream stream, bool overlap,
                                           const std::function<void(const char*)>& mark_op) {
   auto op = [&](const char* name) {
     if (mark_op) mark_op(name);
   };
   const int64_t T = x.size(0);
+  const bool cuda = x.device == Device::cuda;
   const TensorView context = upload.view(p.context);
-  // Both compressors run in order on `stream`: one workspace serves them.
-  const TensorView gemm_workspace = x.device == Device::cuda
-                                        ? scratch.tensor(DType::uint8, {kCompressorGemmWorkspaceBytes})
-                                        : TensorView{};
-
-  op("compressor");
-  compress(main_, *w_.compressor, *caches_.compressor_state, *caches_.compressed,
-           upload.view(p.state_table), upload.view(p.out_table), x, positions, token_to_req,
-           context, cos_sin, gemm_workspace, scratch, stream);
+  auto gemm_workspace = [&] {
+    return cuda ? scratch.tensor(DType::uint8, {kCompressorGemmWorkspaceBytes}) : TensorView{};
+  };
 
   CompressedIndices out;
   out.topk = p.topk;
   if (ratio_ == 128) {
+    op("compressor");
+    compress(main_, *w_.compressor, *caches_.compressor_state, *caches_.compressed,
+             upload.view(p.state_table), upload.view(p.out_table), x, positions, token_to_req,
+             context, cos_sin, gemm_workspace(), scratch, stream);
     if (out.topk == 0) return out;
     out.local = scratch.tensor(DType::int32, {T, out.topk});
     out.lens = scratch.tensor(DType::int32, {T});
@@ -75,34 +74,63 @@ CompressedIndices CompressedScope::launch(const CompressedPlan& p, const StepUpl
     return out;
   }
 
-  // C4A: the indexer's own compressor, then query, scores over the request's keys, top-k.
+  // C4A: three branches that read only x, qr_n and the plan — the main compressor, the indexer's
+  // compressor (this step's keys) and the indexer's query; then the scores (keys and query) and the
+  // top-k. With `overlap` the key and query branches run on streams of their own beside the main
+  // compressor, which stays on `stream`: at decode each branch is a few small kernels that leave
+  // most SMs idle, and in order they were the longest chain of the step. `stream` waits for the
+  // top-k at the end. Without it (CPU, or an op timer attributing time per op) all run in order.
+  Stream key_stream = stream, query_stream = stream;
+  overlap = overlap && cuda;
+  if (overlap) {
+    if (!key_stream_) key_stream_ = std::make_unique<rt::OwnedStream>();
+    if (!query_stream_) query_stream_ = std::make_unique<rt::OwnedStream>();
+    key_stream = key_stream_->get();
+    query_stream = query_stream_->get();
+    fork_.record(stream);
+    fork_.make_wait(key_stream);
+    fork_.make_wait(query_stream);
+  }
   const IndexerWeightViews& iw = *w_.indexer;
-  op("indexer_compressor");
-  compress(indexer_, iw.compressor, *caches_.indexer_state, *caches_.indexer_keys,
-           upload.view(p.index_state_table), upload.view(p.index_key_table), x, positions,
-           token_to_req, context, cos_sin, gemm_workspace, scratch, stream);
+  const int HI = cfg_.index_n_heads;
   out.local = scratch.tensor(DType::int32, {T, out.topk});
   out.lens = scratch.tensor(DType::int32, {T});
-  const int HI = cfg_.index_n_heads;
   TensorView q_fp8 = scratch.tensor(DType::fp8_e4m3, {T, HI, cfg_.index_head_dim});
   TensorView q_scale = scratch.tensor(DType::fp32, {T, HI});
   TensorView weights = scratch.tensor(DType::fp32, {T, HI});
   TensorView query_ws = scratch.tensor(
       DType::uint8, {std::max<int64_t>(indexer_query_workspace_bytes(T, HI, cfg_.index_head_dim), 1)});
+  TensorView scores = scratch.tensor(DType::fp32, {T, p.score_cols});
+
+  op("compressor");
+  compress(main_, *w_.compressor, *caches_.compressor_state, *caches_.compressed,
+           upload.view(p.state_table), upload.view(p.out_table), x, positions, token_to_req,
+           context, cos_sin, gemm_workspace(), scratch, stream);
+  op("indexer_compressor");
+  compress(indexer_, iw.compressor, *caches_.indexer_state, *caches_.indexer_keys,
+           upload.view(p.index_state_table), upload.view(p.index_key_table), x, positions,
+           token_to_req, context, cos_sin, gemm_workspace(), scratch, key_stream);
   op("indexer_query");
   const auto [qr, qr_scale] = qr_n.for_weight(iw.wq_b);
   indexer_query(qr, qr_scale, iw.wq_b.value, iw.wq_b.scale, x, iw.weights_proj.value, positions,
-                cos_sin, q_fp8, q_scale, weights, query_ws, stream);
-  TensorView scores = scratch.tensor(DType::fp32, {T, p.score_cols});
+                cos_sin, q_fp8, q_scale, weights, query_ws, query_stream);
+  if (overlap) {
+    query_done_.record(query_stream);
+    query_done_.make_wait(key_stream);
+  }
   op("indexer_scores");
   indexer_scores(q_fp8, q_scale, weights, positions, token_to_req,
                  IndexerKeyCacheView{caches_.indexer_keys->storage_view(),
                                      caches_.indexer_keys->spec().block_size},
-                 upload.view(p.index_key_table), ratio_, scores, stream);
+                 upload.view(p.index_key_table), ratio_, scores, key_stream);
   op("indexer_topk");
   // Column order: the attention over the selected entries does not depend on their order (only
   // its fp32 rounding does), and on CUDA it spares the kernel its sort.
-  indexer_topk(scores, positions, ratio_, out.local, out.lens, stream, TopkOrder::column);
+  indexer_topk(scores, positions, ratio_, out.local, out.lens, key_stream, TopkOrder::column);
+  if (overlap) {
+    index_done_.record(key_stream);
+    index_done_.make_wait(stream);
+  }
   return out;
 }
 

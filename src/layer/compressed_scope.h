@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "dsv4/batch.h"
@@ -21,11 +22,13 @@
 #include "layer/scratch.h"
 #include "layer/step_planner.h"
 #include "layer/step_upload.h"
+#include "runtime/device_runtime.h"
 
 namespace dsv4 {
 
-// The GEMM workspace of the scope's compressor projections on CUDA (their own: the scope runs on
-// a side stream beside the layer's projections, which use the layer's).
+// The GEMM workspace of one compressor's projections on CUDA (their own: the scope runs on a side
+// stream beside the layer's projections, which use the layer's). A C4A scope takes two, one per
+// compressor, since its two compressors may run side by side.
 inline constexpr int64_t kCompressorGemmWorkspaceBytes = int64_t{4} << 20;
 
 struct CompressedIndices {
@@ -47,11 +50,14 @@ class CompressedScope {
   // The kernels of the step (x [T, dim], qr_n [T, q_lora] the normed low-rank query in the
   // form(s) the indexer's wq_b takes, positions [T] int64, token_to_req [T] int32, cos_sin the
   // layer's RoPE table, all on the scratch's device), after upload.commit(). Temporaries and
-  // results live in `scratch`.
+  // results live in `scratch`. `overlap` (CUDA only): a C4A scope runs its independent branches
+  // on streams of its own beside `stream` (see launch()); the results are ready on `stream` when it
+  // returns either way.
   CompressedIndices launch(const CompressedPlan& plan, const StepUpload& upload,
                            const TensorView& x, const GemmInput& qr_n,
                            const TensorView& positions, const TensorView& token_to_req,
                            const TensorView& cos_sin, Scratch& scratch, Stream stream,
+                           bool overlap = false,
                            const std::function<void(const char*)>& mark_op = {});
 
  private:
@@ -62,6 +68,11 @@ class CompressedScope {
                 const TensorView& token_to_req, const TensorView& context_lens,
                 const TensorView& cos_sin, const TensorView& gemm_workspace, Scratch& scratch,
                 Stream stream);
+
+  // C4A with `overlap`: the streams of the indexer's key branch and query branch, and the events
+  // that fork them from the caller's stream and join them back.
+  std::unique_ptr<rt::OwnedStream> key_stream_, query_stream_;
+  rt::Event fork_, query_done_, index_done_;
 
   const ModelConfig& cfg_;
   const LayerWeightViews& w_;

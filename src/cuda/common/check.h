@@ -17,10 +17,6 @@ inline void check_cuda(cudaError_t err, const char* where, const char* what) {
   }
 }
 
-// After a kernel launch: reports launch-configuration errors (too much shared memory, bad grid)
-// without synchronizing. Asynchronous faults still surface at the caller's next synchronize.
-inline void check_launch(const char* where) { check_cuda(cudaGetLastError(), where, "kernel launch"); }
-
 }  // namespace dsv4::cuda
 
 // DSV4_CUDA_CHECK(where, call): evaluates a CUDA runtime call and throws on failure.

@@ -5,8 +5,9 @@
 
 #include <algorithm>
 
-#include "math/synthetic_hidden.h"
 #include "cuda/common/check.h"
+#include "cuda/common/launch.cuh"
+#include "math/synthetic_hidden.h"
 
 namespace dsv4::cuda {
 namespace {
@@ -14,6 +15,7 @@ namespace {
 template <class Out>
 __global__ void synthetic_hidden_kernel(const int64_t* req, const int64_t* pos, uint64_t seed,
                                         Out* out, int64_t T, int64_t dim, int64_t row_stride) {
+  grid_dependency_entry();
   const int64_t n = T * dim;
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -30,15 +32,15 @@ void synthetic_hidden(const TensorView& req_ids, const TensorView& positions, ui
                       const TensorView& out, Stream stream) {
   const int64_t T = out.shape[0], dim = out.shape[1];
   if (T == 0 || dim == 0) return;
-  const int blocks = static_cast<int>(std::min<int64_t>((T * dim + 255) / 256, 132 * 16));
+  const LaunchShape shape{dim3(static_cast<unsigned>(std::min<int64_t>((T * dim + 255) / 256, 132 * 16))),
+                          dim3(256)};
   if (out.dtype == DType::fp32)
-    synthetic_hidden_kernel<<<blocks, 256, 0, stream>>>(req_ids.ptr<int64_t>(), positions.ptr<int64_t>(),
-                                                         seed, out.ptr<float>(), T, dim, out.strides[0]);
+    launch_kernel("synthetic_hidden", synthetic_hidden_kernel<float>, shape, stream, req_ids.ptr<int64_t>(),
+                  positions.ptr<int64_t>(), seed, out.ptr<float>(), T, dim, out.strides[0]);
   else
-    synthetic_hidden_kernel<<<blocks, 256, 0, stream>>>(req_ids.ptr<int64_t>(), positions.ptr<int64_t>(),
-                                                         seed, out.ptr<__nv_bfloat16>(), T, dim,
-                                                         out.strides[0]);
-  check_launch("synthetic_hidden");
+    launch_kernel("synthetic_hidden", synthetic_hidden_kernel<__nv_bfloat16>, shape, stream,
+                  req_ids.ptr<int64_t>(), positions.ptr<int64_t>(), seed, out.ptr<__nv_bfloat16>(), T, dim,
+                  out.strides[0]);
 }
 
 }  // namespace dsv4::cuda

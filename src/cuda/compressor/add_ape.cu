@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "cuda/common/check.h"
+#include "cuda/common/launch.cuh"
 #include "cuda/compressor/compressor.h"
 #include "cuda/compressor/device_views.cuh"
 
@@ -15,6 +16,7 @@ __global__ void __launch_bounds__(kThreads)
     add_ape_kernel(const float* ape, int64_t ape_stride, int ratio,
                    IndexVector positions, float* score, int64_t score_stride,
                    int64_t width) {
+  grid_dependency_entry();
   const int64_t t = blockIdx.x;
   const int64_t pos = positions[t];
   float* s = score + t * score_stride;
@@ -36,10 +38,9 @@ void compressor_add_ape(const CompressorConfig& cfg, const TensorView& ape,
   const int64_t T = score_rows.size(0);
   if (T == 0) return;
   DSV4_CHECK(T <= INT32_MAX, kOp, ": T: expected <= 2^31 - 1 rows on CUDA, got ", T);
-  add_ape_kernel<<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
-      ape.ptr<const float>(), ape.stride(0), cfg.ratio, IndexVector::of(positions),
-      score_rows.ptr<float>(), score_rows.stride(0), cfg.proj_width());
-  check_launch(kOp);
+  launch_kernel(kOp, add_ape_kernel, {static_cast<unsigned>(T), kThreads, 0}, stream, ape.ptr<const float>(),
+                ape.stride(0), cfg.ratio, IndexVector::of(positions), score_rows.ptr<float>(),
+                score_rows.stride(0), cfg.proj_width());
 }
 
 }  // namespace dsv4::cuda

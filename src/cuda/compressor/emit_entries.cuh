@@ -11,9 +11,8 @@
 
 #include <cstdint>
 
-#include "math/compressor.h"
-#include "math/rms_norm.h"
 #include "cuda/common/float_rows.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/common/rope_table.cuh"
 #include "cuda/common/warp_kv_scale_block.cuh"
 #include "cuda/compressor/update_params.cuh"
@@ -22,6 +21,8 @@
 #include "dsv4/fp8_block.h"
 #include "dsv4/indexer_key_cache.h"
 #include "dsv4/kv_layout.h"
+#include "math/compressor.h"
+#include "math/rms_norm.h"
 
 namespace dsv4::cuda::compressor {
 
@@ -52,6 +53,7 @@ __device__ __forceinline__ void hadamard_rotate_block(float* v, int n, float sca
 }
 
 __global__ void __launch_bounds__(kMaxDim) emit_entries_kernel(const UpdateParams p) {
+  grid_dependency_entry();
   namespace cm = compressor_math;
   __shared__ float e[kMaxDim];
   __shared__ const float* pooled_kv[kMaxRingRows];  // the present rows, in window order

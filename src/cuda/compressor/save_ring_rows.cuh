@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/launch.cuh"
 #include "cuda/compressor/update_params.cuh"
 
 namespace dsv4::cuda::compressor {
@@ -13,6 +14,7 @@ constexpr int kSaveThreads = 256;
 
 // One block per batch token; ring row pos mod K of its request ← [kv row | score row].
 __global__ void __launch_bounds__(kSaveThreads) save_ring_rows_kernel(const UpdateParams p) {
+  grid_dependency_entry();
   const int64_t t = blockIdx.x;
   const int64_t pos = p.positions[t];
   const int64_t q = p.token_to_req[t];

@@ -91,10 +91,8 @@ void compressor_update_and_emit(const CompressorConfig& cfg, const TensorView& k
   DSV4_CHECK(p.D <= compressor::kMaxDim && p.K <= compressor::kMaxRingRows && p.K <= p.D, kOp,
              ": cfg: head_dim ", p.D, " / ring rows ", p.K, " exceed the kernel's limits");
   const unsigned grid = static_cast<unsigned>(p.T);
-  compressor::emit_entries_kernel<<<grid, static_cast<unsigned>(p.D), 0, stream>>>(p);
-  check_launch(kOp);
-  compressor::save_ring_rows_kernel<<<grid, compressor::kSaveThreads, 0, stream>>>(p);
-  check_launch(kOp);
+  launch_kernel(kOp, compressor::emit_entries_kernel, {grid, static_cast<unsigned>(p.D), 0}, stream, p);
+  launch_kernel(kOp, compressor::save_ring_rows_kernel, {grid, compressor::kSaveThreads, 0}, stream, p);
 }
 
 }  // namespace dsv4::cuda

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda/common/check.h"
+#include "cuda/common/launch.cuh"
 #include "dsv4/dtype.h"
 
 namespace dsv4::cuda {
@@ -34,6 +35,7 @@ __device__ __forceinline__ void store_value(float* p, float v) { *p = v; }
 
 template <typename Out>
 __global__ void __launch_bounds__(kThreads) dequantize_fp8_blocks_kernel(const DequantizeParams p) {
+  grid_dependency_entry();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= p.cols) return;  // no shared memory, no barriers: idle threads may leave
   const int64_t scale_col = c / p.block_cols;
@@ -76,10 +78,9 @@ void dequantize_fp8_blocks(const TensorView& x, const TensorView& scale, int blo
   if (grid_x > 0x7fffffff) fail(kOp, ": x: expected fewer than 2^31 · ", kThreads, " columns, got ", p.cols);
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(std::min(total_rows, kMaxGridY)));
   if (y.dtype == DType::bf16)
-    dequantize_fp8_blocks_kernel<uint16_t><<<grid, kThreads, 0, stream>>>(p);
+    launch_kernel(kOp, dequantize_fp8_blocks_kernel<uint16_t>, {grid, kThreads, 0}, stream, p);
   else
-    dequantize_fp8_blocks_kernel<float><<<grid, kThreads, 0, stream>>>(p);
-  check_launch(kOp);
+    launch_kernel(kOp, dequantize_fp8_blocks_kernel<float>, {grid, kThreads, 0}, stream, p);
 }
 
 }  // namespace dsv4::cuda

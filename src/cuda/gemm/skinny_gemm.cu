@@ -30,6 +30,7 @@
 
 #include "cuda/common/check.h"
 #include "cuda/common/device_props.h"
+#include "cuda/common/launch.cuh"
 #include "cuda/common/per_device_once.h"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/smem_layout.cuh"
@@ -288,6 +289,7 @@ __device__ void compute_bf16(const Params& p, SharedPlan<kCols>& sp, const CtaWo
 // ---------------------------------------------------------------- entries
 template <class Operands, int kCols>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<kCols>) skinny_gemm_kernel(const __grid_constant__ Params p) {
+  grid_dependency_entry();
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   static_assert(kCols % 16 == 0 && kCols <= kMaxTokenTile, "bad token tile");
   static_assert(kSmemBytes<kCols> <= kSmemLimit, "shared plan over sm_90's limit per CTA");
@@ -317,6 +319,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kCols>) skinny_gemm_kerne
 
 // y = Σ over splits of the partial sums, in split order.
 __global__ void __launch_bounds__(kReduceThreads) reduce_splits_kernel(const Params p, int splits) {
+  grid_dependency_entry();
   const int64_t per_split = static_cast<int64_t>(p.batch) * p.T * p.N;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < per_split; i += step) {
@@ -336,7 +339,7 @@ void launch(const Params& p, dim3 grid, cudaStream_t stream) {
   constexpr int kSmem = kSmemBytes<kCols>;
   static PerDeviceOnce smem_opt_in;
   opt_in_dynamic_smem(smem_opt_in, skinny_gemm_kernel<Operands, kCols>, kSmem, "skinny_gemm");
-  skinny_gemm_kernel<Operands, kCols><<<grid, kThreads, kSmem, stream>>>(p);
+  launch_kernel("skinny_gemm", skinny_gemm_kernel<Operands, kCols>, {grid, kThreads, kSmem}, stream, p);
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -506,13 +509,12 @@ void skinny_gemm(const SkinnyGemm& g, Stream stream) {
     launch_tile<Fp8Operands>(p, tile, grid, stream);
   else
     launch_tile<Bf16Operands>(p, tile, grid, stream);
-  check_launch(kWhere);
   if (splits > 1) {
     const int64_t partial_bytes = g.batch * g.T * g.N * static_cast<int64_t>(sizeof(float));
     const int64_t sms = current_device_sm_count(kWhere);
     const int64_t blocks = std::clamp<int64_t>(ceil_div(partial_bytes / 4, kReduceThreads), 1, 4 * sms);
-    reduce_splits_kernel<<<static_cast<unsigned>(blocks), kReduceThreads, 0, stream>>>(p, static_cast<int>(splits));
-    check_launch(kWhere);
+    launch_kernel(kWhere, reduce_splits_kernel, {static_cast<unsigned>(blocks), kReduceThreads, 0}, stream, p,
+                  static_cast<int>(splits));
   }
 }
 

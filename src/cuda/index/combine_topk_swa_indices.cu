@@ -3,10 +3,11 @@
 // (an invalid request's rows become -1), packs its causal top-k entries in order (rounds of 32,
 // ballot + popcount), appends its SWA window as workspace rows and pads with -1. Every write
 // stays in the row's K + W entries; every read is inside the validated views.
-#include "math/index.h"
 #include "cuda/common/check.h"
+#include "cuda/common/launch.cuh"
 #include "cuda/index/indexing.h"
 #include "cuda/index/warp_rows.cuh"
+#include "math/index.h"
 
 namespace dsv4::cuda {
 namespace {
@@ -68,6 +69,7 @@ __device__ TokenPlace place_token(const CombineParams& p, int64_t t) {
 }
 
 __global__ void __launch_bounds__(kThreadsPerBlock) combine_kernel(const CombineParams p) {
+  grid_dependency_entry();
   const int64_t t = warp_row();
   if (t >= p.tokens) return;
   const int lane = lane_id();
@@ -128,8 +130,7 @@ void combine_topk_swa_indices(const TensorView& topk, const TensorView& query_st
   DSV4_CHECK(p.k + window <= 2147483647, kOp, ": topk width ", p.k, " + window ", window,
              " exceeds the int32 length range");
   if (p.tokens == 0) return;
-  combine_kernel<<<blocks_for(kOp, p.tokens), kThreadsPerBlock, 0, stream>>>(p);
-  check_launch(kOp);
+  launch_kernel(kOp, combine_kernel, {blocks_for(kOp, p.tokens), kThreadsPerBlock, 0}, stream, p);
 }
 
 }  // namespace dsv4::cuda

@@ -2,11 +2,12 @@
 // its request's block-table row (math/index.h paged_slot, the CPU reference's function) and
 // counts the valid ones. Every read is inside the validated views: the table row only for
 // 0 <= token_to_req < R, the table entry only for a block < max_blocks.
-#include "math/index.h"
 #include "cuda/common/check.h"
+#include "cuda/common/launch.cuh"
 #include "cuda/index/indexing.h"
 #include "cuda/index/request_table.cuh"
 #include "cuda/index/warp_rows.cuh"
+#include "math/index.h"
 
 namespace dsv4::cuda {
 namespace {
@@ -33,6 +34,7 @@ struct SlotParams {
 constexpr int kEntriesPerRound = 8;
 
 __global__ void __launch_bounds__(kThreadsPerBlock) local_to_global_kernel(const SlotParams p) {
+  grid_dependency_entry();
   const int64_t t = warp_row();
   if (t >= p.tokens) return;
   const int lane = lane_id();
@@ -82,8 +84,7 @@ void local_to_global_slots(const TensorView& local, const TensorView& token_to_r
   p.k = local.shape[1];
   p.block_size = block_size;
   if (p.tokens == 0) return;
-  local_to_global_kernel<<<blocks_for(kOp, p.tokens), kThreadsPerBlock, 0, stream>>>(p);
-  check_launch(kOp);
+  launch_kernel(kOp, local_to_global_kernel, {blocks_for(kOp, p.tokens), kThreadsPerBlock, 0}, stream, p);
 }
 
 }  // namespace dsv4::cuda

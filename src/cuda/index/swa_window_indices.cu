@@ -3,11 +3,12 @@
 // paged_slot, as the CPU reference does) and packs the positions whose block is present; then
 // pads the row with -1. With valid data every position is present and the row equals the CPU's;
 // otherwise missing positions are left out (see indexing.h), never read past the table.
-#include "math/index.h"
 #include "cuda/common/check.h"
+#include "cuda/common/launch.cuh"
 #include "cuda/index/indexing.h"
 #include "cuda/index/request_table.cuh"
 #include "cuda/index/warp_rows.cuh"
+#include "math/index.h"
 
 namespace dsv4::cuda {
 namespace {
@@ -31,6 +32,7 @@ struct WindowParams {
 template <typename Position>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     swa_window_kernel(const WindowParams<Position> p) {
+  grid_dependency_entry();
   const int64_t t = warp_row();
   if (t >= p.tokens) return;
   const int lane = lane_id();
@@ -69,8 +71,8 @@ void launch(const TensorView& positions, const TensorView& token_to_req,
   p.block_size = block_size;
   p.window = window;
   if (p.tokens == 0) return;
-  swa_window_kernel<Position><<<blocks_for(kOp, p.tokens), kThreadsPerBlock, 0, stream>>>(p);
-  check_launch(kOp);
+  launch_kernel(kOp, swa_window_kernel<Position>, {blocks_for(kOp, p.tokens), kThreadsPerBlock, 0}, stream,
+                p);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // clamped to [0, K]. One thread per output element.
 #include "cuda/common/check.h"
 #include "cuda/common/index_vector.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/indexer/indexer.h"
 #include "dsv4/indexer_math.h"
 
@@ -20,6 +21,7 @@ inline unsigned grid_1d(int64_t n, int threads, int64_t cap = int64_t{1} << 20) 
 __global__ void __launch_bounds__(kThreads)
     prefix_indices_kernel(IndexVector positions, int ratio, int64_t T, int64_t K, int32_t* indices,
                           int64_t indices_stride0, int32_t* lens, int64_t lens_stride) {
+  grid_dependency_entry();
   const int64_t total = T * K;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * kThreads) {
@@ -34,6 +36,7 @@ __global__ void __launch_bounds__(kThreads)
 // K == 0: only the lengths (all 0).
 __global__ void __launch_bounds__(kThreads)
     zero_lens_kernel(int64_t T, int32_t* lens, int64_t lens_stride) {
+  grid_dependency_entry();
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; t < T;
        t += static_cast<int64_t>(gridDim.x) * kThreads)
     lens[t * lens_stride] = 0;
@@ -50,13 +53,13 @@ void compressed_prefix_indices(const TensorView& positions, int ratio, const Ten
   if (T == 0) return;
   if (K == 0) {
     if (lens_ptr == nullptr) return;
-    zero_lens_kernel<<<grid_1d(T, kThreads), kThreads, 0, stream>>>(T, lens_ptr, lens_stride);
+    launch_kernel(kOp, zero_lens_kernel, {grid_1d(T, kThreads), kThreads, 0}, stream, T, lens_ptr,
+                  lens_stride);
   } else {
-    prefix_indices_kernel<<<grid_1d(T * K, kThreads), kThreads, 0, stream>>>(
-        IndexVector::of(positions), ratio, T, K, indices.ptr<int32_t>(), indices.stride(0), lens_ptr,
-        lens_stride);
+    launch_kernel(kOp, prefix_indices_kernel, {grid_1d(T * K, kThreads), kThreads, 0}, stream,
+                  IndexVector::of(positions), ratio, T, K, indices.ptr<int32_t>(), indices.stride(0),
+                  lens_ptr, lens_stride);
   }
-  check_launch(kOp);
 }
 
 }  // namespace dsv4::cuda

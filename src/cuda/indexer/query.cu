@@ -22,16 +22,17 @@
 #include <cmath>
 #include <cstdint>
 
-#include "math/hadamard.h"
 #include "cuda/common/act_quant.cuh"
 #include "cuda/common/check.h"
 #include "cuda/common/fast_divmod.cuh"
 #include "cuda/common/index_vector.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/common/rope_table.cuh"
 #include "cuda/indexer/indexer.h"
 #include "cuda/indexer/lane_group_row128.cuh"
 #include "dsv4/indexer_math.h"
 #include "dsv4/ops.h"
+#include "math/hadamard.h"
 
 namespace dsv4::cuda {
 namespace {
@@ -73,6 +74,7 @@ __device__ __forceinline__ void store_code_word(uint8_t* p, uint32_t word) {
 
 template <bool kWordStores>
 __global__ void __launch_bounds__(kThreads) query_rows_kernel(const QueryRowsParams p) {
+  grid_dependency_entry();
   const int lane = static_cast<int>(threadIdx.x) % kLanesPerRow;
   const int32_t row = static_cast<int32_t>(blockIdx.x) * kRowsPerBlock +
                       static_cast<int32_t>(threadIdx.x) / kLanesPerRow;
@@ -148,10 +150,9 @@ void indexer_query_rows(const TensorView& q_proj, const TensorView& positions,
                            p.q_fp8_stride1 % 4 == 0;
   const unsigned blocks = static_cast<unsigned>((T * H + kRowsPerBlock - 1) / kRowsPerBlock);
   if (word_stores)
-    query_rows_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
+    launch_kernel(kOp, query_rows_kernel<true>, {blocks, kThreads, 0}, stream, p);
   else
-    query_rows_kernel<false><<<blocks, kThreads, 0, stream>>>(p);
-  check_launch(kOp);
+    launch_kernel(kOp, query_rows_kernel<false>, {blocks, kThreads, 0}, stream, p);
 }
 
 }  // namespace dsv4::cuda

@@ -14,6 +14,7 @@
 #include "cuda/common/check.h"
 #include "cuda/common/float_rows.cuh"
 #include "cuda/common/index_vector.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/common/rope_table.cuh"
 #include "cuda/index/warp_rows.cuh"
 #include "cuda/indexer/sparse_mla_indexer.h"
@@ -62,6 +63,7 @@ struct QuantizeParams {
 };
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) quantize_rows_kernel(const QuantizeParams p) {
+  grid_dependency_entry();
   __shared__ float stage[kWarpsPerBlock][kDim];
   const int64_t row = index_rows::warp_row();
   if (row >= p.x.num_rows) return;  // whole warps leave together
@@ -102,6 +104,7 @@ struct KeyInsertParams {
 };
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) key_insert_kernel(const KeyInsertParams p) {
+  grid_dependency_entry();
   __shared__ float stage[kWarpsPerBlock][kDim];
   const int64_t row = index_rows::warp_row();
   if (row >= p.k.num_rows) return;  // whole warps leave together
@@ -168,8 +171,8 @@ void sparse_mla_indexer_quantize(const TensorView& x, const TensorView& position
   p.weights_stride0 = weights.defined() ? weights.strides[0] : 0;
   p.weights_stride1 = weights.defined() ? weights.strides[1] : 0;
   p.weight_scale = indexer_math::indexer_weight_scale(p.heads);  // the CPU kernel's
-  quantize_rows_kernel<<<index_rows::blocks_for(kOp, p.x.num_rows), kWarpsPerBlock * 32, 0, stream>>>(p);
-  check_launch(kOp);
+  launch_kernel(kOp, quantize_rows_kernel,
+                {index_rows::blocks_for(kOp, p.x.num_rows), kWarpsPerBlock * 32, 0}, stream, p);
 }
 
 void sparse_mla_indexer_key_insert(const TensorView& k, const TensorView& norm_weight,
@@ -194,8 +197,8 @@ void sparse_mla_indexer_key_insert(const TensorView& k, const TensorView& norm_w
   p.block_stride = keys.data.strides[0];
   p.num_slots = keys.num_slots();
   p.block_size = keys.block_size;
-  key_insert_kernel<<<index_rows::blocks_for(kOp, p.k.num_rows), kWarpsPerBlock * 32, 0, stream>>>(p);
-  check_launch(kOp);
+  launch_kernel(kOp, key_insert_kernel, {index_rows::blocks_for(kOp, p.k.num_rows), kWarpsPerBlock * 32, 0},
+                stream, p);
 }
 
 }  // namespace dsv4::cuda

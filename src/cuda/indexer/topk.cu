@@ -41,6 +41,7 @@
 
 #include "cuda/common/check.h"
 #include "cuda/common/index_vector.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/indexer/indexer.h"
 #include "dsv4/indexer_math.h"
 
@@ -369,6 +370,7 @@ struct Topk {
 
 template <int kThreads, int kCapacity>
 __global__ void __launch_bounds__(kThreads) topk_kernel(TopkParams p) {
+  grid_dependency_entry();
   using Kernel = Topk<kThreads, kCapacity>;
   __shared__ typename Kernel::Shared sh;
   Kernel::run(p, sh);
@@ -376,7 +378,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(TopkParams p) {
 
 template <int kThreads, int kCapacity>
 void launch(const TopkParams& p, int64_t T, cudaStream_t stream) {
-  topk_kernel<kThreads, kCapacity><<<static_cast<unsigned>(T), kThreads, 0, stream>>>(p);
+  launch_kernel(kOp, topk_kernel<kThreads, kCapacity>, {static_cast<unsigned>(T), kThreads, 0}, stream, p);
 }
 
 }  // namespace
@@ -415,7 +417,6 @@ void indexer_topk(const TensorView& scores, const TensorView& positions, int rat
     else if (K <= 2048) launch<512, 2048>(p, T, s);
     else launch<512, 4096>(p, T, s);
   }
-  check_launch(kOp);
 }
 
 }  // namespace dsv4::cuda

@@ -9,6 +9,7 @@
 #include <climits>
 
 #include "cuda/common/check.h"
+#include "cuda/common/launch.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -30,6 +31,7 @@ struct GatherParams {
 };
 
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) dequantize_and_gather_kernel(const GatherParams p) {
+  grid_dependency_entry();
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (item >= p.requests * p.rows_per_request) return;
   const int64_t r = item / p.rows_per_request, j = item % p.rows_per_request;
@@ -77,8 +79,8 @@ void dequantize_and_gather(const KvCacheView& cache, const TensorView& block_tab
   const int64_t blocks = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
   DSV4_CHECK(blocks <= INT_MAX, kOp, ": workspace: expected at most ",
              int64_t{INT_MAX} * kWarpsPerBlock, " rows, got ", items);
-  dequantize_and_gather_kernel<<<static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream>>>(p);
-  check_launch(kOp);
+  launch_kernel(kOp, dequantize_and_gather_kernel, {static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0},
+                stream, p);
 }
 
 }  // namespace dsv4::cuda

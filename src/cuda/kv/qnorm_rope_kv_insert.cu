@@ -30,6 +30,7 @@
 #include "cuda/common/float_rows.cuh"
 #include "cuda/common/fp8_convert.cuh"
 #include "cuda/common/index_vector.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/common/rope_table.cuh"
 #include "cuda/common/warp_kv_scale_block.cuh"
 #include "cuda/norm/warp_rms.cuh"
@@ -128,6 +129,7 @@ template <int kLaneChunks>
 constexpr int kMinBlocksPerSm = kLaneChunks <= 2 ? 4 : 1;
 template <bool kVector, int kLaneChunks>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<kLaneChunks>) qnorm_rope_kv_insert_kernel(const InsertParams p) {
+  grid_dependency_entry();
   __shared__ float row[kMaxDim];
   __shared__ __align__(16) uint8_t scratch[kScratchBytes];
   const int64_t t = blockIdx.x;
@@ -219,9 +221,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<kLaneChunks>) qnorm_
 template <int kLaneChunks>
 void launch_insert(const InsertParams& p, bool vector, const dim3& grid, Stream stream) {
   if (vector)
-    qnorm_rope_kv_insert_kernel<true, kLaneChunks><<<grid, kThreads, 0, stream>>>(p);
+    launch_kernel("qnorm_rope_kv_insert", qnorm_rope_kv_insert_kernel<true, kLaneChunks>, {grid, kThreads, 0},
+                  stream, p);
   else
-    qnorm_rope_kv_insert_kernel<false, kLaneChunks><<<grid, kThreads, 0, stream>>>(p);
+    launch_kernel("qnorm_rope_kv_insert", qnorm_rope_kv_insert_kernel<false, kLaneChunks>,
+                  {grid, kThreads, 0}, stream, p);
 }
 void launch_insert(const InsertParams& p, bool vector, int lane_chunks, const dim3& grid, Stream stream) {
   static_assert(kMaxChunksPerLane == 3, "one instantiation per chunks-per-lane count");
@@ -275,7 +279,6 @@ void qnorm_rope_kv_insert(const TensorView& q, const TensorView& kv, const Tenso
   const bool vector = p.q.rows_aligned16() && (p.q_fp8.data == nullptr || p.q_fp8.rows_aligned8());
   const int lane_chunks = static_cast<int>((p.kv.row_len + FloatRows::kChunk * 32 - 1) / (FloatRows::kChunk * 32));
   launch_insert(p, vector, lane_chunks, grid, stream);
-  check_launch(kOp);
 }
 
 }  // namespace dsv4::cuda

@@ -12,10 +12,11 @@
 
 #include <climits>
 
+#include "cuda/common/act_quant.cuh"
 #include "cuda/common/check.h"
 #include "cuda/common/float_rows.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/norm/warp_rms.cuh"
-#include "cuda/common/act_quant.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -37,6 +38,7 @@ struct NormParams {
 
 template <bool kVector, bool kQuant>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) rms_norm_kernel(const NormParams p) {
+  grid_dependency_entry();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= p.x.num_rows) return;  // whole warps leave together
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -103,16 +105,15 @@ void launch_rms_norm(const char* where, const TensorView& x, const TensorView& w
   const dim3 grid(static_cast<unsigned>(blocks)), threads(32 * kWarpsPerBlock);
   if (q8.defined()) {
     if (vector)
-      rms_norm_kernel<true, true><<<grid, threads, 0, stream>>>(p);
+      launch_kernel(where, rms_norm_kernel<true, true>, {grid, threads, 0}, stream, p);
     else
-      rms_norm_kernel<false, true><<<grid, threads, 0, stream>>>(p);
+      launch_kernel(where, rms_norm_kernel<false, true>, {grid, threads, 0}, stream, p);
   } else {
     if (vector)
-      rms_norm_kernel<true, false><<<grid, threads, 0, stream>>>(p);
+      launch_kernel(where, rms_norm_kernel<true, false>, {grid, threads, 0}, stream, p);
     else
-      rms_norm_kernel<false, false><<<grid, threads, 0, stream>>>(p);
+      launch_kernel(where, rms_norm_kernel<false, false>, {grid, threads, 0}, stream, p);
   }
-  check_launch(where);
 }
 
 // residual ← residual + delta, then (if y) y = RMSNorm(residual). Lane l owns chunks l, l + 32,
@@ -126,6 +127,7 @@ struct ResidualParams {
 
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) residual_add_rms_norm_kernel(
     const ResidualParams p) {
+  grid_dependency_entry();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= p.residual.num_rows) return;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -174,8 +176,8 @@ void residual_add_rms_norm(const TensorView& residual, const TensorView& delta,
   if (p.residual.num_rows == 0 || p.residual.row_len == 0 || (!delta.defined() && !y.defined())) return;
   const int64_t blocks = (p.residual.num_rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   DSV4_CHECK(blocks <= INT_MAX, kWhere, ": residual: too many rows (", p.residual.num_rows, ")");
-  residual_add_rms_norm_kernel<<<static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream>>>(p);
-  check_launch(kWhere);
+  launch_kernel(kWhere, residual_add_rms_norm_kernel, {static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0},
+                stream, p);
 }
 
 void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& y,

@@ -35,6 +35,7 @@
 #include "cuda/common/fast_divmod.cuh"
 #include "cuda/common/fp8_convert.cuh"
 #include "cuda/common/index_vector.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/common/rope_table.cuh"
 
 namespace dsv4::cuda {
@@ -118,6 +119,7 @@ __device__ __forceinline__ void inverse_rope_half(float* v, int d, int nope, con
 
 template <int kBlock, bool kVector>
 __global__ void __launch_bounds__(kThreads) inv_rope_fp8_quant_kernel(const InvRopeQuantParams p) {
+  grid_dependency_entry();
   constexpr int kLanes = kBlock / kUnitValues;  // lanes per quantization block
   constexpr int kHalfBlock = kBlock / 2;
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -176,9 +178,9 @@ __global__ void __launch_bounds__(kThreads) inv_rope_fp8_quant_kernel(const InvR
 template <int kBlock>
 void launch(const InvRopeQuantParams& p, bool vector, dim3 grid, Stream stream) {
   if (vector)
-    inv_rope_fp8_quant_kernel<kBlock, true><<<grid, kThreads, 0, stream>>>(p);
+    launch_kernel(kOp, inv_rope_fp8_quant_kernel<kBlock, true>, {grid, kThreads, 0}, stream, p);
   else
-    inv_rope_fp8_quant_kernel<kBlock, false><<<grid, kThreads, 0, stream>>>(p);
+    launch_kernel(kOp, inv_rope_fp8_quant_kernel<kBlock, false>, {grid, kThreads, 0}, stream, p);
 }
 
 }  // namespace
@@ -215,7 +217,6 @@ void inv_rope_fp8_quant(const TensorView& o, const TensorView& positions, const 
     launch<64>(p, vector, grid, stream);
   else
     launch<128>(p, vector, grid, stream);
-  check_launch(kOp);
 }
 
 }  // namespace dsv4::cuda

@@ -8,9 +8,10 @@
 
 #include <cstdint>
 
+#include "cuda/common/act_quant.cuh"
 #include "cuda/common/check.h"
 #include "cuda/common/float_rows.cuh"
-#include "cuda/common/act_quant.cuh"
+#include "cuda/common/launch.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -29,6 +30,7 @@ struct QuantizeParams {
 
 template <int kBlock, bool kVector>
 __global__ void __launch_bounds__(kThreads) quantize_act_fp8_kernel(const QuantizeParams p) {
+  grid_dependency_entry();
   constexpr int kLanes = kBlock / kChunk;  // lanes per quantization block
   const int64_t lane_id = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t item = lane_id / kLanes;  // (row, block), row-major
@@ -52,9 +54,11 @@ __global__ void __launch_bounds__(kThreads) quantize_act_fp8_kernel(const Quanti
 template <int kBlock>
 void launch(const QuantizeParams& p, bool vector, int64_t grid, Stream stream) {
   if (vector)
-    quantize_act_fp8_kernel<kBlock, true><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(p);
+    launch_kernel(kOp, quantize_act_fp8_kernel<kBlock, true>, {static_cast<unsigned>(grid), kThreads, 0},
+                  stream, p);
   else
-    quantize_act_fp8_kernel<kBlock, false><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(p);
+    launch_kernel(kOp, quantize_act_fp8_kernel<kBlock, false>, {static_cast<unsigned>(grid), kThreads, 0},
+                  stream, p);
 }
 
 }  // namespace
@@ -77,7 +81,6 @@ void quantize_act_fp8(const TensorView& x, int block, const TensorView& xq, cons
     launch<64>(p, vector, grid, stream);
   else
     launch<128>(p, vector, grid, stream);
-  check_launch(kOp);
 }
 
 }  // namespace dsv4::cuda

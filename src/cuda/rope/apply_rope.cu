@@ -13,6 +13,7 @@
 #include "cuda/common/check.h"
 #include "cuda/common/float_rows.cuh"
 #include "cuda/common/index_vector.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/common/rope_table.cuh"
 
 namespace dsv4::cuda {
@@ -31,6 +32,7 @@ struct RopeParams {
 
 template <bool kVector>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) apply_rope_kernel(const RopeParams p) {
+  grid_dependency_entry();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= p.x.num_rows) return;
   const int64_t pos = p.positions[row / p.heads];
@@ -75,10 +77,11 @@ void apply_rope(const TensorView& x, const TensorView& positions, const TensorVi
   DSV4_CHECK(blocks <= INT_MAX, kOp, ": x: expected at most ", int64_t{INT_MAX} * kWarpsPerBlock,
              " rows, got ", p.x.num_rows);
   if (p.x.rows_aligned16() && p.y.rows_aligned16())
-    apply_rope_kernel<true><<<static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream>>>(p);
+    launch_kernel(kOp, apply_rope_kernel<true>, {static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0},
+                  stream, p);
   else
-    apply_rope_kernel<false><<<static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream>>>(p);
-  check_launch(kOp);
+    launch_kernel(kOp, apply_rope_kernel<false>, {static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0},
+                  stream, p);
 }
 
 }  // namespace dsv4::cuda

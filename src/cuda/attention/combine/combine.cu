@@ -7,6 +7,7 @@
 
 #include "cuda/common/check.h"
 #include "cuda/common/fp8_convert.cuh"
+#include "cuda/common/launch.cuh"
 
 namespace dsv4::cuda::combine {
 namespace {
@@ -15,6 +16,7 @@ constexpr int kDv = 512;
 constexpr int kWarpsPerBlock = 4;
 
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) combine_kernel(const CombineParams p) {
+  grid_dependency_entry();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= p.num_rows) return;
   const int lane = threadIdx.x % 32;
@@ -73,8 +75,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) combine_kernel(const Comb
 void launch_combine(const CombineParams& params, cudaStream_t stream) {
   if (params.num_rows == 0) return;
   const int64_t blocks = (params.num_rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  combine_kernel<<<static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream>>>(params);
-  check_launch("sparse_attention_combine");
+  launch_kernel("sparse_attention_combine", combine_kernel,
+                {static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0}, stream, params);
 }
 
 }  // namespace dsv4::cuda::combine

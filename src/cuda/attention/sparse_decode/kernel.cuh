@@ -33,6 +33,7 @@
 #include "cuda/common/cluster.cuh"
 #include "cuda/common/cp_async.cuh"
 #include "cuda/common/fp8_convert.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/common/per_device_once.h"
 #include "cuda/common/prefetch.cuh"
 #include "cuda/common/ptx.cuh"
@@ -577,6 +578,7 @@ __device__ __forceinline__ void consume_pv(const DecodeParams& p, const CtaWork&
 
 template <KvLayout L, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid_constant__ DecodeParams p) {
+  grid_dependency_entry();
   extern __shared__ __align__(1024) uint8_t smem[];
   SharedPlan<L>& plan = *reinterpret_cast<SharedPlan<L>*>(smem);
   detail::CtaWork w;
@@ -632,20 +634,9 @@ void launch_with_cluster(const DecodeParams& params, cudaStream_t stream) {
   static PerDeviceOnce smem_opt_in;
   opt_in_dynamic_smem(smem_opt_in, sparse_decode_kernel<L, kCluster>, kSmem, "sparse_decode");
   const int num_head_blocks = (params.num_heads + kHeadsPerCta - 1) / kHeadsPerCta;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(num_head_blocks * params.num_splits, params.num_rows);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmem;
-  config.stream = stream;
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = kCluster;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  check_cuda(cudaLaunchKernelEx(&config, sparse_decode_kernel<L, kCluster>, params), "sparse_decode",
-             "cudaLaunchKernelEx");
+  const LaunchShape shape{dim3(num_head_blocks * params.num_splits, params.num_rows), dim3(kThreads), kSmem,
+                          kCluster};
+  launch_kernel("sparse_decode", sparse_decode_kernel<L, kCluster>, shape, stream, params);
 }
 }  // namespace detail
 

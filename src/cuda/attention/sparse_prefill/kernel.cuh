@@ -28,6 +28,7 @@
 #include "cuda/attention/sparse_prefill/producer.cuh"
 #include "cuda/common/check.h"
 #include "cuda/common/device_props.h"
+#include "cuda/common/launch.cuh"
 #include "cuda/common/per_device_once.h"
 #include "cuda/common/ptx.cuh"
 
@@ -50,6 +51,7 @@ __device__ __forceinline__ void init_barriers(Plan& plan) {
 template <int D_QK>
 __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
     sparse_prefill_kernel(const __grid_constant__ Params p) {
+  grid_dependency_entry();
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   using Cfg = Config<D_QK>;
   using Plan = typename Cfg::SharedPlan;
@@ -78,8 +80,8 @@ void launch(const Params& params, CUstream_st* stream) {
   const int64_t items = int64_t{params.s_q} * head_groups;
   const int sms = current_device_sm_count("sparse_prefill");
   const dim3 grid(static_cast<unsigned>(items < sms ? items : sms));  // persistent: one CTA per SM
-  sparse_prefill_kernel<D_QK><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(params);
-  check_launch("sparse_prefill");
+  launch_kernel("sparse_prefill", sparse_prefill_kernel<D_QK>, {grid, Cfg::kThreads, Cfg::kSmemBytes}, stream,
+                params);
 }
 
 }  // namespace dsv4::cuda::sparse_prefill_detail

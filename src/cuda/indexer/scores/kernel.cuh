@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "cuda/common/check.h"
+#include "cuda/common/launch.cuh"
 #include "cuda/common/per_device_once.h"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/smem_layout.cuh"
@@ -386,6 +387,7 @@ inline constexpr int kMinCtasPerSm = kCols >= 256 ? 2 : kCols >= 128 ? 3 : 4;
 
 template <int kCols, int kHeadsPadded>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kCols>) scores_kernel(const __grid_constant__ Params p) {
+  grid_dependency_entry();
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   static_assert(kHeadsPadded % 64 == 0 && kCols % kHeadsPadded == 0 && kCols <= kMaxCols, "bad tile shape");
   using Plan = SharedPlan<kCols, kCols / kHeadsPadded>;
@@ -417,8 +419,8 @@ void launch_scores(const Params& params, int chunks, cudaStream_t stream) {
   opt_in_dynamic_smem(smem_opt_in, scores_kernel<kCols, kHeadsPadded>, kSmem, "indexer_scores");
   const int64_t groups = (params.num_tokens + kTokens - 1) / kTokens;
   const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>(chunks));
-  scores_kernel<kCols, kHeadsPadded><<<grid, kThreads, kSmem, stream>>>(params);
-  check_launch("indexer_scores");
+  launch_kernel("indexer_scores", scores_kernel<kCols, kHeadsPadded>, {grid, kThreads, kSmem}, stream,
+                params);
 }
 
 }  // namespace dsv4::cuda::indexer_scores_detail

@@ -22,14 +22,24 @@ struct RequestStep {
 };
 
 struct BatchPlan {
+  // Requests of at most this many new tokens that continue a context (decodes, MTP / speculative
+  // steps) are "decode-like": when they lead the plan, their tokens attend one by one through the
+  // decode kernel, as FlashMLA's decode takes s_q > 1, instead of a chunk at a time.
+  static constexpr int64_t kMaxDecodeLikeTokens = 8;
+
   std::vector<RequestStep> requests;    // decodes first, then prefills
   int num_decodes = 0;                  // requests [0, num_decodes) are decodes
+  // Requests [0, num_decode_like) are decode-like (see above): the decodes, then any further
+  // leading requests with context > 0 and at most kMaxDecodeLikeTokens new tokens.
+  int num_decode_like = 0;
   std::vector<int32_t> query_start_loc; // [R + 1] token offsets
   std::vector<int64_t> positions;       // [T] absolute positions
   std::vector<int32_t> token_to_req;    // [T] index into `requests`
 
   int64_t num_tokens() const { return static_cast<int64_t>(positions.size()); }
   int64_t num_decode_tokens() const { return num_decodes; }
+  // Tokens of the decode-like requests: rows [0, num_decode_like_tokens()) of the step.
+  int64_t num_decode_like_tokens() const { return query_start_loc.empty() ? 0 : query_start_loc[num_decode_like]; }
   int num_requests() const { return static_cast<int>(requests.size()); }
   int64_t seq_len(int r) const { return requests[r].context + requests[r].num_new; }
 

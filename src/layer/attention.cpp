@@ -408,7 +408,7 @@ Attention::Impl::WorkspaceBound Attention::Impl::workspace_bound(int64_t max_tok
 bool Attention::Impl::graph_step(const BatchPlan& plan) const {
   const Communicator* comm = opts.tp.communicator;
   return device == Device::cuda && opts.cuda_graphs && !timing() && (!comm || comm->graph_capturable()) &&
-         plan.num_decodes == plan.num_requests() && plan.num_tokens() <= DecodeGraphs::kMaxTokens &&
+         plan.num_decode_like == plan.num_requests() && plan.num_tokens() <= DecodeGraphs::kMaxTokens &&
          !rt::is_capturing(opts.stream);
 }
 

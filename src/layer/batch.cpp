@@ -46,6 +46,11 @@ BatchPlan BatchPlan::make(std::vector<RequestStep> steps) {
   for (int i : kernel_order(steps)) plan.requests.push_back(steps[i]);
   plan.num_decodes = static_cast<int>(std::count_if(plan.requests.begin(), plan.requests.end(),
                                                     [](const RequestStep& s) { return s.is_decode(); }));
+  while (plan.num_decode_like < plan.num_requests()) {
+    const RequestStep& s = plan.requests[plan.num_decode_like];
+    if (s.context == 0 || s.num_new > kMaxDecodeLikeTokens) break;
+    ++plan.num_decode_like;
+  }
   plan.positions.reserve(static_cast<size_t>(tokens));
   plan.token_to_req.reserve(static_cast<size_t>(tokens));
   plan.query_start_loc.push_back(0);

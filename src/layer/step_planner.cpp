@@ -301,7 +301,7 @@ StepPlan StepPlanner::plan_step(const BatchPlan& plan, const CallerStep* step, i
   sp.T = rows;
   const int64_t pad_requests = graph ? rows - T : 0;
   sp.R = static_cast<int>(R + pad_requests);
-  sp.nd = static_cast<int>(plan.num_decodes + pad_requests);
+  sp.nd = static_cast<int>(plan.num_decode_like_tokens() + pad_requests);
 
   req_ids_.clear();
   for (const RequestStep& s : plan.requests) req_ids_.push_back(s.req_id);
@@ -339,7 +339,7 @@ void StepPlanner::plan_prefill_groups(const BatchPlan& plan, StepPlan& sp, StepU
   const int R = plan.num_requests();
   const int W = cfg_.window_size;
   const int group = prefill_group_requests_;
-  for (int g0 = plan.num_decodes; g0 < R; g0 += group) {
+  for (int g0 = plan.num_decode_like; g0 < R; g0 += group) {
     PrefillGroup g;
     g.r0 = g0;
     g.r1 = std::min(R, g0 + group);

@@ -46,7 +46,7 @@ struct PrefillGroup {
 struct StepPlan {
   int64_t T = 0;   // token rows (a graph bucket pads decode rows with empty requests)
   int R = 0;       // request rows
-  int nd = 0;      // decode rows [0, nd)
+  int nd = 0;      // rows [0, nd) attend token by token: the decode-like requests' tokens + padding
   StepUpload::Array positions, slot_mapping, token_to_req;  // [T]
   StepUpload::Array swa_table;                             // [R, width]
   CompressedPlan compressed;

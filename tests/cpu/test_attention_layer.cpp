@@ -134,6 +134,59 @@ TEST_P(LayerTest, ChunkingAndDecodeAgree) {
     ASSERT_LT(row_rel_err(decoded.at({7, p}), whole.at({7, p})), 2e-2) << "decode, position " << p;
 }
 
+// MTP / speculative steps: after a prefill, steps of 2, 3 and 8 new tokens per request (and a
+// decode beside them) are decode-like — each token attends through the decode kernel with its own
+// window and compressed entries, including the tokens of its own step before it. Against the
+// float64 reference, token by token, with MatchesFloat64Reference's bounds (the same roundings
+// and fp32 orders; only where a value crosses a bf16 / FP8 boundary does a token move).
+TEST_P(LayerTest, DecodeLikeStepsMatchFloat64Reference) {
+  const int L = 300, prompt = 200;
+  Attention a = make_layer(cfg, GetParam().layer);
+  Outputs got;
+  step(a, {{7, 0, prompt}, {8, 0, 60}}, got);
+  int64_t done = prompt, other = 60;
+  const std::vector<int64_t> sizes{2, 3, 8, 2, 5, 8, 1, 3};
+  for (size_t i = 0; done < L; ++i) {
+    const int64_t take = std::min<int64_t>(sizes[i % sizes.size()], L - done);
+    const std::vector<RequestStep> steps{{8, other++, 1}, {7, done, take}};
+    ASSERT_EQ(BatchPlan::make(steps).num_decode_like, 2);  // the decode, then the MTP step
+    step(a, steps, got);
+    done += take;
+  }
+  std::vector<double> x;
+  for (int p = 0; p < L; ++p) {
+    const std::vector<float> h = hidden(cfg.dim, 7, p);
+    x.insert(x.end(), h.begin(), h.end());
+  }
+  const auto w = dsv4::random_attention_weights(cfg, GetParam().layer, kSeed, true);
+  const std::vector<double> ref = dsv4::reference_attention_layer(cfg, GetParam().layer, w, x);
+  std::vector<double> errs;
+  for (int p = 0; p < L; ++p) {
+    const std::vector<double> r(ref.begin() + int64_t{p} * cfg.dim, ref.begin() + int64_t{p + 1} * cfg.dim);
+    const double e = row_rel_err(got.at({7, p}), r);
+    ASSERT_FALSE(std::isnan(e)) << "position " << p;
+    errs.push_back(e);
+  }
+  std::sort(errs.begin(), errs.end());
+  EXPECT_LT(errs.back(), 5e-2);
+  EXPECT_LT(errs[errs.size() / 2], 1e-4);
+}
+
+// Which requests are decode-like: the leading ones that continue a context with at most
+// kMaxDecodeLikeTokens new tokens (decodes sort first); the first prefill-like one ends the run.
+TEST(BatchPlanDecodeLike, LeadingShortContinuationsOnly) {
+  constexpr int64_t K = BatchPlan::kMaxDecodeLikeTokens;
+  EXPECT_EQ(BatchPlan::make({}).num_decode_like, 0);
+  EXPECT_EQ(BatchPlan::make({{1, 5, 1}, {2, 9, 1}}).num_decode_like, 2);
+  EXPECT_EQ(BatchPlan::make({{1, 5, 2}, {2, 9, K}}).num_decode_like, 2);
+  const BatchPlan mixed = BatchPlan::make({{1, 5, 2}, {2, 9, 1}, {3, 9, K + 1}, {4, 9, 2}});
+  EXPECT_EQ(mixed.num_decodes, 1);       // request 2 sorts first
+  EXPECT_EQ(mixed.num_decode_like, 2);   // then request 1; request 3 is a chunk, 4 follows it
+  EXPECT_EQ(mixed.num_decode_like_tokens(), 3);
+  EXPECT_EQ(BatchPlan::make({{1, 0, 2}, {2, 9, 2}}).num_decode_like, 0);  // a fresh prompt leads
+  EXPECT_EQ(BatchPlan::make({{1, 9, 2}, {2, 0, 2}}).num_decode_like, 1);
+}
+
 // A request's outputs do not depend on which other requests share its steps, nor their order.
 TEST_P(LayerTest, BatchCompositionIndependent) {
   // Alone: prefill 40 + 30 (chunked), then 5 decodes.

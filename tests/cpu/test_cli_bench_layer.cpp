@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cli_test_support.h"
+#include "dsv4/batch.h"
 #include "weights_test_support.h"
 
 namespace {
@@ -69,10 +70,21 @@ TEST(CliBenchLayer, CpuTinyReportHasEveryKindPhaseAndConsistentFloors) {
     }
     EXPECT_NEAR(c["floor_us"].get<double>(), sum, 1e-9 * sum);
     EXPECT_GT(sum, 0);
-    // Decode-path ops on decode cases, prefill-path ops on the others (MTP runs as prefill).
-    bool has_decode_op = false;
-    for (const auto& op : c["ops"]) has_decode_op = has_decode_op || op["name"] == "sparse_decode";
-    EXPECT_EQ(has_decode_op, c["phase"] == "decode") << c["case"];
+    // Decode-path ops where every request is decode-like (context > 0, at most
+    // BatchPlan::kMaxDecodeLikeTokens new tokens: the decode and MTP cases, and tiny's 4 x 8
+    // continuing prefill), prefill-path ops on the others.
+    bool has_decode_op = false, has_prefill_op = false;
+    for (const auto& op : c["ops"]) {
+      has_decode_op = has_decode_op || op["name"] == "sparse_decode";
+      has_prefill_op = has_prefill_op || op["name"] == "sparse_prefill";
+    }
+    const int64_t per_request = c["tokens"].get<int64_t>() / c["requests"].get<int64_t>();
+    const bool decode_like = c["context"].get<int64_t>() > 0 && per_request <= dsv4::BatchPlan::kMaxDecodeLikeTokens;
+    EXPECT_EQ(has_decode_op, decode_like) << c["case"];
+    EXPECT_EQ(has_prefill_op, !decode_like) << c["case"];
+    if (c["phase"] != "prefill") {
+      EXPECT_TRUE(decode_like) << c["case"];
+    }
   }
   EXPECT_EQ(kinds, (std::set<std::string>{"SWA", "C4A", "C128A"}));
   EXPECT_EQ(names, (std::set<std::string>{"prefill-8x4", "prefill-4x8@16", "decode-1", "decode-2", "mtp-2x2"}));

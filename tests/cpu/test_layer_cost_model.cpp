@@ -148,12 +148,19 @@ TEST(LayerCostModel, StepShapeCountsRowsRingsAndEntries) {
   const StepShape c4_edge = shape("v4-flash", LayerKind::c4a, {{0, 2040, 16}});
   EXPECT_DOUBLE_EQ(c4_edge.topk_scores_read, 4 * 513 + 514);
 
-  // MTP: two tokens per request run as prefill chunks.
+  // MTP: two tokens per request are decode-like, attended token by token: four decode tokens,
+  // each with its own 128-row window, nothing gathered.
   const StepShape mtp = shape("v4-flash", LayerKind::swa, {{0, 4096, 2}, {1, 4096, 2}});
-  EXPECT_EQ(mtp.decodes, 0);
-  EXPECT_EQ(mtp.prefill_tokens, 4);
-  EXPECT_DOUBLE_EQ(mtp.prefill_rows, 4 * 128);
-  EXPECT_DOUBLE_EQ(mtp.gathered_rows, 2 * (2 + 127));
+  EXPECT_EQ(mtp.decodes, 4);
+  EXPECT_EQ(mtp.prefill_tokens, 0);
+  EXPECT_DOUBLE_EQ(mtp.decode_rows, 4 * 128);
+  EXPECT_DOUBLE_EQ(mtp.gathered_rows, 0);
+  // Past BatchPlan::kMaxDecodeLikeTokens new tokens, or from context 0, a request is a prefill
+  // chunk: its rows are gathered once.
+  const StepShape chunk = shape("v4-flash", LayerKind::swa, {{0, 4096, 9}, {1, 0, 2}});
+  EXPECT_EQ(chunk.decodes, 0);
+  EXPECT_EQ(chunk.prefill_tokens, 11);
+  EXPECT_DOUBLE_EQ(chunk.gathered_rows, (9 + 127) + 2);
 }
 
 TEST(LayerCostModel, FloorIsTheSlowerOfComputeAndMemory) {

@@ -48,7 +48,9 @@ void step(Attention& a, const std::vector<RequestStep>& steps, Outputs& out) {
 }
 
 // Prefills of five requests, then decode steps whose batches fall in buckets 1, 4 and 8 (each
-// bucket seen 3+ times: eager, capture, replays), with contexts crossing block-table widths.
+// bucket seen 3+ times: eager, capture, replays), with contexts crossing block-table widths; then
+// MTP steps (2 tokens per request, and a mix of 3, 1 and 2), decode-like steps that are captured
+// and replayed too.
 Outputs run_decodes(Attention& a) {
   Outputs out;
   std::vector<int64_t> ctx{40, 70, 33, 120, 65};
@@ -62,6 +64,16 @@ Outputs run_decodes(Attention& a) {
   for (int i = 0; i < 4; ++i) decode({2});
   for (int i = 0; i < 40; ++i) decode({0, 1, 2, 3});
   for (int i = 0; i < 5; ++i) decode({0, 1, 2, 3, 4});
+  auto mtp = [&](const std::vector<std::pair<int, int>>& reqs) {  // (request, new tokens)
+    std::vector<RequestStep> s;
+    for (const auto& [r, n] : reqs) {
+      s.push_back({r, ctx[r], n});
+      ctx[r] += n;
+    }
+    step(a, s, out);
+  };
+  for (int i = 0; i < 5; ++i) mtp({{0, 2}, {1, 2}, {2, 2}, {3, 2}});
+  for (int i = 0; i < 4; ++i) mtp({{4, 3}, {1, 1}, {2, 2}});
   return out;
 }
 
@@ -98,8 +110,8 @@ TEST_P(GraphLayerTest, ReplayedDecodesMatchEagerSteps) {
   const Outputs want = run_decodes(eager);
   const Outputs got = run_decodes(graphs);
   EXPECT_EQ(eager.graph_captures(), 0);
-  EXPECT_GE(graphs.graph_captures(), 3);  // buckets 1, 4, 8 at least
-  EXPECT_GE(graphs.graph_replays(), 30);
+  EXPECT_GE(graphs.graph_captures(), 5);  // decode buckets 1, 4, 8 and the two MTP shapes at least
+  EXPECT_GE(graphs.graph_replays(), 35);
   expect_close(want, got, "graphs vs eager");
 }
 

@@ -280,7 +280,7 @@ StepShape StepShape::make(const ModelConfig& cfg, LayerKind kind, const BatchPla
   for (int i = 0; i < plan.num_requests(); ++i) {
     const RequestStep& st = plan.requests[i];
     const int64_t ctx = st.context, seq = st.context + st.num_new;
-    const bool decode = i < plan.num_decodes;
+    const bool decode = i < plan.num_decode_like;  // attended token by token, as the layer does
     double rows = 0;
     for (int64_t p = ctx; p < seq; ++p) {
       const int64_t visible = r > 0 ? (p + 1) / r : 0;
@@ -290,7 +290,7 @@ StepShape StepShape::make(const ModelConfig& cfg, LayerKind kind, const BatchPla
       if (r == 4 && visible > cfg.index_topk) s.topk_scores_read += static_cast<double>(visible);
     }
     if (decode) {
-      ++s.decodes;
+      s.decodes += st.num_new;
       s.decode_rows += rows;
     } else {
       ++s.prefill_requests;

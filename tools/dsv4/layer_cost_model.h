@@ -80,7 +80,7 @@ struct StepShape {
   bool fp8_weights = true;     // checkpoint-FP8 weights stored as FP8 (else bf16)
   // The step.
   int64_t tokens = 0, requests = 0;
-  int64_t decodes = 0;         // decode requests (= decode tokens)
+  int64_t decodes = 0;         // tokens of the decode-like requests (attended one by one)
   int64_t prefill_tokens = 0;  // tokens of prefill chunks
   int64_t prefill_requests = 0;
   double decode_rows = 0;      // Σ over decode tokens of attended rows (SWA + compressed)

@@ -459,6 +459,26 @@ void Attention::Impl::launch(const StepPlan& sp, const TensorView& x, const Tens
   const TensorView cos_sin_v = rope_table();
   gemm_workspace = device == Device::cuda ? ws.tensor(DType::uint8, {kGemmWorkspaceBytes}) : TensorView{};
 
+  // 6a. The compressed half begins with the compressors, which read only x and the plan: on CUDA
+  // (no op timer) they start at once, on a side stream beside the projections, as the V4 wrapper
+  // overlaps them; the indices (6b) follow the q norm there, and attention waits for the side
+  // stream. Serial when an op timer attributes time per op.
+  const TensorView positions = upload.view(sp.positions);
+  const TensorView token_to_req = upload.view(sp.token_to_req);
+  const bool overlap = compressed && device == Device::cuda && !timing();
+  auto mark = [this](const char* name) { op(name); };
+  Stream cs = stream;
+  if (compressed) {
+    if (overlap) {
+      if (!side_stream) side_stream = std::make_unique<rt::OwnedStream>();
+      cs = side_stream->get();
+      side_fork.record(stream);
+      side_fork.make_wait(cs);
+    }
+    compressed->launch_compressors(sp.compressed, upload, x, positions, token_to_req, cos_sin_v, ws, cs,
+                                   overlap, mark);
+  }
+
   // 1–3. Projections and norms. x is quantized once for both projections that read it; the q
   // norm writes the FP8 q (for FP8 wq_b / indexer wq_b) and the bf16 one only if a reader needs it.
   op("wq_a");  // (x's FP8 quantization counts to wq_a, the first projection reading it)
@@ -498,23 +518,12 @@ void Attention::Impl::launch(const StepPlan& sp, const TensorView& x, const Tens
   TensorView kv = ws.tensor(DType::bf16, {T, D});
   op("qkv_norm");
   fused_qkv_rms_norm(qr, wv.q_norm, kv_raw, wv.kv_norm, eps, qr_n.dense, kv, qr_n.fp8, qr_n.scale, stream);
-  // 6. The compressed half (compressor, and the indexer for C4A) reads only x, qr_n and the plan:
-  // it runs on a side stream beside wq_b and the insert (as the V4 wrapper overlaps them), and
-  // attention waits for both. Serial when an op timer attributes time per op.
-  const TensorView positions = upload.view(sp.positions);
-  const TensorView token_to_req = upload.view(sp.token_to_req);
+  // 6b. The compressed half's indices (C4A: the indexer's query reads qr_n), beside wq_b and the
+  // insert.
   CompressedIndices cidx;
-  const bool overlap = compressed && device == Device::cuda && !timing();
   if (compressed) {
-    Stream cs = stream;
-    if (overlap) {
-      if (!side_stream) side_stream = std::make_unique<rt::OwnedStream>();
-      cs = side_stream->get();
-      side_fork.record(stream);
-      side_fork.make_wait(cs);
-    }
-    cidx = compressed->launch(sp.compressed, upload, x, qr_n, positions, token_to_req, cos_sin_v,
-                              ws, cs, overlap, [this](const char* name) { op(name); });
+    cidx = compressed->launch_indices(sp.compressed, upload, x, qr_n, positions, token_to_req, cos_sin_v, ws,
+                                      stream, cs, overlap, mark);
     if (overlap) side_join.record(cs);
   }
 

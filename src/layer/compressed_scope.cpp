@@ -42,54 +42,76 @@ void CompressedScope::compress(const CompressorConfig& ccfg, const CompressorWei
   compressor_update_and_emit(ccfg, kv_rows, score_rows, batch, w.norm, cos_sin, sv, ov, {}, stream);
 }
 
-CompressedIndices CompressedScope::launch(const CompressedPlan& p, const StepUpload& upload,
-                                          const TensorView& x, const GemmInput& qr_n,
-                                          const TensorView& positions,
-                                          const TensorView& token_to_req,
-                                          const TensorView& cos_sin, Scratch& scratch,
-                                          Stream stream, bool overlap,
-                                          const std::function<void(const char*)>& mark_op) {
+void CompressedScope::launch_compressors(const CompressedPlan& p, const StepUpload& upload,
+                                         const TensorView& x, const TensorView& positions,
+                                         const TensorView& token_to_req, const TensorView& cos_sin,
+                                         Scratch& scratch, Stream side, bool overlap,
+                                         const std::function<void(const char*)>& mark_op) {
+  auto op = [&](const char* name) {
+    if (mark_op) mark_op(name);
+  };
+  const bool cuda = x.device == Device::cuda;
+  const TensorView context = upload.view(p.context);
+  // One GEMM workspace per compressor: the two may run side by side.
+  auto gemm_workspace = [&] {
+    return cuda ? scratch.tensor(DType::uint8, {kCompressorGemmWorkspaceBytes}) : TensorView{};
+  };
+  // C4A: the indexer's compressor (its keys) and the main one read only x, and at decode each is
+  // a few small kernels that leave most SMs idle: with `overlap` the key branch runs on a stream
+  // of its own.
+  Stream key_stream = side;
+  keys_forked_ = overlap && cuda && ratio_ == 4;
+  if (keys_forked_) {
+    if (!key_stream_) key_stream_ = std::make_unique<rt::OwnedStream>();
+    key_stream = key_stream_->get();
+    key_fork_.record(side);
+    key_fork_.make_wait(key_stream);
+  }
+  op("compressor");
+  compress(main_, *w_.compressor, *caches_.compressor_state, *caches_.compressed,
+           upload.view(p.state_table), upload.view(p.out_table), x, positions, token_to_req,
+           context, cos_sin, gemm_workspace(), scratch, side);
+  if (ratio_ != 4) return;
+  op("indexer_compressor");
+  compress(indexer_, w_.indexer->compressor, *caches_.indexer_state, *caches_.indexer_keys,
+           upload.view(p.index_state_table), upload.view(p.index_key_table), x, positions,
+           token_to_req, context, cos_sin, gemm_workspace(), scratch, key_stream);
+}
+
+CompressedIndices CompressedScope::launch_indices(const CompressedPlan& p, const StepUpload& upload,
+                                                  const TensorView& x, const GemmInput& qr_n,
+                                                  const TensorView& positions,
+                                                  const TensorView& token_to_req,
+                                                  const TensorView& cos_sin, Scratch& scratch,
+                                                  Stream main, Stream side, bool overlap,
+                                                  const std::function<void(const char*)>& mark_op) {
   auto op = [&](const char* name) {
     if (mark_op) mark_op(name);
   };
   const int64_t T = x.size(0);
-  const bool cuda = x.device == Device::cuda;
-  const TensorView context = upload.view(p.context);
-  auto gemm_workspace = [&] {
-    return cuda ? scratch.tensor(DType::uint8, {kCompressorGemmWorkspaceBytes}) : TensorView{};
-  };
-
+  overlap = overlap && x.device == Device::cuda;
+  DSV4_CHECK(overlap || main == side, "CompressedScope::launch_indices: main and side streams differ without overlap");
   CompressedIndices out;
   out.topk = p.topk;
   if (ratio_ == 128) {
-    op("compressor");
-    compress(main_, *w_.compressor, *caches_.compressor_state, *caches_.compressed,
-             upload.view(p.state_table), upload.view(p.out_table), x, positions, token_to_req,
-             context, cos_sin, gemm_workspace(), scratch, stream);
     if (out.topk == 0) return out;
     out.local = scratch.tensor(DType::int32, {T, out.topk});
     out.lens = scratch.tensor(DType::int32, {T});
     op("compressed_indices");
-    compressed_prefix_indices(positions, ratio_, out.local, out.lens, stream);
+    compressed_prefix_indices(positions, ratio_, out.local, out.lens, side);
     return out;
   }
 
-  // C4A: three branches that read only x, qr_n and the plan — the main compressor, the indexer's
-  // compressor (this step's keys) and the indexer's query; then the scores (keys and query) and the
-  // top-k. With `overlap` the key and query branches run on streams of their own beside the main
-  // compressor, which stays on `stream`: at decode each branch is a few small kernels that leave
-  // most SMs idle, and in order they were the longest chain of the step. `stream` waits for the
-  // top-k at the end. Without it (CPU, or an op timer attributing time per op) all run in order.
-  Stream key_stream = stream, query_stream = stream;
-  overlap = overlap && cuda;
+  // C4A: the query needs qr_n (on `main`), the scores need the query and the keys (the key
+  // branch), the top-k the scores. With `overlap` the query runs on a stream of its own beside
+  // `main`'s wq_b and the main compressor, and the scores and top-k follow on the key branch.
+  Stream key_stream = keys_forked_ ? key_stream_->get() : side;
+  Stream query_stream = main;
   if (overlap) {
-    if (!key_stream_) key_stream_ = std::make_unique<rt::OwnedStream>();
     if (!query_stream_) query_stream_ = std::make_unique<rt::OwnedStream>();
-    key_stream = key_stream_->get();
     query_stream = query_stream_->get();
-    fork_.record(stream);
-    fork_.make_wait(key_stream);
-    fork_.make_wait(query_stream);
+    query_fork_.record(main);
+    query_fork_.make_wait(query_stream);
   }
   const IndexerWeightViews& iw = *w_.indexer;
   const int HI = cfg_.index_n_heads;
@@ -101,20 +123,11 @@ CompressedIndices CompressedScope::launch(const CompressedPlan& p, const StepUpl
   TensorView query_ws = scratch.tensor(
       DType::uint8, {std::max<int64_t>(indexer_query_workspace_bytes(T, HI, cfg_.index_head_dim), 1)});
   TensorView scores = scratch.tensor(DType::fp32, {T, p.score_cols});
-
-  op("compressor");
-  compress(main_, *w_.compressor, *caches_.compressor_state, *caches_.compressed,
-           upload.view(p.state_table), upload.view(p.out_table), x, positions, token_to_req,
-           context, cos_sin, gemm_workspace(), scratch, stream);
-  op("indexer_compressor");
-  compress(indexer_, iw.compressor, *caches_.indexer_state, *caches_.indexer_keys,
-           upload.view(p.index_state_table), upload.view(p.index_key_table), x, positions,
-           token_to_req, context, cos_sin, gemm_workspace(), scratch, key_stream);
   op("indexer_query");
   const auto [qr, qr_scale] = qr_n.for_weight(iw.wq_b);
   indexer_query(qr, qr_scale, iw.wq_b.value, iw.wq_b.scale, x, iw.weights_proj.value, positions,
                 cos_sin, q_fp8, q_scale, weights, query_ws, query_stream);
-  if (overlap) {
+  if (query_stream != key_stream) {
     query_done_.record(query_stream);
     query_done_.make_wait(key_stream);
   }
@@ -127,9 +140,9 @@ CompressedIndices CompressedScope::launch(const CompressedPlan& p, const StepUpl
   // Column order: the attention over the selected entries does not depend on their order (only
   // its fp32 rounding does), and on CUDA it spares the kernel its sort.
   indexer_topk(scores, positions, ratio_, out.local, out.lens, key_stream, TopkOrder::column);
-  if (overlap) {
+  if (key_stream != side) {
     index_done_.record(key_stream);
-    index_done_.make_wait(stream);
+    index_done_.make_wait(side);
   }
   return out;
 }

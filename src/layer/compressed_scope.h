@@ -3,8 +3,9 @@
 // request-local compressed entries it attends to. Owned by dsv4::Attention.
 //
 // The step is planned on the host first (StepPlanner: cache bookkeeping, block tables into the
-// step's upload) and launched after the upload: launch() reads nothing from the host plan but the
-// shapes, so it can be captured in a CUDA graph and replayed with the next step's upload.
+// step's upload) and launched after the upload: launch_compressors() and launch_indices() read
+// nothing from the host plan but the shapes, so they can be captured in a CUDA graph and replayed
+// with the next step's upload.
 #pragma once
 
 #include <cstdint>
@@ -47,18 +48,29 @@ class CompressedScope {
                   LayerCaches& caches);
 
   int ratio() const { return ratio_; }
-  // The kernels of the step (x [T, dim], qr_n [T, q_lora] the normed low-rank query in the
+  // A step runs in two parts (x [T, dim], qr_n [T, q_lora] the normed low-rank query in the
   // form(s) the indexer's wq_b takes, positions [T] int64, token_to_req [T] int32, cos_sin the
-  // layer's RoPE table, all on the scratch's device), after upload.commit(). Temporaries and
-  // results live in `scratch`. `overlap` (CUDA only): a C4A scope runs its independent branches
-  // on streams of its own beside `stream` (see launch()); the results are ready on `stream` when it
-  // returns either way.
-  CompressedIndices launch(const CompressedPlan& plan, const StepUpload& upload,
-                           const TensorView& x, const GemmInput& qr_n,
-                           const TensorView& positions, const TensorView& token_to_req,
-                           const TensorView& cos_sin, Scratch& scratch, Stream stream,
-                           bool overlap = false,
-                           const std::function<void(const char*)>& mark_op = {});
+  // layer's RoPE table, all on the scratch's device), after upload.commit(); temporaries and
+  // results live in `scratch`.
+  //
+  // 1. The compressors, which read only x and the plan: the main one on `side`; with `overlap`
+  //    (CUDA only) a C4A scope runs the indexer's compressor on a stream of its own, forked from
+  //    `side`. The caller may start this before its own projections.
+  void launch_compressors(const CompressedPlan& plan, const StepUpload& upload, const TensorView& x,
+                          const TensorView& positions, const TensorView& token_to_req,
+                          const TensorView& cos_sin, Scratch& scratch, Stream side, bool overlap,
+                          const std::function<void(const char*)>& mark_op = {});
+  // 2. After launch_compressors, once qr_n is ready on `main`: the request-local entries each token
+  //    attends. C128A: the visible prefix, on `side`. C4A: the indexer's query (on a stream of its
+  //    own forked from `main` with `overlap`, else on `main`), then its scores over the keys and
+  //    the top-k after the indexer's compressor. Ready on `side` when this returns (`main` must
+  //    be `side` without `overlap`).
+  CompressedIndices launch_indices(const CompressedPlan& plan, const StepUpload& upload,
+                                   const TensorView& x, const GemmInput& qr_n,
+                                   const TensorView& positions, const TensorView& token_to_req,
+                                   const TensorView& cos_sin, Scratch& scratch, Stream main,
+                                   Stream side, bool overlap,
+                                   const std::function<void(const char*)>& mark_op = {});
 
  private:
   // One compressor (main or indexer): project, update rings and emit.
@@ -69,10 +81,11 @@ class CompressedScope {
                 const TensorView& cos_sin, const TensorView& gemm_workspace, Scratch& scratch,
                 Stream stream);
 
-  // C4A with `overlap`: the streams of the indexer's key branch and query branch, and the events
-  // that fork them from the caller's stream and join them back.
+  // C4A with `overlap`: the streams of the indexer's key branch (its compressor, then scores and
+  // top-k) and query branch, and the events that fork them and join them back.
   std::unique_ptr<rt::OwnedStream> key_stream_, query_stream_;
-  rt::Event fork_, query_done_, index_done_;
+  rt::Event key_fork_, query_fork_, query_done_, index_done_;
+  bool keys_forked_ = false;  // launch_compressors put the key branch on key_stream_
 
   const ModelConfig& cfg_;
   const LayerWeightViews& w_;

@@ -26,6 +26,7 @@
 #include "layer/step_planner.h"
 #include "layer/step_rows.h"
 #include "layer/step_upload.h"
+#include "runtime/branch_stream.h"
 #include "runtime/device_runtime.h"
 
 namespace dsv4 {
@@ -73,10 +74,8 @@ struct Attention::Impl {
   std::unique_ptr<StepPlanner> planner;         // the host half of every step
   std::unique_ptr<CompressedScope> compressed;  // ratio > 0 layers
   DecodeGraphs graphs;                // CUDA: captured decode steps per shape bucket
-  std::unique_ptr<rt::OwnedStream> side_stream;  // CUDA: the compressed half of a step
-  rt::Event side_fork, side_join;                // its fork from / join into the layer's stream
-  std::unique_ptr<rt::OwnedStream> kv_stream;    // CUDA: the wkv projection, beside wq_a
-  rt::Event kv_fork, kv_join;
+  rt::BranchStream side_branch;  // CUDA: the compressed half of a step, beside the projections
+  rt::BranchStream kv_branch;    // CUDA: the wkv projection, beside wq_a
 
   void check_inputs(const BatchPlan& plan, const TensorView& x, const TensorView& y) const;
   void check_io(int64_t T, const TensorView& x, const TensorView& y) const;
@@ -469,12 +468,7 @@ void Attention::Impl::launch(const StepPlan& sp, const TensorView& x, const Tens
   auto mark = [this](const char* name) { op(name); };
   Stream cs = stream;
   if (compressed) {
-    if (overlap) {
-      if (!side_stream) side_stream = std::make_unique<rt::OwnedStream>();
-      cs = side_stream->get();
-      side_fork.record(stream);
-      side_fork.make_wait(cs);
-    }
+    if (overlap) cs = side_branch.fork(stream);
     compressed->launch_compressors(sp.compressed, upload, x, positions, token_to_req, cos_sin_v, ws, cs,
                                    overlap, mark);
   }
@@ -490,22 +484,13 @@ void Attention::Impl::launch(const StepPlan& sp, const TensorView& x, const Tens
   // wq_a and wkv read the same x and nothing of each other: on CUDA (no op timer) wkv runs on a
   // stream of its own beside wq_a. At decode each is a GEMM of a few CTAs.
   const bool overlap_kv = device == Device::cuda && !timing();
-  Stream kvs = stream;
-  if (overlap_kv) {
-    if (!kv_stream) kv_stream = std::make_unique<rt::OwnedStream>();
-    kvs = kv_stream->get();
-    kv_fork.record(stream);
-    kv_fork.make_wait(kvs);
-  }
+  const Stream kvs = overlap_kv ? kv_branch.fork(stream) : stream;
   const auto [xa, xa_scale] = xin.for_weight(wv.wq_a);
   linear(xa, xa_scale, wv.wq_a.value, wv.wq_a.scale, qr, gemm_workspace, stream);
   op("wkv");
   const auto [xkv, xkv_scale] = xin.for_weight(wv.wkv);
   linear(xkv, xkv_scale, wv.wkv.value, wv.wkv.scale, kv_raw, kv_workspace, kvs);
-  if (overlap_kv) {
-    kv_join.record(kvs);
-    kv_join.make_wait(stream);
-  }
+  if (overlap_kv) kv_branch.join_into(stream);
   const WeightView* iwq_b = wv.indexer ? &wv.indexer->wq_b : nullptr;
   const bool qr_fp8 = fp8_input(wv.wq_b) || (iwq_b && fp8_input(*iwq_b));
   const bool qr_dense = !fp8_input(wv.wq_b) || (iwq_b && !fp8_input(*iwq_b));
@@ -524,7 +509,6 @@ void Attention::Impl::launch(const StepPlan& sp, const TensorView& x, const Tens
   if (compressed) {
     cidx = compressed->launch_indices(sp.compressed, upload, x, qr_n, positions, token_to_req, cos_sin_v, ws,
                                       stream, cs, overlap, mark);
-    if (overlap) side_join.record(cs);
   }
 
   TensorView q = ws.tensor(DType::bf16, {T, H, D});
@@ -543,7 +527,7 @@ void Attention::Impl::launch(const StepPlan& sp, const TensorView& x, const Tens
   op("qnorm_rope_kv_insert");
   qnorm_rope_kv_insert(q, kv, positions, cos_sin_v, eps, caches.swa->kv_view(),
                        upload.view(sp.slot_mapping), fp8_query, stream);
-  if (overlap) side_join.make_wait(stream);
+  if (overlap) side_branch.join_into(stream);
 
   Step st{sp, stream, q, fp8_query.q_fp8, fp8_query.q_scale, ws.tensor(DType::bf16, {T, H, D}),
           positions, token_to_req, std::move(cidx), cos_sin_v,

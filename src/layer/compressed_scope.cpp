@@ -59,14 +59,8 @@ void CompressedScope::launch_compressors(const CompressedPlan& p, const StepUplo
   // C4A: the indexer's compressor (its keys) and the main one read only x, and at decode each is
   // a few small kernels that leave most SMs idle: with `overlap` the key branch runs on a stream
   // of its own.
-  Stream key_stream = side;
   keys_forked_ = overlap && cuda && ratio_ == 4;
-  if (keys_forked_) {
-    if (!key_stream_) key_stream_ = std::make_unique<rt::OwnedStream>();
-    key_stream = key_stream_->get();
-    key_fork_.record(side);
-    key_fork_.make_wait(key_stream);
-  }
+  const Stream key_stream = keys_forked_ ? key_branch_.fork(side) : side;
   op("compressor");
   compress(main_, *w_.compressor, *caches_.compressor_state, *caches_.compressed,
            upload.view(p.state_table), upload.view(p.out_table), x, positions, token_to_req,
@@ -91,6 +85,8 @@ CompressedIndices CompressedScope::launch_indices(const CompressedPlan& p, const
   const int64_t T = x.size(0);
   overlap = overlap && x.device == Device::cuda;
   DSV4_CHECK(overlap || main == side, "CompressedScope::launch_indices: main and side streams differ without overlap");
+  DSV4_CHECK(ratio_ != 4 || keys_forked_ == overlap,
+             "CompressedScope::launch_indices: overlap differs from launch_compressors'");
   CompressedIndices out;
   out.topk = p.topk;
   if (ratio_ == 128) {
@@ -105,14 +101,8 @@ CompressedIndices CompressedScope::launch_indices(const CompressedPlan& p, const
   // C4A: the query needs qr_n (on `main`), the scores need the query and the keys (the key
   // branch), the top-k the scores. With `overlap` the query runs on a stream of its own beside
   // `main`'s wq_b and the main compressor, and the scores and top-k follow on the key branch.
-  Stream key_stream = keys_forked_ ? key_stream_->get() : side;
-  Stream query_stream = main;
-  if (overlap) {
-    if (!query_stream_) query_stream_ = std::make_unique<rt::OwnedStream>();
-    query_stream = query_stream_->get();
-    query_fork_.record(main);
-    query_fork_.make_wait(query_stream);
-  }
+  const Stream key_stream = keys_forked_ ? key_branch_.get() : side;
+  const Stream query_stream = overlap ? query_branch_.fork(main) : main;
   const IndexerWeightViews& iw = *w_.indexer;
   const int HI = cfg_.index_n_heads;
   out.local = scratch.tensor(DType::int32, {T, out.topk});
@@ -127,10 +117,7 @@ CompressedIndices CompressedScope::launch_indices(const CompressedPlan& p, const
   const auto [qr, qr_scale] = qr_n.for_weight(iw.wq_b);
   indexer_query(qr, qr_scale, iw.wq_b.value, iw.wq_b.scale, x, iw.weights_proj.value, positions,
                 cos_sin, q_fp8, q_scale, weights, query_ws, query_stream);
-  if (query_stream != key_stream) {
-    query_done_.record(query_stream);
-    query_done_.make_wait(key_stream);
-  }
+  if (overlap) query_branch_.join_into(key_stream);
   op("indexer_scores");
   indexer_scores(q_fp8, q_scale, weights, positions, token_to_req,
                  IndexerKeyCacheView{caches_.indexer_keys->storage_view(),
@@ -140,10 +127,7 @@ CompressedIndices CompressedScope::launch_indices(const CompressedPlan& p, const
   // Column order: the attention over the selected entries does not depend on their order (only
   // its fp32 rounding does), and on CUDA it spares the kernel its sort.
   indexer_topk(scores, positions, ratio_, out.local, out.lens, key_stream, TopkOrder::column);
-  if (key_stream != side) {
-    index_done_.record(key_stream);
-    index_done_.make_wait(side);
-  }
+  if (keys_forked_) key_branch_.join_into(side);
   return out;
 }
 

@@ -10,7 +10,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <memory>
 #include <vector>
 
 #include "dsv4/batch.h"
@@ -23,7 +22,7 @@
 #include "layer/scratch.h"
 #include "layer/step_planner.h"
 #include "layer/step_upload.h"
-#include "runtime/device_runtime.h"
+#include "runtime/branch_stream.h"
 
 namespace dsv4 {
 
@@ -83,9 +82,8 @@ class CompressedScope {
 
   // C4A with `overlap`: the streams of the indexer's key branch (its compressor, then scores and
   // top-k) and query branch, and the events that fork them and join them back.
-  std::unique_ptr<rt::OwnedStream> key_stream_, query_stream_;
-  rt::Event key_fork_, query_fork_, query_done_, index_done_;
-  bool keys_forked_ = false;  // launch_compressors put the key branch on key_stream_
+  rt::BranchStream key_branch_, query_branch_;
+  bool keys_forked_ = false;  // launch_compressors put the key branch on key_branch_
 
   const ModelConfig& cfg_;
   const LayerWeightViews& w_;

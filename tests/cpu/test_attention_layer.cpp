@@ -67,6 +67,29 @@ Outputs run_request(const ModelConfig& cfg, int layer, int64_t len, int64_t chun
 
 using dsv4_test::row_rel_err;
 
+// Request 7's outputs at positions [0, L) against the float64 reference layer over its hidden
+// states, with MatchesFloat64Reference's bounds (see there). Returns the errors, sorted.
+std::vector<double> expect_matches_reference(const ModelConfig& cfg, int layer, const Outputs& got, int L) {
+  std::vector<double> x;
+  for (int p = 0; p < L; ++p) {
+    const std::vector<float> h = hidden(cfg.dim, 7, p);
+    x.insert(x.end(), h.begin(), h.end());
+  }
+  const auto w = dsv4::random_attention_weights(cfg, layer, kSeed, true);
+  const std::vector<double> ref = dsv4::reference_attention_layer(cfg, layer, w, x);
+  std::vector<double> errs;
+  for (int p = 0; p < L; ++p) {
+    const std::vector<double> r(ref.begin() + int64_t{p} * cfg.dim, ref.begin() + int64_t{p + 1} * cfg.dim);
+    const double e = row_rel_err(got.at({7, p}), r);
+    EXPECT_FALSE(std::isnan(e)) << "position " << p;
+    errs.push_back(e);
+  }
+  std::sort(errs.begin(), errs.end());
+  EXPECT_LT(errs.back(), 5e-2);
+  EXPECT_LT(errs[errs.size() / 2], 1e-4);
+  return errs;
+}
+
 struct LayerCase {
   int layer;  // of the tiny config: 0 SWA, 1 C4A, 2 C128A
   const char* name;
@@ -93,28 +116,10 @@ class LayerTest : public ::testing::TestWithParam<LayerCase> {
 TEST_P(LayerTest, MatchesFloat64Reference) {
   const int L = 300;
   const Outputs got = run_request(cfg, GetParam().layer, L, L);
-  std::vector<double> x;
-  for (int p = 0; p < L; ++p) {
-    const std::vector<float> h = hidden(cfg.dim, 7, p);
-    x.insert(x.end(), h.begin(), h.end());
-  }
-  const auto w = dsv4::random_attention_weights(cfg, GetParam().layer, kSeed, true);
-  const std::vector<double> ref = dsv4::reference_attention_layer(cfg, GetParam().layer, w, x);
-  std::vector<double> errs;
-  for (int p = 0; p < L; ++p) {
-    const std::vector<double> r(ref.begin() + int64_t{p} * cfg.dim, ref.begin() + int64_t{p + 1} * cfg.dim);
-    const double e = row_rel_err(got.at({7, p}), r);
-    ASSERT_FALSE(std::isnan(e)) << "position " << p;
-    errs.push_back(e);
-  }
-  std::vector<double> sorted = errs;
-  std::sort(sorted.begin(), sorted.end());
-  std::printf("  median %.3e, p90 %.3e, p99 %.3e, max %.3e\n", sorted[sorted.size() / 2],
-              sorted[sorted.size() * 9 / 10], sorted[sorted.size() * 99 / 100], sorted.back());
-  std::sort(errs.begin(), errs.end());
+  const std::vector<double> errs = expect_matches_reference(cfg, GetParam().layer, got, L);
+  std::printf("  median %.3e, p90 %.3e, p99 %.3e, max %.3e\n", errs[errs.size() / 2],
+              errs[errs.size() * 9 / 10], errs[errs.size() * 99 / 100], errs.back());
   RecordProperty("max_rel_err", std::to_string(errs.back()));
-  EXPECT_LT(errs.back(), 5e-2);
-  EXPECT_LT(errs[errs.size() / 2], 1e-4);
 }
 
 // One prefill = chunked prefill (chunks 1, 7, 64) = prefill + token-by-token decode. The cached
@@ -153,23 +158,7 @@ TEST_P(LayerTest, DecodeLikeStepsMatchFloat64Reference) {
     step(a, steps, got);
     done += take;
   }
-  std::vector<double> x;
-  for (int p = 0; p < L; ++p) {
-    const std::vector<float> h = hidden(cfg.dim, 7, p);
-    x.insert(x.end(), h.begin(), h.end());
-  }
-  const auto w = dsv4::random_attention_weights(cfg, GetParam().layer, kSeed, true);
-  const std::vector<double> ref = dsv4::reference_attention_layer(cfg, GetParam().layer, w, x);
-  std::vector<double> errs;
-  for (int p = 0; p < L; ++p) {
-    const std::vector<double> r(ref.begin() + int64_t{p} * cfg.dim, ref.begin() + int64_t{p + 1} * cfg.dim);
-    const double e = row_rel_err(got.at({7, p}), r);
-    ASSERT_FALSE(std::isnan(e)) << "position " << p;
-    errs.push_back(e);
-  }
-  std::sort(errs.begin(), errs.end());
-  EXPECT_LT(errs.back(), 5e-2);
-  EXPECT_LT(errs[errs.size() / 2], 1e-4);
+  expect_matches_reference(cfg, GetParam().layer, got, L);
 }
 
 // Which requests are decode-like: the leading ones that continue a context with at most

@@ -16,6 +16,7 @@ def main():
     ap.add_argument("--requests", type=int, default=128)
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--graphs", type=int, default=0)
+    ap.add_argument("--trace", help="also write the decode step's timeline (Chrome trace JSON) here")
     args = ap.parse_args()
     cfg = dsv4attn.ModelConfig.builtin(args.model)
     R, ctx = args.requests, args.context
@@ -46,6 +47,8 @@ def main():
     with profile(activities=[ProfilerActivity.CUDA]) as decode_prof:
         a.forward(BatchDescription(ids, [done] * R, [1] * R), x1)
         torch.cuda.synchronize()
+    if args.trace:
+        decode_prof.export_chrome_trace(args.trace)
     for name, prof in (("prefill R x 128 at context 128", prefill_prof), (f"decode R x 1 at {done}", decode_prof)):
         print(f"== {cfg.name} layer {args.layer} ({a.kind}) R={R}: {name}")
         rows = [(e.device_time_total, e.count, e.key) for e in prof.key_averages() if e.device_time_total > 0]

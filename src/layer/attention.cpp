@@ -160,10 +160,6 @@ struct Attention::Impl {
   TensorView gemm_workspace;
 };
 
-// The wkv projection's own cuBLASLt workspace (CUDA): it may run beside wq_a. Taken whether or not
-// it does, so that both orders pick the same algorithm and give the same bits.
-constexpr int64_t kKvProjectionWorkspaceBytes = int64_t{4} << 20;
-
 Attention::Attention(const ModelConfig& cfg, int layer, AttentionWeights weights,
                      AttentionOptions opts)
     : impl_(std::make_unique<Impl>()) {
@@ -349,8 +345,8 @@ Attention::Impl::WorkspaceBound Attention::Impl::workspace_bound(int64_t max_tok
   if (ratio) {
     const int64_t coff = ratio == 4 ? 2 : 1;
     add(2 * 4 * T * coff * D);  // compressor kv / score rows
-    if (device == Device::cuda) add(kCompressorGemmWorkspaceBytes);
-    if (device == Device::cuda && ratio == 4) add(kCompressorGemmWorkspaceBytes);  // the indexer's
+    if (device == Device::cuda) add(kBranchGemmWorkspaceBytes);
+    if (device == Device::cuda && ratio == 4) add(kBranchGemmWorkspaceBytes);  // the indexer's
     add(4 * T * K);             // local entries
     add(4 * T);                 // lens
   }
@@ -378,7 +374,7 @@ Attention::Impl::WorkspaceBound Attention::Impl::workspace_bound(int64_t max_tok
   add(T * cfg.q_lora_rank + 4 * T * (cfg.q_lora_rank / 128 + 1));
   add(T * cfg.o_groups * cfg.o_lora_rank + 4 * T * (cfg.o_groups * cfg.o_lora_rank / 128 + 1));
   if (device == Device::cuda) add(kGemmWorkspaceBytes);
-  if (device == Device::cuda) add(kKvProjectionWorkspaceBytes);
+  if (device == Device::cuda) add(kBranchGemmWorkspaceBytes);  // wkv's
   // Output path.
   add(4 * T * cfg.o_groups * cfg.o_lora_rank);  // z
   add(T * HD);                                  // o fp8
@@ -464,7 +460,8 @@ void Attention::Impl::launch(const StepPlan& sp, const TensorView& x, const Tens
   // stream. Serial when an op timer attributes time per op.
   const TensorView positions = upload.view(sp.positions);
   const TensorView token_to_req = upload.view(sp.token_to_req);
-  const bool overlap = compressed && device == Device::cuda && !timing();
+  const bool branches = device == Device::cuda && !timing();
+  const bool overlap = compressed && branches;
   auto mark = [this](const char* name) { op(name); };
   Stream cs = stream;
   if (compressed) {
@@ -480,17 +477,16 @@ void Attention::Impl::launch(const StepPlan& sp, const TensorView& x, const Tens
   TensorView qr = ws.tensor(DType::fp32, {T, cfg.q_lora_rank});
   TensorView kv_raw = ws.tensor(DType::fp32, {T, D});
   const TensorView kv_workspace =
-      device == Device::cuda ? ws.tensor(DType::uint8, {kKvProjectionWorkspaceBytes}) : TensorView{};
+      device == Device::cuda ? ws.tensor(DType::uint8, {kBranchGemmWorkspaceBytes}) : TensorView{};
   // wq_a and wkv read the same x and nothing of each other: on CUDA (no op timer) wkv runs on a
   // stream of its own beside wq_a. At decode each is a GEMM of a few CTAs.
-  const bool overlap_kv = device == Device::cuda && !timing();
-  const Stream kvs = overlap_kv ? kv_branch.fork(stream) : stream;
+  const Stream kvs = branches ? kv_branch.fork(stream) : stream;
   const auto [xa, xa_scale] = xin.for_weight(wv.wq_a);
   linear(xa, xa_scale, wv.wq_a.value, wv.wq_a.scale, qr, gemm_workspace, stream);
   op("wkv");
   const auto [xkv, xkv_scale] = xin.for_weight(wv.wkv);
   linear(xkv, xkv_scale, wv.wkv.value, wv.wkv.scale, kv_raw, kv_workspace, kvs);
-  if (overlap_kv) kv_branch.join_into(stream);
+  if (branches) kv_branch.join_into(stream);
   const WeightView* iwq_b = wv.indexer ? &wv.indexer->wq_b : nullptr;
   const bool qr_fp8 = fp8_input(wv.wq_b) || (iwq_b && fp8_input(*iwq_b));
   const bool qr_dense = !fp8_input(wv.wq_b) || (iwq_b && !fp8_input(*iwq_b));

@@ -54,7 +54,7 @@ void CompressedScope::launch_compressors(const CompressedPlan& p, const StepUplo
   const TensorView context = upload.view(p.context);
   // One GEMM workspace per compressor: the two may run side by side.
   auto gemm_workspace = [&] {
-    return cuda ? scratch.tensor(DType::uint8, {kCompressorGemmWorkspaceBytes}) : TensorView{};
+    return cuda ? scratch.tensor(DType::uint8, {kBranchGemmWorkspaceBytes}) : TensorView{};
   };
   // C4A: the indexer's compressor (its keys) and the main one read only x, and at decode each is
   // a few small kernels that leave most SMs idle: with `overlap` the key branch runs on a stream

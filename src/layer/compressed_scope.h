@@ -26,10 +26,11 @@
 
 namespace dsv4 {
 
-// The GEMM workspace of one compressor's projections on CUDA (their own: the scope runs on a side
-// stream beside the layer's projections, which use the layer's). A C4A scope takes two, one per
-// compressor, since its two compressors may run side by side.
-inline constexpr int64_t kCompressorGemmWorkspaceBytes = int64_t{4} << 20;
+// The cuBLASLt workspace of a GEMM on a side branch of the step (CUDA): each compressor's
+// projections (a C4A scope takes two, its compressors may run side by side) and the layer's wkv.
+// Each branch has its own, taken whether or not the step branches, so that both orders pick the
+// same algorithm and give the same bits.
+inline constexpr int64_t kBranchGemmWorkspaceBytes = int64_t{4} << 20;
 
 struct CompressedIndices {
   // [T, topk] int32 request-local entry numbers, -1 padded (scratch). C4A: the indexer's

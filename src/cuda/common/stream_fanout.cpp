@@ -7,6 +7,7 @@
 #include <map>
 #include <vector>
 
+#include "cuda/common/capture_mode.h"
 #include "cuda/common/check.h"
 
 namespace dsv4::cuda {
@@ -25,22 +26,20 @@ SidePool& side_pool(const char* where, int sides) {
   DSV4_CUDA_CHECK(where, cudaGetDevice(&device));
   SidePool& pool = pools[device];
   if (pool.fork != nullptr && static_cast<int>(pool.streams.size()) >= sides) return pool;
-  // Creating streams and events is no stream work, but global capture mode refuses it: relax the
-  // mode of this thread for the creation only.
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  DSV4_CUDA_CHECK(where, cudaThreadExchangeStreamCaptureMode(&mode));
   cudaError_t err = cudaSuccess;
-  if (pool.fork == nullptr) err = cudaEventCreateWithFlags(&pool.fork, cudaEventDisableTiming);
-  while (err == cudaSuccess && static_cast<int>(pool.streams.size()) < sides) {
-    cudaStream_t s = nullptr;
-    cudaEvent_t e = nullptr;
-    err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
-    if (err != cudaSuccess) break;
-    pool.streams.push_back(s);
-    pool.done.push_back(e);
+  {
+    const RelaxedCaptureMode relaxed(where);  // the creation may fall inside a capture
+    if (pool.fork == nullptr) err = cudaEventCreateWithFlags(&pool.fork, cudaEventDisableTiming);
+    while (err == cudaSuccess && static_cast<int>(pool.streams.size()) < sides) {
+      cudaStream_t s = nullptr;
+      cudaEvent_t e = nullptr;
+      err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      if (err == cudaSuccess) err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+      if (err != cudaSuccess) break;
+      pool.streams.push_back(s);
+      pool.done.push_back(e);
+    }
   }
-  DSV4_CUDA_CHECK(where, cudaThreadExchangeStreamCaptureMode(&mode));
   check_cuda(err, where, "creating the side streams of a fanned-out op");
   return pool;
 }

@@ -5,6 +5,7 @@
 
 #include <utility>
 
+#include "cuda/common/capture_mode.h"
 #include "cuda/common/check.h"
 
 namespace dsv4::rt {
@@ -104,22 +105,6 @@ PinnedBuffer::PinnedBuffer(size_t bytes) : size_(bytes) {
   data_ = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { cudaFreeHost(q); });
 }
 
-namespace {
-// Streams and events are created on first use, which may fall inside a stream capture (a layer's
-// first step captured by torch.cuda.graph): relaxed mode for this thread keeps such a creation
-// legal whatever mode the capture was begun in.
-class RelaxedCaptureMode {
- public:
-  RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-  ~RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
-  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
-
- private:
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-};
-}  // namespace
-
 Event::Event(bool timing) : timing_(timing) {}
 Event::~Event() {
   if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
@@ -140,7 +125,7 @@ Event& Event::operator=(Event&& other) noexcept {
 
 void Event::record(Stream stream) {
   if (!event_) {
-    RelaxedCaptureMode relaxed;
+    const cuda::RelaxedCaptureMode relaxed("Event");
     cudaEvent_t e = nullptr;
     check_cuda(cudaEventCreateWithFlags(&e, timing_ ? cudaEventDefault : cudaEventDisableTiming),
                "Event", "cudaEventCreate");
@@ -173,7 +158,7 @@ float Event::elapsed_ms(const Event& start, const Event& end) {
 }
 
 OwnedStream::OwnedStream() {
-  RelaxedCaptureMode relaxed;
+  const cuda::RelaxedCaptureMode relaxed("OwnedStream");
   cudaStream_t s = nullptr;
   check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "OwnedStream",
              "cudaStreamCreate");

@@ -9,6 +9,36 @@ import dsv4attn
 from dsv4attn import Attention, BatchDescription
 
 
+def print_host_side(prof):
+    """The decode step's CUDA API calls on the host and the span of its kernels, in microseconds from
+    the first API call: where the host's half of a step goes."""
+    import json
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    api = sorted((e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")), key=lambda e: e["ts"])
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if not api:
+        print("no CUDA API events in the trace")
+        return
+    t0 = api[0]["ts"]
+    print(f"== host side of the decode step ({len(api)} CUDA API calls, {len(gpu)} GPU activities)")
+    for e in api:
+        if e["name"] in ("cudaStreamIsCapturing", "cudaGetDevice", "cudaGetLastError"):
+            continue
+        print(f"{e['ts'] - t0:9.1f} us  {e['dur']:7.1f} us  {e['name']}")
+    if gpu:
+        first = min(e["ts"] for e in gpu)
+        last = max(e["ts"] + e["dur"] for e in gpu)
+        print(f"GPU: first activity at {first - t0:.1f} us, last ends at {last - t0:.1f} us "
+              f"({last - first:.1f} us on the GPU)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="v4-flash")
@@ -17,6 +47,9 @@ def main():
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--graphs", type=int, default=0)
     ap.add_argument("--trace", help="also write the decode step's timeline (Chrome trace JSON) here")
+    ap.add_argument("--host", action="store_true",
+                    help="also print the decode step's host side: each CUDA runtime / driver call with its "
+                         "start (from the forward's start) and duration, and when the GPU began and ended")
     args = ap.parse_args()
     cfg = dsv4attn.ModelConfig.builtin(args.model)
     R, ctx = args.requests, args.context
@@ -44,9 +77,12 @@ def main():
         a.forward(BatchDescription(ids, [done] * R, [1] * R), x1)
         done += 1
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as decode_prof:
+    acts = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.host else [])
+    with profile(activities=acts) as decode_prof:
         a.forward(BatchDescription(ids, [done] * R, [1] * R), x1)
         torch.cuda.synchronize()
+    if args.host:
+        print_host_side(decode_prof)
     if args.trace:
         decode_prof.export_chrome_trace(args.trace)
     for name, prof in (("prefill R x 128 at context 128", prefill_prof), (f"decode R x 1 at {done}", decode_prof)):

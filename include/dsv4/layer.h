@@ -37,6 +37,13 @@ class OpTimer {
   virtual void begin(const char* op, Stream stream) = 0;
   virtual void end(Stream stream) = 0;
   virtual bool active() const { return true; }
+  // CUDA decode graphs: called on `stream` right before (before = true) and right after each
+  // launch of a captured step, whether or not active() (graph steps run only while it is not),
+  // so a timer can bracket the replay's GPU time with events of its own.
+  virtual void graph_launch(Stream stream, bool before) {
+    (void)stream;
+    (void)before;
+  }
 };
 
 struct AttentionOptions {

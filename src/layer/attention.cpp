@@ -439,8 +439,10 @@ void Attention::Impl::forward(const BatchPlan& plan, const CallerStep* step, con
     return;
   }
   Communicator* const comm = opts.tp.communicator;
-  graphs.run(sp.shape_key(), memory_generation(), rows, x, y, scratch, stream, run, [comm] {
-    if (comm) comm->launch_barrier();  // the graph holds its allreduce
+  OpTimer* const timer = opts.op_timer;
+  graphs.run(sp.shape_key(), memory_generation(), rows, x, y, scratch, stream, run, [comm, timer, stream](bool before) {
+    if (before && comm) comm->launch_barrier();  // the graph holds its allreduce
+    if (timer) timer->graph_launch(stream, before);
   });
 }
 

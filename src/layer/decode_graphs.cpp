@@ -14,13 +14,14 @@ int64_t DecodeGraphs::rows(int64_t tokens) { return std::max(kFp8GemmRowMultiple
 
 void DecodeGraphs::run(const std::vector<int64_t>& key, uint64_t memory_generation, int64_t rows,
                        const TensorView& x, const TensorView& y, Scratch& scratch, Stream stream,
-                       const StepLaunch& launch, const std::function<void()>& before_graph_launch) {
+                       const StepLaunch& launch, const std::function<void(bool before)>& around_graph_launch) {
   // Sized for the largest bucket at once: growing later would move the rows every graph reads.
   ensure_io(kMaxTokens, x.size(1));
   copy_rows_in(x, this->x(rows), stream);
   const auto launch_graph = [&] {
-    if (before_graph_launch) before_graph_launch();
+    if (around_graph_launch) around_graph_launch(true);
     graph(key).launch(stream);
+    if (around_graph_launch) around_graph_launch(false);
   };
   switch (next(key, memory_generation)) {
     case Action::eager:

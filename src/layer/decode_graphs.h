@@ -42,11 +42,12 @@ class DecodeGraphs {
   // rows, then what next() says on `stream` — `launch` eagerly over the fixed `rows` rows; or
   // captured on the capture stream (the scratch refusing to grow meanwhile: nothing may allocate
   // inside a capture), then launched; or replayed — then the first T rows of y out
-  // (copy_rows_out: y on the GPU or the host). `before_graph_launch` (may be empty) runs before
-  // each graph launch (a tensor-parallel group's launch barrier: the graph holds its allreduce).
+  // (copy_rows_out: y on the GPU or the host). `around_graph_launch` (may be empty) runs right
+  // before each graph launch with true (a tensor-parallel group's launch barrier: the graph holds
+  // its allreduce) and right after it with false (an op timer's replay events).
   void run(const std::vector<int64_t>& key, uint64_t memory_generation, int64_t rows,
            const TensorView& x, const TensorView& y, Scratch& scratch, Stream stream,
-           const StepLaunch& launch, const std::function<void()>& before_graph_launch = {});
+           const StepLaunch& launch, const std::function<void(bool before)>& around_graph_launch = {});
 
   // What to do with a step of shape `key` (see above).
   Action next(const std::vector<int64_t>& key, uint64_t memory_generation);

@@ -38,6 +38,15 @@ TEST(CliBenchLayerCuda, TinyReportIsCompleteAndTimed) {
     EXPECT_GT(c["gpu_us"].get<double>(), 0);
     EXPECT_GT(c["wall_us"].get<double>(), 0);
     EXPECT_GT(c["floor_us"].get<double>(), 0);
+    // Decode and MTP steps replay their graph: its GPU time is bracketed by events and lies
+    // inside the step's wall clock; prefill steps run eagerly and report none.
+    if (c["phase"] == "prefill") {
+      EXPECT_EQ(c["graph_gpu_us"].get<double>(), 0.0) << c["case"];
+    } else {
+      EXPECT_EQ(c["wall_mode"], "graph");
+      EXPECT_GT(c["graph_gpu_us"].get<double>(), 0.0) << c["case"];
+      EXPECT_LT(c["graph_gpu_us"].get<double>(), c["wall_us"].get<double>()) << c["case"];
+    }
     // The step cannot beat its floor by much (the floor is the least work at measured peaks;
     // tiny steps are launch-bound, far above it).
     EXPECT_GT(c["gpu_us"].get<double>(), 0.5 * c["floor_us"].get<double>()) << c["case"];

@@ -66,6 +66,11 @@ nlohmann::json to_json(const LayerBenchReport& r) {
                             {"wall_us", c.wall_us},
                             {"wall_mode", c.wall_mode},
                             {"forward_us", c.forward_us},
+                            {"graph_gpu_us", c.graph_gpu_us},
+                            {"before_launch_us", c.before_launch_us},
+                            {"launch_us", c.launch_us},
+                            {"graph_gpu_over_floor", floor > 0 ? c.graph_gpu_us / floor : 0.0},
+                            {"wall_over_graph_gpu", c.graph_gpu_us > 0 ? c.wall_us / c.graph_gpu_us : 0.0},
                             {"gpu_us", c.gpu_us},
                             {"host_us", c.host_us},
                             {"floor_us", floor},
@@ -104,6 +109,10 @@ void print_case(std::FILE* f, const CaseReport& c, const Ceilings& ceil) {
                "GPU/floor %.2fx, wall/floor %.2fx\n",
                c.wall_us, c.wall_mode.c_str(), c.forward_us, c.gpu_us, c.host_us, floor,
                floor > 0 ? c.gpu_us / floor : 0.0, floor > 0 ? c.wall_us / floor : 0.0);
+  if (c.graph_gpu_us > 0)
+    std::fprintf(f, "  replayed graph: %.1f us on the GPU (%.2fx the floor), wall / graph GPU %.2fx; host: launch "
+                 "called after %.1f us, took %.1f us\n", c.graph_gpu_us, floor > 0 ? c.graph_gpu_us / floor : 0.0,
+                 c.wall_us / c.graph_gpu_us, c.before_launch_us, c.launch_us);
   std::fprintf(f, "  %-22s %10s %10s %10s %7s %10s %10s %7s\n", "op", "GPU us", "host us", "floor us", "x floor",
                "GFLOP", "MB", "bound");
   for (const OpReport& o : c.ops) {

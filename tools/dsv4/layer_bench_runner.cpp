@@ -31,6 +31,9 @@ using Clock = std::chrono::steady_clock;
 struct StepTimes {
   double wall_us = 0;
   double forward_us = 0;  // host time until forward() returned (planning + enqueue / replay launch)
+  double graph_gpu_us = -1;  // rank 0's replayed graph on the GPU (negative: the step ran eagerly)
+  // Rank 0's host clock: from the step's start to the graph launch call, and the call itself.
+  double before_launch_us = 0, launch_us = 0;
   ForwardTimes ops;  // empty when timed without the op timer
 };
 
@@ -160,6 +163,12 @@ class LayerRunner {
     }
     out.wall_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
     if (op_timing) out.ops = ranks_[0]->timer().collect();
+    out.graph_gpu_us = ranks_[0]->timer().take_graph_us();
+    if (out.graph_gpu_us >= 0) {
+      const auto [began, ended] = ranks_[0]->timer().graph_launch_span();
+      out.before_launch_us = std::chrono::duration<double, std::micro>(began - t0).count();
+      out.launch_us = std::chrono::duration<double, std::micro>(ended - began).count();
+    }
     return out;
   }
 
@@ -215,13 +224,24 @@ CaseReport make_report(const ModelConfig& cfg, int layer, LayerKind kind, const 
   std::vector<ForwardTimes> runs;
   for (const StepTimes& t : timed) runs.push_back(t.ops);
   const ForwardTimes med = median_times(runs);
-  std::vector<double> wall_us, forward_us;
+  std::vector<double> wall_us, forward_us, graph_gpu_us, before_launch_us, launch_us;
   for (const StepTimes& t : wall_steps) {
     wall_us.push_back(t.wall_us);
     forward_us.push_back(t.forward_us);
+    if (t.graph_gpu_us >= 0) {
+      graph_gpu_us.push_back(t.graph_gpu_us);
+      before_launch_us.push_back(t.before_launch_us);
+      launch_us.push_back(t.launch_us);
+    }
   }
   r.wall_us = median(wall_us);
   r.forward_us = median(forward_us);
+  // Only when every wall-clock step replayed: a median over a mix would mean nothing.
+  if (!graph_gpu_us.empty() && graph_gpu_us.size() == wall_steps.size()) {
+    r.graph_gpu_us = median(graph_gpu_us);
+    r.before_launch_us = median(before_launch_us);
+    r.launch_us = median(launch_us);
+  }
   r.gpu_us = med.gpu_us;
   r.host_us = med.host_us;
   const StepShape shape = StepShape::make(tensor_parallel_config(cfg, s.tp), kind, first_plan, s.fp8_weights);

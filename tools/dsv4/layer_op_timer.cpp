@@ -136,6 +136,24 @@ ForwardTimes CudaEventOpTimer::collect() {
   return out;
 }
 
+void CudaEventOpTimer::graph_launch(Stream stream, bool before) {
+  if (enabled_) return;  // an op-timed forward runs eagerly; its events already span it
+  if (before) {
+    launch_began_ = Clock::now();
+    graph_begin_.record(stream);
+  } else {
+    graph_end_.record(stream);
+    launch_ended_ = Clock::now();
+  }
+  graph_bracketed_ = !before;
+}
+
+double CudaEventOpTimer::take_graph_us() {
+  if (!graph_bracketed_) return -1.0;
+  graph_bracketed_ = false;
+  return 1000.0 * rt::Event::elapsed_ms(graph_begin_, graph_end_);
+}
+
 // The pool's events may still be pending on the stream; re-recording them later is allowed.
 void CudaEventOpTimer::reset() {
   names_.clear();

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <chrono>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -46,10 +47,18 @@ class TimingOpTimer : public OpTimer {
   virtual ForwardTimes collect() = 0;
   // Forgets whatever was marked since the last collect() (a warm-up forward, or one that threw).
   virtual void reset() = 0;
+  // The GPU time of the last decode-graph replay bracketed through graph_launch() since the last
+  // call (waits for it), or a negative value when none was (an eager step, the CPU backend).
+  virtual double take_graph_us() { return -1.0; }
+  // Host clock at the last bracketed graph launch's start and end (Clock::time_point{} if none).
+  std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point> graph_launch_span() const {
+    return {launch_began_, launch_ended_};
+  }
 
  protected:
   using Clock = std::chrono::steady_clock;
   bool enabled_ = true;
+  Clock::time_point launch_began_{}, launch_ended_{};
 };
 
 // Host clocks only (the CPU backend).
@@ -76,9 +85,14 @@ class CudaEventOpTimer final : public TimingOpTimer {
   void end(Stream stream) override;
   ForwardTimes collect() override;
   void reset() override;
+  // While disabled (the wall-clock steps), brackets each graph replay with two events.
+  void graph_launch(Stream stream, bool before) override;
+  double take_graph_us() override;
 
  private:
   void record(Stream stream);
+  rt::Event graph_begin_{/*timing=*/true}, graph_end_{/*timing=*/true};
+  bool graph_bracketed_ = false;
   std::vector<rt::Event> events_;  // timing events, a pool reused by every forward
   size_t used_ = 0;            // events recorded in the current forward
   std::vector<std::string> names_;

@@ -9,10 +9,10 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "dsv4/config.h"
@@ -112,7 +112,7 @@ class PagedCache {
   Device device_ = Device::cpu;
   int64_t block_stride_ = 0;
   bool caller_owned_ = false;
-  std::map<int64_t, Request> requests_;
+  std::unordered_map<int64_t, Request> requests_;  // looked up per request on every step
 };
 
 // Throws dsv4::Error("<where>: <name> cache exhausted: ...") unless the pool holds the new

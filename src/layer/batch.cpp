@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <set>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "dsv4/checked_math.h"
@@ -13,21 +13,22 @@ namespace dsv4 {
 
 int64_t BatchPlan::count_tokens(const std::vector<RequestStep>& steps) {
   constexpr const char* kWhere = "BatchPlan";
-  std::set<int64_t> seen;
+  // Called for every step on the decode path: no allocation per request unless one is refused.
+  auto req = [](const RequestStep& s) { return "request " + std::to_string(s.req_id); };
+  std::unordered_set<int64_t> seen(steps.size());
   int64_t tokens = 0;
   for (const RequestStep& s : steps) {
-    const std::string req = "request " + std::to_string(s.req_id);
-    if (s.num_new < 1) fail_expected(kWhere, "num_new of " + req, ">= 1", s.num_new);
-    if (s.context < 0) fail_expected(kWhere, "context of " + req, ">= 0", s.context);
+    if (s.num_new < 1) fail_expected(kWhere, "num_new of " + req(s), ">= 1", s.num_new);
+    if (s.context < 0) fail_expected(kWhere, "context of " + req(s), ">= 0", s.context);
     if (!add_i64(s.context, s.num_new))
-      fail(kWhere, ": context + num_new of ", req, ": ", s.context, " + ", s.num_new,
+      fail(kWhere, ": context + num_new of ", req(s), ": ", s.context, " + ", s.num_new,
            " overflows int64");
     if (!seen.insert(s.req_id).second) fail(kWhere, ": request ", s.req_id, " appears twice in one step");
     // query_start_loc is int32: the step's tokens must fit it.
     const auto sum = add_i64(tokens, s.num_new);
     if (!sum || *sum > INT32_MAX)
       fail(kWhere, ": tokens of one step: expected <= ", INT32_MAX, " (int32 offsets), got more at ",
-           req, " (num_new ", s.num_new, ")");
+           req(s), " (num_new ", s.num_new, ")");
     tokens = *sum;
   }
   return tokens;

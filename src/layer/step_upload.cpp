@@ -16,21 +16,31 @@ namespace {
 int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
-void StepUpload::begin() { host_.clear(); }
+void StepUpload::begin() { host_size_ = 0; }
+
+void StepUpload::grow_host(int64_t bytes) {
+  if (bytes <= host_capacity_) return;
+  const int64_t capacity = std::max(bytes, 2 * host_capacity_);
+  std::unique_ptr<uint8_t[]> grown(new uint8_t[static_cast<size_t>(capacity)]);  // uninitialized
+  if (host_size_ > 0) std::memcpy(grown.get(), host_.get(), static_cast<size_t>(host_size_));
+  host_ = std::move(grown);
+  host_capacity_ = capacity;
+}
 
 StepUpload::Array StepUpload::put_uninit(DType dtype, std::vector<int64_t> shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   const int64_t bytes = n * static_cast<int64_t>(dtype_size(dtype));
-  Array a{round_up(static_cast<int64_t>(host_.size()), kAlign), dtype, std::move(shape)};
-  host_.resize(static_cast<size_t>(a.offset + bytes));
+  Array a{round_up(host_size_, kAlign), dtype, std::move(shape)};
+  grow_host(a.offset + bytes);
+  host_size_ = a.offset + bytes;
   return a;
 }
 
 StepUpload::Array StepUpload::put(DType dtype, std::vector<int64_t> shape, const void* data) {
   Array a = put_uninit(dtype, std::move(shape));
-  const size_t bytes = host_.size() - static_cast<size_t>(a.offset);
-  if (bytes > 0) std::memcpy(host_.data() + a.offset, data, bytes);
+  const int64_t bytes = host_size_ - a.offset;
+  if (bytes > 0) std::memcpy(host_.get() + a.offset, data, static_cast<size_t>(bytes));
   return a;
 }
 
@@ -59,7 +69,7 @@ void StepUpload::grow_device(int64_t bytes) {
 
 void StepUpload::reserve(int64_t bytes) {
   if (device_ == Device::cpu) {
-    host_.reserve(static_cast<size_t>(bytes));
+    grow_host(bytes);
     return;
   }
   grow_device(bytes);
@@ -74,16 +84,16 @@ void StepUpload::reserve(int64_t bytes) {
 
 void StepUpload::commit(Stream stream) {
   if (device_ == Device::cpu) {
-    committed_ = host_.data();
+    committed_ = host_.get();
     return;
   }
-  const int64_t bytes = static_cast<int64_t>(host_.size());
+  const int64_t bytes = host_size_;
   if (rt::is_capturing(stream)) {
     // A caller's capture: the copy node keeps reading this staging at every replay.
     if (device_buffer_.numel() < bytes || static_cast<int64_t>(capture_spare_.size()) < bytes)
       fail("Attention::forward: the step's plan (", bytes, " bytes) does not fit the buffers "
            "reserved before capture; run one step of this shape eagerly (or reserve()) first");
-    std::memcpy(capture_spare_.data(), host_.data(), static_cast<size_t>(bytes));
+    std::memcpy(capture_spare_.data(), host_.get(), static_cast<size_t>(bytes));
     rt::copy_host_to_device_async(device_buffer_.data<uint8_t>(), capture_spare_.data(),
                                   static_cast<size_t>(bytes), stream);
     captured_.push_back(std::move(capture_spare_));
@@ -97,7 +107,7 @@ void StepUpload::commit(Stream stream) {
     s.copied.wait_host();  // only waits if the host ran kRing steps ahead of the GPU
     if (static_cast<int64_t>(s.buffer.size()) < bytes)
       s.buffer = rt::PinnedBuffer(static_cast<size_t>(round_up(bytes, 4096)));
-    std::memcpy(s.buffer.data(), host_.data(), static_cast<size_t>(bytes));
+    std::memcpy(s.buffer.data(), host_.get(), static_cast<size_t>(bytes));
     rt::copy_host_to_device_async(device_buffer_.data<uint8_t>(), s.buffer.data(),
                                   static_cast<size_t>(bytes), stream);
     s.copied.record(stream);

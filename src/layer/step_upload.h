@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "dsv4/device_tensor.h"
@@ -55,7 +56,7 @@ class StepUpload {
   // The host bytes of an array put since begin(), valid until the next put.
   template <class T>
   T* host_data(const Array& a) {
-    return reinterpret_cast<T*>(host_.data() + a.offset);
+    return reinterpret_cast<T*>(host_.get() + a.offset);
   }
   // Block tables (in order) as int32 [rows, width], -1 padded: rows beyond tables.size()
   // (padding requests of a graph bucket) are all -1. width must cover every table.
@@ -71,10 +72,10 @@ class StepUpload {
   void reserve(int64_t bytes);
   // Changes whenever the device buffer moves (graphs that read it must be captured again).
   uint64_t generation() const { return generation_; }
-  int64_t size() const { return static_cast<int64_t>(host_.size()); }
+  int64_t size() const { return host_size_; }
   // Bytes of the device buffer (CPU: of the host staging).
   int64_t capacity() const {
-    return device_ == Device::cpu ? static_cast<int64_t>(host_.capacity()) : device_buffer_.numel();
+    return device_ == Device::cpu ? host_capacity_ : device_buffer_.numel();
   }
 
  private:
@@ -84,6 +85,8 @@ class StepUpload {
     else return DType::int64;
   }
   void grow_device(int64_t bytes);
+  // Makes the host bytes hold at least `bytes` (keeping those put so far).
+  void grow_host(int64_t bytes);
 
   static constexpr int kRing = 3;
   static constexpr int64_t kAlign = 64;
@@ -93,7 +96,10 @@ class StepUpload {
   };
 
   Device device_;
-  std::vector<uint8_t> host_;        // the packed arrays of this step
+  // The packed arrays of this step. Grown without zeroing: every put writes all of its bytes
+  // (the padding between arrays is never read), and a step's planning is on the decode path.
+  std::unique_ptr<uint8_t[]> host_;
+  int64_t host_size_ = 0, host_capacity_ = 0;
   const uint8_t* committed_ = nullptr;  // base of the views: the device buffer (CPU: host_)
   DeviceTensor device_buffer_;
   Staging ring_[kRing];

@@ -135,10 +135,24 @@ ab_step() {
       [ $((i % 2)) = 0 ] && order="base new"
       for v in $order; do
         [ -x "$bins/dsv4-$v" ] || continue
-        timeout 200 "$bins/dsv4-$v" bench layer $AB_LAYER_ARGS 2>&1 | grep -E "^v4-|GPU/floor" |
-          grep -v building | paste - - | sed "s/^/$v $i /; s/  */ /g" | cut -c1-220
+        timeout 200 "$bins/dsv4-$v" bench layer $AB_LAYER_ARGS --json "$bins/layer-$v-$i.json" >/dev/null 2>&1 ||
+          echo "$v $i: bench layer failed"
       done
-    done | tee "$OUT/ab_layer.txt"
+    done
+    # Per case and binary: each round's wall and (where reported) replayed-graph GPU µs.
+    python3 - "$bins" <<'PY' | tee "$OUT/ab_layer.txt"
+import glob, json, os, sys
+rows = {}
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "layer-*.json"))):
+    v = os.path.basename(path).split("-")[1]
+    for c in json.load(open(path))["cases"]:
+        key = (c["kind"], c["case"])
+        rows.setdefault(key, {}).setdefault(v, []).append(
+            f"{c['wall_us']:.1f}/{c.get('graph_gpu_us', 0):.1f}/{c.get('graph_begin_us', c.get('before_launch_us', 0)):.1f}")
+print("wall / graph GPU / host before the first graph part, µs, per round")
+for (kind, case), by in rows.items():
+    print(f"{kind:6} {case:14} new {' '.join(by.get('new', []))}   base {' '.join(by.get('base', []))}")
+PY
   fi
   python3 - "$bins" <<'PY' | tee "$OUT/ab.txt"
 import glob, json, os, statistics, sys

@@ -84,8 +84,10 @@ class PagedCache {
   // and may be reused by this very call.
   std::vector<int64_t> append(int64_t req, int64_t count);
   // The same, writing the `count` slots to `slots` (nullptr: not wanted) instead of allocating:
-  // the per-step path of a serving loop.
-  void append(int64_t req, int64_t count, int64_t* slots);
+  // the per-step path of a serving loop. Returns whether the request's block table changed
+  // (blocks allocated or released), which a planner that re-sends tables only when they change
+  // needs to know.
+  bool append(int64_t req, int64_t count, int64_t* slots);
   // Global slot of entry `entry` of the request, or -1 if released / not yet appended.
   int64_t slot_of(int64_t req, int64_t entry) const;
   // The request's block table (one block id per B entries; -1 for released blocks).
@@ -103,7 +105,7 @@ class PagedCache {
     int64_t released = 0;  // table[0, released) are all released (-1): not scanned again
   };
   const Request& request(int64_t req) const;
-  void release_old_blocks(Request& r);
+  bool release_old_blocks(Request& r);  // whether any block was released
 
   CacheSpec spec_;
   BlockPool pool_;

@@ -162,17 +162,20 @@ int64_t releasable_prefix(int64_t entries, int64_t retain, int block_size) {
 }
 }  // namespace
 
-void PagedCache::release_old_blocks(Request& r) {
+bool PagedCache::release_old_blocks(Request& r) {
   const int64_t prefix = std::min<int64_t>(releasable_prefix(r.entries, spec_.retain, spec_.block_size),
                                            static_cast<int64_t>(r.table.size()));
+  bool released = false;
   for (int64_t k = r.released; k < prefix; ++k) {
     int32_t& b = r.table[static_cast<size_t>(k)];
     if (b >= 0) {
       pool_.free(b);
       b = -1;
+      released = true;
     }
   }
   r.released = std::max(r.released, prefix);
+  return released;
 }
 
 std::vector<int64_t> PagedCache::append(int64_t req, int64_t count) {
@@ -183,7 +186,7 @@ std::vector<int64_t> PagedCache::append(int64_t req, int64_t count) {
   return slots;
 }
 
-void PagedCache::append(int64_t req, int64_t count, int64_t* slots) {
+bool PagedCache::append(int64_t req, int64_t count, int64_t* slots) {
   if (caller_owned_)
     fail("PagedCache(", spec_.name, ")::append: the cache is caller-owned (its block tables come "
          "from the caller)");
@@ -209,13 +212,14 @@ void PagedCache::append(int64_t req, int64_t count, int64_t* slots) {
          blocks_needed, " new block(s) for ", count, " entries, ", pool_.num_free() + released,
          " free of ", pool_.num_blocks());
 
-  release_old_blocks(r);
+  const bool released_blocks = release_old_blocks(r);
   for (int64_t k = 0; k < blocks_needed; ++k) r.table.push_back(pool_.allocate());
   r.entries = total;
 
-  if (slots == nullptr) return;
-  for (int64_t i = first; i < total; ++i)
-    slots[i - first] = int64_t{r.table[static_cast<size_t>(i / bs)]} * bs + i % bs;
+  if (slots != nullptr)
+    for (int64_t i = first; i < total; ++i)
+      slots[i - first] = int64_t{r.table[static_cast<size_t>(i / bs)]} * bs + i % bs;
+  return released_blocks || blocks_needed > 0;
 }
 
 int64_t PagedCache::slot_of(int64_t req, int64_t entry) const {

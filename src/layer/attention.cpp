@@ -425,7 +425,6 @@ void Attention::Impl::forward(const BatchPlan& plan, const CallerStep* step, con
   // decode graph's bucket is one already.
   const bool graph = graph_step(plan);
   const int64_t rows = step_rows(device, T, graph);
-  upload.begin();
   const StepPlan sp = step ? planner->plan_caller(plan, *step, rows, graph, upload)
                            : planner->plan(plan, rows, graph, upload);
   upload.commit(stream);

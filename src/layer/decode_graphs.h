@@ -39,10 +39,11 @@ class DecodeGraphs {
   static int64_t rows(int64_t tokens);
 
   // One decode step through the graph of `key`: x's T rows [T, dim] (on the GPU) into the fixed
-  // rows, then what next() says on `stream` — `launch` eagerly over the fixed `rows` rows; or
-  // captured on the capture stream (the scratch refusing to grow meanwhile: nothing may allocate
-  // inside a capture), then launched; or replayed — then the first T rows of y out
-  // (copy_rows_out: y on the GPU or the host). `around_graph_launch` (may be empty) runs right
+  // rows (unless the step runs on x and y directly: the same device x and y as the caller's last
+  // step, and T == rows — then `key` is extended by their addresses), then what next() says on
+  // `stream` — `launch` eagerly over those rows; or captured on the capture stream (the scratch
+  // refusing to grow meanwhile: nothing may allocate inside a capture), then launched; or
+  // replayed — then the first T rows of y out (copy_rows_out: y on the GPU or the host). `around_graph_launch` (may be empty) runs right
   // before each graph launch with true (a tensor-parallel group's launch barrier: the graph holds
   // its allreduce) and right after it with false (an op timer's replay events).
   void run(const std::vector<int64_t>& key, uint64_t memory_generation, int64_t rows,
@@ -73,6 +74,8 @@ class DecodeGraphs {
   std::unique_ptr<rt::OwnedStream> capture_stream_;
   DeviceTensor x_, y_;
   uint64_t io_generation_ = 0;
+  const void* last_x_ = nullptr;  // the caller's x and y of the last step (direct steps)
+  const void* last_y_ = nullptr;
   int64_t captures_ = 0, replays_ = 0;
 };
 

@@ -1,6 +1,7 @@
 #include "layer/step_planner.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "dsv4/status.h"
 
@@ -89,6 +90,7 @@ void StepPlanner::check_compressed_capacity(const BatchPlan& plan, bool new_requ
 void StepPlanner::add_requests(const BatchPlan& plan) {
   for (const RequestStep& s : plan.requests)
     if (!cached_.count(s.req_id)) {
+      last_.valid = false;
       caches_.add_request(s.req_id);  // every cache of the layer
       if (ratio_) compressor_state_init(*caches_.compressor_state, main_, s.req_id);
       if (ratio_ == 4) compressor_state_init(*caches_.indexer_state, indexer_, s.req_id);
@@ -99,6 +101,7 @@ void StepPlanner::add_requests(const BatchPlan& plan) {
 void StepPlanner::release(int64_t req) {
   auto it = cached_.find(req);
   if (it == cached_.end()) fail("Attention::release: unknown request ", req);
+  last_.valid = false;
   caches_.remove_request(req);
   cached_.erase(it);
 }
@@ -294,6 +297,120 @@ StepPlan StepPlanner::plan_caller(const BatchPlan& plan, const CallerStep& step,
 
 StepPlan StepPlanner::plan_step(const BatchPlan& plan, const CallerStep* step, int64_t rows,
                                 bool graph, StepUpload& upload) {
+  const int R = plan.num_requests();
+  const int64_t T = plan.num_tokens();
+  req_ids_.clear();
+  for (const RequestStep& s : plan.requests) req_ids_.push_back(s.req_id);
+  // The step's SWA slots: booked in the layer's caches (with its compressed entries), or the
+  // caller's.
+  slots_.resize(static_cast<size_t>(T));
+  if (step == nullptr) {
+    book(plan);
+  } else {
+    for (int64_t t = 0; t < T; ++t) slots_[t] = step->slot_mapping.ptr<int64_t>()[t * step->slot_mapping.strides[0]];
+  }
+  if (step == nullptr && patchable(plan, rows, graph)) return patch(plan, upload);
+  StepPlan sp = pack(plan, step, rows, graph, upload);
+  // A decode-like step on the layer's caches may be followed by the same batch one step on.
+  last_.valid = step == nullptr && plan.num_decode_like == R;
+  if (last_.valid) {
+    last_.requests = plan.requests;
+    last_.rows = rows;
+    last_.round = graph;
+    last_.sp = sp;
+  }
+  return sp;
+}
+
+void StepPlanner::book(const BatchPlan& plan) {
+  const int R = plan.num_requests();
+  swa_changed_.assign(static_cast<size_t>(R), 0);
+  entries_changed_.assign(static_cast<size_t>(R), 0);
+  keys_changed_.assign(static_cast<size_t>(R), 0);
+  for (int r = 0; r < R; ++r) {
+    const RequestStep& s = plan.requests[r];
+    swa_changed_[r] = caches_.swa->append(s.req_id, s.num_new, slots_.data() + plan.query_start_loc[r]);
+    if (!ratio_) continue;
+    const int64_t n = compressor_entries_after(ratio_, s.context + s.num_new) -
+                      compressor_entries_after(ratio_, s.context);
+    if (n <= 0) continue;
+    entries_changed_[r] = caches_.compressed->append(s.req_id, n, nullptr);
+    if (ratio_ == 4) keys_changed_[r] = caches_.indexer_keys->append(s.req_id, n, nullptr);
+  }
+}
+
+std::pair<int, int64_t> StepPlanner::compressed_widths(const BatchPlan& plan, bool round) const {
+  int64_t max_visible = 0;
+  for (int r = 0; r < plan.num_requests(); ++r)
+    max_visible = std::max<int64_t>(max_visible, plan.seq_len(r) / ratio_);
+  if (ratio_ == 128) return {static_cast<int>(round ? round_up_pow2(max_visible) : max_visible), 0};
+  const int64_t cols = std::max<int64_t>(max_visible, 1);
+  return {cfg_.index_topk, round ? round_up_pow2(cols) : cols};
+}
+
+bool StepPlanner::patchable(const BatchPlan& plan, int64_t rows, bool round) const {
+  const int R = plan.num_requests();
+  if (!last_.valid || rows != last_.rows || round != last_.round || plan.num_decode_like != R ||
+      static_cast<size_t>(R) != last_.requests.size())
+    return false;
+  for (int r = 0; r < R; ++r) {
+    const RequestStep& s = plan.requests[r];
+    const RequestStep& was = last_.requests[r];
+    if (s.req_id != was.req_id || s.num_new != was.num_new || s.context != was.context + was.num_new) return false;
+  }
+  // Every changed table still fits its array's width.
+  auto fits = [&](const PagedCache& cache, const StepUpload::Array& a, const std::vector<uint8_t>& changed) {
+    for (int r = 0; r < R; ++r)
+      if (changed[r] && static_cast<int64_t>(cache.block_table(req_ids_[r]).size()) > a.shape[1]) return false;
+    return true;
+  };
+  if (!fits(*caches_.swa, last_.sp.swa_table, swa_changed_)) return false;
+  if (!ratio_) return true;
+  const CompressedPlan& c = last_.sp.compressed;
+  if (compressed_widths(plan, round) != std::pair<int, int64_t>{c.topk, c.score_cols}) return false;
+  return fits(*caches_.compressed, c.out_table, entries_changed_) &&
+         (ratio_ != 4 || fits(*caches_.indexer_keys, c.index_key_table, keys_changed_));
+}
+
+StepPlan StepPlanner::patch(const BatchPlan& plan, StepUpload& upload) {
+  // The same requests, arrays and shapes as the last step: what moved is each token's position
+  // and slot, each request's context, and the rows of the tables that changed. Token-to-request
+  // rows, the compressors' ring tables and the padding rows stay as they were.
+  const int R = plan.num_requests();
+  const int64_t T = plan.num_tokens();
+  const StepPlan& sp = last_.sp;
+  upload.resume();
+  std::copy(plan.positions.begin(), plan.positions.end(), upload.host_data<int64_t>(sp.positions));
+  upload.mark_dirty(sp.positions.offset, T * 8);
+  std::copy(slots_.begin(), slots_.end(), upload.host_data<int64_t>(sp.slot_mapping));
+  upload.mark_dirty(sp.slot_mapping.offset, T * 8);
+  auto patch_rows = [&](const PagedCache& cache, const StepUpload::Array& a, const std::vector<uint8_t>& changed) {
+    const int64_t width = a.shape[1];
+    int32_t* packed = upload.host_data<int32_t>(a);
+    for (int r = 0; r < R; ++r) {
+      if (!changed[r]) continue;
+      const std::vector<int32_t>& t = cache.block_table(req_ids_[r]);
+      int32_t* row = packed + int64_t{r} * width;
+      std::copy(t.begin(), t.end(), row);
+      std::fill(row + t.size(), row + width, -1);
+      upload.mark_dirty(a.offset + int64_t{r} * width * 4, width * 4);
+    }
+  };
+  patch_rows(*caches_.swa, sp.swa_table, swa_changed_);
+  if (ratio_) {
+    int64_t* context = upload.host_data<int64_t>(sp.compressed.context);
+    for (int r = 0; r < R; ++r) context[r] = plan.requests[r].context;
+    upload.mark_dirty(sp.compressed.context.offset, int64_t{R} * 8);
+    patch_rows(*caches_.compressed, sp.compressed.out_table, entries_changed_);
+    if (ratio_ == 4) patch_rows(*caches_.indexer_keys, sp.compressed.index_key_table, keys_changed_);
+  }
+  last_.requests = plan.requests;
+  ++patched_steps_;
+  return sp;
+}
+
+StepPlan StepPlanner::pack(const BatchPlan& plan, const CallerStep* step, int64_t rows, bool graph,
+                           StepUpload& upload) {
   const bool round = graph;
   const int R = plan.num_requests();
   const int64_t T = plan.num_tokens();
@@ -303,8 +420,7 @@ StepPlan StepPlanner::plan_step(const BatchPlan& plan, const CallerStep* step, i
   sp.R = static_cast<int>(R + pad_requests);
   sp.nd = static_cast<int>(plan.num_decode_like_tokens() + pad_requests);
 
-  req_ids_.clear();
-  for (const RequestStep& s : plan.requests) req_ids_.push_back(s.req_id);
+  upload.begin();
   // Per token: position, SWA slot, request. Padding rows: position 0 of an empty request (no
   // blocks: nothing is read or written for it).
   sp.positions = upload.put_uninit(DType::int64, {rows});
@@ -317,16 +433,8 @@ StepPlan StepPlanner::plan_step(const BatchPlan& plan, const CallerStep* step, i
   std::fill(positions + T, positions + rows, 0);
   std::copy(plan.token_to_req.begin(), plan.token_to_req.end(), token_to_req);
   for (int64_t t = T; t < rows; ++t) token_to_req[t] = graph ? static_cast<int32_t>(R + (t - T)) : -1;
+  std::copy(slots_.begin(), slots_.end(), slots);
   std::fill(slots + T, slots + rows, -1);
-  if (step == nullptr) {
-    for (int r = 0; r < R; ++r) {
-      const RequestStep& s = plan.requests[r];
-      caches_.swa->append(s.req_id, s.num_new, slots + plan.query_start_loc[r]);
-    }
-  } else {
-    for (int64_t t = 0; t < T; ++t)
-      slots[t] = step->slot_mapping.ptr<int64_t>()[t * step->slot_mapping.strides[0]];
-  }
   sp.swa_table = table(CacheRole::swa, plan, step, sp.R, round, upload);
   if (ratio_) sp.compressed = plan_compressed(plan, step, sp.R, upload, round);
   plan_prefill_groups(plan, sp, upload);
@@ -376,28 +484,13 @@ CompressedPlan StepPlanner::plan_compressed(const BatchPlan& plan, const CallerS
   out.context = upload.put_uninit(DType::int64, {rows});
   int64_t* context = upload.host_data<int64_t>(out.context);
   std::fill(context + R, context + rows, 0);
-  int64_t max_visible = 0;
-  for (int r = 0; r < R; ++r) {
-    const RequestStep& s = plan.requests[r];
-    context[r] = s.context;
-    max_visible = std::max<int64_t>(max_visible, plan.seq_len(r) / ratio_);
-    const int64_t n = compressor_entries_after(ratio_, s.context + s.num_new) -
-                      compressor_entries_after(ratio_, s.context);
-    if (n > 0 && step == nullptr) {
-      caches_.compressed->append(s.req_id, n, nullptr);
-      if (ratio_ == 4) caches_.indexer_keys->append(s.req_id, n, nullptr);
-    }
-  }
+  for (int r = 0; r < R; ++r) context[r] = plan.requests[r].context;
+  std::tie(out.topk, out.score_cols) = compressed_widths(plan, round);
   out.state_table = table(CacheRole::compressor_state, plan, step, rows, round, upload);
   out.out_table = table(CacheRole::compressed, plan, step, rows, round, upload);
-  if (ratio_ == 128) {
-    out.topk = static_cast<int>(round ? round_up_pow2(max_visible) : max_visible);
-  } else {
+  if (ratio_ == 4) {
     out.index_state_table = table(CacheRole::indexer_state, plan, step, rows, round, upload);
     out.index_key_table = table(CacheRole::indexer_keys, plan, step, rows, round, upload);
-    out.topk = cfg_.index_topk;
-    const int64_t cols = std::max<int64_t>(max_visible, 1);
-    out.score_cols = round ? round_up_pow2(cols) : cols;
   }
   return out;
 }

@@ -66,15 +66,23 @@ class StepPlanner {
   void check(const BatchPlan& plan) const;
   // Registers the plan's new requests in every cache of the layer (their compressor rings too).
   void add_requests(const BatchPlan& plan);
-  // Books the step in the caches and puts its arrays into `upload` (after upload.begin()), for
+  // Books the step in the caches and puts its arrays into `upload` (which it begins), for
   // `rows` >= the plan's token rows. Padding tokens of a graph bucket (`graph`) are one-token
   // decode requests of their own with no blocks; other padding tokens (rounding an eager step up
   // to a whole number of FP8 GEMM row groups) belong to no request. Either way nothing is read
   // or written for them but their own rows. `graph` also rounds data-dependent widths to 2^k.
   // Marks the plan's tokens as cached.
+  //
+  // A decode step of the same batch as the last step planned (the same requests in the same
+  // order, as many new tokens each, each continuing where the last left off, the same rows and
+  // widths) keeps the last step's arrays and rewrites only what moved: positions, slots,
+  // contexts and the rows of tables that changed (StepUpload::resume; the upload then sends only
+  // those bytes). Its StepPlan is the last one's, so a replayed graph's key matches at once.
   StepPlan plan(const BatchPlan& plan, int64_t rows, bool graph, StepUpload& upload);
   // Forgets the request (its cache blocks are freed).
   void release(int64_t req);
+  // Steps that patched the last step's arrays instead of packing them (see plan()).
+  int64_t patched_steps() const { return patched_steps_; }
 
   // ---- caller-owned caches (AttentionOptions::caller_caches) -------------------------------
   // Checks every array of `step` (include/dsv4/caller_step.h) against the step's `T` tokens and
@@ -105,6 +113,16 @@ class StepPlanner {
                                  std::vector<std::pair<int64_t, int64_t>>& growth) const;
   CompressedPlan plan_compressed(const BatchPlan& plan, const CallerStep* step, int64_t rows,
                                  StepUpload& upload, bool round);
+  // The compressed half's data-dependent widths: topk and the indexer's score columns.
+  std::pair<int, int64_t> compressed_widths(const BatchPlan& plan, bool round) const;
+  // Books the step's new entries in the layer's caches: SWA slots into slots_, compressed entries;
+  // notes per request whose block tables changed.
+  void book(const BatchPlan& plan);
+  // Whether the step may patch the last step's arrays (see plan()), after book().
+  bool patchable(const BatchPlan& plan, int64_t rows, bool round) const;
+  StepPlan patch(const BatchPlan& plan, StepUpload& upload);
+  // Every array of the step afresh (upload.begin()).
+  StepPlan pack(const BatchPlan& plan, const CallerStep* step, int64_t rows, bool graph, StepUpload& upload);
   // The block tables of this step's requests in `cache` as int32 [rows, width] (width: the
   // longest table, rounded up to 2^k when `round`).
   StepUpload::Array put_tables(const PagedCache& cache, int64_t rows, bool round, StepUpload& upload);
@@ -118,6 +136,17 @@ class StepPlanner {
   // Per-step lists of plan(), kept to reuse their storage.
   std::vector<int64_t> req_ids_;
   std::vector<const std::vector<int32_t>*> tables_;
+  std::vector<int64_t> slots_;  // [T] the step's SWA slots
+  std::vector<uint8_t> swa_changed_, entries_changed_, keys_changed_;  // per request: table changed
+  // The last step planned, when a decode-like step on the layer's caches (patch()'s base).
+  struct LastStep {
+    bool valid = false;
+    std::vector<RequestStep> requests;
+    int64_t rows = 0;
+    bool round = false;
+    StepPlan sp;
+  } last_;
+  int64_t patched_steps_ = 0;
 };
 
 // The smallest power of two >= v (v <= 0 → v): the rounding of graph-bucketed widths.

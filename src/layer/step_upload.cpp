@@ -16,7 +16,17 @@ namespace {
 int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
-void StepUpload::begin() { host_size_ = 0; }
+void StepUpload::begin() {
+  host_size_ = 0;
+  dirty_lo_ = 0;
+  dirty_hi_ = INT64_MAX;
+}
+
+void StepUpload::resume() {
+  DSV4_CHECK(committed_ != nullptr, "StepUpload::resume: no step was committed");
+  dirty_lo_ = INT64_MAX;
+  dirty_hi_ = 0;
+}
 
 void StepUpload::grow_host(int64_t bytes) {
   if (bytes <= host_capacity_) return;
@@ -64,6 +74,7 @@ void StepUpload::grow_device(int64_t bytes) {
   if (device_buffer_.numel() >= bytes) return;
   device_buffer_ = DeviceTensor();  // free first: the old buffer is dead once the stream drained
   device_buffer_ = DeviceTensor(DType::uint8, {round_up(std::max<int64_t>(bytes, 4096), 4096)});
+  device_current_ = false;
   ++generation_;
 }
 
@@ -98,20 +109,29 @@ void StepUpload::commit(Stream stream) {
                                   static_cast<size_t>(bytes), stream);
     captured_.push_back(std::move(capture_spare_));
     capture_spare_ = rt::PinnedBuffer();
+    device_current_ = false;  // every replay of that capture re-sends its own snapshot
   } else {
     if (device_buffer_.numel() < bytes) reserve(bytes);
     if (capture_spare_.size() == 0)
       capture_spare_ = rt::PinnedBuffer(static_cast<size_t>(round_up(std::max<int64_t>(bytes, 4096), 4096)));
-    Staging& s = ring_[next_];
-    next_ = (next_ + 1) % kRing;
-    s.copied.wait_host();  // only waits if the host ran kRing steps ahead of the GPU
-    if (static_cast<int64_t>(s.buffer.size()) < bytes)
-      s.buffer = rt::PinnedBuffer(static_cast<size_t>(round_up(bytes, 4096)));
-    std::memcpy(s.buffer.data(), host_.get(), static_cast<size_t>(bytes));
-    rt::copy_host_to_device_async(device_buffer_.data<uint8_t>(), s.buffer.data(),
-                                  static_cast<size_t>(bytes), stream);
-    s.copied.record(stream);
+    // Only the dirty bytes, when the device buffer holds the rest from the last commit.
+    const int64_t lo = device_current_ ? std::min(dirty_lo_, bytes) : 0;
+    const int64_t hi = device_current_ ? std::min(dirty_hi_, bytes) : bytes;
+    if (hi > lo) {
+      Staging& s = ring_[next_];
+      next_ = (next_ + 1) % kRing;
+      s.copied.wait_host();  // only waits if the host ran kRing steps ahead of the GPU
+      if (static_cast<int64_t>(s.buffer.size()) < bytes)
+        s.buffer = rt::PinnedBuffer(static_cast<size_t>(round_up(bytes, 4096)));
+      std::memcpy(s.buffer.data() + lo, host_.get() + lo, static_cast<size_t>(hi - lo));
+      rt::copy_host_to_device_async(device_buffer_.data<uint8_t>() + lo, s.buffer.data() + lo,
+                                    static_cast<size_t>(hi - lo), stream);
+      s.copied.record(stream);
+    }
+    device_current_ = true;
   }
+  dirty_lo_ = INT64_MAX;
+  dirty_hi_ = 0;
   committed_ = device_buffer_.data<uint8_t>();
 }
 

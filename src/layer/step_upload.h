@@ -15,9 +15,12 @@
 //     read it completed (flow control: the host waits only if it runs kRing steps ahead);
 //   - inside a caller's stream capture (torch.cuda.graph) the copy is captured reading staging
 //     memory that is never reused (one spare buffer is kept ready, since allocating page-locked
-//     memory while capturing is not allowed), so every replay re-sends the captured plan.
+//     memory while capturing is not allowed), so every replay re-sends the captured plan;
+//   - a step that resume()s the last one's arrays sends only the bytes it changed: at decode most
+//     of the upload is block tables, which change only when a request crosses a block.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -45,6 +48,16 @@ class StepUpload {
 
   // Forgets the previous step's arrays (their device views stay valid until the next commit).
   void begin();
+  // Keeps the previous step's arrays instead — their offsets, shapes and host bytes — for a step
+  // that rewrites only some of them (StepPlanner's decode step of the same batch as the last):
+  // the caller writes through host_data() and marks what it wrote with mark_dirty(); commit()
+  // then sends only the dirty bytes when the device buffer still holds the rest.
+  void resume();
+  // Bytes [offset, offset + bytes) of the packed arrays changed since the last commit.
+  void mark_dirty(int64_t offset, int64_t bytes) {
+    dirty_lo_ = std::min(dirty_lo_, offset);
+    dirty_hi_ = std::max(dirty_hi_, offset + bytes);
+  }
   // Appends a copy of `bytes` bytes laid out as dtype [shape] (the caller's element count).
   Array put(DType dtype, std::vector<int64_t> shape, const void* data);
   template <class T>
@@ -100,6 +113,11 @@ class StepUpload {
   // (the padding between arrays is never read), and a step's planning is on the decode path.
   std::unique_ptr<uint8_t[]> host_;
   int64_t host_size_ = 0, host_capacity_ = 0;
+  // The bytes changed since the last commit (begin(): all), and whether the device buffer holds
+  // the host bytes as of the last commit (not after it moved, nor after a caller's capture, whose
+  // copy node re-sends its own snapshot at every replay).
+  int64_t dirty_lo_ = 0, dirty_hi_ = INT64_MAX;
+  bool device_current_ = false;
   const uint8_t* committed_ = nullptr;  // base of the views: the device buffer (CPU: host_)
   DeviceTensor device_buffer_;
   Staging ring_[kRing];

@@ -57,7 +57,6 @@ struct Layer {
   StepPlan step(const BatchPlan& plan, int64_t rows, bool graph) {
     planner.check(plan);
     planner.add_requests(plan);
-    upload.begin();
     StepPlan sp = planner.plan(plan, rows, graph, upload);
     upload.commit(nullptr);
     return sp;
@@ -148,6 +147,44 @@ TEST_P(StepPlannerTest, UploadMatchesTheCachesForPrefillMixedAndGraphDecodeSteps
     EXPECT_EQ(sp.shape_key(), first_key);
     for (int64_t& c : ctx) ++c;
   }
+}
+
+// Decode steps of the same batch patch the last step's arrays (positions, slots, contexts, the
+// table rows that changed) instead of packing them again: across block boundaries of every cache,
+// MTP steps, and batches that change (a full pack, then patches again), every array must read as
+// a fresh one would.
+TEST_P(StepPlannerTest, SameBatchDecodeStepsPatchTheLastUpload) {
+  Layer L(GetParam());
+  const std::vector<int64_t> lens{150, 70, 9, 40};
+  std::vector<RequestStep> steps;
+  for (size_t i = 0; i < lens.size(); ++i) steps.push_back({static_cast<int64_t>(i), 0, lens[i]});
+  L.step(BatchPlan::make(steps), 272, false);
+  std::vector<int64_t> ctx = lens;
+  int64_t steps_run = 0;
+  auto run = [&](const std::vector<int64_t>& reqs, int64_t n_new, int count, bool graph) {
+    for (int i = 0; i < count; ++i) {
+      std::vector<RequestStep> d;
+      for (int64_t r : reqs) d.push_back({r, ctx[static_cast<size_t>(r)], n_new});
+      const BatchPlan plan = BatchPlan::make(d);
+      const int64_t T = plan.num_tokens();
+      const StepPlan sp = L.step(plan, graph ? round_up_pow2(std::max<int64_t>(T, 4)) : T, graph);
+      SCOPED_TRACE("step " + std::to_string(steps_run));
+      L.expect_consistent(plan, sp, graph);
+      for (int64_t r : reqs) ctx[static_cast<size_t>(r)] += n_new;
+      ++steps_run;
+    }
+  };
+  const int64_t before = L.planner.patched_steps();
+  run({0, 1, 2}, 1, 140, true);     // crosses SWA blocks and compressed entries of every request
+  EXPECT_GT(L.planner.patched_steps() - before, 100);
+  run({0, 1, 2}, 2, 30, true);      // MTP: another shape, then patched again
+  run({0, 2}, 1, 20, true);         // a request left the batch
+  run({0, 1, 2, 3}, 1, 20, false);  // eager (no rounding): widths grow one block at a time
+  EXPECT_GT(L.planner.patched_steps() - before, 170);
+  L.planner.release(1);             // and the next step packs afresh
+  const int64_t patched = L.planner.patched_steps();
+  run({0, 2, 3}, 1, 1, true);
+  EXPECT_EQ(L.planner.patched_steps(), patched);
 }
 
 TEST_P(StepPlannerTest, ErrorsComeBeforeAnyStateChanges) {

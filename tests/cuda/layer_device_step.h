@@ -25,4 +25,23 @@ void device_step(Layer& a, const std::vector<dsv4::RequestStep>& steps, uint64_t
   record_outputs(plan, y.to_host(), dim, out);
 }
 
+// The same with x and y in the caller's persistent buffers (rows [0, T) of x_buf / y_buf, the
+// same addresses every step), as a serving engine's fixed hidden-state buffers: a decode graph
+// whose bucket the step fills then runs on them directly.
+template <class Layer>
+void device_step_in(Layer& a, const std::vector<dsv4::RequestStep>& steps, uint64_t seed, LayerOutputs& out,
+                    dsv4::DeviceTensor& x_buf, dsv4::DeviceTensor& y_buf) {
+  const dsv4::BatchPlan plan = dsv4::BatchPlan::make(steps);
+  const int dim = a.config().dim;
+  const int64_t T = plan.num_tokens();
+  const StepIo io = step_io(plan, dim, seed, /*bf16_representable=*/true);
+  const dsv4::TensorView x = x_buf.view().slice0(0, T), y = y_buf.view().slice0(0, T);
+  dsv4::copy_to_device(dsv4::HostTensor::copy_of(io.x, dsv4::DType::bf16), x);
+  y_buf.fill_bytes(0xFF);
+  a.forward(plan, x, y);
+  dsv4::HostTensor y_host(dsv4::DType::fp32, {T, dim});
+  dsv4::copy_to_host(y, y_host);
+  record_outputs(plan, y_host, dim, out);
+}
+
 }  // namespace dsv4_test

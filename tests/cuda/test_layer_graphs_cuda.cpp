@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "dsv4/device_tensor.h"
@@ -42,7 +43,9 @@ Attention make_layer(const ModelConfig& cfg, int layer, bool graphs, KvLayout la
   return Attention(cfg, layer, random_attention_weights(cfg, layer, kSeed, true), opts);
 }
 
-// x and y on the GPU (the serving path).
+using StepFn = std::function<void(Attention&, const std::vector<RequestStep>&, Outputs&)>;
+
+// x and y on the GPU (the serving path), fresh tensors every step.
 void step(Attention& a, const std::vector<RequestStep>& steps, Outputs& out) {
   dsv4_test::device_step(a, steps, kSeed, out);
 }
@@ -51,7 +54,7 @@ void step(Attention& a, const std::vector<RequestStep>& steps, Outputs& out) {
 // bucket seen 3+ times: eager, capture, replays), with contexts crossing block-table widths; then
 // MTP steps (2 tokens per request, and a mix of 3, 1 and 2), decode-like steps that are captured
 // and replayed too.
-Outputs run_decodes(Attention& a) {
+Outputs run_decodes(Attention& a, const StepFn& step = dsv4::step) {
   Outputs out;
   std::vector<int64_t> ctx{40, 70, 33, 120, 65};
   step(a, {{0, 0, 40}, {1, 0, 70}, {2, 0, 33}}, out);
@@ -62,7 +65,7 @@ Outputs run_decodes(Attention& a) {
     step(a, s, out);
   };
   for (int i = 0; i < 4; ++i) decode({2});
-  for (int i = 0; i < 40; ++i) decode({0, 1, 2, 3});
+  for (int i = 0; i < 40; ++i) decode({0, 1, 2, 3});  // 4 tokens: a full bucket
   for (int i = 0; i < 5; ++i) decode({0, 1, 2, 3, 4});
   auto mtp = [&](const std::vector<std::pair<int, int>>& reqs) {  // (request, new tokens)
     std::vector<RequestStep> s;
@@ -113,6 +116,35 @@ TEST_P(GraphLayerTest, ReplayedDecodesMatchEagerSteps) {
   EXPECT_GE(graphs.graph_captures(), 5);  // decode buckets 1, 4, 8 and the two MTP shapes at least
   EXPECT_GE(graphs.graph_replays(), 35);
   expect_close(want, got, "graphs vs eager");
+}
+
+// The caller's x and y at the same addresses every step (a serving engine's fixed buffers): the
+// steps that fill their bucket (4 decodes, the 4 x 2 MTP steps) run their graphs on them directly,
+// with no copy in or out; the others go through the graphs' own rows. Both match eager steps.
+TEST_P(GraphLayerTest, ReplaysOnTheCallersFixedRows) {
+  DSV4_SKIP_WITHOUT_GPU();
+  Attention eager = make_layer(cfg, GetParam().layer, false, GetParam().layout);
+  Attention graphs = make_layer(cfg, GetParam().layer, true, GetParam().layout);
+  DeviceTensor x_buf(DType::bf16, {256, cfg.dim}), y_buf(DType::fp32, {256, cfg.dim});
+  const StepFn fixed = [&](Attention& a, const std::vector<RequestStep>& s, Outputs& out) {
+    dsv4_test::device_step_in(a, s, kSeed, out, x_buf, y_buf);
+  };
+  const Outputs want = run_decodes(eager);
+  const Outputs got = run_decodes(graphs, fixed);
+  EXPECT_GE(graphs.graph_captures(), 5);
+  EXPECT_GE(graphs.graph_replays(), 35);
+  expect_close(want, got, "graphs on the caller's rows vs eager");
+  // Alternating between two buffers: never the same addresses twice in a row, so every step
+  // goes through the graphs' rows.
+  DeviceTensor x2(DType::bf16, {256, cfg.dim}), y2(DType::fp32, {256, cfg.dim});
+  int calls = 0;
+  const StepFn alternating = [&](Attention& a, const std::vector<RequestStep>& s, Outputs& out) {
+    const bool odd = calls++ % 2;
+    dsv4_test::device_step_in(a, s, kSeed, out, odd ? x2 : x_buf, odd ? y2 : y_buf);
+  };
+  Attention graphs2 = make_layer(cfg, GetParam().layer, true, GetParam().layout);
+  expect_close(want, run_decodes(graphs2, alternating), "graphs, alternating caller rows, vs eager");
+  EXPECT_GE(graphs2.graph_replays(), 35);
 }
 
 // reserve() sizes the workspace for the schedule: no forward within the bounds grows it.

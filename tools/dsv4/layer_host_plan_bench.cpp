@@ -39,7 +39,6 @@ struct HostStep {
     planner.add_requests(plan);
     const int64_t T = plan.num_tokens();
     const int64_t rows = graph ? DecodeGraphs::rows(T) : T;
-    upload.begin();
     const StepPlan sp = planner.plan(plan, rows, graph, upload);
     upload.commit(nullptr);
     key_sum += static_cast<int64_t>(sp.shape_key().size());

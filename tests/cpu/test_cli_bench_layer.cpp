@@ -54,6 +54,7 @@ TEST(CliBenchLayer, CpuTinyReportHasEveryKindPhaseAndConsistentFloors) {
     EXPECT_TRUE(c["floor_complete"].get<bool>()) << c["unmodeled_ops"];
     EXPECT_EQ(c["wall_mode"], "eager");
     EXPECT_EQ(c["graph_gpu_us"].get<double>(), 0.0);  // no graphs on the CPU
+    EXPECT_EQ(c["graph_replays"].get<int>(), 0);
     // Floors: each op's is max(FLOPs / its rate, bytes / copy); the case's is their sum.
     double sum = 0;
     ASSERT_FALSE(c["ops"].empty());

@@ -42,9 +42,11 @@ TEST(CliBenchLayerCuda, TinyReportIsCompleteAndTimed) {
     // inside the step's wall clock; prefill steps run eagerly and report none.
     if (c["phase"] == "prefill") {
       EXPECT_EQ(c["graph_gpu_us"].get<double>(), 0.0) << c["case"];
+      EXPECT_EQ(c["graph_replays"].get<int>(), 0) << c["case"];
     } else {
       EXPECT_EQ(c["wall_mode"], "graph");
       EXPECT_GT(c["graph_gpu_us"].get<double>(), 0.0) << c["case"];
+      EXPECT_GE(2 * c["graph_replays"].get<int>(), c["reps"].get<int>()) << c["case"];
       EXPECT_LT(c["graph_gpu_us"].get<double>(), c["wall_us"].get<double>()) << c["case"];
     }
     // The step cannot beat its floor by much (the floor is the least work at measured peaks;

@@ -69,6 +69,7 @@ nlohmann::json to_json(const LayerBenchReport& r) {
                             {"graph_gpu_us", c.graph_gpu_us},
                             {"before_launch_us", c.before_launch_us},
                             {"launch_us", c.launch_us},
+                            {"graph_replays", c.graph_replays},
                             {"graph_gpu_over_floor", floor > 0 ? c.graph_gpu_us / floor : 0.0},
                             {"wall_over_graph_gpu", c.graph_gpu_us > 0 ? c.wall_us / c.graph_gpu_us : 0.0},
                             {"gpu_us", c.gpu_us},

@@ -4,7 +4,8 @@
 //    "cases": [{"model", "layer", "kind", "case", "phase", "requests", "tokens", "context",
 //               "context_range", "wall_us", "wall_mode", "forward_us", "graph_gpu_us",
 //               "before_launch_us", "launch_us", "gpu_us", "host_us", "floor_us",
-//               "graph_gpu_over_floor", "wall_over_graph_gpu", "floor_complete", "unmodeled_ops", "reps",
+//               "graph_gpu_over_floor", "wall_over_graph_gpu", "graph_replays", "floor_complete",
+//               "unmodeled_ops", "reps",
 //               "ops": [{"name", "gpu_us", "host_us", "floor_us", "flop", "flop_fp8",
 //                        "flop_bf16", "bytes", "bound", "modeled"}]}]}
 // An op the cost model does not know has "modeled": false and null flop / bytes / floor_us; its
@@ -43,12 +44,14 @@ struct CaseReport {
   // and enqueue (a decode graph's replay launch included), which the GPU waits for.
   double forward_us = 0;
   // GPU time of the wall-clock steps' replayed decode graph, between events recorded on the
-  // layer's stream right before and after its launch (median; 0 when the steps ran eagerly). It
-  // is the step as the GPU runs it, branches side by side; gpu_us is the op-timed serial pass.
+  // layer's stream right before and after its launch (median over the steps that replayed,
+  // reported when at least half did; else 0). It is the step as the GPU runs it, branches side by
+  // side, from the launch call on; gpu_us is the op-timed serial pass.
   double graph_gpu_us = 0;
   // Host clock of those steps (medians; 0 when eager): from the step's start to the graph's launch
   // call (planning, the upload, x's copy in), and the launch call itself.
   double before_launch_us = 0, launch_us = 0;
+  int graph_replays = 0;  // wall-clock steps that replayed their graph (the medians are over these)
   std::string wall_mode = "eager";       // "eager" or "graph" (replay)
   int reps = 0;
   std::vector<OpReport> ops;

@@ -176,6 +176,23 @@ TEST(BatchPlanDecodeLike, LeadingShortContinuationsOnly) {
   EXPECT_EQ(BatchPlan::make({{1, 9, 2}, {2, 0, 2}}).num_decode_like, 1);
 }
 
+// A step names each request once, wherever the repeat stands.
+TEST(BatchPlanMake, RefusesARequestTwice) {
+  for (const std::vector<RequestStep>& steps :
+       {std::vector<RequestStep>{{7, 0, 3}, {7, 0, 3}}, std::vector<RequestStep>{{4, 1, 1}, {9, 0, 5}, {4, 1, 1}},
+        std::vector<RequestStep>{{9, 5, 1}, {2, 0, 5}, {3, 2, 1}, {9, 0, 2}}}) {
+    try {
+      BatchPlan::make(steps);
+      ADD_FAILURE() << "no error";
+    } catch (const dsv4::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("request " + std::to_string(steps.back().req_id) + " appears twice"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(BatchPlan::make({{7, 0, 3}, {8, 0, 3}}).num_tokens(), 6);
+}
+
 // A request's outputs do not depend on which other requests share its steps, nor their order.
 TEST_P(LayerTest, BatchCompositionIndependent) {
   // Alone: prefill 40 + 30 (chunked), then 5 decodes.

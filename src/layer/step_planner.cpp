@@ -310,10 +310,11 @@ StepPlan StepPlanner::plan_step(const BatchPlan& plan, const CallerStep* step, i
     for (int64_t t = 0; t < T; ++t) slots_[t] = step->slot_mapping.ptr<int64_t>()[t * step->slot_mapping.strides[0]];
   }
   if (step == nullptr && patchable(plan, rows, graph)) return patch(plan, upload);
+  last_.valid = false;  // pack() lays the upload out anew (and may throw halfway)
   StepPlan sp = pack(plan, step, rows, graph, upload);
   // A decode-like step on the layer's caches may be followed by the same batch one step on.
-  last_.valid = step == nullptr && plan.num_decode_like == R;
-  if (last_.valid) {
+  if (step == nullptr && plan.num_decode_like == R) {
+    last_.valid = true;
     last_.requests = plan.requests;
     last_.rows = rows;
     last_.round = graph;
@@ -435,8 +436,16 @@ StepPlan StepPlanner::pack(const BatchPlan& plan, const CallerStep* step, int64_
   for (int64_t t = T; t < rows; ++t) token_to_req[t] = graph ? static_cast<int32_t>(R + (t - T)) : -1;
   std::copy(slots_.begin(), slots_.end(), slots);
   std::fill(slots + T, slots + rows, -1);
+  // The arrays every step rewrites come first, then the block tables (those a step may change
+  // first, the compressors' rings last): a patched step's dirty bytes stay at the front.
+  if (ratio_) {
+    sp.compressed.context = upload.put_uninit(DType::int64, {sp.R});
+    int64_t* context = upload.host_data<int64_t>(sp.compressed.context);
+    for (int r = 0; r < R; ++r) context[r] = plan.requests[r].context;
+    std::fill(context + R, context + sp.R, 0);
+  }
   sp.swa_table = table(CacheRole::swa, plan, step, sp.R, round, upload);
-  if (ratio_) sp.compressed = plan_compressed(plan, step, sp.R, upload, round);
+  if (ratio_) plan_compressed_tables(plan, step, sp.R, upload, round, sp.compressed);
   plan_prefill_groups(plan, sp, upload);
   return sp;
 }
@@ -477,22 +486,13 @@ void StepPlanner::plan_prefill_groups(const BatchPlan& plan, StepPlan& sp, StepU
   }
 }
 
-CompressedPlan StepPlanner::plan_compressed(const BatchPlan& plan, const CallerStep* step,
-                                            int64_t rows, StepUpload& upload, bool round) {
-  const int R = plan.num_requests();
-  CompressedPlan out;
-  out.context = upload.put_uninit(DType::int64, {rows});
-  int64_t* context = upload.host_data<int64_t>(out.context);
-  std::fill(context + R, context + rows, 0);
-  for (int r = 0; r < R; ++r) context[r] = plan.requests[r].context;
+void StepPlanner::plan_compressed_tables(const BatchPlan& plan, const CallerStep* step, int64_t rows,
+                                         StepUpload& upload, bool round, CompressedPlan& out) {
   std::tie(out.topk, out.score_cols) = compressed_widths(plan, round);
-  out.state_table = table(CacheRole::compressor_state, plan, step, rows, round, upload);
   out.out_table = table(CacheRole::compressed, plan, step, rows, round, upload);
-  if (ratio_ == 4) {
-    out.index_state_table = table(CacheRole::indexer_state, plan, step, rows, round, upload);
-    out.index_key_table = table(CacheRole::indexer_keys, plan, step, rows, round, upload);
-  }
-  return out;
+  if (ratio_ == 4) out.index_key_table = table(CacheRole::indexer_keys, plan, step, rows, round, upload);
+  out.state_table = table(CacheRole::compressor_state, plan, step, rows, round, upload);
+  if (ratio_ == 4) out.index_state_table = table(CacheRole::indexer_state, plan, step, rows, round, upload);
 }
 
 }  // namespace dsv4

@@ -111,8 +111,10 @@ class StepPlanner {
   // `growth`: scratch of one pair per request (overwritten).
   void check_compressed_capacity(const BatchPlan& plan, bool new_requests,
                                  std::vector<std::pair<int64_t, int64_t>>& growth) const;
-  CompressedPlan plan_compressed(const BatchPlan& plan, const CallerStep* step, int64_t rows,
-                                 StepUpload& upload, bool round);
+  // The compressed half's widths and block tables (its context array is put with the per-step
+  // arrays).
+  void plan_compressed_tables(const BatchPlan& plan, const CallerStep* step, int64_t rows, StepUpload& upload,
+                              bool round, CompressedPlan& out);
   // The compressed half's data-dependent widths: topk and the indexer's score columns.
   std::pair<int, int64_t> compressed_widths(const BatchPlan& plan, bool round) const;
   // Books the step's new entries in the layer's caches: SWA slots into slots_, compressed entries;

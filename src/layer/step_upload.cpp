@@ -24,8 +24,8 @@ void StepUpload::begin() {
 
 void StepUpload::resume() {
   DSV4_CHECK(committed_ != nullptr, "StepUpload::resume: no step was committed");
-  dirty_lo_ = INT64_MAX;
-  dirty_hi_ = 0;
+  // After a commit nothing is dirty yet; a step that was put but never committed (its forward
+  // threw first) keeps its dirty bytes for this commit.
 }
 
 void StepUpload::grow_host(int64_t bytes) {
@@ -96,6 +96,8 @@ void StepUpload::reserve(int64_t bytes) {
 void StepUpload::commit(Stream stream) {
   if (device_ == Device::cpu) {
     committed_ = host_.get();
+    dirty_lo_ = INT64_MAX;
+    dirty_hi_ = 0;
     return;
   }
   const int64_t bytes = host_size_;

@@ -51,13 +51,17 @@ class StepUpload {
   // Keeps the previous step's arrays instead — their offsets, shapes and host bytes — for a step
   // that rewrites only some of them (StepPlanner's decode step of the same batch as the last):
   // the caller writes through host_data() and marks what it wrote with mark_dirty(); commit()
-  // then sends only the dirty bytes when the device buffer still holds the rest.
+  // then sends the bytes marked since the last commit (a step put but never committed, its
+  // forward having thrown, included) when the device buffer still holds the rest.
   void resume();
   // Bytes [offset, offset + bytes) of the packed arrays changed since the last commit.
   void mark_dirty(int64_t offset, int64_t bytes) {
     dirty_lo_ = std::min(dirty_lo_, offset);
     dirty_hi_ = std::max(dirty_hi_, offset + bytes);
   }
+  // Bytes the next commit sends where the device buffer holds the last commit's (all of them
+  // after begin()): the span of what was marked since the last commit.
+  int64_t pending_bytes() const { return std::max<int64_t>(0, std::min(dirty_hi_, host_size_) - dirty_lo_); }
   // Appends a copy of `bytes` bytes laid out as dtype [shape] (the caller's element count).
   Array put(DType dtype, std::vector<int64_t> shape, const void* data);
   template <class T>
@@ -113,9 +117,9 @@ class StepUpload {
   // (the padding between arrays is never read), and a step's planning is on the decode path.
   std::unique_ptr<uint8_t[]> host_;
   int64_t host_size_ = 0, host_capacity_ = 0;
-  // The bytes changed since the last commit (begin(): all), and whether the device buffer holds
-  // the host bytes as of the last commit (not after it moved, nor after a caller's capture, whose
-  // copy node re-sends its own snapshot at every replay).
+  // The bytes changed since the last commit (begin(): all; commit() resets them to none), and
+  // whether the device buffer holds the host bytes as of the last commit (not after it moved, nor
+  // after a caller's capture, whose copy node re-sends its own snapshot at every replay).
   int64_t dirty_lo_ = 0, dirty_hi_ = INT64_MAX;
   bool device_current_ = false;
   const uint8_t* committed_ = nullptr;  // base of the views: the device buffer (CPU: host_)

@@ -202,6 +202,28 @@ TEST_P(StepPlannerTest, ErrorsComeBeforeAnyStateChanges) {
   EXPECT_NE(error_of([&] { L.planner.release(7); }).find("unknown request 7"), std::string::npos);
 }
 
+// What a resumed step sends: the span of the bytes marked since the last commit — including a
+// step that was put but never committed (its forward threw), whose marks carry over.
+TEST(StepUploadDirty, ResumedStepsSendWhatWasMarkedSinceTheLastCommit) {
+  StepUpload up(Device::cpu);
+  up.begin();
+  const StepUpload::Array a = up.put_uninit(DType::int64, {64});
+  const StepUpload::Array b = up.put_uninit(DType::int32, {32, 8});
+  EXPECT_EQ(up.pending_bytes(), up.size());  // a fresh layout: everything
+  up.commit(nullptr);
+  EXPECT_EQ(up.pending_bytes(), 0);
+  up.resume();
+  up.mark_dirty(a.offset, 16);
+  EXPECT_EQ(up.pending_bytes(), 16);
+  up.resume();  // the step above was never committed
+  up.mark_dirty(b.offset + 4 * 8 * 4, 8 * 4);
+  EXPECT_EQ(up.pending_bytes(), b.offset + 5 * 8 * 4 - a.offset);
+  up.commit(nullptr);
+  EXPECT_EQ(up.pending_bytes(), 0);
+  up.resume();
+  EXPECT_EQ(up.pending_bytes(), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, StepPlannerTest, ::testing::Values(0, 1, 2),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return std::string(i.param == 0 ? "SWA" : i.param == 1 ? "C4A" : "C128A");

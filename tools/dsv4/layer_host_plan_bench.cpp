@@ -34,14 +34,17 @@ struct HostStep {
   StepUpload& upload;
   int64_t key_sum = 0;  // keeps the graph key's construction observable
 
-  void run(const BatchPlan& plan, bool graph) {
+  // Returns the bytes the step's commit sends to a GPU that holds the last step's upload.
+  int64_t run(const BatchPlan& plan, bool graph) {
     planner.check(plan);
     planner.add_requests(plan);
     const int64_t T = plan.num_tokens();
     const int64_t rows = graph ? DecodeGraphs::rows(T) : T;
     const StepPlan sp = planner.plan(plan, rows, graph, upload);
+    const int64_t sent = upload.pending_bytes();
     upload.commit(nullptr);
     key_sum += static_cast<int64_t>(sp.shape_key().size());
+    return sent;
   }
 };
 }  // namespace
@@ -85,25 +88,28 @@ void run_host_plan_cases(const ModelConfig& cfg, int layer, const std::vector<Ca
   }
 
   for (const CaseSpec& c : pool_cases) {
-    std::vector<double> us;
+    std::vector<double> us, sent;
     int64_t bytes = 0;
     for (int i = 0; i < s.warmup + s.reps; ++i) {
       std::vector<RequestStep> steps;
       for (int64_t id = 0; id < c.requests; ++id) steps.push_back({id, context[id], c.new_tokens});
       const BatchPlan plan = BatchPlan::make(steps);  // the caller's work, not the layer's
-      const bool graph = c.phase == "decode";
+      const bool graph = true;  // decode and MTP steps are decode-like: graph steps on CUDA
       const auto t0 = Clock::now();
-      host.run(plan, graph);
+      const int64_t step_sent = host.run(plan, graph);
       const double t = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
       for (const RequestStep& st : steps) context[st.req_id] += st.num_new;
-      if (i >= s.warmup) us.push_back(t);
+      if (i >= s.warmup) {
+        us.push_back(t);
+        sent.push_back(static_cast<double>(step_sent));
+      }
       bytes = upload.size();
     }
-    std::printf("%-9s layer %-3d %-6s %-12s host planning %8.1f us/step (p90 %8.1f), upload %7lld B, "
-                "context %lld\n",
+    std::printf("%-9s layer %-3d %-6s %-12s host planning %8.1f us/step (p90 %8.1f), upload %7lld B "
+                "(sent per step: median %lld B), context %lld\n",
                 cfg.name.c_str(), layer, std::string(layer_kind_name(kind)).c_str(), c.name.c_str(),
                 percentile(us, 0.5), percentile(us, 0.9), static_cast<long long>(bytes),
-                static_cast<long long>(c.context));
+                static_cast<long long>(percentile(sent, 0.5)), static_cast<long long>(c.context));
     std::fflush(stdout);
   }
 }

@@ -148,7 +148,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "layer-*.json"))):
     for c in json.load(open(path))["cases"]:
         key = (c["kind"], c["case"])
         rows.setdefault(key, {}).setdefault(v, []).append(
-            f"{c['wall_us']:.1f}/{c.get('graph_gpu_us', 0):.1f}/{c.get('graph_begin_us', c.get('before_launch_us', 0)):.1f}")
+            f"{c['wall_us']:.1f}/{c.get('graph_gpu_us', 0):.1f}/{c.get('before_launch_us', 0):.1f}")
 print("wall / graph GPU / host before the first graph part, µs, per round")
 for (kind, case), by in rows.items():
     print(f"{kind:6} {case:14} new {' '.join(by.get('new', []))}   base {' '.join(by.get('base', []))}")

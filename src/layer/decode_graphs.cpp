@@ -12,7 +12,7 @@ int64_t DecodeGraphs::bucket(int64_t tokens) {
 
 int64_t DecodeGraphs::rows(int64_t tokens) { return std::max(kFp8GemmRowMultiple, bucket(tokens)); }
 
-void DecodeGraphs::run(const std::vector<int64_t>& key, uint64_t memory_generation, int64_t rows,
+void DecodeGraphs::run(std::vector<int64_t> key, uint64_t memory_generation, int64_t rows,
                        const TensorView& x, const TensorView& y, Scratch& scratch, Stream stream,
                        const StepLaunch& launch, const std::function<void(bool before)>& around_graph_launch) {
   // A caller that hands in the same device x and y as its last step, filling the bucket (T ==
@@ -21,10 +21,9 @@ void DecodeGraphs::run(const std::vector<int64_t>& key, uint64_t memory_generati
   const bool direct = x.size(0) == rows && y.device == Device::cuda && x.data == last_x_ && y.data == last_y_;
   last_x_ = x.data;
   last_y_ = y.data;
-  std::vector<int64_t> graph_key = key;
-  if (direct) {
-    graph_key.insert(graph_key.end(), {-2, static_cast<int64_t>(reinterpret_cast<intptr_t>(x.data)),
-                                       static_cast<int64_t>(reinterpret_cast<intptr_t>(y.data))});
+  if (direct) {  // (key is this call's own copy)
+    key.insert(key.end(), {-2, static_cast<int64_t>(reinterpret_cast<intptr_t>(x.data)),
+                           static_cast<int64_t>(reinterpret_cast<intptr_t>(y.data))});
   } else {
     // Sized for the largest bucket at once: growing later would move the rows every graph reads.
     ensure_io(kMaxTokens, x.size(1));
@@ -34,10 +33,10 @@ void DecodeGraphs::run(const std::vector<int64_t>& key, uint64_t memory_generati
   const TensorView y_rows = direct ? y : this->y(rows);
   const auto launch_graph = [&] {
     if (around_graph_launch) around_graph_launch(true);
-    graph(graph_key).launch(stream);
+    graph(key).launch(stream);
     if (around_graph_launch) around_graph_launch(false);
   };
-  switch (next(graph_key, memory_generation)) {
+  switch (next(key, memory_generation)) {
     case Action::eager:
       launch(x_rows, y_rows, stream);
       break;
@@ -45,7 +44,7 @@ void DecodeGraphs::run(const std::vector<int64_t>& key, uint64_t memory_generati
       const Stream cs = capture_stream();
       scratch.set_capturing(true);
       try {
-        store(graph_key, rt::Graph::capture(cs, [&] { launch(x_rows, y_rows, cs); }));
+        store(key, rt::Graph::capture(cs, [&] { launch(x_rows, y_rows, cs); }));
       } catch (...) {
         scratch.set_capturing(false);
         throw;

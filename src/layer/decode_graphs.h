@@ -46,7 +46,7 @@ class DecodeGraphs {
   // replayed — then the first T rows of y out (copy_rows_out: y on the GPU or the host). `around_graph_launch` (may be empty) runs right
   // before each graph launch with true (a tensor-parallel group's launch barrier: the graph holds
   // its allreduce) and right after it with false (an op timer's replay events).
-  void run(const std::vector<int64_t>& key, uint64_t memory_generation, int64_t rows,
+  void run(std::vector<int64_t> key, uint64_t memory_generation, int64_t rows,
            const TensorView& x, const TensorView& y, Scratch& scratch, Stream stream,
            const StepLaunch& launch, const std::function<void(bool before)>& around_graph_launch = {});
 

@@ -44,6 +44,11 @@ class OpTimer {
     (void)stream;
     (void)before;
   }
+  // Called on the host as a forward leaves each stage of its host half, whether or not active():
+  // "checked" (the step's inputs), "planned" (bookkeeping and the step's arrays), "uploaded" (the
+  // arrays' copy enqueued). With graph_launch(), a timer can tell where the host's time before a
+  // decode graph's launch goes.
+  virtual void host_phase(const char* phase) { (void)phase; }
 };
 
 struct AttentionOptions {

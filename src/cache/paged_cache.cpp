@@ -8,6 +8,7 @@
 #include <functional>
 #include <new>
 
+#include "core/nonneg_div.h"
 #include "dsv4/status.h"
 
 namespace dsv4 {
@@ -158,7 +159,7 @@ namespace {
 // Blocks [0, result) of a request hold only entries < entries - retain: no longer needed.
 int64_t releasable_prefix(int64_t entries, int64_t retain, int block_size) {
   if (retain <= 0 || entries <= retain) return 0;
-  return (entries - retain) / block_size;
+  return div_nonneg(entries - retain, block_size);
 }
 }  // namespace
 
@@ -199,7 +200,7 @@ bool PagedCache::append(int64_t req, int64_t count, int64_t* slots) {
   const int64_t bs = spec_.block_size;
   const int64_t first = r.entries;
   const int64_t total = first + count;
-  const int64_t blocks_needed = (total + bs - 1) / bs - static_cast<int64_t>(r.table.size());
+  const int64_t blocks_needed = ceil_div_nonneg(total, bs) - static_cast<int64_t>(r.table.size());
 
   // Atomicity: decide before touching anything whether the pool (plus the blocks this call
   // releases) can supply every new block.
@@ -218,7 +219,7 @@ bool PagedCache::append(int64_t req, int64_t count, int64_t* slots) {
 
   if (slots != nullptr)
     for (int64_t i = first; i < total; ++i)
-      slots[i - first] = int64_t{r.table[static_cast<size_t>(i / bs)]} * bs + i % bs;
+      slots[i - first] = int64_t{r.table[static_cast<size_t>(div_nonneg(i, bs))]} * bs + mod_nonneg(i, bs);
   return released_blocks || blocks_needed > 0;
 }
 
@@ -226,8 +227,8 @@ int64_t PagedCache::slot_of(int64_t req, int64_t entry) const {
   const Request& r = request(req);
   if (entry < 0 || entry >= r.entries) return -1;
   const int64_t bs = spec_.block_size;
-  const int32_t b = r.table[static_cast<size_t>(entry / bs)];
-  return b < 0 ? -1 : int64_t{b} * bs + entry % bs;
+  const int32_t b = r.table[static_cast<size_t>(div_nonneg(entry, bs))];
+  return b < 0 ? -1 : int64_t{b} * bs + mod_nonneg(entry, bs);
 }
 
 TensorView PagedCache::storage_view() const {
@@ -251,7 +252,7 @@ void require_blocks_for_growth(const char* where, const PagedCache& cache,
                                const std::vector<std::pair<int64_t, int64_t>>& growth) {
   const int64_t B = cache.spec().block_size;
   int64_t blocks = 0;
-  for (const auto& [before, after] : growth) blocks += (after + B - 1) / B - (before + B - 1) / B;
+  for (const auto& [before, after] : growth) blocks += ceil_div_nonneg(after, B) - ceil_div_nonneg(before, B);
   if (blocks > cache.pool().num_free())
     fail(where, ": ", cache.spec().name, " cache exhausted: this step needs ", blocks, " new blocks, ",
          cache.pool().num_free(), " of ", cache.pool().num_blocks(), " are free");

@@ -255,6 +255,7 @@ void Attention::check_plan(const BatchPlan& plan) const {
 void Attention::forward(const BatchPlan& plan, const TensorView& x, const TensorView& y) {
   impl_->require_mode(false, kWhere);
   impl_->check_inputs(plan, x, y);
+  if (impl_->opts.op_timer) impl_->opts.op_timer->host_phase("checked");
   if (plan.num_tokens() == 0) return;  // an empty step (x, y [0, dim] may have no data)
   impl_->forward(plan, nullptr, x, y);
 }
@@ -277,6 +278,7 @@ void Attention::forward(const CallerStep& step, const TensorView& x, const Tenso
   check_ndim(where, "x", x, 2);
   m.check_io(x.size(0), x, y);
   const BatchPlan plan = m.planner->check_caller(step, x.size(0));
+  if (m.opts.op_timer) m.opts.op_timer->host_phase("checked");
   if (plan.num_tokens() == 0) return;
   m.forward(plan, &step, x, y);
 }
@@ -427,10 +429,16 @@ void Attention::Impl::forward(const BatchPlan& plan, const CallerStep* step, con
   const int64_t rows = step_rows(device, T, graph);
   const StepPlan sp = step ? planner->plan_caller(plan, *step, rows, graph, upload)
                            : planner->plan(plan, rows, graph, upload);
-  upload.commit(stream);
+  if (opts.op_timer) opts.op_timer->host_phase("planned");
+  // A graph step's plan is posted (no CUDA call) and taken by the step's first kernel, inside its
+  // graph; an eager step's is copied.
+  if (graph) upload.post(stream);
+  else upload.commit(stream);
+  if (opts.op_timer) opts.op_timer->host_phase("uploaded");
 
   const TensorView x = stage_input(x_in);
   const StepLaunch run = [&](const TensorView& x_rows, const TensorView& y_rows, Stream s) {
+    if (graph) upload.receive(s);
     launch(sp, x_rows, y_rows, s);
   };
   if (!graph) {
@@ -443,6 +451,7 @@ void Attention::Impl::forward(const BatchPlan& plan, const CallerStep* step, con
     if (before && comm) comm->launch_barrier();  // the graph holds its allreduce
     if (timer) timer->graph_launch(stream, before);
   });
+  upload.received();
 }
 
 void Attention::Impl::launch(const StepPlan& sp, const TensorView& x, const TensorView& y,

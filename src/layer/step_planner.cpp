@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <tuple>
 
+#include "core/nonneg_div.h"
 #include "dsv4/status.h"
 
 namespace dsv4 {
@@ -46,8 +47,8 @@ StepPlanner::StepPlanner(const ModelConfig& cfg, int layer, LayerCaches& caches,
 
 void StepPlanner::check(const BatchPlan& plan) const {
   bool new_requests = false;
-  std::vector<std::pair<int64_t, int64_t>> growth;  // per request: entries before / after
-  growth.reserve(plan.requests.size());
+  std::vector<std::pair<int64_t, int64_t>>& growth = growth_;  // per request: entries before / after
+  growth.clear();
   for (const RequestStep& s : plan.requests) {
     auto it = cached_.find(s.req_id);
     const int64_t have = it == cached_.end() ? 0 : it->second;
@@ -69,7 +70,7 @@ void StepPlanner::check_compressed_capacity(const BatchPlan& plan, bool new_requ
                                             std::vector<std::pair<int64_t, int64_t>>& growth) const {
   for (size_t r = 0; r < growth.size(); ++r) {  // emitted entries before / after the step
     const RequestStep& st = plan.requests[r];
-    growth[r] = {st.context / ratio_, (st.context + st.num_new) / ratio_};
+    growth[r] = {div_nonneg(st.context, ratio_), div_nonneg(st.context + st.num_new, ratio_)};
   }
   require_blocks_for_growth(kWhere, *caches_.compressed, growth);
   if (caches_.indexer_keys) require_blocks_for_growth(kWhere, *caches_.indexer_keys, growth);
@@ -138,7 +139,6 @@ const TensorView& caller_table(const CallerStep& step, int role) {
 constexpr const char* kCallerTableNames[] = {
     "step.swa_block_table", "step.compressed_block_table", "step.compressor_state_block_table",
     "step.indexer_keys_block_table", "step.indexer_state_block_table"};
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int32_t table_at(const TensorView& t, int64_t r, int64_t k) {
   return t.ptr<int32_t>()[r * t.strides[0] + k * t.strides[1]];
 }
@@ -152,16 +152,16 @@ std::pair<int64_t, int64_t> StepPlanner::used_blocks(CacheRole role, int64_t con
       // What the layer's own SWA cache keeps mapped (PagedCache's retain rule, entries before
       // the step): the window of the step's first token and everything after it.
       const int64_t W = cfg_.window_size;
-      const int64_t first = W > 0 && context > W ? (context - W) / B : 0;
-      return {first, ceil_div(seq_len, B)};
+      const int64_t first = W > 0 && context > W ? div_nonneg(context - W, B) : 0;
+      return {first, ceil_div_nonneg(seq_len, B)};
     }
     case CacheRole::compressed:
     case CacheRole::indexer_keys:
-      return {0, ceil_div(compressor_entries_after(ratio_, seq_len), B)};
+      return {0, ceil_div_nonneg(div_nonneg(seq_len, ratio_), B)};
     case CacheRole::compressor_state:
-      return {0, ceil_div(main_.ring_rows(), B)};
+      return {0, ceil_div_nonneg(main_.ring_rows(), B)};
     case CacheRole::indexer_state:
-      return {0, ceil_div(indexer_.ring_rows(), B)};
+      return {0, ceil_div_nonneg(indexer_.ring_rows(), B)};
   }
   return {0, 0};
 }
@@ -273,7 +273,7 @@ BatchPlan StepPlanner::check_caller(const CallerStep& step, int64_t T) const {
                     std::to_string(plan.positions[t]) + " (request " + std::to_string(r) +
                         "'s next position: seq_lens - new tokens + i)",
                     pos);
-    const int64_t want = int64_t{table_at(swa_table, r, pos / B)} * B + pos % B;
+    const int64_t want = int64_t{table_at(swa_table, r, div_nonneg(pos, B))} * B + mod_nonneg(pos, B);
     const int64_t slot = step.slot_mapping.ptr<int64_t>()[t * step.slot_mapping.strides[0]];
     if (slot != want)
       fail_expected(where, "step.slot_mapping[" + std::to_string(t) + "]",
@@ -332,8 +332,8 @@ void StepPlanner::book(const BatchPlan& plan) {
     const RequestStep& s = plan.requests[r];
     swa_changed_[r] = caches_.swa->append(s.req_id, s.num_new, slots_.data() + plan.query_start_loc[r]);
     if (!ratio_) continue;
-    const int64_t n = compressor_entries_after(ratio_, s.context + s.num_new) -
-                      compressor_entries_after(ratio_, s.context);
+    // (compressor_entries_after, as a shift: see core/nonneg_div.h)
+    const int64_t n = div_nonneg(s.context + s.num_new, ratio_) - div_nonneg(s.context, ratio_);
     if (n <= 0) continue;
     entries_changed_[r] = caches_.compressed->append(s.req_id, n, nullptr);
     if (ratio_ == 4) keys_changed_[r] = caches_.indexer_keys->append(s.req_id, n, nullptr);
@@ -343,7 +343,7 @@ void StepPlanner::book(const BatchPlan& plan) {
 std::pair<int, int64_t> StepPlanner::compressed_widths(const BatchPlan& plan, bool round) const {
   int64_t max_visible = 0;
   for (int r = 0; r < plan.num_requests(); ++r)
-    max_visible = std::max<int64_t>(max_visible, plan.seq_len(r) / ratio_);
+    max_visible = std::max<int64_t>(max_visible, div_nonneg(plan.seq_len(r), ratio_));
   if (ratio_ == 128) return {static_cast<int>(round ? round_up_pow2(max_visible) : max_visible), 0};
   const int64_t cols = std::max<int64_t>(max_visible, 1);
   return {cfg_.index_topk, round ? round_up_pow2(cols) : cols};

@@ -139,6 +139,7 @@ class StepPlanner {
   std::vector<int64_t> req_ids_;
   std::vector<const std::vector<int32_t>*> tables_;
   std::vector<int64_t> slots_;  // [T] the step's SWA slots
+  mutable std::vector<std::pair<int64_t, int64_t>> growth_;  // check()'s per-request scratch
   std::vector<uint8_t> swa_changed_, entries_changed_, keys_changed_;  // per request: table changed
   // The last step planned, when a decode-like step on the layer's caches (patch()'s base).
   struct LastStep {

@@ -30,7 +30,8 @@ void StepUpload::resume() {
 
 void StepUpload::grow_host(int64_t bytes) {
   if (bytes <= host_capacity_) return;
-  const int64_t capacity = std::max(bytes, 2 * host_capacity_);
+  // (A multiple of kAlign: a send rounded out to whole words stays inside the host bytes.)
+  const int64_t capacity = round_up(std::max(bytes, 2 * host_capacity_), kAlign);
   std::unique_ptr<uint8_t[]> grown(new uint8_t[static_cast<size_t>(capacity)]);  // uninitialized
   if (host_size_ > 0) std::memcpy(grown.get(), host_.get(), static_cast<size_t>(host_size_));
   host_ = std::move(grown);
@@ -91,6 +92,8 @@ void StepUpload::reserve(int64_t bytes) {
     }
   if (static_cast<int64_t>(capture_spare_.size()) < bytes)
     capture_spare_ = rt::PinnedBuffer(static_cast<size_t>(round_up(bytes, 4096)));
+  if (!posted_) posted_ = std::make_unique<rt::PostedCopy>();
+  posted_->reserve(round_up(bytes, kAlign), posted_stream_);
 }
 
 void StepUpload::commit(Stream stream) {
@@ -111,30 +114,63 @@ void StepUpload::commit(Stream stream) {
                                   static_cast<size_t>(bytes), stream);
     captured_.push_back(std::move(capture_spare_));
     capture_spare_ = rt::PinnedBuffer();
+    sent();
     device_current_ = false;  // every replay of that capture re-sends its own snapshot
-  } else {
-    if (device_buffer_.numel() < bytes) reserve(bytes);
-    if (capture_spare_.size() == 0)
-      capture_spare_ = rt::PinnedBuffer(static_cast<size_t>(round_up(std::max<int64_t>(bytes, 4096), 4096)));
-    // Only the dirty bytes, when the device buffer holds the rest from the last commit.
-    const int64_t lo = device_current_ ? std::min(dirty_lo_, bytes) : 0;
-    const int64_t hi = device_current_ ? std::min(dirty_hi_, bytes) : bytes;
-    if (hi > lo) {
-      Staging& s = ring_[next_];
-      next_ = (next_ + 1) % kRing;
-      s.copied.wait_host();  // only waits if the host ran kRing steps ahead of the GPU
-      if (static_cast<int64_t>(s.buffer.size()) < bytes)
-        s.buffer = rt::PinnedBuffer(static_cast<size_t>(round_up(bytes, 4096)));
-      std::memcpy(s.buffer.data() + lo, host_.get() + lo, static_cast<size_t>(hi - lo));
-      rt::copy_host_to_device_async(device_buffer_.data<uint8_t>() + lo, s.buffer.data() + lo,
-                                    static_cast<size_t>(hi - lo), stream);
-      s.copied.record(stream);
-    }
-    device_current_ = true;
+    return;
   }
+  if (device_buffer_.numel() < bytes) reserve(bytes);
+  if (capture_spare_.size() == 0)
+    capture_spare_ = rt::PinnedBuffer(static_cast<size_t>(round_up(std::max<int64_t>(bytes, 4096), 4096)));
+  // Only the marked bytes, when the device buffer holds the rest from the last send.
+  const auto [lo, hi] = pending_span(1);
+  if (hi > lo) {
+    Staging& s = ring_[next_];
+    next_ = (next_ + 1) % kRing;
+    s.copied.wait_host();  // only waits if the host ran kRing steps ahead of the GPU
+    if (static_cast<int64_t>(s.buffer.size()) < bytes)
+      s.buffer = rt::PinnedBuffer(static_cast<size_t>(round_up(bytes, 4096)));
+    std::memcpy(s.buffer.data() + lo, host_.get() + lo, static_cast<size_t>(hi - lo));
+    rt::copy_host_to_device_async(device_buffer_.data<uint8_t>() + lo, s.buffer.data() + lo,
+                                  static_cast<size_t>(hi - lo), stream);
+    s.copied.record(stream);
+  }
+  sent();
+}
+
+std::pair<int64_t, int64_t> StepUpload::pending_span(int64_t align) const {
+  const int64_t bytes = host_size_;
+  const int64_t lo = device_current_ ? std::min(dirty_lo_, bytes) : 0;
+  const int64_t hi = device_current_ ? std::min(dirty_hi_, bytes) : bytes;
+  if (hi <= lo) return {0, 0};
+  return {lo / align * align, round_up(hi, align)};
+}
+
+void StepUpload::sent() {
+  device_current_ = true;
   dirty_lo_ = INT64_MAX;
   dirty_hi_ = 0;
   committed_ = device_buffer_.data<uint8_t>();
+}
+
+void StepUpload::post(Stream stream) {
+  DSV4_CHECK(device_ == Device::cuda, "StepUpload::post: a CUDA upload only");
+  if (device_buffer_.numel() < host_size_) reserve(host_size_);
+  if (!posted_) posted_ = std::make_unique<rt::PostedCopy>();
+  posted_stream_ = stream;
+  // Whole words: the host bytes and the device buffer are both sized in multiples of kAlign.
+  static_assert(kAlign % rt::PostedCopy::kAlign == 0);
+  const auto [lo, hi] = pending_span(rt::PostedCopy::kAlign);
+  posted_->post(host_.get(), lo, hi, stream);  // an empty range too: the graph's take runs anyway
+  sent();
+}
+
+void StepUpload::receive(Stream stream) {
+  DSV4_CHECK(posted_ != nullptr, "StepUpload::receive: nothing was posted");
+  posted_->take(device_buffer_.data<uint8_t>(), stream);
+}
+
+void StepUpload::received() {
+  if (posted_) posted_->taken_enqueued();
 }
 
 TensorView StepUpload::view(const Array& a) const {

@@ -18,18 +18,23 @@
 //     memory while capturing is not allowed), so every replay re-sends the captured plan;
 //   - a step that resume()s the last one's arrays sends only the bytes it changed: at decode most
 //     of the upload is block tables, which change only when a request crosses a block.
+//   - a replayed decode step posts instead of copying (post(); rt::PostedCopy): the bytes go to
+//     page-locked memory and the step's first kernel, captured in its graph (receive()), copies
+//     them over, so the host makes no CUDA call for its plan at all.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "dsv4/device_tensor.h"
 #include "dsv4/ops.h"
 #include "dsv4/tensor.h"
 #include "runtime/device_runtime.h"
+#include "runtime/posted_copy.h"
 
 namespace dsv4 {
 
@@ -82,6 +87,15 @@ class StepUpload {
 
   // Sends everything put since begin() on `stream` (CPU: nothing to do).
   void commit(Stream stream);
+  // commit() for a step whose launch begins with receive(stream), as a replayed decode graph's
+  // does (CUDA only): posts the same bytes, with no CUDA call (rt::PostedCopy). After the launch
+  // that receives it (its graph's replay or capture, or the eager launch) was enqueued, the caller
+  // calls received(); a post whose launch never came is settled by the next post.
+  void post(Stream stream);
+  // Enqueues on `stream` the kernel that copies the last post into the device buffer: the first
+  // node of the step's launch (capturable).
+  void receive(Stream stream);
+  void received();
   // The device (CPU: host) view of an array, valid after commit() until the next commit().
   TensorView view(const Array& a) const;
 
@@ -102,6 +116,11 @@ class StepUpload {
     else return DType::int64;
   }
   void grow_device(int64_t bytes);
+  // The bytes the next send covers, [lo, hi) rounded out to `align`: the marked span when the
+  // device buffer holds the rest, else everything.
+  std::pair<int64_t, int64_t> pending_span(int64_t align) const;
+  // After a send: the device buffer holds the host bytes, nothing is marked, views point at it.
+  void sent();
   // Makes the host bytes hold at least `bytes` (keeping those put so far).
   void grow_host(int64_t bytes);
 
@@ -126,6 +145,8 @@ class StepUpload {
   DeviceTensor device_buffer_;
   Staging ring_[kRing];
   int next_ = 0;
+  std::unique_ptr<rt::PostedCopy> posted_;  // post() (created by the first one)
+  Stream posted_stream_ = nullptr;            // the stream of the last post (reserve() waits on it)
   rt::PinnedBuffer capture_spare_;   // for a copy captured by a caller's graph
   std::vector<rt::PinnedBuffer> captured_;  // staging owned by captured copies: never reused
   uint64_t generation_ = 0;

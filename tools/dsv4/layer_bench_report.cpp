@@ -54,6 +54,8 @@ nlohmann::json to_json(const LayerBenchReport& r) {
     }
     const double floor = c.floor_us();
     const std::vector<std::string> unmodeled = c.unmodeled_ops();
+    nlohmann::json phases = nlohmann::json::object();
+    for (const auto& [name, us] : c.host_phases_us) phases[name] = us;
     doc["cases"].push_back({{"model", c.model},
                             {"layer", c.layer},
                             {"kind", c.kind},
@@ -69,6 +71,7 @@ nlohmann::json to_json(const LayerBenchReport& r) {
                             {"graph_gpu_us", c.graph_gpu_us},
                             {"before_launch_us", c.before_launch_us},
                             {"launch_us", c.launch_us},
+                            {"host_phases_us", phases},
                             {"graph_replays", c.graph_replays},
                             {"graph_gpu_over_floor", floor > 0 ? c.graph_gpu_us / floor : 0.0},
                             {"wall_over_graph_gpu", c.graph_gpu_us > 0 ? c.wall_us / c.graph_gpu_us : 0.0},
@@ -114,6 +117,11 @@ void print_case(std::FILE* f, const CaseReport& c, const Ceilings& ceil) {
     std::fprintf(f, "  replayed graph: %.1f us on the GPU (%.2fx the floor), wall / graph GPU %.2fx; host: launch "
                  "called after %.1f us, took %.1f us\n", c.graph_gpu_us, floor > 0 ? c.graph_gpu_us / floor : 0.0,
                  c.wall_us / c.graph_gpu_us, c.before_launch_us, c.launch_us);
+  if (!c.host_phases_us.empty()) {
+    std::fprintf(f, "  host before the launch (us from the step's start):");
+    for (const auto& [name, us] : c.host_phases_us) std::fprintf(f, " %s %.1f,", name.c_str(), us);
+    std::fprintf(f, " launch %.1f\n", c.before_launch_us);
+  }
   std::fprintf(f, "  %-22s %10s %10s %10s %7s %10s %10s %7s\n", "op", "GPU us", "host us", "floor us", "x floor",
                "GFLOP", "MB", "bound");
   for (const OpReport& o : c.ops) {

@@ -51,6 +51,9 @@ struct CaseReport {
   // Host clock of those steps (medians; 0 when eager): from the step's start to the graph's launch
   // call (planning, the upload, x's copy in), and the launch call itself.
   double before_launch_us = 0, launch_us = 0;
+  // Host clock of those steps at each stage the layer reports before the launch (OpTimer::host_phase:
+  // "checked", "planned", "uploaded"), from the step's start (medians; empty when eager).
+  std::vector<std::pair<std::string, double>> host_phases_us;
   int graph_replays = 0;  // wall-clock steps that replayed their graph (the medians are over these)
   std::string wall_mode = "eager";       // "eager" or "graph" (replay)
   int reps = 0;

@@ -34,6 +34,7 @@ struct StepTimes {
   double graph_gpu_us = -1;  // rank 0's replayed graph on the GPU (negative: the step ran eagerly)
   // Rank 0's host clock: from the step's start to the graph launch call, and the call itself.
   double before_launch_us = 0, launch_us = 0;
+  std::vector<std::pair<std::string, double>> host_phases_us;  // rank 0: OpTimer::host_phase, from the start
   ForwardTimes ops;  // empty when timed without the op timer
 };
 
@@ -163,6 +164,8 @@ class LayerRunner {
     }
     out.wall_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
     if (op_timing) out.ops = ranks_[0]->timer().collect();
+    for (const auto& [phase, at] : ranks_[0]->timer().take_host_phases())
+      out.host_phases_us.push_back({phase, std::chrono::duration<double, std::micro>(at - t0).count()});
     out.graph_gpu_us = ranks_[0]->timer().take_graph_us();
     if (out.graph_gpu_us >= 0) {
       const auto [began, ended] = ranks_[0]->timer().graph_launch_span();
@@ -225,6 +228,7 @@ CaseReport make_report(const ModelConfig& cfg, int layer, LayerKind kind, const 
   for (const StepTimes& t : timed) runs.push_back(t.ops);
   const ForwardTimes med = median_times(runs);
   std::vector<double> wall_us, forward_us, graph_gpu_us, before_launch_us, launch_us;
+  std::vector<std::pair<std::string, std::vector<double>>> phases;  // per phase, over the replayed steps
   for (const StepTimes& t : wall_steps) {
     wall_us.push_back(t.wall_us);
     forward_us.push_back(t.forward_us);
@@ -232,6 +236,11 @@ CaseReport make_report(const ModelConfig& cfg, int layer, LayerKind kind, const 
       graph_gpu_us.push_back(t.graph_gpu_us);
       before_launch_us.push_back(t.before_launch_us);
       launch_us.push_back(t.launch_us);
+      for (const auto& [name, us] : t.host_phases_us) {
+        auto it = std::find_if(phases.begin(), phases.end(), [&](const auto& p) { return p.first == name; });
+        if (it == phases.end()) it = phases.emplace(phases.end(), name, std::vector<double>{});
+        it->second.push_back(us);
+      }
     }
   }
   r.wall_us = median(wall_us);
@@ -243,6 +252,7 @@ CaseReport make_report(const ModelConfig& cfg, int layer, LayerKind kind, const 
     r.graph_gpu_us = median(graph_gpu_us);
     r.before_launch_us = median(before_launch_us);
     r.launch_us = median(launch_us);
+    for (const auto& [name, us] : phases) r.host_phases_us.push_back({name, median(us)});
   }
   r.gpu_us = med.gpu_us;
   r.host_us = med.host_us;

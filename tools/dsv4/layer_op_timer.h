@@ -54,11 +54,18 @@ class TimingOpTimer : public OpTimer {
   std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point> graph_launch_span() const {
     return {launch_began_, launch_ended_};
   }
+  // Notes the host clock at each host_phase() of the forward (kept until take_host_phases()).
+  void host_phase(const char* phase) override { host_phases_.push_back({phase, Clock::now()}); }
+  // The phases noted since the last call, in order.
+  std::vector<std::pair<const char*, std::chrono::steady_clock::time_point>> take_host_phases() {
+    return std::exchange(host_phases_, {});
+  }
 
  protected:
   using Clock = std::chrono::steady_clock;
   bool enabled_ = true;
   Clock::time_point launch_began_{}, launch_ended_{};
+  std::vector<std::pair<const char*, Clock::time_point>> host_phases_;
 };
 
 // Host clocks only (the CPU backend).

@@ -56,7 +56,22 @@ struct CacheSpec {
 // each step: include/dsv4/caller_step.h); such a cache has no pool blocks to hand out and
 // refuses add_request / append.
 class PagedCache {
+  struct Request;
+
  public:
+  // A request's entry, for a caller that appends to the same requests step after step (the
+  // layer's planner at decode): the calls that take one look nothing up. Valid until the request
+  // is removed.
+  class Handle {
+   public:
+    Handle() = default;
+
+   private:
+    friend class PagedCache;
+    explicit Handle(Request* r) : r_(r) {}
+    Request* r_ = nullptr;
+  };
+
   // external_storage == nullptr: allocate host storage of num_blocks * block_bytes bytes.
   explicit PagedCache(CacheSpec spec, void* external_storage = nullptr,
                       Device device = Device::cpu);
@@ -88,10 +103,14 @@ class PagedCache {
   // (blocks allocated or released), which a planner that re-sends tables only when they change
   // needs to know.
   bool append(int64_t req, int64_t count, int64_t* slots);
+  // The request's handle (throws if unknown), and append / block_table through it.
+  Handle handle(int64_t req);
+  bool append(Handle h, int64_t count, int64_t* slots);
   // Global slot of entry `entry` of the request, or -1 if released / not yet appended.
   int64_t slot_of(int64_t req, int64_t entry) const;
   // The request's block table (one block id per B entries; -1 for released blocks).
   const std::vector<int32_t>& block_table(int64_t req) const;
+  const std::vector<int32_t>& block_table(Handle h) const { return h.r_->table; }
 
   uint8_t* storage() const { return storage_; }
   Device device() const { return device_; }
@@ -100,6 +119,7 @@ class PagedCache {
 
  private:
   struct Request {
+    int64_t id = 0;
     std::vector<int32_t> table;
     int64_t entries = 0;
     int64_t released = 0;  // table[0, released) are all released (-1): not scanned again

@@ -129,7 +129,9 @@ void PagedCache::add_request(int64_t req) {
          "come from the caller)");
   if (requests_.count(req))
     fail("PagedCache(", spec_.name, ")::add_request: request ", req, " already exists");
-  requests_.emplace(req, Request{});
+  Request r;
+  r.id = req;
+  requests_.emplace(req, std::move(r));
 }
 
 void PagedCache::remove_request(int64_t req) {
@@ -187,16 +189,26 @@ std::vector<int64_t> PagedCache::append(int64_t req, int64_t count) {
   return slots;
 }
 
-bool PagedCache::append(int64_t req, int64_t count, int64_t* slots) {
+PagedCache::Handle PagedCache::handle(int64_t req) {
   if (caller_owned_)
     fail("PagedCache(", spec_.name, ")::append: the cache is caller-owned (its block tables come "
          "from the caller)");
-  if (count < 0)
-    fail_expected("PagedCache(" + spec_.name + ")::append", "count", ">= 0", count);
   auto it = requests_.find(req);
   if (it == requests_.end())
     fail("PagedCache(", spec_.name, ")::append: unknown request ", req);
-  Request& r = it->second;
+  return Handle(&it->second);
+}
+
+bool PagedCache::append(int64_t req, int64_t count, int64_t* slots) {
+  return append(handle(req), count, slots);
+}
+
+bool PagedCache::append(Handle h, int64_t count, int64_t* slots) {
+  if (count < 0)
+    fail_expected("PagedCache(" + spec_.name + ")::append", "count", ">= 0", count);
+  DSV4_CHECK(h.r_ != nullptr, "PagedCache(", spec_.name, ")::append: an empty handle");
+  Request& r = *h.r_;
+  const int64_t req = r.id;
   const int64_t bs = spec_.block_size;
   const int64_t first = r.entries;
   const int64_t total = first + count;

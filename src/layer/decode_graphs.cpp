@@ -12,7 +12,7 @@ int64_t DecodeGraphs::bucket(int64_t tokens) {
 
 int64_t DecodeGraphs::rows(int64_t tokens) { return std::max(kFp8GemmRowMultiple, bucket(tokens)); }
 
-void DecodeGraphs::run(std::vector<int64_t> key, uint64_t memory_generation, int64_t rows,
+void DecodeGraphs::run(const std::vector<int64_t>& key, uint64_t memory_generation, int64_t rows,
                        const TensorView& x, const TensorView& y, Scratch& scratch, Stream stream,
                        const StepLaunch& launch, const std::function<void(bool before)>& around_graph_launch) {
   // A caller that hands in the same device x and y as its last step, filling the bucket (T ==
@@ -21,62 +21,62 @@ void DecodeGraphs::run(std::vector<int64_t> key, uint64_t memory_generation, int
   const bool direct = x.size(0) == rows && y.device == Device::cuda && x.data == last_x_ && y.data == last_y_;
   last_x_ = x.data;
   last_y_ = y.data;
-  if (direct) {  // (key is this call's own copy)
-    key.insert(key.end(), {-2, static_cast<int64_t>(reinterpret_cast<intptr_t>(x.data)),
-                           static_cast<int64_t>(reinterpret_cast<intptr_t>(y.data))});
-  } else {
+  if (!direct) {
     // Sized for the largest bucket at once: growing later would move the rows every graph reads.
     ensure_io(kMaxTokens, x.size(1));
     copy_rows_in(x, this->x(rows), stream);
   }
+  const KeyRef ref{&key, direct ? x.data : nullptr, direct ? y.data : nullptr};
   const TensorView x_rows = direct ? x : this->x(rows);
   const TensorView y_rows = direct ? y : this->y(rows);
-  const auto launch_graph = [&] {
+  const auto launch_graph = [&](const rt::Graph& g) {
     if (around_graph_launch) around_graph_launch(true);
-    graph(key).launch(stream);
+    g.launch(stream);
     if (around_graph_launch) around_graph_launch(false);
   };
-  switch (next(key, memory_generation)) {
+  const auto [action, replayed] = next(ref, memory_generation);
+  switch (action) {
     case Action::eager:
       launch(x_rows, y_rows, stream);
       break;
     case Action::capture: {
       const Stream cs = capture_stream();
       scratch.set_capturing(true);
+      rt::Graph captured;
       try {
-        store(key, rt::Graph::capture(cs, [&] { launch(x_rows, y_rows, cs); }));
+        captured = rt::Graph::capture(cs, [&] { launch(x_rows, y_rows, cs); });
       } catch (...) {
         scratch.set_capturing(false);
         throw;
       }
       scratch.set_capturing(false);
-      launch_graph();
+      launch_graph(store(ref, std::move(captured)));
       break;
     }
     case Action::replay:
-      launch_graph();
+      launch_graph(*replayed);
       break;
   }
   if (!direct) copy_rows_out(this->y(rows), y, scratch, stream);
 }
 
-DecodeGraphs::Action DecodeGraphs::next(const std::vector<int64_t>& key,
-                                        uint64_t memory_generation) {
+std::pair<DecodeGraphs::Action, const rt::Graph*> DecodeGraphs::next(const KeyRef& key,
+                                                                     uint64_t memory_generation) {
   if (memory_generation + io_generation_ != generation_) {
     graphs_.clear();  // something they replay moved; `seen_` stays (the workspace is sized)
     generation_ = memory_generation + io_generation_;
   }
-  if (graphs_.count(key)) {
+  if (const auto it = graphs_.find(key); it != graphs_.end()) {
     ++replays_;
-    return Action::replay;
+    return {Action::replay, &it->second};
   }
-  if (seen_.insert(key).second) return Action::eager;
-  return Action::capture;
+  if (seen_.insert(Key{*key.shape, key.x, key.y}).second) return {Action::eager, nullptr};
+  return {Action::capture, nullptr};
 }
 
-void DecodeGraphs::store(const std::vector<int64_t>& key, rt::Graph graph) {
-  graphs_[key] = std::move(graph);
+const rt::Graph& DecodeGraphs::store(const KeyRef& key, rt::Graph graph) {
   ++captures_;
+  return graphs_.insert_or_assign(Key{*key.shape, key.x, key.y}, std::move(graph)).first->second;
 }
 
 Stream DecodeGraphs::capture_stream() {

@@ -18,6 +18,8 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "dsv4/device_tensor.h"
@@ -46,14 +48,35 @@ class DecodeGraphs {
   // replayed — then the first T rows of y out (copy_rows_out: y on the GPU or the host). `around_graph_launch` (may be empty) runs right
   // before each graph launch with true (a tensor-parallel group's launch barrier: the graph holds
   // its allreduce) and right after it with false (an op timer's replay events).
-  void run(std::vector<int64_t> key, uint64_t memory_generation, int64_t rows,
+  void run(const std::vector<int64_t>& key, uint64_t memory_generation, int64_t rows,
            const TensorView& x, const TensorView& y, Scratch& scratch, Stream stream,
            const StepLaunch& launch, const std::function<void(bool before)>& around_graph_launch = {});
 
-  // What to do with a step of shape `key` (see above).
-  Action next(const std::vector<int64_t>& key, uint64_t memory_generation);
-  const rt::Graph& graph(const std::vector<int64_t>& key) const { return graphs_.at(key); }
-  void store(const std::vector<int64_t>& key, rt::Graph graph);
+  // A graph's key: the step's shape key and, for a step on the caller's rows, their addresses
+  // (nullptr: the fixed rows).
+  struct Key {
+    std::vector<int64_t> shape;
+    const void* x = nullptr;
+    const void* y = nullptr;
+  };
+  // The same, over a shape key the caller holds (a lookup copies nothing).
+  struct KeyRef {
+    const std::vector<int64_t>* shape;
+    const void* x;
+    const void* y;
+  };
+  struct KeyLess {
+    using is_transparent = void;
+    template <class A, class B>
+    bool operator()(const A& a, const B& b) const {
+      return std::tie(shape_of(a), a.x, a.y) < std::tie(shape_of(b), b.x, b.y);
+    }
+    static const std::vector<int64_t>& shape_of(const Key& k) { return k.shape; }
+    static const std::vector<int64_t>& shape_of(const KeyRef& k) { return *k.shape; }
+  };
+  // What to do with a step of `key` (see above), and its graph when that is to replay it.
+  std::pair<Action, const rt::Graph*> next(const KeyRef& key, uint64_t memory_generation);
+  const rt::Graph& store(const KeyRef& key, rt::Graph graph);
   // The stream captures run on (created on first use).
   Stream capture_stream();
   // Fixed x [rows, dim] bf16 / y [rows, dim] fp32 rows the graphs read and write (grown, with
@@ -68,8 +91,8 @@ class DecodeGraphs {
   void clear();
 
  private:
-  std::map<std::vector<int64_t>, rt::Graph> graphs_;
-  std::set<std::vector<int64_t>> seen_;
+  std::map<Key, rt::Graph, KeyLess> graphs_;
+  std::set<Key, KeyLess> seen_;
   uint64_t generation_ = 0;
   std::unique_ptr<rt::OwnedStream> capture_stream_;
   DeviceTensor x_, y_;

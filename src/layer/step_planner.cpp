@@ -49,10 +49,17 @@ void StepPlanner::check(const BatchPlan& plan) const {
   bool new_requests = false;
   std::vector<std::pair<int64_t, int64_t>>& growth = growth_;  // per request: entries before / after
   growth.clear();
-  for (const RequestStep& s : plan.requests) {
-    auto it = cached_.find(s.req_id);
-    const int64_t have = it == cached_.end() ? 0 : it->second;
-    new_requests = new_requests || it == cached_.end();
+  const bool same = same_batch(plan);  // then every request is known, its count at hand
+  for (size_t r = 0; r < plan.requests.size(); ++r) {
+    const RequestStep& s = plan.requests[r];
+    int64_t have = 0;
+    if (same) {
+      have = *last_.cached[r];
+    } else {
+      auto it = cached_.find(s.req_id);
+      have = it == cached_.end() ? 0 : it->second;
+      new_requests = new_requests || it == cached_.end();
+    }
     if (s.context != have)
       fail_expected(kWhere, "context of request " + std::to_string(s.req_id),
                     std::to_string(have) + " (tokens this layer has cached)", s.context);
@@ -89,6 +96,7 @@ void StepPlanner::check_compressed_capacity(const BatchPlan& plan, bool new_requ
 }
 
 void StepPlanner::add_requests(const BatchPlan& plan) {
+  if (same_batch(plan)) return;  // nothing new
   for (const RequestStep& s : plan.requests)
     if (!cached_.count(s.req_id)) {
       last_.valid = false;
@@ -284,19 +292,24 @@ BatchPlan StepPlanner::check_caller(const CallerStep& step, int64_t T) const {
   return plan;
 }
 
-StepPlan StepPlanner::plan(const BatchPlan& plan, int64_t rows, bool graph, StepUpload& upload) {
-  StepPlan sp = plan_step(plan, nullptr, rows, graph, upload);
-  for (const RequestStep& s : plan.requests) cached_[s.req_id] = s.context + s.num_new;
+const StepPlan& StepPlanner::plan(const BatchPlan& plan, int64_t rows, bool graph, StepUpload& upload) {
+  const StepPlan& sp = plan_step(plan, nullptr, rows, graph, upload);
+  if (same_batch(plan)) {  // (last_ is this step now, when it was decode-like)
+    for (size_t r = 0; r < plan.requests.size(); ++r)
+      *last_.cached[r] = plan.requests[r].context + plan.requests[r].num_new;
+  } else {
+    for (const RequestStep& s : plan.requests) cached_[s.req_id] = s.context + s.num_new;
+  }
   return sp;
 }
 
-StepPlan StepPlanner::plan_caller(const BatchPlan& plan, const CallerStep& step, int64_t rows,
-                                  bool graph, StepUpload& upload) {
+const StepPlan& StepPlanner::plan_caller(const BatchPlan& plan, const CallerStep& step, int64_t rows,
+                                         bool graph, StepUpload& upload) {
   return plan_step(plan, &step, rows, graph, upload);
 }
 
-StepPlan StepPlanner::plan_step(const BatchPlan& plan, const CallerStep* step, int64_t rows,
-                                bool graph, StepUpload& upload) {
+const StepPlan& StepPlanner::plan_step(const BatchPlan& plan, const CallerStep* step, int64_t rows,
+                                       bool graph, StepUpload& upload) {
   const int R = plan.num_requests();
   const int64_t T = plan.num_tokens();
   req_ids_.clear();
@@ -309,18 +322,40 @@ StepPlan StepPlanner::plan_step(const BatchPlan& plan, const CallerStep* step, i
   } else {
     for (int64_t t = 0; t < T; ++t) slots_[t] = step->slot_mapping.ptr<int64_t>()[t * step->slot_mapping.strides[0]];
   }
-  if (step == nullptr && patchable(plan, rows, graph)) return patch(plan, upload);
-  last_.valid = false;  // pack() lays the upload out anew (and may throw halfway)
-  StepPlan sp = pack(plan, step, rows, graph, upload);
-  // A decode-like step on the layer's caches may be followed by the same batch one step on.
-  if (step == nullptr && plan.num_decode_like == R) {
-    last_.valid = true;
-    last_.requests = plan.requests;
-    last_.rows = rows;
-    last_.round = graph;
-    last_.sp = sp;
+  if (step == nullptr && patchable(plan, rows, graph)) {
+    patch(plan, upload);
+    return current_;
   }
-  return sp;
+  last_.valid = false;  // pack() lays the upload out anew (and may throw halfway)
+  current_ = pack(plan, step, rows, graph, upload);
+  current_.key = current_.shape_key();
+  // A decode-like step on the layer's caches may be followed by the same batch one step on.
+  if (step == nullptr && plan.num_decode_like == R) remember(plan, rows, graph);
+  return current_;
+}
+
+bool StepPlanner::same_batch(const BatchPlan& plan) const {
+  if (!last_.valid || plan.requests.size() != last_.requests.size()) return false;
+  for (size_t r = 0; r < plan.requests.size(); ++r)
+    if (plan.requests[r].req_id != last_.requests[r].req_id) return false;
+  return true;
+}
+
+void StepPlanner::remember(const BatchPlan& plan, int64_t rows, bool round) {
+  last_.requests = plan.requests;
+  last_.rows = rows;
+  last_.round = round;
+  last_.cached.clear();
+  last_.swa.clear();
+  last_.compressed.clear();
+  last_.keys.clear();
+  for (const RequestStep& s : plan.requests) {
+    last_.cached.push_back(&cached_.at(s.req_id));  // (map nodes stay put until erased)
+    last_.swa.push_back(caches_.swa->handle(s.req_id));
+    if (ratio_) last_.compressed.push_back(caches_.compressed->handle(s.req_id));
+    if (ratio_ == 4) last_.keys.push_back(caches_.indexer_keys->handle(s.req_id));
+  }
+  last_.valid = true;
 }
 
 void StepPlanner::book(const BatchPlan& plan) {
@@ -328,15 +363,22 @@ void StepPlanner::book(const BatchPlan& plan) {
   swa_changed_.assign(static_cast<size_t>(R), 0);
   entries_changed_.assign(static_cast<size_t>(R), 0);
   keys_changed_.assign(static_cast<size_t>(R), 0);
+  // The same requests as the last step: through its handles, with no lookup.
+  const bool same = same_batch(plan);
   for (int r = 0; r < R; ++r) {
     const RequestStep& s = plan.requests[r];
-    swa_changed_[r] = caches_.swa->append(s.req_id, s.num_new, slots_.data() + plan.query_start_loc[r]);
+    int64_t* slots = slots_.data() + plan.query_start_loc[r];
+    swa_changed_[r] = same ? caches_.swa->append(last_.swa[r], s.num_new, slots)
+                           : caches_.swa->append(s.req_id, s.num_new, slots);
     if (!ratio_) continue;
     // (compressor_entries_after, as a shift: see core/nonneg_div.h)
     const int64_t n = div_nonneg(s.context + s.num_new, ratio_) - div_nonneg(s.context, ratio_);
     if (n <= 0) continue;
-    entries_changed_[r] = caches_.compressed->append(s.req_id, n, nullptr);
-    if (ratio_ == 4) keys_changed_[r] = caches_.indexer_keys->append(s.req_id, n, nullptr);
+    entries_changed_[r] = same ? caches_.compressed->append(last_.compressed[r], n, nullptr)
+                               : caches_.compressed->append(s.req_id, n, nullptr);
+    if (ratio_ == 4)
+      keys_changed_[r] = same ? caches_.indexer_keys->append(last_.keys[r], n, nullptr)
+                              : caches_.indexer_keys->append(s.req_id, n, nullptr);
   }
 }
 
@@ -360,54 +402,56 @@ bool StepPlanner::patchable(const BatchPlan& plan, int64_t rows, bool round) con
     if (s.req_id != was.req_id || s.num_new != was.num_new || s.context != was.context + was.num_new) return false;
   }
   // Every changed table still fits its array's width.
-  auto fits = [&](const PagedCache& cache, const StepUpload::Array& a, const std::vector<uint8_t>& changed) {
+  // (The same requests in the same order: last_'s handles apply.)
+  auto fits = [&](const PagedCache& cache, const std::vector<PagedCache::Handle>& handles,
+                  const StepUpload::Array& a, const std::vector<uint8_t>& changed) {
     for (int r = 0; r < R; ++r)
-      if (changed[r] && static_cast<int64_t>(cache.block_table(req_ids_[r]).size()) > a.shape[1]) return false;
+      if (changed[r] && static_cast<int64_t>(cache.block_table(handles[r]).size()) > a.shape[1]) return false;
     return true;
   };
-  if (!fits(*caches_.swa, last_.sp.swa_table, swa_changed_)) return false;
+  if (!fits(*caches_.swa, last_.swa, current_.swa_table, swa_changed_)) return false;
   if (!ratio_) return true;
-  const CompressedPlan& c = last_.sp.compressed;
+  const CompressedPlan& c = current_.compressed;
   if (compressed_widths(plan, round) != std::pair<int, int64_t>{c.topk, c.score_cols}) return false;
-  return fits(*caches_.compressed, c.out_table, entries_changed_) &&
-         (ratio_ != 4 || fits(*caches_.indexer_keys, c.index_key_table, keys_changed_));
+  return fits(*caches_.compressed, last_.compressed, c.out_table, entries_changed_) &&
+         (ratio_ != 4 || fits(*caches_.indexer_keys, last_.keys, c.index_key_table, keys_changed_));
 }
 
-StepPlan StepPlanner::patch(const BatchPlan& plan, StepUpload& upload) {
+void StepPlanner::patch(const BatchPlan& plan, StepUpload& upload) {
   // The same requests, arrays and shapes as the last step: what moved is each token's position
   // and slot, each request's context, and the rows of the tables that changed. Token-to-request
   // rows, the compressors' ring tables and the padding rows stay as they were.
   const int R = plan.num_requests();
   const int64_t T = plan.num_tokens();
-  const StepPlan& sp = last_.sp;
+  const StepPlan& sp = current_;
   upload.resume();
   std::copy(plan.positions.begin(), plan.positions.end(), upload.host_data<int64_t>(sp.positions));
   upload.mark_dirty(sp.positions.offset, T * 8);
   std::copy(slots_.begin(), slots_.end(), upload.host_data<int64_t>(sp.slot_mapping));
   upload.mark_dirty(sp.slot_mapping.offset, T * 8);
-  auto patch_rows = [&](const PagedCache& cache, const StepUpload::Array& a, const std::vector<uint8_t>& changed) {
+  auto patch_rows = [&](const PagedCache& cache, const std::vector<PagedCache::Handle>& handles,
+                        const StepUpload::Array& a, const std::vector<uint8_t>& changed) {
     const int64_t width = a.shape[1];
     int32_t* packed = upload.host_data<int32_t>(a);
     for (int r = 0; r < R; ++r) {
       if (!changed[r]) continue;
-      const std::vector<int32_t>& t = cache.block_table(req_ids_[r]);
+      const std::vector<int32_t>& t = cache.block_table(handles[r]);
       int32_t* row = packed + int64_t{r} * width;
       std::copy(t.begin(), t.end(), row);
       std::fill(row + t.size(), row + width, -1);
       upload.mark_dirty(a.offset + int64_t{r} * width * 4, width * 4);
     }
   };
-  patch_rows(*caches_.swa, sp.swa_table, swa_changed_);
+  patch_rows(*caches_.swa, last_.swa, sp.swa_table, swa_changed_);
   if (ratio_) {
     int64_t* context = upload.host_data<int64_t>(sp.compressed.context);
     for (int r = 0; r < R; ++r) context[r] = plan.requests[r].context;
     upload.mark_dirty(sp.compressed.context.offset, int64_t{R} * 8);
-    patch_rows(*caches_.compressed, sp.compressed.out_table, entries_changed_);
-    if (ratio_ == 4) patch_rows(*caches_.indexer_keys, sp.compressed.index_key_table, keys_changed_);
+    patch_rows(*caches_.compressed, last_.compressed, sp.compressed.out_table, entries_changed_);
+    if (ratio_ == 4) patch_rows(*caches_.indexer_keys, last_.keys, sp.compressed.index_key_table, keys_changed_);
   }
   last_.requests = plan.requests;
   ++patched_steps_;
-  return sp;
 }
 
 StepPlan StepPlanner::pack(const BatchPlan& plan, const CallerStep* step, int64_t rows, bool graph,

@@ -53,6 +53,9 @@ struct StepPlan {
   std::vector<PrefillGroup> prefill_groups;
   // Everything the launch's shapes depend on: equal keys → the same kernels and arguments.
   std::vector<int64_t> shape_key() const;
+  // shape_key(), as the planner computed it once when it packed the plan (a patched step keeps
+  // the plan, and with it the key a replayed graph is found by).
+  std::vector<int64_t> key;
 };
 
 class StepPlanner {
@@ -78,7 +81,8 @@ class StepPlanner {
   // widths) keeps the last step's arrays and rewrites only what moved: positions, slots,
   // contexts and the rows of tables that changed (StepUpload::resume; the upload then sends only
   // those bytes). Its StepPlan is the last one's, so a replayed graph's key matches at once.
-  StepPlan plan(const BatchPlan& plan, int64_t rows, bool graph, StepUpload& upload);
+  // The plan returned stays valid until the next plan() or plan_caller().
+  const StepPlan& plan(const BatchPlan& plan, int64_t rows, bool graph, StepUpload& upload);
   // Forgets the request (its cache blocks are freed).
   void release(int64_t req);
   // Steps that patched the last step's arrays instead of packing them (see plan()).
@@ -92,8 +96,8 @@ class StepPlanner {
   // plan() for a step checked by check_caller: the caller's slots and block tables (blocks the
   // step does not touch are sent as -1) instead of the layer's bookkeeping, which it never
   // touches (the caller's caches hold no per-request state in the layer).
-  StepPlan plan_caller(const BatchPlan& plan, const CallerStep& step, int64_t rows, bool graph,
-                       StepUpload& upload);
+  const StepPlan& plan_caller(const BatchPlan& plan, const CallerStep& step, int64_t rows, bool graph,
+                              StepUpload& upload);
 
  private:
   enum class CacheRole { swa, compressed, compressor_state, indexer_keys, indexer_state };
@@ -105,8 +109,8 @@ class StepPlanner {
   StepUpload::Array table(CacheRole role, const BatchPlan& plan, const CallerStep* step,
                           int64_t rows, bool round, StepUpload& upload);
   // plan() (step == nullptr: books the step's entries in the layer's caches) and plan_caller().
-  StepPlan plan_step(const BatchPlan& plan, const CallerStep* step, int64_t rows, bool graph,
-                     StepUpload& upload);
+  const StepPlan& plan_step(const BatchPlan& plan, const CallerStep* step, int64_t rows, bool graph,
+                            StepUpload& upload);
   void plan_prefill_groups(const BatchPlan& plan, StepPlan& sp, StepUpload& upload) const;
   // `growth`: scratch of one pair per request (overwritten).
   void check_compressed_capacity(const BatchPlan& plan, bool new_requests,
@@ -122,7 +126,7 @@ class StepPlanner {
   void book(const BatchPlan& plan);
   // Whether the step may patch the last step's arrays (see plan()), after book().
   bool patchable(const BatchPlan& plan, int64_t rows, bool round) const;
-  StepPlan patch(const BatchPlan& plan, StepUpload& upload);
+  void patch(const BatchPlan& plan, StepUpload& upload);  // (of current_)
   // Every array of the step afresh (upload.begin()).
   StepPlan pack(const BatchPlan& plan, const CallerStep* step, int64_t rows, bool graph, StepUpload& upload);
   // The block tables of this step's requests in `cache` as int32 [rows, width] (width: the
@@ -141,14 +145,24 @@ class StepPlanner {
   std::vector<int64_t> slots_;  // [T] the step's SWA slots
   mutable std::vector<std::pair<int64_t, int64_t>> growth_;  // check()'s per-request scratch
   std::vector<uint8_t> swa_changed_, entries_changed_, keys_changed_;  // per request: table changed
-  // The last step planned, when a decode-like step on the layer's caches (patch()'s base).
+  StepPlan current_;  // the last plan() / plan_caller()'s
+  // The last step planned, when a decode-like step on the layer's caches (patch()'s base; its
+  // plan is current_).
   struct LastStep {
     bool valid = false;
     std::vector<RequestStep> requests;
     int64_t rows = 0;
     bool round = false;
-    StepPlan sp;
+    // Per request row: its count in cached_ and its entries in the caches, so that a step of the
+    // same requests in the same order (same_batch()) looks nothing up. Invalidated with `valid`
+    // whenever a request is added or released.
+    std::vector<int64_t*> cached;
+    std::vector<PagedCache::Handle> swa, compressed, keys;
   } last_;
+  // Whether `plan` has the last step's requests in the same order (its handles apply).
+  bool same_batch(const BatchPlan& plan) const;
+  // Records `plan`'s step as last_ (after pack() into current_).
+  void remember(const BatchPlan& plan, int64_t rows, bool round);
   int64_t patched_steps_ = 0;
 };
 

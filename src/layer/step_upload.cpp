@@ -93,7 +93,7 @@ void StepUpload::reserve(int64_t bytes) {
   if (static_cast<int64_t>(capture_spare_.size()) < bytes)
     capture_spare_ = rt::PinnedBuffer(static_cast<size_t>(round_up(bytes, 4096)));
   if (!posted_) posted_ = std::make_unique<rt::PostedCopy>();
-  posted_->reserve(round_up(bytes, kAlign), posted_stream_);
+  if (posted_->reserve(round_up(bytes, kAlign), posted_stream_)) ++generation_;  // graphs' takes read it
 }
 
 void StepUpload::commit(Stream stream) {
@@ -154,9 +154,9 @@ void StepUpload::sent() {
 
 void StepUpload::post(Stream stream) {
   DSV4_CHECK(device_ == Device::cuda, "StepUpload::post: a CUDA upload only");
-  if (device_buffer_.numel() < host_size_) reserve(host_size_);
-  if (!posted_) posted_ = std::make_unique<rt::PostedCopy>();
   posted_stream_ = stream;
+  if (!posted_ || device_buffer_.numel() < host_size_ || posted_->capacity() < round_up(host_size_, kAlign))
+    reserve(host_size_);
   // Whole words: the host bytes and the device buffer are both sized in multiples of kAlign.
   static_assert(kAlign % rt::PostedCopy::kAlign == 0);
   const auto [lo, hi] = pending_span(rt::PostedCopy::kAlign);

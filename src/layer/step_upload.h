@@ -10,7 +10,8 @@
 //   - one copy per step instead of one per array, and from pinned memory, so the stream never
 //     waits for the host (a pageable copy makes CUDA stage it synchronously);
 //   - the device buffer only grows, and keeps its address otherwise, so captured CUDA graphs that
-//     read it stay valid (generation() changes whenever the address changes);
+//     read it stay valid (generation() changes whenever the address changes, or the posted
+//     staging's);
 //   - page-locked staging is a ring of kRing buffers, each reused only after the copy that last
 //     read it completed (flow control: the host waits only if it runs kRing steps ahead);
 //   - inside a caller's stream capture (torch.cuda.graph) the copy is captured reading staging
@@ -101,7 +102,8 @@ class StepUpload {
 
   // Grows the device buffer and the staging to hold `bytes` (outside any capture).
   void reserve(int64_t bytes);
-  // Changes whenever the device buffer moves (graphs that read it must be captured again).
+  // Changes whenever the device buffer or the posted staging moves (graphs that read them must be
+  // captured again).
   uint64_t generation() const { return generation_; }
   int64_t size() const { return host_size_; }
   // Bytes of the device buffer (CPU: of the host staging).

@@ -38,15 +38,17 @@ class PostedCopy {
   PostedCopy& operator=(const PostedCopy&) = delete;
 
   // Makes the staging hold `bytes` (outside any capture: it may allocate page-locked memory, after
-  // waiting until the device took the outstanding post).
-  void reserve(int64_t bytes, Stream stream);
+  // waiting until the device took the outstanding post). Returns whether the staging moved: a
+  // captured take reads the staging at its old address, so such graphs must be captured again.
+  bool reserve(int64_t bytes, Stream stream);
+  int64_t capacity() const;
   // Posts bytes [lo, hi) of `src` to land at the same offsets of the take's destination. lo and hi
-  // must be multiples of kAlign, and src must hold [lo, hi). Waits as described above; makes no
-  // CUDA call unless it must wait or grow.
+  // must be multiples of kAlign, hi <= capacity(), and src must hold [lo, hi). Waits as described
+  // above; makes no CUDA call unless it must wait.
   void post(const uint8_t* src, int64_t lo, int64_t hi, Stream stream);
   // Enqueues on `stream` the kernel that copies the current post into `dst` (which must hold every
   // range posted) and reports it taken. Capturable: a graph that captured it takes, at each replay,
-  // the post of that moment.
+  // the post of that moment (from the staging as it was at the capture: see reserve()).
   void take(uint8_t* dst, Stream stream);
   // The take of the last post was enqueued or launched (a graph holding it replayed).
   void taken_enqueued();

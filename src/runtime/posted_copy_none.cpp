@@ -10,7 +10,8 @@ struct PostedCopy::State {};
 
 PostedCopy::PostedCopy() { fail_not_built("PostedCopy"); }
 PostedCopy::~PostedCopy() = default;
-void PostedCopy::reserve(int64_t, Stream) { fail_not_built("PostedCopy::reserve"); }
+bool PostedCopy::reserve(int64_t, Stream) { fail_not_built("PostedCopy::reserve"); }
+int64_t PostedCopy::capacity() const { return 0; }
 void PostedCopy::post(const uint8_t*, int64_t, int64_t, Stream) { fail_not_built("PostedCopy::post"); }
 void PostedCopy::take(uint8_t*, Stream) { fail_not_built("PostedCopy::take"); }
 void PostedCopy::taken_enqueued() {}

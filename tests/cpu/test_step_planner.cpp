@@ -170,6 +170,7 @@ TEST_P(StepPlannerTest, SameBatchDecodeStepsPatchTheLastUpload) {
       const StepPlan sp = L.step(plan, graph ? round_up_pow2(std::max<int64_t>(T, 4)) : T, graph);
       SCOPED_TRACE("step " + std::to_string(steps_run));
       L.expect_consistent(plan, sp, graph);
+      EXPECT_EQ(sp.key, sp.shape_key());  // the key packed with the plan still describes it
       for (int64_t r : reqs) ctx[static_cast<size_t>(r)] += n_new;
       ++steps_run;
     }
@@ -197,6 +198,13 @@ TEST_P(StepPlannerTest, ErrorsComeBeforeAnyStateChanges) {
   EXPECT_NE(error_of([&] { L.planner.check(BatchPlan::make({{7, 20, 1000}})); }).find("exhausted"),
             std::string::npos);
   EXPECT_EQ(L.caches.swa->num_entries(7), entries);
+  // The same requests as the last decode step are checked through the planner's handles, alike.
+  L.step(BatchPlan::make({{7, 20, 1}}), 4, true);
+  EXPECT_NE(error_of([&] { L.planner.check(BatchPlan::make({{7, 20, 1}})); }).find("context of request 7"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { L.planner.check(BatchPlan::make({{7, 21, 1000}})); }).find("exhausted"),
+            std::string::npos);
+  EXPECT_EQ(L.caches.swa->num_entries(7), entries + 1);
   L.planner.release(7);
   EXPECT_FALSE(L.caches.swa->has_request(7));
   EXPECT_NE(error_of([&] { L.planner.release(7); }).find("unknown request 7"), std::string::npos);

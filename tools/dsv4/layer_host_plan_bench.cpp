@@ -40,10 +40,10 @@ struct HostStep {
     planner.add_requests(plan);
     const int64_t T = plan.num_tokens();
     const int64_t rows = graph ? DecodeGraphs::rows(T) : T;
-    const StepPlan sp = planner.plan(plan, rows, graph, upload);
+    const StepPlan& sp = planner.plan(plan, rows, graph, upload);
     const int64_t sent = upload.pending_bytes();
     upload.commit(nullptr);
-    key_sum += static_cast<int64_t>(sp.shape_key().size());
+    key_sum += static_cast<int64_t>(sp.key.size());
     return sent;
   }
 };

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -18,9 +19,8 @@ constexpr const char* kWhere = "PostedCopy";
 
 // What the host fills in per post (page-locked, mapped: the take kernel reads it over the bus).
 struct Post {
-  uint64_t seq;        // the post's number (1, 2, ...)
-  const uint8_t* src;  // the staging, as the device addresses it
-  int64_t lo, hi;      // bytes [lo, hi) of the staging, to the same offsets of the destination
+  uint64_t seq;    // the post's number (1, 2, ...)
+  int64_t lo, hi;  // bytes [lo, hi) of the staging, to the same offsets of the destination
 };
 // The post and, on a line of its own, what the device writes back.
 struct Mailbox {
@@ -33,38 +33,45 @@ struct Mailbox {
 // would not be faster. A decode step posts a few KB; a step whose batch changed posts its whole plan.
 constexpr int kThreads = 1024;
 constexpr int kUnroll = 4;
+constexpr int64_t kEarlyBytes = int64_t{kThreads} * 16;
 
-__global__ void __launch_bounds__(kThreads) take_kernel(const Mailbox* box, uint64_t* taken, uint8_t* dst) {
+// Each thread loads its word of the staging's first `early_bytes` while thread 0 loads the post:
+// one round trip over the bus for what most posts hold (a patched decode step's bytes start at 0,
+// where the per-step arrays are), a second only for bytes beyond that window.
+__global__ void __launch_bounds__(kThreads)
+    take_kernel(const Mailbox* box, uint64_t* taken, const uint8_t* staging, int64_t early_bytes, uint8_t* dst) {
   cuda::grid_dependency_entry();
   __shared__ Post post;
+  const int64_t mine = int64_t{threadIdx.x} * 16;
+  uint4 early{};
+  // .cv: fetched anew from the host every time, never from a cache line of an older post.
+  if (mine < early_bytes) early = __ldcv(reinterpret_cast<const uint4*>(staging + mine));
   if (threadIdx.x == 0) {
     const volatile Post* p = &box->post;
     post.seq = p->seq;
-    post.src = p->src;
     post.lo = p->lo;
     post.hi = p->hi;
   }
   __syncthreads();
+  const int64_t lo = post.lo, hi = post.hi;
+  if (mine < early_bytes && mine >= lo && mine < hi) *reinterpret_cast<uint4*>(dst + mine) = early;
   constexpr int64_t kStride = int64_t{kThreads} * 16;
-  for (int64_t base = post.lo + threadIdx.x * 16; base < post.hi; base += kStride * kUnroll) {
+  const int64_t rest = lo > early_bytes ? lo : early_bytes;
+  for (int64_t base = rest + mine; base < hi; base += kStride * kUnroll) {
     uint4 word[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t at = base + u * kStride;
-      // .cv: fetched anew from the host every time, never from a cache line of an older post.
-      if (at < post.hi) word[u] = __ldcv(reinterpret_cast<const uint4*>(post.src + at));
+      if (at < hi) word[u] = __ldcv(reinterpret_cast<const uint4*>(staging + at));
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t at = base + u * kStride;
-      if (at < post.hi) *reinterpret_cast<uint4*>(dst + at) = word[u];
+      if (at < hi) *reinterpret_cast<uint4*>(dst + at) = word[u];
     }
   }
   __syncthreads();  // every read of the staging has returned: the host may reuse it
-  if (threadIdx.x == 0) {
-    __threadfence_system();
-    *reinterpret_cast<volatile uint64_t*>(taken) = post.seq;
-  }
+  if (threadIdx.x == 0) *reinterpret_cast<volatile uint64_t*>(taken) = post.seq;
 }
 
 void cpu_relax() {
@@ -121,9 +128,9 @@ void PostedCopy::wait_taken(uint64_t seq, Stream stream) {
   }
 }
 
-void PostedCopy::reserve(int64_t bytes, Stream stream) {
+bool PostedCopy::reserve(int64_t bytes, Stream stream) {
   State& s = *s_;
-  if (bytes <= s.capacity) return;
+  if (bytes <= s.capacity) return false;
   wait_taken(s.confirmed, stream);  // no take reads the staging while it moves
   const int64_t capacity = (bytes + 4095) / 4096 * 4096;
   void* p = nullptr;
@@ -133,7 +140,10 @@ void PostedCopy::reserve(int64_t bytes, Stream stream) {
   s.staging = static_cast<uint8_t*>(p);
   s.staging_dev = device_address(s.staging, "cudaHostGetDevicePointer (staging)");
   s.capacity = capacity;
+  return true;
 }
+
+int64_t PostedCopy::capacity() const { return s_->capacity; }
 
 void PostedCopy::post(const uint8_t* src, int64_t lo, int64_t hi, Stream stream) {
   State& s = *s_;
@@ -145,11 +155,11 @@ void PostedCopy::post(const uint8_t* src, int64_t lo, int64_t hi, Stream stream)
     check_cuda(cudaStreamSynchronize(stream), kWhere, "cudaStreamSynchronize");
     s.posted = s.confirmed = taken();
   }
+  DSV4_CHECK(hi <= s.capacity, kWhere, ": post of bytes [", lo, ", ", hi, ") beyond the staging's ",
+             s.capacity, " (reserve first)");
   wait_taken(s.posted, stream);
-  reserve(hi, stream);
   std::memcpy(s.staging + lo, src + lo, static_cast<size_t>(hi - lo));
   Post& p = s.box->post;
-  p.src = s.staging_dev;
   p.lo = lo;
   p.hi = hi;
   // The launch that follows reaches the device after these stores (the driver's doorbell write is
@@ -159,8 +169,10 @@ void PostedCopy::post(const uint8_t* src, int64_t lo, int64_t hi, Stream stream)
 }
 
 void PostedCopy::take(uint8_t* dst, Stream stream) {
-  cuda::launch_kernel("PostedCopy::take", take_kernel, {1, kThreads, 0}, stream, s_->box_dev,
-                      &s_->box_dev->taken, dst);
+  const State& s = *s_;
+  DSV4_CHECK(s.capacity > 0, kWhere, "::take: no staging (reserve first)");
+  cuda::launch_kernel("PostedCopy::take", take_kernel, {1, kThreads, 0}, stream, s.box_dev, &s.box_dev->taken,
+                      s.staging_dev, std::min(s.capacity, kEarlyBytes), dst);
 }
 
 void PostedCopy::taken_enqueued() { s_->confirmed = s_->posted; }

@@ -46,6 +46,8 @@ const std::vector<FlagSpec> kFlags = {
     {"check", false, "re-run a sample of requests through the float64 reference; exit 3 if off"},
     {"check-requests", true, "requests to check with --check (default 1)", "N"},
     {"tolerance", true, "--check tolerance, max|y-ref|/max|ref| per token (default 3e-2 cpu, 8e-2 cuda)", "T"},
+    {"no-warmup", false, "cuda: skip the untimed warm-up (a prefill and a decode step of stand-in requests) "
+                         "before the run, so the first steps' one-time costs are timed"},
     {"json", true, "write the report as JSON to FILE", "FILE"},
     {"quiet", false, "no progress lines"},
     {"help", false, "this help"},
@@ -71,6 +73,9 @@ void print_table(const SimReport& rep) {
   };
   for (const PhaseStats& p : rep.phases) row(p);
   row(total);
+  if (rep.warmup_requests > 0)
+    std::printf("(before the run, untimed: a warm-up prefill of %d x %lld tokens and one decode step, %.1f ms)\n",
+                rep.warmup_requests, static_cast<long long>(rep.warmup_prompt), 1e3 * rep.warmup_seconds);
   if (!rep.memory.empty()) {
     // The warm-up's reservation, per layer (all layers of a run hold the same sizes but for
     // their kind's caches): what a serving engine budgets for.
@@ -127,6 +132,8 @@ nlohmann::json to_json(const SimReport& rep, const ModelConfig& cfg, const SimCo
                    {"all_resident_bytes", pools.all_resident_bytes},
                    {"resident_requests", pools.resident_requests}, {"swa_blocks", pools.swa_blocks},
                    {"compressed_blocks", pools.compressed_blocks}, {"state_blocks", pools.state_blocks}};
+  j["warmup"] = {{"requests", rep.warmup_requests}, {"prompt", rep.warmup_prompt},
+                 {"seconds", rep.warmup_seconds}};
   j["reserved"] = {{"max_tokens", rep.reserved.max_tokens}, {"max_requests", rep.reserved.max_requests},
                    {"max_context", rep.reserved.max_context}, {"outgrown", rep.reservation_outgrown}};
   for (const LayerMemory& m : rep.memory)
@@ -203,6 +210,7 @@ int cmd_run(const Args& raw) {
   sc.prompt_lens = a.get_int_list("prompt-len", {256}, 1, cfg.max_position);
   sc.decode_steps = a.get_int("decode-steps", 16, 0, cfg.max_position - 1);
   sc.chunk = a.get_int("chunk", 256, 1, INT32_MAX);
+  sc.warmup = !a.has("no-warmup");
   sc.seed = so.seed;
   sc.kv_layout = so.attention.caches.layout;
   sc.kv_scale = so.attention.caches.kv_scale;

@@ -31,6 +31,7 @@ struct SimConfig {
   KvLayout kv_layout = KvLayout::model1_fp8;  // the layers' cache layout, for the reference's rounding
   float kv_scale = 1.0f;                      // and its FP8_PER_TENSOR scale
   float q_scale = 1.0f;                       // and, with it, the FP8 queries' scale
+  bool warmup = true;  // GPU: an untimed warm-up step pair before the run (SimReport::warmup_*)
 };
 
 // Throws dsv4::Error naming the flag for a config `dsv4 run` cannot simulate on `model`.
@@ -67,6 +68,11 @@ struct SimReport {
   } reserved;
   std::vector<LayerMemory> memory;  // as reserved; workspace_used: the most the run took
   bool reservation_outgrown = false;  // a layer's workspace or upload grew past it during the run
+  // GPU: the untimed warm-up before the run (one prefill step of `warmup_requests` stand-in
+  // requests of `warmup_prompt` tokens, then one decode step of them), its wall seconds.
+  int warmup_requests = 0;
+  int64_t warmup_prompt = 0;
+  double warmup_seconds = 0;
   double check_tolerance = 0;
   bool check_passed = true;
 };

@@ -60,6 +60,7 @@ class PostedCopy {
  private:
   struct State;
   void wait_taken(uint64_t seq, Stream stream);
+  void settle(Stream stream);  // a post whose take was never confirmed: synchronize, then count
   std::unique_ptr<State> s_;
 };
 

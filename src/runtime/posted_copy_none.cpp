@@ -17,5 +17,6 @@ void PostedCopy::take(uint8_t*, Stream) { fail_not_built("PostedCopy::take"); }
 void PostedCopy::taken_enqueued() {}
 uint64_t PostedCopy::taken() const { return 0; }
 void PostedCopy::wait_taken(uint64_t, Stream) {}
+void PostedCopy::settle(Stream) {}
 
 }  // namespace dsv4::rt

@@ -128,10 +128,20 @@ void PostedCopy::wait_taken(uint64_t seq, Stream stream) {
   }
 }
 
+void PostedCopy::settle(Stream stream) {
+  State& s = *s_;
+  if (s.posted == s.confirmed) return;
+  // The last post's take was never confirmed (its forward threw): once the stream drained, the
+  // device has taken it or never will; either way its number is settled.
+  check_cuda(cudaStreamSynchronize(stream), kWhere, "cudaStreamSynchronize");
+  s.posted = s.confirmed = taken();
+}
+
 bool PostedCopy::reserve(int64_t bytes, Stream stream) {
   State& s = *s_;
   if (bytes <= s.capacity) return false;
-  wait_taken(s.confirmed, stream);  // no take reads the staging while it moves
+  settle(stream);
+  wait_taken(s.posted, stream);  // no take reads the staging while it moves
   const int64_t capacity = (bytes + 4095) / 4096 * 4096;
   void* p = nullptr;
   check_cuda(cudaHostAlloc(&p, static_cast<size_t>(capacity), cudaHostAllocMapped | cudaHostAllocPortable),
@@ -149,12 +159,7 @@ void PostedCopy::post(const uint8_t* src, int64_t lo, int64_t hi, Stream stream)
   State& s = *s_;
   DSV4_CHECK(lo >= 0 && lo <= hi && lo % kAlign == 0 && hi % kAlign == 0, kWhere, ": post of bytes [", lo,
              ", ", hi, "): expected a range aligned to ", kAlign);
-  if (s.posted != s.confirmed) {
-    // The last post's take was never confirmed (its forward threw): once the stream drained, the
-    // device has taken it or never will; either way its number is settled.
-    check_cuda(cudaStreamSynchronize(stream), kWhere, "cudaStreamSynchronize");
-    s.posted = s.confirmed = taken();
-  }
+  settle(stream);
   DSV4_CHECK(hi <= s.capacity, kWhere, ": post of bytes [", lo, ", ", hi, ") beyond the staging's ",
              s.capacity, " (reserve first)");
   wait_taken(s.posted, stream);

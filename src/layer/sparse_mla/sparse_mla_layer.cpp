@@ -133,12 +133,14 @@ struct SparseMlaAttention::Impl {
     TensorView seq_lens{};      // [R] int32: context + num_new
   };
   // Registers the plan's new requests, books its tokens' cache slots and sends the metadata, for
-  // a launch over `rows` rows (step_rows; `bucketed`: a decode step padded to its bucket).
-  Step plan_step(const BatchPlan& plan, int64_t rows, bool bucketed);
+  // a launch over `rows` rows (step_rows; `bucketed`: a decode step padded to its bucket). `post`:
+  // a graph step's metadata is posted (StepUpload::post) for the launch to receive; else copied.
+  Step plan_step(const BatchPlan& plan, int64_t rows, bool bucketed, bool post);
   void forward(const BatchPlan& plan, const TensorView& x, const TensorView& y);
   // Enqueues the step's kernels on `stream`: x [rows, dim] (bf16 on CUDA) → y [rows, dim] fp32.
   // Reads only device views and the Step's shapes (graph-capturable).
-  void launch(const Step& st, const TensorView& x, const TensorView& y, Stream stream);
+  // `receive`: the step's metadata was posted, and its first kernel takes it.
+  void launch(const Step& st, const TensorView& x, const TensorView& y, Stream stream, bool receive);
   // The latent attention output o [T, Hp, 512] of every token from the queries q [T, Hp, 576].
   void attend(const Step& st, const TensorView& q, const TensorView& local, const TensorView& lens,
               const TensorView& o, Stream stream);
@@ -300,7 +302,7 @@ void SparseMlaAttention::Impl::check_plan(const BatchPlan& plan) const {
 }
 
 SparseMlaAttention::Impl::Step SparseMlaAttention::Impl::plan_step(const BatchPlan& plan, int64_t rows,
-                                                                   bool bucketed) {
+                                                                   bool bucketed, bool post) {
   const int64_t T = plan.num_tokens();
   const int R = plan.num_requests();
   // A bucketed step's padding tokens are one-token decodes of padding requests of their own, at
@@ -360,7 +362,8 @@ SparseMlaAttention::Impl::Step SparseMlaAttention::Impl::plan_step(const BatchPl
   const StepUpload::Array kv_tables = upload.tables(kv_t, launch_requests, kv_width, "kv");
   const StepUpload::Array key_tables = upload.tables(key_t, launch_requests, key_width, "indexer_keys");
   const StepUpload::Array lens = upload.put({launch_requests}, seq_lens);
-  upload.commit(opts.stream);
+  if (post) upload.post(opts.stream);
+  else upload.commit(opts.stream);
 
   if (bucketed) {
     st.key = {st.T, st.rows, st.nd, launch_requests, st.score_cols};
@@ -391,18 +394,21 @@ void SparseMlaAttention::Impl::forward(const BatchPlan& plan, const TensorView& 
   const bool bucketed = device == Device::cuda && plan.num_decodes == plan.num_requests() &&
                         T <= DecodeGraphs::kMaxTokens;
   const bool graph = bucketed && opts.cuda_graphs && !rt::is_capturing(stream);
-  const Step st = plan_step(plan, step_rows(device, T, bucketed), bucketed);
+  const Step st = plan_step(plan, step_rows(device, T, bucketed), bucketed, graph);
   const StepLaunch run = [&](const TensorView& x_rows, const TensorView& y_rows, Stream s) {
-    launch(st, x_rows, y_rows, s);
+    launch(st, x_rows, y_rows, s, graph);
   };
-  if (graph)
+  if (graph) {
     graphs.run(st.key, memory_generation(), st.rows, x, y, scratch, stream, run);
-  else
+    upload.received();
+  } else {
     run_eager_step(st.rows, x, y, scratch, stream, run);
+  }
 }
 
 void SparseMlaAttention::Impl::launch(const Step& st, const TensorView& x, const TensorView& y,
-                                      Stream stream) {
+                                      Stream stream, bool receive) {
+  if (receive) upload.receive(stream);  // first: every kernel below may read the metadata
   const int64_t T = st.T, rows = st.rows;
   const int64_t H = heads, Hp = padded, n = cfg.qk_nope_head_dim, R = cfg.rope_head_dim;
   const int64_t c = cfg.nope_dim(), d_qk = cfg.head_dim, v = cfg.mla_v_head_dim;

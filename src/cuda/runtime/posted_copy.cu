@@ -15,6 +15,7 @@ namespace dsv4::rt {
 namespace {
 
 using cuda::check_cuda;
+using cuda::grid_dependency_entry;
 constexpr const char* kWhere = "PostedCopy";
 
 // What the host fills in per post (page-locked, mapped: the take kernel reads it over the bus).
@@ -40,7 +41,7 @@ constexpr int64_t kEarlyBytes = int64_t{kThreads} * 16;
 // where the per-step arrays are), a second only for bytes beyond that window.
 __global__ void __launch_bounds__(kThreads)
     take_kernel(const Mailbox* box, uint64_t* taken, const uint8_t* staging, int64_t early_bytes, uint8_t* dst) {
-  cuda::grid_dependency_entry();
+  grid_dependency_entry();
   __shared__ Post post;
   const int64_t mine = int64_t{threadIdx.x} * 16;
   uint4 early{};

@@ -69,7 +69,9 @@ kernels_step() {
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[==========\]|differ from|no recorded" "$OUT/kernels/tests_new.log" | tail -20
   log sparse anchors
   local cases i=0
-  cases=$("$bins/dsv4-new" bench --list | awk '$1 == "prefill" && $2 ~ /_sink$/ || $1 == "decode" && $2 ~ /_sq2_/ {print $2}')
+  # KERNELS_ONLY=decode|prefill keeps one kernel's anchors (a change to the other cannot move them).
+  cases=$("$bins/dsv4-new" bench --list | awk -v only="${KERNELS_ONLY:-}" \
+    '($1 == "prefill" && $2 ~ /_sink$/ || $1 == "decode" && $2 ~ /_sq2_/) && (only == "" || $1 == only) {print $2}')
   for c in $cases; do
     local order="new base"
     [ $((i % 2)) = 1 ] && order="base new"

@@ -1,6 +1,7 @@
 // StepUpload: the host-built metadata of one forward step (positions, slot mappings, block
 // tables, per-request lengths), packed into one buffer and sent to the layer's device with ONE
-// asynchronous copy from page-locked memory.
+// asynchronous copy from page-locked memory — or, for a replayed decode graph, posted and taken
+// by the graph's first kernel (post() / receive(): no CUDA call on the host).
 //
 // A step plans first and launches after: the planner put()s every array (an Array handle comes
 // back), commit() sends them all, and view() then gives each array as a TensorView on the device.

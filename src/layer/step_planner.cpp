@@ -77,7 +77,7 @@ void StepPlanner::check_compressed_capacity(const BatchPlan& plan, bool new_requ
                                             std::vector<std::pair<int64_t, int64_t>>& growth) const {
   for (size_t r = 0; r < growth.size(); ++r) {  // emitted entries before / after the step
     const RequestStep& st = plan.requests[r];
-    growth[r] = {div_nonneg(st.context, ratio_), div_nonneg(st.context + st.num_new, ratio_)};
+    growth[r] = {entries_after(st.context), entries_after(st.context + st.num_new)};
   }
   require_blocks_for_growth(kWhere, *caches_.compressed, growth);
   if (caches_.indexer_keys) require_blocks_for_growth(kWhere, *caches_.indexer_keys, growth);
@@ -165,7 +165,7 @@ std::pair<int64_t, int64_t> StepPlanner::used_blocks(CacheRole role, int64_t con
     }
     case CacheRole::compressed:
     case CacheRole::indexer_keys:
-      return {0, ceil_div_nonneg(div_nonneg(seq_len, ratio_), B)};
+      return {0, ceil_div_nonneg(entries_after(seq_len), B)};
     case CacheRole::compressor_state:
       return {0, ceil_div_nonneg(main_.ring_rows(), B)};
     case CacheRole::indexer_state:
@@ -371,8 +371,7 @@ void StepPlanner::book(const BatchPlan& plan) {
     swa_changed_[r] = same ? caches_.swa->append(last_.swa[r], s.num_new, slots)
                            : caches_.swa->append(s.req_id, s.num_new, slots);
     if (!ratio_) continue;
-    // (compressor_entries_after, as a shift: see core/nonneg_div.h)
-    const int64_t n = div_nonneg(s.context + s.num_new, ratio_) - div_nonneg(s.context, ratio_);
+    const int64_t n = entries_after(s.context + s.num_new) - entries_after(s.context);
     if (n <= 0) continue;
     entries_changed_[r] = same ? caches_.compressed->append(last_.compressed[r], n, nullptr)
                                : caches_.compressed->append(s.req_id, n, nullptr);
@@ -385,7 +384,7 @@ void StepPlanner::book(const BatchPlan& plan) {
 std::pair<int, int64_t> StepPlanner::compressed_widths(const BatchPlan& plan, bool round) const {
   int64_t max_visible = 0;
   for (int r = 0; r < plan.num_requests(); ++r)
-    max_visible = std::max<int64_t>(max_visible, div_nonneg(plan.seq_len(r), ratio_));
+    max_visible = std::max<int64_t>(max_visible, entries_after(plan.seq_len(r)));
   if (ratio_ == 128) return {static_cast<int>(round ? round_up_pow2(max_visible) : max_visible), 0};
   const int64_t cols = std::max<int64_t>(max_visible, 1);
   return {cfg_.index_topk, round ? round_up_pow2(cols) : cols};
@@ -515,7 +514,7 @@ void StepPlanner::plan_prefill_groups(const BatchPlan& plan, StepPlan& sp, StepU
       gather.push_back(static_cast<int32_t>(std::min<int64_t>(plan.seq_len(r), s.num_new + W - 1)));
       max_gather = std::max<int64_t>(max_gather, gather.back());
       if (ratio_) {
-        cseq.push_back(static_cast<int32_t>(plan.seq_len(r) / ratio_));
+        cseq.push_back(static_cast<int32_t>(entries_after(plan.seq_len(r))));
         g.compressed_rows = std::max<int64_t>(g.compressed_rows, cseq.back());
       }
     }

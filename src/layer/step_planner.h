@@ -21,6 +21,7 @@
 #include "dsv4/compressor.h"
 #include "dsv4/config.h"
 #include "dsv4/paged_cache.h"
+#include "core/nonneg_div.h"
 #include "layer/step_upload.h"
 
 namespace dsv4 {
@@ -159,6 +160,9 @@ class StepPlanner {
     std::vector<int64_t*> cached;
     std::vector<PagedCache::Handle> swa, compressed, keys;
   } last_;
+  // compressor_entries_after(ratio_, positions), by a shift: the ratio is a power of two, and a
+  // decode step divides a few times per request (core/nonneg_div.h).
+  int64_t entries_after(int64_t positions) const { return div_nonneg(positions, ratio_); }
   // Whether `plan` has the last step's requests in the same order (its handles apply).
   bool same_batch(const BatchPlan& plan) const;
   // Records `plan`'s step as last_ (after pack() into current_).

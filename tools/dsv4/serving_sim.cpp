@@ -78,6 +78,35 @@ std::vector<int64_t> request_prompts(const SimConfig& sc) {
   return sc.prompt_lens;
 }
 
+namespace {
+// The GPU warm-up: one prefill step as large as the reservation's and one decode step, of stand-in
+// requests (ids from `first_id` on, after the workload's), released after. Each kernel's first
+// launch (its module loading), cuBLASLt's plans and the first touch of every workspace happen
+// here rather than in the first timed steps, as a serving engine warms up before it takes
+// traffic. Untimed; its wall time goes to the report.
+void warm_up(AttentionStack& stack, StepTensors& tensors, int first_id, SimReport& rep) {
+  const auto w0 = std::chrono::steady_clock::now();
+  const int64_t prompt = std::min(rep.reserved.max_tokens, rep.reserved.max_context - 1);
+  if (prompt < 1) return;
+  const int n = static_cast<int>(std::clamp<int64_t>(rep.reserved.max_tokens / prompt, 1, rep.reserved.max_requests));
+  std::vector<RequestStep> prefill, decode;
+  for (int i = 0; i < n; ++i) {
+    prefill.push_back({int64_t{first_id} + i, 0, prompt});
+    decode.push_back({int64_t{first_id} + i, prompt, 1});
+  }
+  for (const std::vector<RequestStep>* steps : {&prefill, &decode}) {
+    const BatchPlan plan = BatchPlan::make(*steps);
+    tensors.prepare(plan);
+    stack.forward(plan, tensors.x(), tensors.y(), nullptr);
+  }
+  rt::synchronize_device("run: warm-up");
+  for (int i = 0; i < n; ++i) stack.release(int64_t{first_id} + i);
+  rep.warmup_requests = n;
+  rep.warmup_prompt = prompt;
+  rep.warmup_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+}
+}  // namespace
+
 SimReport run_serving_sim(AttentionStack& stack, const SimConfig& sc,
                           const std::function<void(const std::string&)>& progress,
                           const OutputHook& on_output) {
@@ -114,34 +143,7 @@ SimReport run_serving_sim(AttentionStack& stack, const SimConfig& sc,
   rep.memory = stack.reserve(rep.reserved.max_tokens, rep.reserved.max_requests, rep.reserved.max_context);
   const bool on_gpu = stack.num_layers() > 0 && stack.backend() == Backend::cuda;
   StepTensors tensors(on_gpu ? Device::cuda : Device::cpu, nullptr, sc.seed, cfg.dim);
-  // GPU warm-up: one prefill step as large as the reservation's and one decode step, of stand-in
-  // requests (ids after the workload's), released after. Each kernel's first launch (its module
-  // loading), cuBLASLt's plans and the first touch of every workspace happen here rather than in
-  // the first timed steps, as a serving engine warms up before it takes traffic. Untimed; its
-  // wall time is reported.
-  if (on_gpu && sc.warmup) {
-    const auto w0 = std::chrono::steady_clock::now();
-    const int64_t prompt = std::min(rep.reserved.max_tokens, rep.reserved.max_context - 1);
-    const int n = static_cast<int>(std::clamp<int64_t>(rep.reserved.max_tokens / std::max<int64_t>(prompt, 1), 1,
-                                                       rep.reserved.max_requests));
-    if (prompt >= 1) {
-      std::vector<RequestStep> prefill, decode;
-      for (int i = 0; i < n; ++i) {
-        prefill.push_back({int64_t{sc.requests} + i, 0, prompt});
-        decode.push_back({int64_t{sc.requests} + i, prompt, 1});
-      }
-      for (const auto& steps : {prefill, decode}) {
-        const BatchPlan plan = BatchPlan::make(steps);
-        tensors.prepare(plan);
-        stack.forward(plan, tensors.x(), tensors.y(), nullptr);
-      }
-      rt::synchronize_device("run: warm-up");
-      for (int i = 0; i < n; ++i) stack.release(int64_t{sc.requests} + i);
-      rep.warmup_requests = n;
-      rep.warmup_prompt = prompt;
-      rep.warmup_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
-    }
-  }
+  if (on_gpu && sc.warmup) warm_up(stack, tensors, sc.requests, rep);
   struct StepEvents {
     int phase;
     rt::Event start, end;

@@ -14,6 +14,12 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 log() { echo "== $(date +%T) $*"; }
 PY=$(command -v python3)
 export PYTHONPATH="$PWD/third_party/pylib${PYTHONPATH:+:$PYTHONPATH}"
+# FlashMLA's build (~2 min) runs beside ours when a flashmla step is asked for.
+FM_BUILD=
+if [[ " $* " == *" flashmla "* ]] && [ -f .peers/flashmla/build.sh ]; then
+  bash .peers/flashmla/build.sh /tmp/flashmla >"$OUT/flashmla_build.log" 2>&1 &
+  FM_BUILD=$!
+fi
 log configure+build
 cmake -S . -B build -G Ninja -DDSV4_CUDA=ON -DDSV4_PYTHON=ON -DPython_EXECUTABLE="$PY" >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 cmake --build build -j16 --target ${BUILD_TARGETS:-dsv4_gpu_tests dsv4 _C} >"$OUT/build.log" 2>&1 || { grep -B5 -A20 -E "error" "$OUT/build.log" | head -80; exit 1; }
@@ -22,8 +28,9 @@ export PYTHONPATH="$PWD/build/python:$PYTHONPATH"
 
 # The sparse attention kernels of this tree against a base's (bit-identical outputs, speed), for a
 # kernel change that must not change results or lose time. BASE_SRC (default .bench-base) holds
-# the base's src/cuda/attention/sparse_prefill and sparse_decode folders, e.g. made locally with
-#   rm -rf .bench-base && mkdir .bench-base && git archive main src/cuda/attention | tar -x -C .bench-base
+# the base's src/cuda/attention/sparse_prefill and sparse_decode folders (and src/cuda/common, if the
+# change touches it), e.g. made locally with
+#   rm -rf .bench-base && mkdir .bench-base && git archive main src/cuda/attention src/cuda/common | tar -x -C .bench-base
 # and carried to the device (ignored by git). Those folders are swapped into this tree, the base
 # binaries built (only what includes them recompiles) and this tree's folders and binaries put
 # back (fresh mtimes: the next build recompiles them). Then: the base's sparse GPU tests record their outputs'
@@ -39,17 +46,17 @@ kernels_step() {
   local have_base=0
   if [ -d "$base/$attn/sparse_prefill" ] && [ -d "$base/$attn/sparse_decode" ]; then
     log base build of the sparse kernels
-    local keep; keep=$(mktemp -d)
-    cp -r "$attn/sparse_prefill" "$attn/sparse_decode" "$keep/"
-    rm -rf "$attn/sparse_prefill" "$attn/sparse_decode"
-    cp -r "$base/$attn/sparse_prefill" "$base/$attn/sparse_decode" "$attn/"
+    # The kernels' folders, and the shared device helpers (src/cuda/common) when the base has them.
+    local dirs="$attn/sparse_prefill $attn/sparse_decode" d keep; keep=$(mktemp -d)
+    [ -d "$base/src/cuda/common" ] && dirs="$dirs src/cuda/common"
+    for d in $dirs; do mkdir -p "$keep/$d" && cp -r "$d/." "$keep/$d/" && rm -rf "$d" && cp -r "$base/$d" "$d"; done
     if cmake --build build -j16 --target dsv4_gpu_tests dsv4 >"$OUT/build_base.log" 2>&1; then
       cp build/dsv4 "$bins/dsv4-base" && cp build/dsv4_gpu_tests "$bins/tests-base" && have_base=1
     else
       grep -B5 -A20 -E "error" "$OUT/build_base.log" | head -60
     fi
-    rm -rf "$attn/sparse_prefill" "$attn/sparse_decode"
-    cp -r "$keep/sparse_prefill" "$keep/sparse_decode" "$attn/" && rm -rf "$keep"
+    for d in $dirs; do rm -rf "$d" && cp -r "$keep/$d" "$d"; done
+    rm -rf "$keep"
     cp "$bins/dsv4-new" build/dsv4 && cp "$bins/tests-new" build/dsv4_gpu_tests  # for later steps
   fi
   local filter=${GPU_FILTER:-*Sparse*} digests="$OUT/kernels/digests-base"
@@ -266,7 +273,7 @@ for step in "$@"; do
       # (build.sh, side_by_side.py, sources) is copied into the ignored .peers/flashmla and
       # carried; built here (~2 min).
       log FlashMLA build
-      bash .peers/flashmla/build.sh /tmp/flashmla 2>&1 | tail -3
+      if [ -n "$FM_BUILD" ]; then wait "$FM_BUILD"; tail -3 "$OUT/flashmla_build.log"; else bash .peers/flashmla/build.sh /tmp/flashmla 2>&1 | tail -3; fi
       log FlashMLA side by side
       PYTHONPATH="/tmp/flashmla:/tmp/flashmla/tests:$PYTHONPATH" timeout "${SBS_TIMEOUT:-420}" \
         $PY .peers/flashmla/side_by_side.py ${SBS_MODES:-decode prefill} --json "$OUT/side_by_side.json" 2>&1 |

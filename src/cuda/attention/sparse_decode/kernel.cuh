@@ -425,7 +425,7 @@ __device__ __forceinline__ void release_stage(SharedPlan<L>& plan, uint32_t peer
   if (threadIdx.x % 32 == 0) {
     ptx::mbarrier_arrive(&plan.empty[t & 1]);
     if constexpr (kCluster == 2)
-      ptx::mbarrier_arrive_cluster(peer_empty + (t & 1) * static_cast<uint32_t>(sizeof(uint64_t)));
+      ptx::mbarrier_arrive_remote(peer_empty + (t & 1) * static_cast<uint32_t>(sizeof(uint64_t)));
   }
 }
 

@@ -127,6 +127,15 @@ __device__ __forceinline__ int opaque(int v) {
 
 // Ordinary shared-memory stores that wgmma / TMA read next must be fenced into the async proxy
 // by the writing thread before the barrier that publishes them.
+// 16 read-only bytes whose L2 miss fetches the 256-byte span around them (one DRAM burst for a
+// gathered row's neighbouring chunks), kept in L1 only as a last resort.
+__device__ __forceinline__ uint4 ld_nc_l2_256(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::evict_last.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }

@@ -6,9 +6,9 @@
 // Producer (warpgroup 2), per tile of 64 index slots (with a cluster of two CTAs, this CTA's
 // half of them):
 //   gather  — each slot's bytes (fp8 nope, scales, bf16 rope) are loaded from the paged cache
-//             into registers (16-byte loads) one or two tiles ahead of their use
-//             (kProducerBuffers), the rows of the tile after that are prefetched into L2, and
-//             no index read is waited on before the tile that needs it;
+//             into registers (16-byte loads whose L2 misses fetch 256 bytes) one or two tiles
+//             ahead of their use (kProducerBuffers), and no index read is waited on before the
+//             tile that needs it;
 //   dequant — fp8 · scale → bf16 (exact) into one of two K-major SW128 KV stages in shared memory
 //             (mbarriers full/empty), which is K for S = Q·Kᵀ and, through its first 512
 //             columns, V; in a cluster each converted chunk is also stored into the peer CTA's
@@ -35,7 +35,6 @@
 #include "cuda/common/fp8_convert.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/per_device_once.h"
-#include "cuda/common/prefetch.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/smem_layout.cuh"
 #include "cuda/common/wgmma.cuh"
@@ -132,21 +131,9 @@ __device__ __forceinline__ SlotBytes slot_bytes(const DecodeParams& p, bool in_m
   }
 }
 
-// Pulls a valid slot's bytes into L2 (no registers): thread 0 of the slot prefetches the data
-// row in one bulk request, thread 1 the MODEL1 scale row. Issued one tile before the slot's
-// register loads, so those hit L2 instead of waiting on DRAM.
-template <KvLayout L>
-__device__ __forceinline__ void prefetch_slot(const DecodeParams& p, bool in_main, int32_t slot, int sub) {
-  if (slot < 0) return;
-  const SlotBytes bytes = slot_bytes<L>(p, in_main, slot);
-  if (sub == 0) {
-    ptx::prefetch_l2_bulk(bytes.data, LayoutTraits<L>::kDataBytes);
-  } else if (L == KvLayout::model1_fp8 && sub == 1) {
-    ptx::prefetch_l2(bytes.scales);
-  }
-}
-
-// Issues the register loads of slot `slot`: nothing is read for an invalid slot.
+// Issues the register loads of slot `slot`: nothing is read for an invalid slot. The loads ask L2
+// for 256-byte fetches, so a row's DRAM reads come in few bursts. (A bulk L2 prefetch of each row
+// one tile ahead, which this replaced, cost 3-7 %: docs/notes/decode.md.)
 template <KvLayout L, int kCluster>
 __device__ __forceinline__ void load_slot(const DecodeParams& p, bool in_main, int32_t slot, int sub,
                                           TileRegs<L, kCluster>& regs) {
@@ -166,10 +153,10 @@ __device__ __forceinline__ void load_slot(const DecodeParams& p, bool in_main, i
   }
 #pragma unroll
   for (int i = 0; i < kFp8ChunksPerThread<L, kCluster>; ++i)
-    regs.fp8[i] = __ldg(reinterpret_cast<const uint4*>(bytes.data + 16 * (sub + kStep * i)));
+    regs.fp8[i] = ptx::ld_nc_l2_256(bytes.data + 16 * (sub + kStep * i));
 #pragma unroll
   for (int i = 0; i < kBf16ChunksPerThread<L, kCluster>; ++i)
-    regs.rope[i] = __ldg(reinterpret_cast<const uint4*>(bytes.data + T::kBf16Offset + 16 * (sub + kStep * i)));
+    regs.rope[i] = ptx::ld_nc_l2_256(bytes.data + T::kBf16Offset + 16 * (sub + kStep * i));
 }
 
 // Where a producer thread's converted chunks go: its own CTA's stage and, in a cluster, the same
@@ -256,8 +243,8 @@ inline constexpr int kBarConsumers = 1;
 
 // Warpgroup 2: per tile t, this thread's slot (my_key) is loaded into registers kBuffers tiles
 // ahead of its dequantization (two buffers when a cluster halves a thread's share, so a tile's
-// load latency overlaps two tile periods), the rows of the tile after are prefetched into L2 and
-// the indices are read one tile before they are needed. The registers are dequantized into
+// load latency overlaps two tile periods) and the indices are read one tile before they are
+// needed. The registers are dequantized into
 // stage t%2 (of both CTAs of a cluster) once the consumers (of both) have released it. The
 // stage's key-valid flags cover the whole tile in every CTA: in a cluster thread `sub` 1 of each
 // key also records the peer's key at the same place.
@@ -293,11 +280,6 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
   }
   int32_t index1 = index_at(my_pos + kBuffers * kTileKeys);        // tile t + kBuffers
   int32_t index2 = index_at(my_pos + (kBuffers + 1) * kTileKeys);  // tile t + kBuffers + 1
-  {
-    const int pos = my_pos + kBuffers * kTileKeys;
-    const bool in_main = len.in_main(pos);
-    prefetch_slot<L>(p, in_main, slot_in_cache(p, in_main, index1), my_sub);
-  }
   for (int t0 = 0; t0 < w.num_tiles; t0 += kBuffers) {
 #pragma unroll
     for (int b = 0; b < kBuffers; ++b) {
@@ -321,10 +303,9 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
       }
       // Refill this buffer with tile t + kBuffers (−1 past the split: nothing loaded).
       const int pos = my_pos + (t + kBuffers) * kTileKeys;
-      const bool in_main = len.in_main(pos), next_in_main = len.in_main(pos + kTileKeys);
+      const bool in_main = len.in_main(pos);
       load_slot<L, kCluster>(p, in_main, slot_in_cache(p, in_main, index1), my_sub, regs[b]);
       if (records_peer) peer_index[b] = index_at(peer_pos + (t + kBuffers) * kTileKeys);
-      prefetch_slot<L>(p, next_in_main, slot_in_cache(p, next_in_main, index2), my_sub);
       index1 = index2;
       index2 = index_at(pos + 2 * kTileKeys);
     }
@@ -333,8 +314,7 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
 
 // Warpgroup 2 for a layout stored as the tensor cores read it (BF16) without a cluster: per tile t the
 // thread's slot row is copied by cp.async straight into stage t%2 (zero-filled for an invalid
-// slot, which reads nothing), the row of tile t+1 is prefetched into L2 and the index of tile
-// t+2 read. The copies of tile t+1 fly while the consumers multiply tile t. The stage's `full`
+// slot, which reads nothing) and the index of tile t+1 read. The copies of tile t+1 fly while the consumers multiply tile t. The stage's `full`
 // barrier counts two arrivals per thread: one (release) for its key_valid flag, one when its
 // copies have landed (cp.async.mbarrier.arrive.noinc).
 template <KvLayout L>
@@ -349,9 +329,8 @@ __device__ __forceinline__ void produce_by_copy(const DecodeParams& p, const Cta
   int32_t index0 = index_at(my_pos), index1 = index_at(my_pos + kTileKeys);
   for (int t = 0; t < w.num_tiles; ++t) {
     const int stage = t & 1, pos = my_pos + t * kTileKeys;
-    const bool in_main = len.in_main(pos), next_in_main = len.in_main(pos + kTileKeys);
+    const bool in_main = len.in_main(pos);
     const int32_t slot = slot_in_cache(p, in_main, index0);
-    prefetch_slot<L>(p, next_in_main, slot_in_cache(p, next_in_main, index1), my_sub);
     if (t >= 2) ptx::mbarrier_wait(&plan.empty[stage], ((t >> 1) + 1) & 1);  // tile t-2 consumed
     const uint8_t* row = slot >= 0 ? slot_bytes<L>(p, in_main, slot).data : p.main.cache;
 #pragma unroll 8

@@ -6,7 +6,7 @@
 # profile (bench/scripts/layer_profile.py with PROFILE_ARGS), ncu (Nsight Compute sections of the
 # kernels matching NCU_KERNELS in such a run), cputests (dsv4_tests with CPU_FILTER),
 # kernels (the sparse kernels against a base tree's: see kernels_step), flashmla (FlashMLA's
-# side_by_side.py from the carried .peers/flashmla), ab (`dsv4 bench` cases against a base's files:
+# side_by_side.py from the carried .peers/flashmla), flashmla-ncu (ncu of its decode kernel and ours), ab (`dsv4 bench` cases against a base's files:
 # see ab_step), envab (`dsv4 bench layer` with and without AB_ENV: see envab_step). BUILD_TARGETS overrides the
 # targets built first (default: dsv4_gpu_tests dsv4 _C).
 set -o pipefail
@@ -16,7 +16,7 @@ PY=$(command -v python3)
 export PYTHONPATH="$PWD/third_party/pylib${PYTHONPATH:+:$PYTHONPATH}"
 # FlashMLA's build (~2 min) runs beside ours when a flashmla step is asked for.
 FM_BUILD=
-if [[ " $* " == *" flashmla "* ]] && [ -f .peers/flashmla/build.sh ]; then
+if [[ " $* " == *" flashmla "* || " $* " == *" flashmla-ncu "* ]] && [ -f .peers/flashmla/build.sh ]; then
   bash .peers/flashmla/build.sh /tmp/flashmla >"$OUT/flashmla_build.log" 2>&1 &
   FM_BUILD=$!
 fi
@@ -278,6 +278,23 @@ for step in "$@"; do
       PYTHONPATH="/tmp/flashmla:/tmp/flashmla/tests:$PYTHONPATH" timeout "${SBS_TIMEOUT:-420}" \
         $PY .peers/flashmla/side_by_side.py ${SBS_MODES:-decode prefill} --json "$OUT/side_by_side.json" 2>&1 |
         tee "$OUT/side_by_side.log" | grep -E "speed|SUMMARY|Error" | cut -c1-260 ;;
+    flashmla-ncu)
+      # Nsight Compute (--set full) on FlashMLA's decode kernel and ours, same inputs, one process
+      # (NCU_CASES of bench/scripts/ncu_side_by_side.py): the speed-of-light and stall summary of
+      # each, and the 40 instructions with the most stall samples per kernel.
+      if [ -n "$FM_BUILD" ]; then wait "$FM_BUILD"; else bash .peers/flashmla/build.sh /tmp/flashmla >/dev/null 2>&1; fi
+      for c in ${NCU_CASES:-peak64 peak128}; do
+        log "ncu: FlashMLA and ours, $c"
+        PYTHONPATH="/tmp/flashmla:/tmp/flashmla/tests:$PYTHONPATH" timeout 400 ncu \
+          --kernel-name "regex:fp8_sparse_kernel|sparse_decode_kernel" --set full --import-source no \
+          -o "/tmp/ncu_$c" -f $PY bench/scripts/ncu_side_by_side.py "$c" >"$OUT/ncu_run_$c.log" 2>&1 ||
+          tail -20 "$OUT/ncu_run_$c.log"
+        ncu --import "/tmp/ncu_$c.ncu-rep" --page details >"$OUT/ncu_$c.txt" 2>&1
+        ncu --import "/tmp/ncu_$c.ncu-rep" --page source --csv --print-source sass >"/tmp/ncu_sass_$c.csv" 2>&1 &&
+          $PY bench/scripts/ncu_sass_top.py "/tmp/ncu_sass_$c.csv" >>"$OUT/ncu_$c.txt"
+        grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput|L2 Hit Rate|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Est. Speedup|bank" \
+          "$OUT/ncu_$c.txt" | cut -c1-160 | head -60
+      done ;;
     run)
       log dsv4 run on the GPU
       timeout 200 ./build/dsv4 run --backend cuda --model v4-flash --layers 0,2,3 --requests 4 \

@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""ncu_side_by_side.py CASE...: runs FlashMLA's decode performance cases once through FlashMLA and
+once through dsv4attn.flash_mla, on FlashMLA's own inputs, so that Nsight Compute can profile both
+decode kernels in one process (device_session.sh's `flashmla-ncu` step wraps it in ncu).
+
+Needs what side_by_side.py needs (the measurement-only FlashMLA build, its tests/ helpers, and
+.peers/flashmla on the path for side_by_side.with_impl). Cases, as FlashMLA's test parameters:
+  peak64, peak128         topk 16384 over a 32k context, b 148, s_q 2, H 64 / 128, d 512
+  flash128                V4-Flash: H 64, 128 (block 256) + 512 (block 64), b 128, s_q 2
+  pro128                  V4-Pro: H 128, 128 + 1024, b 128, s_q 2
+  v32                     V3.2: H 128, topk 2048, d 576, b 128, s_q 2
+"""
+import os
+import sys
+
+import torch
+import lib  # FlashMLA's tests/lib.py
+import flash_mla
+import dsv4attn.flash_mla as ours
+from lib import RawTestParamForDecode as Raw
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".peers", "flashmla"))
+import side_by_side  # noqa: E402  (its with_impl points lib's calls at one implementation)
+
+CASES = {
+    "peak64": Raw(148, 64, 2, 1, 32768, True, topk=16384, d_qk=512),
+    "peak128": Raw(148, 128, 2, 1, 32768, True, topk=16384, d_qk=512),
+    "flash128": Raw(128, 64, 2, 1, 16384, True, topk=128, d_qk=512, extra_s_k=16384, extra_topk=512,
+                    block_size=256, extra_block_size=64),
+    "pro128": Raw(128, 128, 2, 1, 16384, True, topk=128, d_qk=512, extra_s_k=16384, extra_topk=1024,
+                  block_size=256, extra_block_size=64),
+    "v32": Raw(128, 128, 2, 1, 32768, True, topk=2048, d_qk=576),
+}
+
+
+def main():
+    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_device("cuda:0")
+    for name in sys.argv[1:]:
+        p = CASES[name].to_test_param()
+        p.seed = 1
+        t = lib.generate_testcase_for_decode(p)
+        for mod in (flash_mla, ours):
+            meta, _ = mod.get_mla_metadata()
+            side_by_side.with_impl(mod, lambda: lib.run_flash_mla_decode(p, t, meta, None))
+            torch.cuda.synchronize()
+        print("ran", name, flush=True)
+
+
+if __name__ == "__main__":
+    main()

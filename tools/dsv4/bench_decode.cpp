@@ -31,7 +31,21 @@ struct DecodeShape {
   int topk, block;              // main scope
   int extra_topk, extra_block;  // extra scope (0: none)
   double anchor_us, anchor_tflops;  // FlashMLA on the same GPU (docs/performance.md), 0 = none
+  // extra_topk_length given, uniform in [0, extra_topk] per batch (FlashMLA's CONFIG3 / CONFIG4),
+  // so rows carry different work.
+  bool extra_lengths = false;
 };
+
+// The extra scope's lengths of a case with extra_lengths (fixed seed: the case's FLOPs are known
+// when cases are listed, without a device).
+std::vector<int32_t> extra_lengths(const DecodeShape& s) {
+  std::vector<int32_t> len;
+  if (!s.extra_lengths) return len;
+  std::mt19937 rng(14);
+  std::uniform_int_distribution<int32_t> pick(0, s.extra_topk);
+  for (int i = 0; i < s.b; ++i) len.push_back(pick(rng));
+  return len;
+}
 
 // A paged cache of valid random tokens: one host-encoded pattern (≤ 64 MiB) repeated.
 KvCacheView make_cache(KvLayout layout, int block_size, int64_t slots, std::shared_ptr<void>& owner) {
@@ -66,6 +80,13 @@ Case make_case(const DecodeShape& s) {
   const int d_qk = geometry.dim, token_bytes = geometry.token_bytes;
   const int64_t rows = int64_t{s.b} * s.s_q;
   const int topk_total = s.topk + s.extra_topk;
+  const std::vector<int32_t> lengths = extra_lengths(s);
+  // Attended slots per query row, on average (every slot, or the extra scope's given lengths).
+  double slots_per_row = topk_total;
+  if (!lengths.empty()) {
+    slots_per_row = s.topk;
+    for (int32_t l : lengths) slots_per_row += double(l) / s.b;
+  }
   Case c;
   c.name = std::string("decode_") + s.name;
   c.config = std::string(kv_layout_name(s.layout)) + ", b " + std::to_string(s.b) + ", s_q " +
@@ -73,9 +94,9 @@ Case make_case(const DecodeShape& s) {
              " (block " + std::to_string(s.block) + ")" +
              (s.extra_topk > 0 ? " + " + std::to_string(s.extra_topk) + " (block " + std::to_string(s.extra_block) + ")"
                                : std::string()) +
-             ", attn_sink";
-  c.flops = 2.0 * rows * s.h * double(topk_total) * (d_qk + kDv);
-  const double touched = double(rows) * topk_total * token_bytes + double(rows) * topk_total * 4;
+             (lengths.empty() ? "" : ", extra_topk_length U[0, " + std::to_string(s.extra_topk) + "]") + ", attn_sink";
+  c.flops = 2.0 * rows * s.h * slots_per_row * (d_qk + kDv);
+  const double touched = double(rows) * slots_per_row * token_bytes + double(rows) * slots_per_row * 4;
   c.bytes = touched + double(rows) * s.h * d_qk * 2 + double(rows) * s.h * kDv * 2;
   c.memory_bound = false;
   c.anchor_us = s.anchor_us;
@@ -83,7 +104,7 @@ Case make_case(const DecodeShape& s) {
   // Input sets: enough that one pass over them is 2× the H100's 50 MB L2 (a constant, so listing
   // the cases needs no device).
   c.rotations = static_cast<int>(std::clamp(std::ceil(2.0 * 50e6 / touched), 1.0, 512.0));
-  c.setup = [s, d_qk, rows, topk_total, sets = c.rotations]() -> LaunchFn {
+  c.setup = [s, d_qk, rows, topk_total, lengths, sets = c.rotations]() -> LaunchFn {
     auto keep = std::make_shared<std::vector<std::shared_ptr<void>>>();
     auto cache_slots = [&](int topk, int block) {  // ≥ 4× what one call touches and ≥ 1 GiB
       return std::max<int64_t>(4 * rows * topk, (int64_t{1} << 30) / kv_geometry(s.layout, block).block_bytes * block);
@@ -99,6 +120,9 @@ Case make_case(const DecodeShape& s) {
     auto out = device_alloc(static_cast<size_t>(rows) * s.h * kDv * 2);
     auto lse = device_alloc(static_cast<size_t>(rows) * s.h * 4);
     auto sink = device_alloc(static_cast<size_t>(s.h) * 4);
+    auto extra_len = device_alloc(std::max<size_t>(lengths.size(), 1) * 4);
+    if (!lengths.empty())
+      rt::copy_host_to_device(extra_len.get(), lengths.data(), lengths.size() * 4, "bench decode: upload lengths");
     rt::fill_random_bf16(q.get(), q_n * sets, 11, -1.f, 1.f, nullptr);
     rt::fill_random_int32(static_cast<int32_t*>(idx.get()), static_cast<size_t>(rows) * s.topk * sets, 12,
                             static_cast<int32_t>(main.num_slots()), nullptr);
@@ -111,11 +135,12 @@ Case make_case(const DecodeShape& s) {
     const DecodeSchedule sch = make_decode_schedule(s.b, s.s_q, s.h, topk_total, device_sm_count(), kDv);
     auto ws = device_alloc(static_cast<size_t>(std::max<int64_t>(sch.workspace_bytes, 16)));
     rt::synchronize_device("bench decode: input setup");
-    *keep = {main_owner, extra_owner, q, idx, eidx, out, lse, sink, ws};
+    *keep = {main_owner, extra_owner, q, idx, eidx, out, lse, sink, ws, extra_len};
 
     SparseDecodeArgs base;
     base.k_cache = main;
     if (s.extra_topk > 0) base.extra_k_cache = extra;
+    if (!lengths.empty()) base.extra_topk_length = TensorView(extra_len.get(), DType::int32, {s.b}, Device::cuda);
     base.attn_sink = TensorView(sink.get(), DType::fp32, {s.h}, Device::cuda);
     base.out = TensorView(out.get(), DType::bf16, {s.b, s.s_q, s.h, kDv}, Device::cuda);
     base.lse = TensorView(lse.get(), DType::fp32, {s.b, s.s_q, s.h}, Device::cuda);
@@ -146,6 +171,9 @@ std::vector<Case> decode_cases() {
       {"pro_b128_h128_sq2_128+1024_blk64", L::model1_fp8, 128, 2, 128, 128, 256, 1024, 64, 210.6, 367},
       {"pro_b128_h128_sq2_128+1024_blk2", L::model1_fp8, 128, 2, 128, 128, 256, 1024, 2, 152.9, 277},
       {"peak_b148_h128_sq2_topk16384", L::model1_fp8, 148, 2, 128, 16384, 64, 0, 0, 2669.0, 476},
+      // FlashMLA's CONFIG3 / CONFIG4: the V4-Pro extra scope at block 2 with per-batch lengths.
+      {"config3_b128_h64_sq2_128+1024len_blk2", L::model1_fp8, 128, 2, 64, 128, 256, 1024, 2, 0, 0, true},
+      {"config4_b128_h128_sq2_128+1024len_blk2", L::model1_fp8, 128, 2, 128, 128, 256, 1024, 2, 0, 0, true},
       {"flash_b1_h64_sq1_128+512", L::model1_fp8, 1, 1, 64, 128, 256, 512, 64, 0, 0},
       {"flash_b16_h64_sq1_128+512", L::model1_fp8, 16, 1, 64, 128, 256, 512, 64, 0, 0},
       {"pro_b1_h128_sq1_128+1024", L::model1_fp8, 1, 1, 128, 128, 256, 1024, 64, 0, 0},

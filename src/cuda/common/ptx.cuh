@@ -116,6 +116,17 @@ __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threa
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// ---------------------------------------------------------------- read-only gathers
+// 16 read-only bytes whose L2 miss fetches the 256-byte span around them (one DRAM burst for a
+// gathered row's neighbouring chunks), kept in L1 only as a last resort.
+__device__ __forceinline__ uint4 ld_nc_l2_256(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::evict_last.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
 // ---------------------------------------------------------------- proxies and registers
 // `v`, as a value the compiler cannot see through: what is computed from it inside a loop stays
 // inside the loop (keeps loop-invariant address arithmetic from occupying registers).
@@ -127,15 +138,6 @@ __device__ __forceinline__ int opaque(int v) {
 
 // Ordinary shared-memory stores that wgmma / TMA read next must be fenced into the async proxy
 // by the writing thread before the barrier that publishes them.
-// 16 read-only bytes whose L2 miss fetches the 256-byte span around them (one DRAM burst for a
-// gathered row's neighbouring chunks), kept in L1 only as a last resort.
-__device__ __forceinline__ uint4 ld_nc_l2_256(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::evict_last.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }

@@ -41,7 +41,7 @@ __device__ __forceinline__ void cluster_sync() {
 // ordering it must give is write-after-read: the buffer's reads — by wgmma, complete once
 // wgmma.wait_group returned — precede the peer's next writes. Completed reads cannot see later
 // writes, so no cluster-scope release is needed; `.release.cluster` compiled to a GPU-wide
-// MEMBAR per arrival, about a tenth of the H 128 decode kernel's stall samples (ncu).
+// MEMBAR + ERRBAR per arrival on the consumers' path (docs/notes/decode.md).
 __device__ __forceinline__ void mbarrier_arrive_remote(uint32_t cluster_bar) {
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_bar) : "memory");
 }

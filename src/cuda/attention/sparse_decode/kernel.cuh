@@ -244,10 +244,9 @@ inline constexpr int kBarConsumers = 1;
 // Warpgroup 2: per tile t, this thread's slot (my_key) is loaded into registers kBuffers tiles
 // ahead of its dequantization (two buffers when a cluster halves a thread's share, so a tile's
 // load latency overlaps two tile periods) and the indices are read one tile before they are
-// needed. The registers are dequantized into
-// stage t%2 (of both CTAs of a cluster) once the consumers (of both) have released it. The
-// stage's key-valid flags cover the whole tile in every CTA: in a cluster thread `sub` 1 of each
-// key also records the peer's key at the same place.
+// needed. The registers are dequantized into stage t%2 (of both CTAs of a cluster) once the
+// consumers (of both) have released it. The stage's key-valid flags cover the whole tile in every
+// CTA: in a cluster thread `sub` 1 of each key also records the peer's key at the same place.
 template <KvLayout L, int kCluster>
 __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w, SharedPlan<L>& plan) {
   using Plan = SharedPlan<L>;
@@ -314,9 +313,10 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
 
 // Warpgroup 2 for a layout stored as the tensor cores read it (BF16) without a cluster: per tile t the
 // thread's slot row is copied by cp.async straight into stage t%2 (zero-filled for an invalid
-// slot, which reads nothing) and the index of tile t+1 read. The copies of tile t+1 fly while the consumers multiply tile t. The stage's `full`
-// barrier counts two arrivals per thread: one (release) for its key_valid flag, one when its
-// copies have landed (cp.async.mbarrier.arrive.noinc).
+// slot, which reads nothing) and the index of tile t+1 read. The copies of tile t+1 fly while the
+// consumers multiply tile t. The stage's `full` barrier counts two arrivals per thread: one
+// (release) for its key_valid flag, one when its copies have landed
+// (cp.async.mbarrier.arrive.noinc).
 template <KvLayout L>
 __device__ __forceinline__ void produce_by_copy(const DecodeParams& p, const CtaWork& w, SharedPlan<L>& plan) {
   constexpr int kStep = kThreadsPerKey<1>;

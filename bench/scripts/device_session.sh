@@ -20,6 +20,11 @@ if [[ " $* " == *" flashmla "* || " $* " == *" flashmla-ncu "* ]] && [ -f .peers
   bash .peers/flashmla/build.sh /tmp/flashmla >"$OUT/flashmla_build.log" 2>&1 &
   FM_BUILD=$!
 fi
+# FlashMLA built in /tmp/flashmla (the one beside ours, or built now), its log's tail printed.
+flashmla_built() {
+  if [ -n "$FM_BUILD" ]; then wait "$FM_BUILD"; else bash .peers/flashmla/build.sh /tmp/flashmla >"$OUT/flashmla_build.log" 2>&1; fi
+  tail -3 "$OUT/flashmla_build.log"
+}
 log configure+build
 cmake -S . -B build -G Ninja -DDSV4_CUDA=ON -DDSV4_PYTHON=ON -DPython_EXECUTABLE="$PY" >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 cmake --build build -j16 --target ${BUILD_TARGETS:-dsv4_gpu_tests dsv4 _C} >"$OUT/build.log" 2>&1 || { grep -B5 -A20 -E "error" "$OUT/build.log" | head -80; exit 1; }
@@ -273,7 +278,7 @@ for step in "$@"; do
       # (build.sh, side_by_side.py, sources) is copied into the ignored .peers/flashmla and
       # carried; built here (~2 min).
       log FlashMLA build
-      if [ -n "$FM_BUILD" ]; then wait "$FM_BUILD"; tail -3 "$OUT/flashmla_build.log"; else bash .peers/flashmla/build.sh /tmp/flashmla 2>&1 | tail -3; fi
+      flashmla_built
       log FlashMLA side by side
       PYTHONPATH="/tmp/flashmla:/tmp/flashmla/tests:$PYTHONPATH" timeout "${SBS_TIMEOUT:-420}" \
         $PY .peers/flashmla/side_by_side.py ${SBS_MODES:-decode prefill} --json "$OUT/side_by_side.json" 2>&1 |
@@ -282,7 +287,7 @@ for step in "$@"; do
       # Nsight Compute (--set full) on FlashMLA's decode kernel and ours, same inputs, one process
       # (NCU_CASES of bench/scripts/ncu_side_by_side.py): the speed-of-light and stall summary of
       # each, and the 40 instructions with the most stall samples per kernel.
-      if [ -n "$FM_BUILD" ]; then wait "$FM_BUILD"; else bash .peers/flashmla/build.sh /tmp/flashmla >/dev/null 2>&1; fi
+      flashmla_built
       for c in ${NCU_CASES:-peak64 peak128}; do
         log "ncu: FlashMLA and ours, $c"
         PYTHONPATH="/tmp/flashmla:/tmp/flashmla/tests:$PYTHONPATH" timeout 400 ncu \

@@ -36,9 +36,9 @@ struct DecodeShape {
   bool extra_lengths = false;
 };
 
-// The extra scope's lengths of a case with extra_lengths (fixed seed: the case's FLOPs are known
+// The extra scope's lengths (extra_topk_length [b]) of a case with extra_lengths (fixed seed: the case's FLOPs are known
 // when cases are listed, without a device).
-std::vector<int32_t> extra_lengths(const DecodeShape& s) {
+std::vector<int32_t> extra_topk_lengths(const DecodeShape& s) {
   std::vector<int32_t> len;
   if (!s.extra_lengths) return len;
   std::mt19937 rng(14);
@@ -80,7 +80,7 @@ Case make_case(const DecodeShape& s) {
   const int d_qk = geometry.dim, token_bytes = geometry.token_bytes;
   const int64_t rows = int64_t{s.b} * s.s_q;
   const int topk_total = s.topk + s.extra_topk;
-  const std::vector<int32_t> lengths = extra_lengths(s);
+  const std::vector<int32_t> lengths = extra_topk_lengths(s);
   // Attended slots per query row, on average (every slot, or the extra scope's given lengths).
   double slots_per_row = topk_total;
   if (!lengths.empty()) {

@@ -171,7 +171,11 @@ INSTANTIATE_TEST_SUITE_P(
         // with and without the H 128 cluster, and a MODEL1 cache.
         XDecodeCase{"fp8q_fp8t_h128",     PT,   128,  2, 1,  128,  64,   true, true,  false, 0.37f},
         XDecodeCase{"fp8q_fp8t_h64",      PT,    64,  3, 2,  256,  0,    false, true, false, 0.37f},
-        XDecodeCase{"fp8q_model1_h64_c4a", M1,   64,  4, 1,  512,  128,  true, true,  false, 0.37f}),
+        XDecodeCase{"fp8q_model1_h64_c4a", M1,   64,  4, 1,  512,  128,  true, true,  false, 0.37f},
+        // Many batches of random lengths: CTAs take the rows longest first (launch_order.h), with
+        // and without the cluster; every row must still be computed once, by the right CTA.
+        XDecodeCase{"model1_h128_ordered", M1,  128, 40, 2,  128,  512,  true, true,  false},
+        XDecodeCase{"model1_h64_ordered",  M1,   64, 48, 1,  256,  256,  true, false, false}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // One call for a whole mixed batch (tests/mixed_batch_decode.h: a prompt from scratch, a decode,

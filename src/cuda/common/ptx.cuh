@@ -118,12 +118,33 @@ __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threa
 
 // ---------------------------------------------------------------- read-only gathers
 // 16 read-only bytes whose L2 miss fetches the 256-byte span around them (one DRAM burst for a
-// gathered row's neighbouring chunks), kept in L1 only as a last resort.
+// gathered row's neighbouring chunks), kept in L1 only as a last resort. Not volatile: the
+// compiler may schedule it like any load.
 __device__ __forceinline__ uint4 ld_nc_l2_256(const void* p) {
   uint4 v;
   asm("ld.global.nc.L1::evict_last.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
+  return v;
+}
+// The same, or zeros without a read when !valid: one predicated load, no branch around it.
+// Volatile, so it stays where it is written (between the stores it is interleaved with).
+__device__ __forceinline__ uint4 ld_nc_l2_256_or_zero(const void* p, bool valid) {
+  uint4 v;
+  asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %5, 0;\n\t"
+      "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
+      "@p ld.global.nc.L1::evict_last.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+      : "=&r"(v.x), "=&r"(v.y), "=&r"(v.z), "=&r"(v.w)
+      : "l"(p), "r"(static_cast<int>(valid)));
+  return v;
+}
+// 8 read-only bytes, or zeros without a read when !valid (predicated, as above).
+__device__ __forceinline__ uint2 ld_nc_v2_or_zero(const void* p, bool valid) {
+  uint2 v;
+  asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %3, 0;\n\tmov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\t"
+      "@p ld.global.nc.v2.u32 {%0, %1}, [%2];\n\t}"
+      : "=&r"(v.x), "=&r"(v.y)
+      : "l"(p), "r"(static_cast<int>(valid)));
   return v;
 }
 

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "cuda/attention/sparse_decode/launch_order.h"
 #include "dsv4/kv_layout.h"
 
 namespace dsv4::cuda::decode {
@@ -113,7 +114,9 @@ struct SharedPlan {
 
   alignas(1024) uint8_t q[kHeadsPerCta * kRowBytes];
   alignas(1024) uint8_t kv[2][kStageBytes];         // the KV stages: K, and V = their first 512 dims
-  alignas(1024) uint8_t p[kHeadsPerCta * kPRowBytes];  // bf16 P of the tile [64 heads × 64 keys]
+  // bf16 P of the tile [64 heads × 64 keys]; before the first tile, the launch-order scratch
+  // (detail::choose_row: P is first written after the first tile's S, past the prologue's barriers).
+  alignas(1024) uint8_t p[kHeadsPerCta * kPRowBytes];
   float row_scale[kHeadsPerCta];   // the tile's O factor, from warpgroup 0 to warpgroup 1
   float out_scale[kHeadsPerCta];   // 1 / row sum (and the sink), from warpgroup 0 to warpgroup 1
   uint8_t key_valid[2][kTileKeys]; // per stage: whether key k's slot was valid (else S = −inf)
@@ -126,6 +129,9 @@ struct SharedPlan {
 };
 template <KvLayout L>
 inline constexpr int kSmemBytes = static_cast<int>(sizeof(SharedPlan<L>));
+
+static_assert(kHeadsPerCta * kPRowBytes >= (kMaxOrderedBatches + 1) * static_cast<int>(sizeof(int)),
+              "the launch-order scratch fits in P's bytes");
 static_assert(kSmemBytes<KvLayout::model1_fp8> <= 227 * 1024 && kSmemBytes<KvLayout::v32_fp8> <= 227 * 1024 &&
                   kSmemBytes<KvLayout::bf16> <= 227 * 1024 && kSmemBytes<KvLayout::fp8_per_tensor> <= 227 * 1024,
               "shared-memory plan exceeds the sm_90 limit");

@@ -68,6 +68,29 @@ __device__ __forceinline__ RowLengths row_lengths(const DecodeParams& p, int b) 
   return {scope_length(p.main, b), scope_length(p.extra, b)};
 }
 
+// The query row of this CTA (row = batch · s_q + seq): blockIdx.y, or with length tensors the
+// rows in launch_rank order (config.h) — batch launch_rank⁻¹(blockIdx.y / s_q), all s_q rows of a
+// batch adjacent. The batches' lengths and the chosen batch pass through `scratch` (P's bytes,
+// not yet in use) with one block-wide barrier; the caller's barrier after the mbarrier init
+// publishes the choice (read it with chosen_row).
+__device__ __forceinline__ bool orders_rows(const DecodeParams& p) {
+  const int batches = p.num_rows / p.s_q;
+  return (p.main.topk_length != nullptr || p.extra.topk_length != nullptr) && batches > 1 &&
+         batches <= kMaxOrderedBatches;
+}
+__device__ __forceinline__ void choose_row(const DecodeParams& p, int* scratch) {
+  const int batches = p.num_rows / p.s_q;
+  int* len = scratch + 1;
+  for (int i = threadIdx.x; i < batches; i += blockDim.x) len[i] = row_lengths(p, i).total();
+  __syncthreads();
+  const int rank = blockIdx.y / p.s_q;
+  for (int i = threadIdx.x; i < batches; i += blockDim.x)
+    if (launch_rank(len, batches, i) == rank) scratch[0] = i;
+}
+__device__ __forceinline__ int chosen_row(const DecodeParams& p, const int* scratch) {
+  return scratch[0] * p.s_q + blockIdx.y % p.s_q;
+}
+
 // The index at compact position `pos` of query row (batch, seq), or −1 (nothing read) when the
 // position is past the split (whose end is at most len.total(), so the scope-local position is
 // within its valid length). Not yet range-checked: slot_in_cache() does that where the value is
@@ -107,6 +130,18 @@ template <KvLayout L, int kCluster>
 inline constexpr int kProducerBuffers =
     kCluster == 2 && (L == KvLayout::model1_fp8 || L == KvLayout::fp8_per_tensor) ? 2 : 1;
 
+// Whether the producer refills its registers chunk by chunk while it stores a tile (store_slot)
+// or with the whole next slot once the tile is stored and arrived on. Without a cluster the
+// refill is interleaved: storing first put a whole load latency on every tile's period, and
+// interleaving runs the V4-Flash H64 anchors at 0.94-0.97x the time. In a cluster, where each
+// chunk is stored twice (its own stage and the peer's, st.async), it ran 1.00-1.18x the time
+// (V3.2 1.14x, BF16 H128 1.18x), and the single-CTA path's other changes (offsets held across
+// tiles, predicated volatile loads) with the refill at its old place 1.07-1.12x. So the cluster
+// path keeps the code it had: loads skipped for an invalid slot, offsets recomputed per store,
+// the next slot's address taken after the arrive (docs/notes/decode.md).
+template <int kCluster>
+inline constexpr bool kRefillWhileStoring = kCluster == 1;
+
 // Where a valid slot's bytes live: its data row (V32: the whole token) and, for MODEL1, its
 // 8-byte scale row, in the main (in_main) or the extra scope's cache.
 struct SlotBytes {
@@ -131,32 +166,66 @@ __device__ __forceinline__ SlotBytes slot_bytes(const DecodeParams& p, bool in_m
   }
 }
 
-// Issues the register loads of slot `slot`: nothing is read for an invalid slot. The loads ask L2
-// for 256-byte fetches, so a row's DRAM reads come in few bursts. (A bulk L2 prefetch of each row
-// one tile ahead, which this replaced, cost 3-7 %: docs/notes/decode.md.)
+// Where a slot's bytes are read from: its data and scale rows (a slot in the main scope when
+// in_main, else the extra one), or nothing for an invalid slot (−1).
+struct SlotSource {
+  SlotBytes bytes;
+  float tensor_scale;  // FP8_PER_TENSOR's scale of the slot's cache
+  bool valid;
+};
+template <KvLayout L>
+__device__ __forceinline__ SlotSource slot_source(const DecodeParams& p, bool in_main, int32_t slot) {
+  SlotSource src{{nullptr, nullptr}, in_main ? p.main.tensor_scale : p.extra.tensor_scale, slot >= 0};
+  if (src.valid) src.bytes = slot_bytes<L>(p, in_main, slot);
+  return src;
+}
+
+// The register loads of one slot ask L2 for 256-byte fetches, so a row's DRAM reads come in few
+// bursts. (A bulk L2 prefetch of each row one tile ahead, which this replaced, cost 3-7 %:
+// docs/notes/decode.md.) An invalid slot reads nothing. With kRefillWhileStoring it gets zero
+// codes and scales (predicated loads; finite: a UE8M0 0 is 2^-127), so its conversion gives
+// zeros without a branch around it; without, load_slot skips it and store_slot branches on it.
 template <KvLayout L, int kCluster>
-__device__ __forceinline__ void load_slot(const DecodeParams& p, bool in_main, int32_t slot, int sub,
-                                          TileRegs<L, kCluster>& regs) {
-  using T = LayoutTraits<L>;
-  constexpr int kStep = kThreadsPerKey<kCluster>;
-  regs.valid = slot >= 0;
-  if (!regs.valid) return;
-  const SlotBytes bytes = slot_bytes<L>(p, in_main, slot);
+__device__ __forceinline__ void load_scales(const SlotSource& src, TileRegs<L, kCluster>& regs) {
+  constexpr bool kRefill = kRefillWhileStoring<kCluster>;  // else never called for an invalid slot
+  regs.valid = src.valid;
   if constexpr (L == KvLayout::model1_fp8) {
-    const uint2 s = __ldg(reinterpret_cast<const uint2*>(bytes.scales));
+    const uint2 s = kRefill ? ptx::ld_nc_v2_or_zero(src.bytes.scales, src.valid)
+                            : __ldg(reinterpret_cast<const uint2*>(src.bytes.scales));
     regs.scales = make_uint4(s.x, s.y, 0u, 0u);
   } else if constexpr (L == KvLayout::v32_fp8) {
-    regs.scales = __ldg(reinterpret_cast<const uint4*>(bytes.scales));
+    regs.scales = kRefill ? ptx::ld_nc_l2_256_or_zero(src.bytes.scales, src.valid)
+                          : __ldg(reinterpret_cast<const uint4*>(src.bytes.scales));
   } else {
-    const float scale = in_main ? p.main.tensor_scale : p.extra.tensor_scale;
-    regs.scales = make_uint4(__float_as_uint(scale), 0u, 0u, 0u);
+    regs.scales = make_uint4(__float_as_uint(src.valid ? src.tensor_scale : 0.0f), 0u, 0u, 0u);
   }
+}
+template <int kCluster>
+__device__ __forceinline__ uint4 load_chunk(const SlotSource& src, const uint8_t* at) {
+  if constexpr (kRefillWhileStoring<kCluster>) return ptx::ld_nc_l2_256_or_zero(at, src.valid);
+  return ptx::ld_nc_l2_256(at);  // never called for an invalid slot
+}
+template <KvLayout L, int kCluster>
+__device__ __forceinline__ void load_fp8_chunk(const SlotSource& src, int sub, int i, TileRegs<L, kCluster>& regs) {
+  regs.fp8[i] = load_chunk<kCluster>(src, src.bytes.data + 16 * (sub + kThreadsPerKey<kCluster> * i));
+}
+template <KvLayout L, int kCluster>
+__device__ __forceinline__ void load_rope_chunk(const SlotSource& src, int sub, int i, TileRegs<L, kCluster>& regs) {
+  regs.rope[i] = load_chunk<kCluster>(
+      src, src.bytes.data + LayoutTraits<L>::kBf16Offset + 16 * (sub + kThreadsPerKey<kCluster> * i));
+}
+// A whole slot's share into registers (the first tiles of a split).
+template <KvLayout L, int kCluster>
+__device__ __forceinline__ void load_slot(const SlotSource& src, int sub, TileRegs<L, kCluster>& regs) {
+  if (!kRefillWhileStoring<kCluster> && !src.valid) {  // nothing read; store_slot zeroes it under `valid`
+    regs.valid = false;
+    return;
+  }
+  load_scales<L, kCluster>(src, regs);
 #pragma unroll
-  for (int i = 0; i < kFp8ChunksPerThread<L, kCluster>; ++i)
-    regs.fp8[i] = ptx::ld_nc_l2_256(bytes.data + 16 * (sub + kStep * i));
+  for (int i = 0; i < kFp8ChunksPerThread<L, kCluster>; ++i) load_fp8_chunk<L, kCluster>(src, sub, i, regs);
 #pragma unroll
-  for (int i = 0; i < kBf16ChunksPerThread<L, kCluster>; ++i)
-    regs.rope[i] = ptx::ld_nc_l2_256(bytes.data + T::kBf16Offset + 16 * (sub + kStep * i));
+  for (int i = 0; i < kBf16ChunksPerThread<L, kCluster>; ++i) load_rope_chunk<L, kCluster>(src, sub, i, regs);
 }
 
 // Where a producer thread's converted chunks go: its own CTA's stage and, in a cluster, the same
@@ -174,42 +243,103 @@ __device__ __forceinline__ void put_chunk(const StageTargets& to, uint32_t offse
   if constexpr (kCluster == 2) ptx::st_async_16(to.peer + offset, v, to.peer_full);
 }
 
-// Dequantizes a thread's share into row `key` of a KV stage (zeros for an invalid slot, so
-// masked keys contribute 0 · 0 to P·V, never NaN).
+// Where a producer thread's chunks go in a stage (bytes). Under the SW128 swizzle chunk c of row
+// `key` sits at (c / 8) · 8 KB + key · 128 + ((c % 8) ^ (key % 8)) · 16 (smem_layout.cuh). The
+// thread's fp8 chunk i becomes bf16 chunks 2c, 2c + 1 with c = sub + kStep · i, whose place in
+// its 8-chunk span repeats every kPeriod values of i: every such store is one of 2 · kPeriod
+// per-thread bases plus a compile-time multiple of 8 KB. Its bf16 (rope) chunk i is chunk
+// kNope / 8 + r, r = sub + kStep · i: span i / (8 / kStep) past the nope ones, place
+// r % 8 = sub + kStep · (i % (8 / kStep)), and (place ^ key % 8) splits into sub's low bits,
+// fixed per thread, and the rest, one XOR with an immediate. A handful of registers held across tiles,
+// where the generic formula per store cost ~5 integer instructions, and hoisting it whole ~30
+// live registers (the producer spilled).
 template <KvLayout L, int kCluster>
-__device__ __forceinline__ void store_slot(const TileRegs<L, kCluster>& regs, int key, int sub,
-                                           const StageTargets& to) {
+struct ChunkOffsets {
+  static constexpr int kStep = kThreadsPerKey<kCluster>;
+  static constexpr int kPeriod = 4 / kStep;
+  static constexpr uint32_t kSpanBytes = kTileKeys * 128;
+  static constexpr int kBf16PerSpan = 8 / kStep;  // bf16 chunks i per span
+  static_assert(LayoutTraits<L>::kNope % 64 == 0, "the bf16 dims start a span");
+  uint32_t nope[kPeriod][2];
+  uint32_t rope;      // key's row in the rope span, sub's low position bits
+  uint32_t rope_xor;  // the key's position bits above sub's, << 4
+  __device__ __forceinline__ ChunkOffsets(int key, int sub) {
+    const uint32_t row = static_cast<uint32_t>(key) * 128, k7 = key & 7;
+#pragma unroll
+    for (int par = 0; par < kPeriod; ++par)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        nope[par][half] = row + (((2 * sub + half + 2 * kStep * par) ^ k7) << 4);
+    rope = (LayoutTraits<L>::kNope / 64) * kSpanBytes + row + ((sub ^ (k7 & (kStep - 1))) << 4);
+    rope_xor = (k7 & ~static_cast<uint32_t>(kStep - 1)) << 4;
+  }
+  __device__ __forceinline__ uint32_t fp8(int i, int half) const {
+    return nope[i % kPeriod][half] + (i / kPeriod) * kSpanBytes;
+  }
+  __device__ __forceinline__ uint32_t rope_chunk(int i) const {
+    return rope + (i / kBf16PerSpan) * kSpanBytes + ((static_cast<uint32_t>(kStep * (i % kBf16PerSpan)) << 4) ^ rope_xor);
+  }
+};
+
+// Dequantizes a thread's share into row `key` of a KV stage (zeros for an invalid slot, so
+// masked keys contribute 0 · 0 to P·V, never NaN). With kRefillWhileStoring it refills the
+// registers with the share of slot `next` as they free up: each chunk's load is issued right
+// after that chunk is stored, so the next slot's loads fly while the rest of this one converts.
+template <KvLayout L, int kCluster>
+__device__ __forceinline__ void store_slot(TileRegs<L, kCluster>& regs, const ChunkOffsets<L, kCluster>& at,
+                                           int key, int sub, const StageTargets& to, const SlotSource& next) {
   using T = LayoutTraits<L>;
   constexpr int kStep = kThreadsPerKey<kCluster>;
   constexpr int kChunksPerScale = T::kQuantBlock / 16 / kStep;  // fp8 chunks i per scale
-  // The chunk offsets below are recomputed per tile (a few integer ops) instead of being hoisted
-  // out of the tile loop as ~30 live registers, which made the producer spill.
-  key = ptx::opaque(key);
-  sub = ptx::opaque(sub);
+  constexpr bool kRefill = kRefillWhileStoring<kCluster>;
+  const uint4 scales = regs.scales;  // this slot's; the next slot's are loaded first
+  const bool valid = regs.valid;
+  if constexpr (kRefill) load_scales<L, kCluster>(next, regs);
+  // Without the refill, each store's offset is recomputed (a few integer ops) instead of being
+  // held across tiles: that path's code stays as it was measured (kRefillWhileStoring).
+  if constexpr (!kRefill) {
+    key = ptx::opaque(key);
+    sub = ptx::opaque(sub);
+  }
+  auto chunk_offset = [&](int c) { return sw128_chunk_offset<kTileKeys>(key, c); };
 #pragma unroll
   for (int i = 0; i < kFp8ChunksPerThread<L, kCluster>; ++i) {
     const int blk = i / kChunksPerScale;
     float scale;
     if constexpr (L == KvLayout::model1_fp8) {
-      const uint32_t word = blk < 4 ? regs.scales.x : regs.scales.y;
+      const uint32_t word = blk < 4 ? scales.x : scales.y;
       scale = ue8m0_to_float(static_cast<uint8_t>(word >> (8 * (blk % 4))));
     } else if constexpr (L == KvLayout::fp8_per_tensor) {
-      scale = __uint_as_float(regs.scales.x);
+      scale = __uint_as_float(scales.x);
     } else {
-      scale = __uint_as_float(blk == 0 ? regs.scales.x : blk == 1 ? regs.scales.y
-                              : blk == 2 ? regs.scales.z : regs.scales.w);
+      scale = __uint_as_float(blk == 0 ? scales.x : blk == 1 ? scales.y : blk == 2 ? scales.z : scales.w);
     }
     uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;
-    if (regs.valid) fp8x16_to_bf16x16(regs.fp8[i], scale, lo, hi);
-    const int c = sub + kStep * i;  // fp8 chunk → bf16 chunks 2c, 2c+1
-    put_chunk<kCluster>(to, sw128_chunk_offset<kTileKeys>(key, 2 * c), lo);
-    put_chunk<kCluster>(to, sw128_chunk_offset<kTileKeys>(key, 2 * c + 1), hi);
+    // With the refill, an invalid slot's codes are zeros already (load_chunk), so converting
+    // them gives the zeros it needs; MODEL1 converts unconditionally (1226 → 1105 instructions
+    // per tile at H 64), the other layouts keep the branch, without which ptxas spills them
+    // (V3.2 H 64: 64 bytes).
+    if ((L == KvLayout::model1_fp8 && kRefill) || valid) fp8x16_to_bf16x16(regs.fp8[i], scale, lo, hi);
+    if constexpr (kRefill) {
+      load_fp8_chunk<L, kCluster>(next, sub, i, regs);
+      put_chunk<kCluster>(to, at.fp8(i, 0), lo);
+      put_chunk<kCluster>(to, at.fp8(i, 1), hi);
+    } else {
+      const int c = sub + kStep * i;  // fp8 chunk → bf16 chunks 2c, 2c+1
+      put_chunk<kCluster>(to, chunk_offset(2 * c), lo);
+      put_chunk<kCluster>(to, chunk_offset(2 * c + 1), hi);
+    }
   }
 #pragma unroll
   for (int i = 0; i < kBf16ChunksPerThread<L, kCluster>; ++i) {
-    const int r = sub + kStep * i;
-    put_chunk<kCluster>(to, sw128_chunk_offset<kTileKeys>(key, T::kNope / 8 + r),
-                        regs.valid ? regs.rope[i] : make_uint4(0u, 0u, 0u, 0u));
+    if constexpr (kRefill) {
+      const uint4 rope = regs.rope[i];  // zeros for an invalid slot
+      load_rope_chunk<L, kCluster>(next, sub, i, regs);
+      put_chunk<kCluster>(to, at.rope_chunk(i), rope);
+    } else {
+      put_chunk<kCluster>(to, chunk_offset(T::kNope / 8 + sub + kStep * i),
+                          valid ? regs.rope[i] : make_uint4(0u, 0u, 0u, 0u));
+    }
   }
 }
 
@@ -258,6 +388,7 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
   const int my_key = w.rank * kKeysPerCta + tid / kStep, my_sub = tid % kStep;
   const int peer_key = (1 - w.rank) * kKeysPerCta + tid / kStep;  // kCluster == 2 only
   const bool records_peer = kCluster == 2 && my_sub == 1;
+  const ChunkOffsets<L, kCluster> offsets(my_key, my_sub);
   const int my_pos = w.split_begin + my_key;  // my slot's position in tile 0
   const int peer_pos = w.split_begin + peer_key;
   const RowLengths& len = w.len;
@@ -274,7 +405,7 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
   for (int b = 0; b < kBuffers; ++b) {
     const int pos = my_pos + b * kTileKeys;
     const bool in_main = len.in_main(pos);
-    load_slot<L, kCluster>(p, in_main, slot_in_cache(p, in_main, index_at(pos)), my_sub, regs[b]);
+    load_slot<L, kCluster>(slot_source<L>(p, in_main, slot_in_cache(p, in_main, index_at(pos))), my_sub, regs[b]);
     peer_index[b] = records_peer ? index_at(peer_pos + b * kTileKeys) : -1;
   }
   int32_t index1 = index_at(my_pos + kBuffers * kTileKeys);        // tile t + kBuffers
@@ -288,11 +419,22 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
       if (t >= 2) ptx::mbarrier_wait(&plan.empty[stage], ((t >> 1) + 1) & 1);  // tile t-2 consumed
       const StageTargets to{plan.kv[stage], peer_stages + stage * Plan::kStageBytes,
                             peer_full + stage * static_cast<uint32_t>(sizeof(uint64_t))};
-      store_slot<L, kCluster>(regs[b], my_key, my_sub, to);
       if (my_sub == 0) plan.key_valid[stage][my_key] = regs[b].valid;
       if (records_peer) {
         const int pos = peer_pos + t * kTileKeys;
         plan.key_valid[stage][peer_key] = slot_in_cache(p, len.in_main(pos), peer_index[b]) >= 0;
+      }
+      // The buffer is refilled with tile t + kBuffers (−1 past the split: nothing loaded): as the
+      // store frees it, or once the stage has been arrived on (kRefillWhileStoring).
+      const int next_pos = my_pos + (t + kBuffers) * kTileKeys;
+      auto next_slot = [&] {
+        const bool in_main = len.in_main(next_pos);
+        return slot_source<L>(p, in_main, slot_in_cache(p, in_main, index1));
+      };
+      if constexpr (kRefillWhileStoring<kCluster>) {
+        store_slot<L, kCluster>(regs[b], offsets, my_key, my_sub, to, next_slot());
+      } else {
+        store_slot<L, kCluster>(regs[b], offsets, my_key, my_sub, to, SlotSource{});
       }
       ptx::fence_proxy_async_smem();  // the stage is read by wgmma
       if (kCluster == 2 && tid == 0) {
@@ -300,13 +442,10 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
       } else {
         ptx::mbarrier_arrive(&plan.full[stage]);
       }
-      // Refill this buffer with tile t + kBuffers (−1 past the split: nothing loaded).
-      const int pos = my_pos + (t + kBuffers) * kTileKeys;
-      const bool in_main = len.in_main(pos);
-      load_slot<L, kCluster>(p, in_main, slot_in_cache(p, in_main, index1), my_sub, regs[b]);
+      if constexpr (!kRefillWhileStoring<kCluster>) load_slot<L, kCluster>(next_slot(), my_sub, regs[b]);
       if (records_peer) peer_index[b] = index_at(peer_pos + (t + kBuffers) * kTileKeys);
       index1 = index2;
-      index2 = index_at(pos + 2 * kTileKeys);
+      index2 = index_at(next_pos + 2 * kTileKeys);
     }
   }
 }
@@ -560,18 +699,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
   grid_dependency_entry();
   extern __shared__ __align__(1024) uint8_t smem[];
   SharedPlan<L>& plan = *reinterpret_cast<SharedPlan<L>*>(smem);
-  detail::CtaWork w;
-  const int num_head_blocks = (p.num_heads + kHeadsPerCta - 1) / kHeadsPerCta;
-  w.head_block = blockIdx.x % num_head_blocks;
-  w.split = blockIdx.x / num_head_blocks;
-  w.row = blockIdx.y;
-  w.batch = w.row / p.s_q;
-  w.seq = w.row - w.batch * p.s_q;
-  w.split_begin = w.split * p.split_len;
-  w.len = detail::row_lengths(p, w.batch);
-  w.split_end = min(w.split_begin + p.split_len, w.len.total());
-  w.num_tiles = w.split_end > w.split_begin ? (w.split_end - w.split_begin + kTileKeys - 1) / kTileKeys : 0;
-  w.rank = kCluster == 2 ? static_cast<int>(ptx::cluster_ctarank()) : 0;
+  int* const order_scratch = reinterpret_cast<int*>(plan.p);
+  const bool ordered = detail::orders_rows(p);
+  if (ordered) detail::choose_row(p, order_scratch);
 
   if (threadIdx.x == 0) {
     // Every producer thread arrives (twice when it copies: its flags, then its landed copies).
@@ -587,6 +717,18 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
   // The last block-wide barrier (cluster-wide: the peer arrives on these barriers): the roles
   // below sync among themselves.
   if constexpr (kCluster == 2) ptx::cluster_sync(); else __syncthreads();
+  detail::CtaWork w;
+  const int num_head_blocks = (p.num_heads + kHeadsPerCta - 1) / kHeadsPerCta;
+  w.head_block = blockIdx.x % num_head_blocks;
+  w.split = blockIdx.x / num_head_blocks;
+  w.row = ordered ? detail::chosen_row(p, order_scratch) : static_cast<int>(blockIdx.y);
+  w.batch = w.row / p.s_q;
+  w.seq = w.row - w.batch * p.s_q;
+  w.split_begin = w.split * p.split_len;
+  w.len = detail::row_lengths(p, w.batch);
+  w.split_end = min(w.split_begin + p.split_len, w.len.total());
+  w.num_tiles = w.split_end > w.split_begin ? (w.split_end - w.split_begin + kTileKeys - 1) / kTileKeys : 0;
+  w.rank = kCluster == 2 ? static_cast<int>(ptx::cluster_ctarank()) : 0;
   const uint32_t peer_empty = kCluster == 2 ? ptx::map_to_cta(&plan.empty[0], 1 - w.rank) : 0u;
   if (threadIdx.x >= kConsumerThreads) {
     ptx::warpgroup_regs_decrease<kProducerRegs>();

@@ -72,7 +72,9 @@ __device__ __forceinline__ RowLengths row_lengths(const DecodeParams& p, int b) 
 // rows in launch_rank order (config.h) — batch launch_rank⁻¹(blockIdx.y / s_q), all s_q rows of a
 // batch adjacent. The batches' lengths and the chosen batch pass through `scratch` (P's bytes,
 // not yet in use) with one block-wide barrier; the caller's barrier after the mbarrier init
-// publishes the choice (read it with chosen_row).
+// publishes the choice (read it with chosen_row). The choice lies past the lengths, not before
+// them: the compiler reads the lengths 16 bytes at a time from an aligned base, and with the
+// lengths at scratch + 1 those reads took in the word being written (a racecheck hazard).
 __device__ __forceinline__ bool orders_rows(const DecodeParams& p) {
   const int batches = p.num_rows / p.s_q;
   return (p.main.topk_length != nullptr || p.extra.topk_length != nullptr) && batches > 1 &&
@@ -80,15 +82,15 @@ __device__ __forceinline__ bool orders_rows(const DecodeParams& p) {
 }
 __device__ __forceinline__ void choose_row(const DecodeParams& p, int* scratch) {
   const int batches = p.num_rows / p.s_q;
-  int* len = scratch + 1;
+  int* len = scratch;
   for (int i = threadIdx.x; i < batches; i += blockDim.x) len[i] = row_lengths(p, i).total();
   __syncthreads();
   const int rank = blockIdx.y / p.s_q;
   for (int i = threadIdx.x; i < batches; i += blockDim.x)
-    if (launch_rank(len, batches, i) == rank) scratch[0] = i;
+    if (launch_rank(len, batches, i) == rank) scratch[kMaxOrderedBatches] = i;
 }
 __device__ __forceinline__ int chosen_row(const DecodeParams& p, const int* scratch) {
-  return scratch[0] * p.s_q + blockIdx.y % p.s_q;
+  return scratch[kMaxOrderedBatches] * p.s_q + blockIdx.y % p.s_q;
 }
 
 // The index at compact position `pos` of query row (batch, seq), or −1 (nothing read) when the

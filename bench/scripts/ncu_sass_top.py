@@ -8,20 +8,21 @@ import sys
 
 
 def kernel_tables(text):
-    """The CSV tables of the export, one per kernel: (kernel name, rows)."""
-    name, lines, tables = None, [], []
+    """The CSV tables of the export, one per kernel: (kernel name, rows). A table is named by the
+    last "Kernel Name" line before its header (not the one that follows it, the next kernel's)."""
+    name, table_name, lines, tables = None, None, [], []
     for line in text.splitlines():
         if line.startswith('"Kernel Name"'):
             name = next(csv.reader([line]))[1] if "," in line else line
             continue
         if line.startswith('"Address"'):
             if lines:
-                tables.append((name, lines))
-            lines = [line]
+                tables.append((table_name, lines))
+            lines, table_name = [line], name
         elif lines:
             lines.append(line)
     if lines:
-        tables.append((name, lines))
+        tables.append((table_name, lines))
     return [(n, list(csv.reader(io.StringIO("\n".join(t))))) for n, t in tables]
 
 

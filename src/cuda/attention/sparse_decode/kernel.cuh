@@ -33,6 +33,7 @@
 #include "cuda/common/cluster.cuh"
 #include "cuda/common/cp_async.cuh"
 #include "cuda/common/fp8_convert.cuh"
+#include "cuda/common/kernel_trace.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/per_device_once.h"
 #include "cuda/common/ptx.cuh"
@@ -143,6 +144,23 @@ inline constexpr int kProducerBuffers =
 // the next slot's address taken after the arrive (docs/notes/decode.md).
 template <int kCluster>
 inline constexpr bool kRefillWhileStoring = kCluster == 1;
+
+#if defined(DSV4_KERNEL_TRACE)
+// kernel_trace.cuh's events (a -DDSV4_KERNEL_TRACE build only). Traced: the grid's first row's
+// first two CTAs (a cluster's pair). Per tile row t: the producer's thread 0 records 0 before
+// its `empty` wait, 1 after it, 2 with the tile stored, 3 after the `full` arrive, 4 with the
+// refill issued; warpgroup 0's thread 0: 5 before its stage wait, 6 after it, 7 with S done,
+// 8 after the p_free wait, 9 after the p_ready arrive, 10 with P·V done and the stage released;
+// warpgroup 1's thread 0: 11 before its stage wait, 12 after it, 13 after the p_ready wait, 14
+// with P·V done and the stage released. Once row: 0 kernel entry, 1 past the block-wide barrier,
+// 2 Q loaded, 3 warpgroup 0's last tile done, 4 its O stored, 5 / 6 the producer's start / end,
+// 7 warpgroup 1's O stored.
+__device__ __forceinline__ int trace_cta() {
+  const int x = static_cast<int>(blockIdx.x);
+  return blockIdx.y == 0 && x < trace::kCtas ? x : -1;
+}
+__device__ __forceinline__ int trace_tile(int t) { return t < trace::kOnceRow ? t : -1; }
+#endif
 
 // Where a valid slot's bytes live: its data row (V32: the whole token) and, for MODEL1, its
 // 8-byte scale row, in the main (in_main) or the extra scope's cache.
@@ -412,13 +430,16 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
   }
   int32_t index1 = index_at(my_pos + kBuffers * kTileKeys);        // tile t + kBuffers
   int32_t index2 = index_at(my_pos + (kBuffers + 1) * kTileKeys);  // tile t + kBuffers + 1
+  if (tid == 0) DSV4_TRACE(trace_cta(), trace::kOnceRow, 5);
   for (int t0 = 0; t0 < w.num_tiles; t0 += kBuffers) {
 #pragma unroll
     for (int b = 0; b < kBuffers; ++b) {
       const int t = t0 + b;
       if (t >= w.num_tiles) break;
       const int stage = t & 1;
+      if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 0);
       if (t >= 2) ptx::mbarrier_wait(&plan.empty[stage], ((t >> 1) + 1) & 1);  // tile t-2 consumed
+      if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 1);
       const StageTargets to{plan.kv[stage], peer_stages + stage * Plan::kStageBytes,
                             peer_full + stage * static_cast<uint32_t>(sizeof(uint64_t))};
       if (my_sub == 0) plan.key_valid[stage][my_key] = regs[b].valid;
@@ -438,18 +459,22 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
       } else {
         store_slot<L, kCluster>(regs[b], offsets, my_key, my_sub, to, SlotSource{});
       }
+      if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 2);
       ptx::fence_proxy_async_smem();  // the stage is read by wgmma
       if (kCluster == 2 && tid == 0) {
         ptx::mbarrier_arrive_expect_tx(&plan.full[stage], kPeerBytes);  // + the peer's st.async bytes
       } else {
         ptx::mbarrier_arrive(&plan.full[stage]);
       }
+      if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 3);
       if constexpr (!kRefillWhileStoring<kCluster>) load_slot<L, kCluster>(next_slot(), my_sub, regs[b]);
       if (records_peer) peer_index[b] = index_at(peer_pos + (t + kBuffers) * kTileKeys);
       index1 = index2;
       index2 = index_at(next_pos + 2 * kTileKeys);
+      if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 4);
     }
   }
+  if (tid == 0) DSV4_TRACE(trace_cta(), trace::kOnceRow, 6);
 }
 
 // Warpgroup 2 for a layout stored as the tensor cores read it (BF16) without a cluster: per tile t the
@@ -588,6 +613,7 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
   const int row0 = acc_row(0, tid);  // this thread's rows: row0, row0 + 8
 
   load_q<L>(p, w, plan.q);
+  if (tid == 0) DSV4_TRACE(trace_cta(), trace::kOnceRow, 2);
   const auto sQ = k_major_tile<kHeadsPerCta, L>(plan.q);
   Tensor rO = partition_fragment_C(MmaPvRegs{}, Shape<Int<kHeadsPerCta>, Int<kDv / 2>>{});
   Tensor rS = partition_fragment_C(MmaS{}, Shape<Int<kHeadsPerCta>, Int<kTileKeys>>{});
@@ -598,7 +624,9 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
   float l_run[2] = {0.0f, 0.0f};            // this thread's share of the row sums
 
   for (int t = 0; t < w.num_tiles; ++t) {
+    if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 5);
     const uint8_t* stage = wait_stage<L, kCluster>(plan, t);
+    if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 6);
     wgmma_ss(MmaS{}, sQ, k_major_tile<kTileKeys, L>(stage), rS, /*zero_init=*/true);
     wgmma_commit();
     // Validity of this thread's 16 key columns (8·j + 2·q4 + e) while S is in flight.
@@ -612,7 +640,9 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
     }
     wgmma_wait<0>();
     warpgroup_fence_operand(rS);
+    if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 7);
     if (t > 0) ptx::mbarrier_wait(&plan.p_free, (t - 1) & 1);  // warpgroup 1 is done with P
+    if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 8);
 
     // ---- masked online softmax (base 2), P and the tile's O factor for warpgroup 1 ------------
     float scale[2];
@@ -625,6 +655,7 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
     rescale_o_rows(rO, scale);
     ptx::fence_proxy_async_smem();  // P is read by warpgroup 1's wgmma
     ptx::mbarrier_arrive(&plan.p_ready);
+    if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 9);
 
     // ---- O[:, 0:256] += P·V, P from registers ---------------------------------------------------
     wgmma_rs(MmaPvRegs{}, rP, v_half(stage, 0), rO, /*zero_init=*/false);
@@ -632,7 +663,9 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
     wgmma_wait<0>();
     warpgroup_fence_operand(rO);
     release_stage<L, kCluster>(plan, peer_empty, t);
+    if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 10);
   }
+  if (tid == 0) DSV4_TRACE(trace_cta(), trace::kOnceRow, 3);
 
   // ---- finish: full row sums, lse, the factor of both O halves ---------------------------------
   float factor[2];
@@ -661,6 +694,7 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
   }
   ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);  // out_scale written
   store_o_half<0>(p, w, rO, factor);
+  if (tid == 0) DSV4_TRACE(trace_cta(), trace::kOnceRow, 4);
 }
 
 // Warpgroup 1: O[:, 256:512] += P·V per tile with P and the tile's O factor from warpgroup 0.
@@ -678,8 +712,11 @@ __device__ __forceinline__ void consume_pv(const DecodeParams& p, const CtaWork&
   clear(rO);
 #pragma unroll 1
   for (int t = 0; t < w.num_tiles; ++t) {
+    if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 11);
     const uint8_t* stage = wait_stage<L, kCluster>(plan, t);
+    if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 12);
     ptx::mbarrier_wait(&plan.p_ready, t & 1);  // P and row_scale of tile t
+    if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 13);
     const float scale[2] = {plan.row_scale[row0], plan.row_scale[row0 + 8]};
     rescale_o_rows(rO, scale);
     wgmma_ss(MmaPvSmem{}, sP, v_half(stage, 1), rO, /*zero_init=*/false);
@@ -687,11 +724,13 @@ __device__ __forceinline__ void consume_pv(const DecodeParams& p, const CtaWork&
     wgmma_wait<0>();
     warpgroup_fence_operand(rO);
     release_stage<L, kCluster>(plan, peer_empty, t);
+    if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 14);
     if (t + 1 < w.num_tiles) ptx::mbarrier_arrive(&plan.p_free);
   }
   ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);  // out_scale written by warpgroup 0
   const float factor[2] = {plan.out_scale[row0], plan.out_scale[row0 + 8]};
   store_o_half<1>(p, w, rO, factor);
+  if (tid == 0) DSV4_TRACE(trace_cta(), trace::kOnceRow, 7);
 }
 
 }  // namespace detail
@@ -701,6 +740,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
   grid_dependency_entry();
   extern __shared__ __align__(1024) uint8_t smem[];
   SharedPlan<L>& plan = *reinterpret_cast<SharedPlan<L>*>(smem);
+  if (threadIdx.x == 0) DSV4_TRACE(detail::trace_cta(), trace::kOnceRow, 0);
   int* const order_scratch = reinterpret_cast<int*>(plan.p);
   const bool ordered = detail::orders_rows(p);
   if (ordered) detail::choose_row(p, order_scratch);
@@ -719,6 +759,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
   // The last block-wide barrier (cluster-wide: the peer arrives on these barriers): the roles
   // below sync among themselves.
   if constexpr (kCluster == 2) ptx::cluster_sync(); else __syncthreads();
+  if (threadIdx.x == 0) DSV4_TRACE(detail::trace_cta(), trace::kOnceRow, 1);
   detail::CtaWork w;
   const int num_head_blocks = (p.num_heads + kHeadsPerCta - 1) / kHeadsPerCta;
   w.head_block = blockIdx.x % num_head_blocks;
@@ -760,6 +801,7 @@ void launch_with_cluster(const DecodeParams& params, cudaStream_t stream) {
   const LaunchShape shape{dim3(num_head_blocks * params.num_splits, params.num_rows), dim3(kThreads), kSmem,
                           kCluster};
   launch_kernel("sparse_decode", sparse_decode_kernel<L, kCluster>, shape, stream, params);
+  DSV4_TRACE_DUMP(stream);
 }
 }  // namespace detail
 

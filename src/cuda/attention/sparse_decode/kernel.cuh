@@ -454,11 +454,8 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
         const bool in_main = len.in_main(next_pos);
         return slot_source<L>(p, in_main, slot_in_cache(p, in_main, index1));
       };
-      if constexpr (kRefillWhileStoring<kCluster>) {
-        store_slot<L, kCluster>(regs[b], offsets, my_key, my_sub, to, next_slot());
-      } else {
-        store_slot<L, kCluster>(regs[b], offsets, my_key, my_sub, to, SlotSource{});
-      }
+      store_slot<L, kCluster>(regs[b], offsets, my_key, my_sub, to,
+                              kRefillWhileStoring<kCluster> ? next_slot() : SlotSource{});
       if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 2);
       ptx::fence_proxy_async_smem();  // the stage is read by wgmma
       if (kCluster == 2 && tid == 0) {

@@ -393,9 +393,12 @@ inline constexpr int kBarConsumers = 1;
 
 // Warpgroup 2: per tile t, this thread's slot (my_key) is loaded into registers kBuffers tiles
 // ahead of its dequantization (two buffers when a cluster halves a thread's share, so a tile's
-// load latency overlaps two tile periods) and the indices are read one tile before they are
-// needed. The registers are dequantized into stage t%2 (of both CTAs of a cluster) once the
-// consumers (of both) have released it. The stage's key-valid flags cover the whole tile in every
+// load latency overlaps two tile periods). Each buffer's next index is read kBuffers tiles before
+// it is needed, into a register of its own (refill_index[b]) overwritten in place: a pair of
+// indices rotated per tile made ptxas copy the one just requested at the unrolled loop's end,
+// which waited out a whole load latency every two tiles (MODEL1's cluster kernel's SASS). The
+// registers are dequantized into stage t%2 (of both CTAs of a cluster) once the consumers (of
+// both) have released it. The stage's key-valid flags cover the whole tile in every
 // CTA: in a cluster thread `sub` 1 of each key also records the peer's key at the same place.
 template <KvLayout L, int kCluster>
 __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w, SharedPlan<L>& plan) {
@@ -428,8 +431,9 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
     load_slot<L, kCluster>(slot_source<L>(p, in_main, slot_in_cache(p, in_main, index_at(pos))), my_sub, regs[b]);
     peer_index[b] = records_peer ? index_at(peer_pos + b * kTileKeys) : -1;
   }
-  int32_t index1 = index_at(my_pos + kBuffers * kTileKeys);        // tile t + kBuffers
-  int32_t index2 = index_at(my_pos + (kBuffers + 1) * kTileKeys);  // tile t + kBuffers + 1
+  int32_t refill_index[kBuffers];  // buffer b's next tile: t + kBuffers at its tile t
+#pragma unroll
+  for (int b = 0; b < kBuffers; ++b) refill_index[b] = index_at(my_pos + (b + kBuffers) * kTileKeys);
   if (tid == 0) DSV4_TRACE(trace_cta(), trace::kOnceRow, 5);
   for (int t0 = 0; t0 < w.num_tiles; t0 += kBuffers) {
 #pragma unroll
@@ -452,7 +456,7 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
       const int next_pos = my_pos + (t + kBuffers) * kTileKeys;
       auto next_slot = [&] {
         const bool in_main = len.in_main(next_pos);
-        return slot_source<L>(p, in_main, slot_in_cache(p, in_main, index1));
+        return slot_source<L>(p, in_main, slot_in_cache(p, in_main, refill_index[b]));
       };
       store_slot<L, kCluster>(regs[b], offsets, my_key, my_sub, to,
                               kRefillWhileStoring<kCluster> ? next_slot() : SlotSource{});
@@ -466,8 +470,7 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
       if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 3);
       if constexpr (!kRefillWhileStoring<kCluster>) load_slot<L, kCluster>(next_slot(), my_sub, regs[b]);
       if (records_peer) peer_index[b] = index_at(peer_pos + (t + kBuffers) * kTileKeys);
-      index1 = index2;
-      index2 = index_at(next_pos + 2 * kTileKeys);
+      refill_index[b] = index_at(next_pos + kBuffers * kTileKeys);
       if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 4);
     }
   }

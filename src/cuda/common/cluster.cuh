@@ -46,13 +46,18 @@ __device__ __forceinline__ void mbarrier_arrive_remote(uint32_t cluster_bar) {
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_bar) : "memory");
 }
 
-// 16-byte store into another CTA's shared memory that completes as 16 transaction bytes on that
-// CTA's mbarrier `cluster_bar` (whose phase must expect them through mbarrier_arrive_expect_tx).
-__device__ __forceinline__ void st_async_16(uint32_t cluster_dst, const uint4& v, uint32_t cluster_bar) {
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) of this CTA's shared memory at `src`
+// copied by the TMA unit into another CTA's shared memory at `cluster_dst`, completing as
+// transaction bytes on that CTA's mbarrier `cluster_bar` (whose phase must expect them through
+// mbarrier_arrive_expect_tx). The source is read by the async proxy: writes to it must be made
+// visible first (fence_proxy_async_smem, then a barrier with the issuing thread), and it must not
+// be rewritten before the destination's barrier has completed.
+__device__ __forceinline__ void bulk_copy_to_cta(uint32_t cluster_dst, const void* src, uint32_t bytes,
+                                                 uint32_t cluster_bar) {
   asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
+      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
           cluster_dst),
-      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(cluster_bar)
+      "r"(smem_addr(src)), "r"(bytes), "r"(cluster_bar)
       : "memory");
 }
 

@@ -47,7 +47,7 @@ inline constexpr int kThreadsPerKey = kProducerThreads * kCluster / kTileKeys;  
 // data row (kDataBytes, prefetched whole). kDirectCopy layouts need no conversion: without a
 // cluster their rows are copied into the stages by cp.async (a whole row is too many registers
 // for a producer thread); in a cluster they take the register path like the others, since a
-// halved share fits and the peer's half must go through st.async anyway.
+// halved share fits and the peer's half must go through the cluster anyway.
 template <KvLayout L>
 struct LayoutTraits;
 
@@ -121,7 +121,7 @@ struct SharedPlan {
   float out_scale[kHeadsPerCta];   // 1 / row sum (and the sink), from warpgroup 0 to warpgroup 1
   uint8_t key_valid[2][kTileKeys]; // per stage: whether key k's slot was valid (else S = −inf)
   // mbarriers (their arrival counts: sparse_decode_kernel, kernel.cuh)
-  uint64_t full[2];   // stage filled: every producer thread (+ the peer's st.async bytes; kDirectCopy:
+  uint64_t full[2];   // stage filled: every producer thread (+ the peer's copied bytes; kDirectCopy:
                       // + each producer thread's cp.async landing)
   uint64_t empty[2];  // stage consumed: every consumer warp of the cluster
   uint64_t p_ready;   // P and row_scale of the tile published by warpgroup 0

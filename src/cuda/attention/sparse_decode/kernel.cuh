@@ -11,8 +11,9 @@
 //             tile that needs it;
 //   dequant — fp8 · scale → bf16 (exact) into one of two K-major SW128 KV stages in shared memory
 //             (mbarriers full/empty), which is K for S = Q·Kᵀ and, through its first 512
-//             columns, V; in a cluster each converted chunk is also stored into the peer CTA's
-//             stage (st.async, counted as transaction bytes on the peer's `full` barrier).
+//             columns, V; in a cluster each warp's converted rows are then copied into the peer
+//             CTA's stage by the TMA unit (counted as transaction bytes on the peer's `full`
+//             barrier).
 // Consumers, per tile:
 //   warpgroup 0 — S = Q·Kᵀ for 64 heads × 64 keys (wgmma, Q and K in shared memory); online
 //             softmax in base 2 (logits pre-multiplied by scale·log2 e; the reference max
@@ -136,12 +137,13 @@ inline constexpr int kProducerBuffers =
 // Whether the producer refills its registers chunk by chunk while it stores a tile (store_slot)
 // or with the whole next slot once the tile is stored and arrived on. Without a cluster the
 // refill is interleaved: storing first put a whole load latency on every tile's period, and
-// interleaving runs the V4-Flash H64 anchors at 0.94-0.97x the time. In a cluster, where each
-// chunk is stored twice (its own stage and the peer's, st.async), it ran 1.00-1.18x the time
+// interleaving runs the V4-Flash H64 anchors at 0.94-0.97x the time. In a cluster, when each
+// chunk was stored twice (its own stage and the peer's, st.async), it ran 1.00-1.18x the time
 // (V3.2 1.14x, BF16 H128 1.18x), and the single-CTA path's other changes (offsets held across
 // tiles, predicated volatile loads) with the refill at its old place 1.07-1.12x. So the cluster
 // path keeps the code it had: loads skipped for an invalid slot, offsets recomputed per store,
-// the next slot's address taken after the arrive (docs/notes/decode.md).
+// the next slot's address taken after the arrive (docs/notes/decode.md). (Both measured before the
+// peer's half went by bulk copy, send_warp_rows: not yet re-measured since.)
 template <int kCluster>
 inline constexpr bool kRefillWhileStoring = kCluster == 1;
 
@@ -248,19 +250,31 @@ __device__ __forceinline__ void load_slot(const SlotSource& src, int sub, TileRe
   for (int i = 0; i < kBf16ChunksPerThread<L, kCluster>; ++i) load_rope_chunk<L, kCluster>(src, sub, i, regs);
 }
 
-// Where a producer thread's converted chunks go: its own CTA's stage and, in a cluster, the same
-// offset of the peer CTA's stage (a `.shared::cluster` address) with the peer's `full` barrier.
-struct StageTargets {
-  uint8_t* local;
-  uint32_t peer;
-  uint32_t peer_full;
-};
+// One 16-byte chunk of a key row into this CTA's stage.
+__device__ __forceinline__ void put_chunk(uint8_t* stage, uint32_t offset, const uint4& v) {
+  *reinterpret_cast<uint4*>(stage + offset) = v;
+}
 
-// One 16-byte chunk of a key row into the stage(s).
-template <int kCluster>
-__device__ __forceinline__ void put_chunk(const StageTargets& to, uint32_t offset, const uint4& v) {
-  *reinterpret_cast<uint4*>(to.local + offset) = v;
-  if constexpr (kCluster == 2) ptx::st_async_16(to.peer + offset, v, to.peer_full);
+// In a cluster, a producer warp's rows of a stored stage (its 8 keys, 128 bytes of each 64-dim
+// span, so one contiguous kilobyte per span under the SW128 layout) copied into the same place of
+// the peer's stage by the TMA unit, one bulk copy per span, counted on the peer's `full` barrier.
+// Per-thread st.async of every chunk to the peer, which this replaced, ran the H 128 FP8 anchors
+// at 1.06-1.13x this time (docs/notes/decode.md): the producer's instruction stream no longer
+// waits for a second store per chunk to drain. Called by every lane after its stores and its
+// proxy fence; lane 0 issues the copies.
+template <KvLayout L>
+__device__ __forceinline__ void send_warp_rows(const uint8_t* stage, uint32_t peer_stage, uint32_t peer_full,
+                                               int first_key) {
+  constexpr int kSpans = LayoutTraits<L>::kDqk / 64;
+  constexpr uint32_t kWarpRowBytes = 32 / kThreadsPerKey<2> * 128;
+  __syncwarp();
+  if ((threadIdx.x & 31) != 0) return;
+  const uint32_t at = static_cast<uint32_t>(first_key) * 128;
+#pragma unroll
+  for (int span = 0; span < kSpans; ++span) {
+    const uint32_t offset = span * kTileKeys * 128 + at;
+    ptx::bulk_copy_to_cta(peer_stage + offset, stage + offset, kWarpRowBytes, peer_full);
+  }
 }
 
 // Where a producer thread's chunks go in a stage (bytes). Under the SW128 swizzle chunk c of row
@@ -307,7 +321,7 @@ struct ChunkOffsets {
 // after that chunk is stored, so the next slot's loads fly while the rest of this one converts.
 template <KvLayout L, int kCluster>
 __device__ __forceinline__ void store_slot(TileRegs<L, kCluster>& regs, const ChunkOffsets<L, kCluster>& at,
-                                           int key, int sub, const StageTargets& to, const SlotSource& next) {
+                                           int key, int sub, uint8_t* to, const SlotSource& next) {
   using T = LayoutTraits<L>;
   constexpr int kStep = kThreadsPerKey<kCluster>;
   constexpr int kChunksPerScale = T::kQuantBlock / 16 / kStep;  // fp8 chunks i per scale
@@ -342,12 +356,12 @@ __device__ __forceinline__ void store_slot(TileRegs<L, kCluster>& regs, const Ch
     if ((L == KvLayout::model1_fp8 && kRefill) || valid) fp8x16_to_bf16x16(regs.fp8[i], scale, lo, hi);
     if constexpr (kRefill) {
       load_fp8_chunk<L, kCluster>(next, sub, i, regs);
-      put_chunk<kCluster>(to, at.fp8(i, 0), lo);
-      put_chunk<kCluster>(to, at.fp8(i, 1), hi);
+      put_chunk(to, at.fp8(i, 0), lo);
+      put_chunk(to, at.fp8(i, 1), hi);
     } else {
       const int c = sub + kStep * i;  // fp8 chunk → bf16 chunks 2c, 2c+1
-      put_chunk<kCluster>(to, chunk_offset(2 * c), lo);
-      put_chunk<kCluster>(to, chunk_offset(2 * c + 1), hi);
+      put_chunk(to, chunk_offset(2 * c), lo);
+      put_chunk(to, chunk_offset(2 * c + 1), hi);
     }
   }
 #pragma unroll
@@ -355,10 +369,9 @@ __device__ __forceinline__ void store_slot(TileRegs<L, kCluster>& regs, const Ch
     if constexpr (kRefill) {
       const uint4 rope = regs.rope[i];  // zeros for an invalid slot
       load_rope_chunk<L, kCluster>(next, sub, i, regs);
-      put_chunk<kCluster>(to, at.rope_chunk(i), rope);
+      put_chunk(to, at.rope_chunk(i), rope);
     } else {
-      put_chunk<kCluster>(to, chunk_offset(T::kNope / 8 + sub + kStep * i),
-                          valid ? regs.rope[i] : make_uint4(0u, 0u, 0u, 0u));
+      put_chunk(to, chunk_offset(T::kNope / 8 + sub + kStep * i), valid ? regs.rope[i] : make_uint4(0u, 0u, 0u, 0u));
     }
   }
 }
@@ -410,6 +423,7 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
   const int tid = threadIdx.x - kConsumerThreads;
   const int my_key = w.rank * kKeysPerCta + tid / kStep, my_sub = tid % kStep;
   const int peer_key = (1 - w.rank) * kKeysPerCta + tid / kStep;  // kCluster == 2 only
+  const int warp_first_key = w.rank * kKeysPerCta + tid / 32 * (32 / kStep);
   const bool records_peer = kCluster == 2 && my_sub == 1;
   const ChunkOffsets<L, kCluster> offsets(my_key, my_sub);
   const int my_pos = w.split_begin + my_key;  // my slot's position in tile 0
@@ -444,8 +458,6 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
       if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 0);
       if (t >= 2) ptx::mbarrier_wait(&plan.empty[stage], ((t >> 1) + 1) & 1);  // tile t-2 consumed
       if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 1);
-      const StageTargets to{plan.kv[stage], peer_stages + stage * Plan::kStageBytes,
-                            peer_full + stage * static_cast<uint32_t>(sizeof(uint64_t))};
       if (my_sub == 0) plan.key_valid[stage][my_key] = regs[b].valid;
       if (records_peer) {
         const int pos = peer_pos + t * kTileKeys;
@@ -458,12 +470,16 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
         const bool in_main = len.in_main(next_pos);
         return slot_source<L>(p, in_main, slot_in_cache(p, in_main, refill_index[b]));
       };
-      store_slot<L, kCluster>(regs[b], offsets, my_key, my_sub, to,
+      store_slot<L, kCluster>(regs[b], offsets, my_key, my_sub, plan.kv[stage],
                               kRefillWhileStoring<kCluster> ? next_slot() : SlotSource{});
       if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 2);
-      ptx::fence_proxy_async_smem();  // the stage is read by wgmma
+      ptx::fence_proxy_async_smem();  // the stage is read by wgmma (and, in a cluster, the TMA unit)
+      if constexpr (kCluster == 2) {
+        send_warp_rows<L>(plan.kv[stage], peer_stages + stage * Plan::kStageBytes,
+                          peer_full + stage * static_cast<uint32_t>(sizeof(uint64_t)), warp_first_key);
+      }
       if (kCluster == 2 && tid == 0) {
-        ptx::mbarrier_arrive_expect_tx(&plan.full[stage], kPeerBytes);  // + the peer's st.async bytes
+        ptx::mbarrier_arrive_expect_tx(&plan.full[stage], kPeerBytes);  // + the peer's copied bytes
       } else {
         ptx::mbarrier_arrive(&plan.full[stage]);
       }
@@ -552,8 +568,9 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const CtaWork& w, 
   ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);
 }
 
-// A consumer waits for stage t%2; in a cluster half of it was written by the peer's st.async
-// (generic proxy) and is about to be read by wgmma (async proxy).
+// A consumer waits for stage t%2, about to be read by wgmma (async proxy). (In a cluster the
+// peer's half is now written by the async proxy too, and this CTA's producer fences its own
+// stores before it arrives, so this fence may be redundant: not yet measured without it.)
 template <KvLayout L, int kCluster>
 __device__ __forceinline__ const uint8_t* wait_stage(SharedPlan<L>& plan, int t) {
   ptx::mbarrier_wait(&plan.full[t & 1], (t >> 1) & 1);

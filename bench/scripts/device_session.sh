@@ -40,17 +40,21 @@ export PYTHONPATH="$PWD/build/python:$PYTHONPATH"
 #   rm -rf .bench-base && mkdir .bench-base && git archive main src/cuda/attention src/cuda/common | tar -x -C .bench-base
 # and carried to the device (ignored by git). Those folders are swapped into this tree, the base
 # binaries built (only what includes them recompiles) and this tree's folders and binaries put
-# back (fresh mtimes: the next build recompiles them). Then: the base's sparse GPU tests record their outputs'
-# digests (tests/cuda/output_digest.h), this tree's sparse GPU tests must match them bit for bit
-# (and pass); then every sparse anchor of `dsv4 bench` (prefill *_sink, whose filter also takes
-# *_sink_len; decode) runs with this tree's binary and the base's back to back, the order
-# alternating per case, and a side-by-side table goes to $OUT/kernels_side_by_side.txt.
-# Without a base: this tree's sparse tests and anchors only.
+# back (fresh mtimes: the next build recompiles them). KERNEL_VARIANTS (patch files, e.g.
+# bench/experiments/*.patch) adds versions: each is applied to this tree alone (patch -p1), built,
+# and reverted, so one call measures several prepared changes. Then: the base's (else this tree's)
+# sparse GPU tests (GPU_FILTER, default *Sparse*) record their outputs' digests
+# (tests/cuda/output_digest.h), every other version's must match them bit for bit (and pass); then
+# every sparse anchor of `dsv4 bench`
+# (prefill *_sink, whose filter also takes *_sink_len; decode; KERNELS_ONLY keeps one kernel's,
+# KERNELS_CASES, a regex, a subset) runs with each version's binary back to back, the order
+# rotating per case, and a side-by-side table goes to $OUT/kernels_side_by_side.txt (ratios to the
+# base, else to this tree).
 kernels_step() {
   local base=${BASE_SRC:-.bench-base} attn=src/cuda/attention bins=/tmp/kernels-bins
   rm -rf "$bins" && mkdir -p "$bins" "$OUT/kernels" || return 1
   cp build/dsv4 "$bins/dsv4-new" && cp build/dsv4_gpu_tests "$bins/tests-new" || return 1
-  local have_base=0
+  local versions="new" have_base=0
   if [ -d "$base/$attn/sparse_prefill" ] && [ -d "$base/$attn/sparse_decode" ]; then
     log base build of the sparse kernels
     # The kernels' folders, and the shared device helpers (src/cuda/common) when the base has them.
@@ -58,55 +62,79 @@ kernels_step() {
     [ -d "$base/src/cuda/common" ] && dirs="$dirs src/cuda/common"
     for d in $dirs; do mkdir -p "$keep/$d" && cp -r "$d/." "$keep/$d/" && rm -rf "$d" && cp -r "$base/$d" "$d"; done
     if cmake --build build -j16 --target dsv4_gpu_tests dsv4 >"$OUT/build_base.log" 2>&1; then
-      cp build/dsv4 "$bins/dsv4-base" && cp build/dsv4_gpu_tests "$bins/tests-base" && have_base=1
+      cp build/dsv4 "$bins/dsv4-base" && cp build/dsv4_gpu_tests "$bins/tests-base" && have_base=1 &&
+        versions="new base"
     else
       grep -B5 -A20 -E "error" "$OUT/build_base.log" | head -60
     fi
     for d in $dirs; do rm -rf "$d" && cp -r "$keep/$d" "$d"; done
     rm -rf "$keep"
-    cp "$bins/dsv4-new" build/dsv4 && cp "$bins/tests-new" build/dsv4_gpu_tests  # for later steps
   fi
-  local filter=${GPU_FILTER:-*Sparse*} digests="$OUT/kernels/digests-base"
-  if [ $have_base = 1 ]; then
-    log "base sparse tests (recording output digests)"
-    mkdir -p "$digests"
-    DSV4_OUTPUT_DIGESTS_RECORD="$digests" timeout 150 "$bins/tests-base" --gtest_filter="$filter" \
-      >"$OUT/kernels/tests_base.log" 2>&1
-    grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[==========\]" "$OUT/kernels/tests_base.log" | tail -5
-    log "sparse tests (outputs must match the base's bit for bit)"
-    DSV4_OUTPUT_DIGESTS_EXPECT="$digests" timeout 150 "$bins/tests-new" --gtest_filter="$filter" \
-      >"$OUT/kernels/tests_new.log" 2>&1
-  else
-    log sparse tests
-    timeout 150 "$bins/tests-new" --gtest_filter="$filter" >"$OUT/kernels/tests_new.log" 2>&1
-  fi
-  grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[==========\]|differ from|no recorded" "$OUT/kernels/tests_new.log" | tail -20
-  log sparse anchors
-  local cases i=0
+  local patch_file name
+  for patch_file in ${KERNEL_VARIANTS:-}; do
+    name=$(basename "$patch_file" .patch)
+    log "variant build: $name"
+    if ! patch -p1 --forward --silent <"$patch_file" >"$OUT/kernels/patch_$name.log" 2>&1; then
+      cat "$OUT/kernels/patch_$name.log"
+      continue
+    fi
+    if cmake --build build -j16 --target dsv4_gpu_tests dsv4 >"$OUT/kernels/build_$name.log" 2>&1; then
+      cp build/dsv4 "$bins/dsv4-$name" && cp build/dsv4_gpu_tests "$bins/tests-$name" && versions="$versions $name"
+    else
+      grep -B5 -A20 -E "error" "$OUT/kernels/build_$name.log" | head -40
+    fi
+    patch -p1 -R --silent <"$patch_file" || { echo "could not revert $name"; return 1; }
+  done
+  cp "$bins/dsv4-new" build/dsv4 && cp "$bins/tests-new" build/dsv4_gpu_tests  # for later steps
+  # The reference version (the base, else this tree) records its outputs' digests; every other
+  # version's outputs must match them bit for bit.
+  local filter=${GPU_FILTER:-*Sparse*} digests="$OUT/kernels/digests" ref=new v
+  [ $have_base = 1 ] && ref=base
+  log "sparse tests of $ref (recording output digests)"
+  mkdir -p "$digests"
+  DSV4_OUTPUT_DIGESTS_RECORD="$digests" timeout 150 "$bins/tests-$ref" --gtest_filter="$filter" \
+    >"$OUT/kernels/tests_$ref.log" 2>&1
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[==========\]" "$OUT/kernels/tests_$ref.log" | tail -5
+  for v in $versions; do
+    [ "$v" = "$ref" ] && continue
+    log "sparse tests of $v (outputs must match $ref's bit for bit)"
+    DSV4_OUTPUT_DIGESTS_EXPECT="$digests" timeout 150 "$bins/tests-$v" --gtest_filter="$filter" \
+      >"$OUT/kernels/tests_$v.log" 2>&1
+    grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[==========\]|differ from|no recorded" "$OUT/kernels/tests_$v.log" | tail -20
+  done
+  log "sparse anchors ($versions)"
+  local cases i=0 order n
   # KERNELS_ONLY=decode|prefill keeps one kernel's anchors (a change to the other cannot move them).
-  cases=$("$bins/dsv4-new" bench --list | awk -v only="${KERNELS_ONLY:-}" \
-    '($1 == "prefill" && $2 ~ /_sink$/ || $1 == "decode" && $2 ~ /_sq2_/) && (only == "" || $1 == only) {print $2}')
+  cases=$("$bins/dsv4-new" bench --list | awk -v only="${KERNELS_ONLY:-}" -v keep="${KERNELS_CASES:-.}" \
+    '($1 == "prefill" && $2 ~ /_sink$/ || $1 == "decode" && $2 ~ /_sq2_/) && (only == "" || $1 == only) && $2 ~ keep {print $2}')
+  read -r -a order <<<"$versions"
+  n=${#order[@]}
   for c in $cases; do
-    local order="new base"
-    [ $((i % 2)) = 1 ] && order="base new"
-    for v in $order; do
-      [ -x "$bins/dsv4-$v" ] || continue
-      timeout 60 "$bins/dsv4-$v" bench --filter "$c" --json "$OUT/kernels/bench-$v-$i.json" 2>&1 |
+    local k
+    for ((k = 0; k < n; k++)); do  # version (i + k) mod n: each version leads in turn
+      v=${order[$(((i + k) % n))]}
+      timeout 60 "$bins/dsv4-$v" bench --filter "$c" --json "$OUT/kernels/bench__${v}__$i.json" 2>&1 |
         grep -E "^(prefill|decode)_" | sed "s/^/$v  /"
     done
     i=$((i + 1))
-  done | tee "$OUT/kernels/bench.log"
-  python3 - "$OUT/kernels" <<'PY' | tee "$OUT/kernels_side_by_side.txt"
+  done >"$OUT/kernels/bench.log"
+  python3 - "$OUT/kernels" "$versions" <<'PY' | tee "$OUT/kernels_side_by_side.txt"
 import glob, json, os, sys
-runs = {"new": {}, "base": {}}
-for path in glob.glob(os.path.join(sys.argv[1], "bench-*.json")):
-    v = os.path.basename(path).split("-")[1]
+versions = sys.argv[2].split()
+ref = "base" if "base" in versions else "new"
+runs = {v: {} for v in versions}
+for path in glob.glob(os.path.join(sys.argv[1], "bench__*.json")):
+    v = os.path.basename(path).split("__")[1]
     for r in json.load(open(path))["results"]:
         runs[v][r["name"]] = r["median_us"]
-print(f"{'case':48} {'new us':>9} {'base us':>9} {'new/base':>9}")
-for name, us in runs["new"].items():
-    b = runs["base"].get(name)
-    print(f"{name:48} {us:9.1f} " + (f"{b:9.1f} {us / b:9.3f}" if b else f"{'-':>9} {'-':>9}"))
+others = [v for v in versions if v != ref]
+print(f"{'case':48} {ref + ' us':>9} " + " ".join(f"{v[:22] + ' us':>25} {'/' + ref:>7}" for v in others))
+for name, r in runs[ref].items():
+    cells = []
+    for v in others:
+        us = runs[v].get(name)
+        cells.append(f"{us:25.1f} {us / r:7.3f}" if us else f"{'-':>25} {'-':>7}")
+    print(f"{name:48} {r:9.1f} " + " ".join(cells))
 PY
 }
 # This tree's `dsv4 bench --filter F` cases (F in the space-separated AB_FILTER) against a base's, for a kernel change

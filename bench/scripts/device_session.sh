@@ -50,6 +50,11 @@ export PYTHONPATH="$PWD/build/python:$PYTHONPATH"
 # KERNELS_CASES, a regex, a subset) runs with each version's binary back to back, the order
 # rotating per case, and a side-by-side table goes to $OUT/kernels_side_by_side.txt (ratios to the
 # base, else to this tree).
+# A unified diff applied to this tree (-R: reverted), by patch(1), else by `git apply` (which works
+# outside a repository too).
+apply_patch() {
+  if command -v patch >/dev/null; then patch -p1 --forward --silent $2 <"$1"; else git apply $2 "$1"; fi
+}
 kernels_step() {
   local base=${BASE_SRC:-.bench-base} attn=src/cuda/attention bins=/tmp/kernels-bins
   rm -rf "$bins" && mkdir -p "$bins" "$OUT/kernels" || return 1
@@ -74,7 +79,7 @@ kernels_step() {
   for patch_file in ${KERNEL_VARIANTS:-}; do
     name=$(basename "$patch_file" .patch)
     log "variant build: $name"
-    if ! patch -p1 --forward --silent <"$patch_file" >"$OUT/kernels/patch_$name.log" 2>&1; then
+    if ! apply_patch "$patch_file" >"$OUT/kernels/patch_$name.log" 2>&1; then
       cat "$OUT/kernels/patch_$name.log"
       continue
     fi
@@ -83,7 +88,7 @@ kernels_step() {
     else
       grep -B5 -A20 -E "error" "$OUT/kernels/build_$name.log" | head -40
     fi
-    patch -p1 -R --silent <"$patch_file" || { echo "could not revert $name"; return 1; }
+    apply_patch "$patch_file" -R || { echo "could not revert $name"; return 1; }
   done
   cp "$bins/dsv4-new" build/dsv4 && cp "$bins/tests-new" build/dsv4_gpu_tests  # for later steps
   # The reference version (the base, else this tree) records its outputs' digests; every other

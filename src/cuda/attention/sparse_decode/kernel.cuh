@@ -135,17 +135,15 @@ inline constexpr int kProducerBuffers =
     kCluster == 2 && (L == KvLayout::model1_fp8 || L == KvLayout::fp8_per_tensor) ? 2 : 1;
 
 // Whether the producer refills its registers chunk by chunk while it stores a tile (store_slot)
-// or with the whole next slot once the tile is stored and arrived on. Without a cluster the
-// refill is interleaved: storing first put a whole load latency on every tile's period, and
-// interleaving runs the V4-Flash H64 anchors at 0.94-0.97x the time. In a cluster, when each
-// chunk was stored twice (its own stage and the peer's, st.async), it ran 1.00-1.18x the time
-// (V3.2 1.14x, BF16 H128 1.18x), and the single-CTA path's other changes (offsets held across
-// tiles, predicated volatile loads) with the refill at its old place 1.07-1.12x. So the cluster
-// path keeps the code it had: loads skipped for an invalid slot, offsets recomputed per store,
-// the next slot's address taken after the arrive (docs/notes/decode.md). (Both measured before the
-// peer's half went by bulk copy, send_warp_rows: not yet re-measured since.)
-template <int kCluster>
-inline constexpr bool kRefillWhileStoring = kCluster == 1;
+// or with the whole next slot once the tile is stored and arrived on. Storing first puts a whole
+// load latency on every tile's period: without a cluster the interleaved refill runs the V4-Flash
+// H64 anchors at 0.94-0.97x the time, and in a cluster, since the peer's half goes by bulk copy
+// (send_warp_rows), the FP8 layouts' H128 anchors at 0.94-0.97x (V3.2, V4-Pro, CONFIG4, peak
+// H128; H200, 2026-11-29). BF16 in a cluster (no conversion: a tile's stores are plain copies)
+// ran 1.08x the time with it, so it keeps the refill after the arrive: loads skipped for an
+// invalid slot, offsets recomputed per store (docs/notes/decode.md).
+template <KvLayout L, int kCluster>
+inline constexpr bool kRefillWhileStoring = kCluster == 1 || L != KvLayout::bf16;
 
 #if defined(DSV4_KERNEL_TRACE)
 // kernel_trace.cuh's events (a -DDSV4_KERNEL_TRACE build only). Traced: the grid's first row's
@@ -209,7 +207,7 @@ __device__ __forceinline__ SlotSource slot_source(const DecodeParams& p, bool in
 // zeros without a branch around it; without, load_slot skips it and store_slot branches on it.
 template <KvLayout L, int kCluster>
 __device__ __forceinline__ void load_scales(const SlotSource& src, TileRegs<L, kCluster>& regs) {
-  constexpr bool kRefill = kRefillWhileStoring<kCluster>;  // else never called for an invalid slot
+  constexpr bool kRefill = kRefillWhileStoring<L, kCluster>;  // else never called for an invalid slot
   regs.valid = src.valid;
   if constexpr (L == KvLayout::model1_fp8) {
     const uint2 s = kRefill ? ptx::ld_nc_v2_or_zero(src.bytes.scales, src.valid)
@@ -222,24 +220,24 @@ __device__ __forceinline__ void load_scales(const SlotSource& src, TileRegs<L, k
     regs.scales = make_uint4(__float_as_uint(src.valid ? src.tensor_scale : 0.0f), 0u, 0u, 0u);
   }
 }
-template <int kCluster>
+template <KvLayout L, int kCluster>
 __device__ __forceinline__ uint4 load_chunk(const SlotSource& src, const uint8_t* at) {
-  if constexpr (kRefillWhileStoring<kCluster>) return ptx::ld_nc_l2_256_or_zero(at, src.valid);
+  if constexpr (kRefillWhileStoring<L, kCluster>) return ptx::ld_nc_l2_256_or_zero(at, src.valid);
   return ptx::ld_nc_l2_256(at);  // never called for an invalid slot
 }
 template <KvLayout L, int kCluster>
 __device__ __forceinline__ void load_fp8_chunk(const SlotSource& src, int sub, int i, TileRegs<L, kCluster>& regs) {
-  regs.fp8[i] = load_chunk<kCluster>(src, src.bytes.data + 16 * (sub + kThreadsPerKey<kCluster> * i));
+  regs.fp8[i] = load_chunk<L, kCluster>(src, src.bytes.data + 16 * (sub + kThreadsPerKey<kCluster> * i));
 }
 template <KvLayout L, int kCluster>
 __device__ __forceinline__ void load_rope_chunk(const SlotSource& src, int sub, int i, TileRegs<L, kCluster>& regs) {
-  regs.rope[i] = load_chunk<kCluster>(
+  regs.rope[i] = load_chunk<L, kCluster>(
       src, src.bytes.data + LayoutTraits<L>::kBf16Offset + 16 * (sub + kThreadsPerKey<kCluster> * i));
 }
 // A whole slot's share into registers (the first tiles of a split).
 template <KvLayout L, int kCluster>
 __device__ __forceinline__ void load_slot(const SlotSource& src, int sub, TileRegs<L, kCluster>& regs) {
-  if (!kRefillWhileStoring<kCluster> && !src.valid) {  // nothing read; store_slot zeroes it under `valid`
+  if (!kRefillWhileStoring<L, kCluster> && !src.valid) {  // nothing read; store_slot zeroes it under `valid`
     regs.valid = false;
     return;
   }
@@ -325,7 +323,7 @@ __device__ __forceinline__ void store_slot(TileRegs<L, kCluster>& regs, const Ch
   using T = LayoutTraits<L>;
   constexpr int kStep = kThreadsPerKey<kCluster>;
   constexpr int kChunksPerScale = T::kQuantBlock / 16 / kStep;  // fp8 chunks i per scale
-  constexpr bool kRefill = kRefillWhileStoring<kCluster>;
+  constexpr bool kRefill = kRefillWhileStoring<L, kCluster>;
   const uint4 scales = regs.scales;  // this slot's; the next slot's are loaded first
   const bool valid = regs.valid;
   if constexpr (kRefill) load_scales<L, kCluster>(next, regs);
@@ -336,6 +334,8 @@ __device__ __forceinline__ void store_slot(TileRegs<L, kCluster>& regs, const Ch
     sub = ptx::opaque(sub);
   }
   auto chunk_offset = [&](int c) { return sw128_chunk_offset<kTileKeys>(key, c); };
+  // Every layout with fp8 chunks refills (only BF16 in a cluster does not: kRefillWhileStoring).
+  static_assert(kFp8ChunksPerThread<L, kCluster> == 0 || kRefill, "fp8 chunks are stored with the refill");
 #pragma unroll
   for (int i = 0; i < kFp8ChunksPerThread<L, kCluster>; ++i) {
     const int blk = i / kChunksPerScale;
@@ -348,21 +348,21 @@ __device__ __forceinline__ void store_slot(TileRegs<L, kCluster>& regs, const Ch
     } else {
       scale = __uint_as_float(blk == 0 ? scales.x : blk == 1 ? scales.y : blk == 2 ? scales.z : scales.w);
     }
-    uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;
-    // With the refill, an invalid slot's codes are zeros already (load_chunk), so converting
-    // them gives the zeros it needs; MODEL1 converts unconditionally (1226 → 1105 instructions
+    // An invalid slot's codes are zeros already (load_chunk), so converting them gives the
+    // zeros it needs; MODEL1 converts unconditionally (1226 → 1105 instructions
     // per tile at H 64), the other layouts keep the branch, without which ptxas spills them
     // (V3.2 H 64: 64 bytes).
-    if ((L == KvLayout::model1_fp8 && kRefill) || valid) fp8x16_to_bf16x16(regs.fp8[i], scale, lo, hi);
-    if constexpr (kRefill) {
-      load_fp8_chunk<L, kCluster>(next, sub, i, regs);
-      put_chunk(to, at.fp8(i, 0), lo);
-      put_chunk(to, at.fp8(i, 1), hi);
+    uint4 lo, hi;
+    if constexpr (L == KvLayout::model1_fp8) {
+      fp8x16_to_bf16x16_pow2(regs.fp8[i], pow2_scale_bf16x2(scale), lo, hi);  // UE8M0: a power of two
+    } else if (valid) {
+      fp8x16_to_bf16x16(regs.fp8[i], scale, lo, hi);
     } else {
-      const int c = sub + kStep * i;  // fp8 chunk → bf16 chunks 2c, 2c+1
-      put_chunk(to, chunk_offset(2 * c), lo);
-      put_chunk(to, chunk_offset(2 * c + 1), hi);
+      lo = hi = make_uint4(0u, 0u, 0u, 0u);
     }
+    load_fp8_chunk<L, kCluster>(next, sub, i, regs);
+    put_chunk(to, at.fp8(i, 0), lo);
+    put_chunk(to, at.fp8(i, 1), hi);
   }
 #pragma unroll
   for (int i = 0; i < kBf16ChunksPerThread<L, kCluster>; ++i) {
@@ -471,7 +471,7 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
         return slot_source<L>(p, in_main, slot_in_cache(p, in_main, refill_index[b]));
       };
       store_slot<L, kCluster>(regs[b], offsets, my_key, my_sub, plan.kv[stage],
-                              kRefillWhileStoring<kCluster> ? next_slot() : SlotSource{});
+                              kRefillWhileStoring<L, kCluster> ? next_slot() : SlotSource{});
       if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 2);
       ptx::fence_proxy_async_smem();  // the stage is read by wgmma (and, in a cluster, the TMA unit)
       if constexpr (kCluster == 2) {
@@ -484,7 +484,7 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
         ptx::mbarrier_arrive(&plan.full[stage]);
       }
       if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 3);
-      if constexpr (!kRefillWhileStoring<kCluster>) load_slot<L, kCluster>(next_slot(), my_sub, regs[b]);
+      if constexpr (!kRefillWhileStoring<L, kCluster>) load_slot<L, kCluster>(next_slot(), my_sub, regs[b]);
       if (records_peer) peer_index[b] = index_at(peer_pos + (t + kBuffers) * kTileKeys);
       refill_index[b] = index_at(next_pos + kBuffers * kTileKeys);
       if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 4);
@@ -568,13 +568,15 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const CtaWork& w, 
   ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);
 }
 
-// A consumer waits for stage t%2, about to be read by wgmma (async proxy). (In a cluster the
-// peer's half is now written by the async proxy too, and this CTA's producer fences its own
-// stores before it arrives, so this fence may be redundant: not yet measured without it.)
+// A consumer waits for stage t%2, about to be read by wgmma (async proxy). Rows stored by the
+// producer's threads were fenced to the async proxy by their writers before they arrived (as
+// CUTLASS orders thread-written wgmma operands), and a cluster peer's half arrives by bulk copy,
+// itself async proxy: no fence is needed here. Rows copied by cp.async (kCopiedRows) land without
+// a writer-side fence, so their readers fence after the wait.
 template <KvLayout L, int kCluster>
 __device__ __forceinline__ const uint8_t* wait_stage(SharedPlan<L>& plan, int t) {
   ptx::mbarrier_wait(&plan.full[t & 1], (t >> 1) & 1);
-  ptx::fence_proxy_async_smem();
+  if constexpr (kCopiedRows<L, kCluster>) ptx::fence_proxy_async_smem();
   return plan.kv[t & 1];
 }
 

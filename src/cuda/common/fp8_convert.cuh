@@ -49,13 +49,16 @@ __device__ __forceinline__ void round_bf16x8(float* v) {
   }
 }
 
+// Two fp8 e4m3 codes (bits 0-15 of `pair`, the low byte's first) → their values, exactly: every
+// e4m3 value is a normal fp16, so the hardware's pair conversion to fp16 and then to float is exact.
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t pair) {
+  return __half22float2(
+      __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3)));
+}
+
 // Four fp8 e4m3 values (little-endian in a word) times `scale` → two packed bf16x2 words.
 __device__ __forceinline__ uint2 fp8x4_to_bf16x4(uint32_t fp8x4, float scale) {
-  const __half2 lo = __half2(__nv_cvt_fp8x2_to_halfraw2(
-      static_cast<__nv_fp8x2_storage_t>(fp8x4 & 0xffffu), __NV_E4M3));
-  const __half2 hi = __half2(__nv_cvt_fp8x2_to_halfraw2(
-      static_cast<__nv_fp8x2_storage_t>(fp8x4 >> 16), __NV_E4M3));
-  const float2 a = __half22float2(lo), b = __half22float2(hi);
+  const float2 a = e4m3x2_to_float2(fp8x4), b = e4m3x2_to_float2(fp8x4 >> 16);
   return make_uint2(pack_bf16x2(a.x * scale, a.y * scale), pack_bf16x2(b.x * scale, b.y * scale));
 }
 
@@ -68,9 +71,7 @@ __device__ __forceinline__ uint4 fp8x8_to_bf16x8_scaled(const uint2& codes, floa
   uint32_t packed[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const uint32_t word = k < 2 ? codes.x : codes.y;
-    const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
-        static_cast<__nv_fp8x2_storage_t>((word >> (16 * (k % 2))) & 0xffffu), __NV_E4M3)));
+    const float2 v = e4m3x2_to_float2((k < 2 ? codes.x : codes.y) >> (16 * (k % 2)));
     packed[k] = pack_bf16x2(ieee_mul(v.x, scale), ieee_mul(v.y, scale));
   }
   return make_uint4(packed[0], packed[1], packed[2], packed[3]);
@@ -92,8 +93,7 @@ __device__ __forceinline__ void fp8x16_to_bf16x16_pow2(const uint4& codes, uint3
   uint32_t out[8];
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
-    const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
-        static_cast<__nv_fp8x2_storage_t>((word[k / 2] >> (16 * (k % 2))) & 0xffffu), __NV_E4M3)));
+    const float2 v = e4m3x2_to_float2(word[k / 2] >> (16 * (k % 2)));
     asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(out[k]) : "r"(pack_bf16x2(v.x, v.y)), "r"(scale_bf16x2));
   }
   lo = make_uint4(out[0], out[1], out[2], out[3]);

@@ -88,8 +88,8 @@ kernels_step() {
   for patch_file in ${KERNEL_VARIANTS:-}; do
     name=$(basename "$patch_file" .patch)
     log "variant build: $name"
-    # The files it touches: src/... paths from its +++ lines.
-    sed -n 's|^+++ b/\(src/[^[:space:]]*\).*|\1|p' "$patch_file" >>build/.swapped-sources
+    # The files it touches (its +++ lines): headers under include/, tests and Python too.
+    sed -n 's|^+++ b/\([^[:space:]]*\).*|\1|p' "$patch_file" >>build/.swapped-sources
     if ! apply_patch "$patch_file" >"$OUT/kernels/patch_$name.log" 2>&1; then
       cat "$OUT/kernels/patch_$name.log"
       continue

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from pathlib import Path
 
 import torch
 
@@ -68,22 +70,11 @@ def call(inputs, b: int, s_q: int, splits: int, split_len: int):
         D_QK ** -0.5, D_V, splits, split_len, ws_bytes, ws, out, lse)
 
 
-def timed(fn, iters: int, flush: torch.Tensor) -> float:
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(iters):
-        flush.zero_()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); fn(); e.record()
-        torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e) * 1e3)
-    return sorted(ts)[iters // 2]
-
-
-def kernel_split(fn, iters: int, flush: torch.Tensor) -> dict:
-    """Mean µs per call of each kernel fn launches (the flush's memset left out)."""
+def kernel_split(fn, iters: int) -> dict:
+    """Mean µs per call of each kernel fn launches, L2 flushed before each call as `timed` does
+    (the flush's memset left out)."""
     from torch.profiler import ProfilerActivity, profile
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
             flush.zero_()
@@ -103,17 +94,17 @@ def check_plans(args, gen: torch.Generator) -> None:
     2^-7 relative at the top of its binade, allowed against max |out|) and lse to fp32 rounding
     of a few additions (1e-4 allowed)."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    tiles = math.ceil((TOPK + EXTRA_TOPK) / TILE)
+    plan_list = plans(math.ceil((TOPK + EXTRA_TOPK) / TILE))
     failed = False
     for s_q in map(int, args.sq.split(",")):
         for b in map(int, args.batches.split(",")):
             inputs = make_inputs(b, s_q, gen, dev)
             out, lse = inputs[-2], inputs[-1]
             chosen = decode_schedule(b, s_q, H, TOPK + EXTRA_TOPK, planner_sms(torch.device(dev)), D_V)[0]
-            call(inputs, b, s_q, chosen, dict(plans(tiles))[chosen])()
+            call(inputs, b, s_q, chosen, dict(plan_list)[chosen])()
             ref_out, ref_lse = out.float().clone(), lse.clone()
             worst_out = worst_lse = 0.0
-            for splits, split_len in plans(tiles):
+            for splits, split_len in plan_list:
                 out.fill_(float("nan")); lse.fill_(float("nan"))  # poisoned: every entry written
                 call(inputs, b, s_q, splits, split_len)()
                 d = (out.float() - ref_out).abs().max().item() / ref_out.abs().max().item()
@@ -121,7 +112,7 @@ def check_plans(args, gen: torch.Generator) -> None:
                 d = (lse - ref_lse).abs().max().item()
                 worst_lse = max(worst_lse, d if d == d else float("inf"))
             ok = worst_out <= 2.0 ** -7 and worst_lse <= 1e-4
-            print(f"b {b} s_q {s_q}: {len(plans(tiles))} plans, planner's {chosen} splits; largest "
+            print(f"b {b} s_q {s_q}: {len(plan_list)} plans, planner's {chosen} splits; largest "
                   f"difference out {worst_out:.3g} (of max |out|), lse {worst_lse:.3g}: "
                   f"{'ok' if ok else 'MISMATCH'}")
             failed |= not ok
@@ -140,9 +131,11 @@ def main():
     gen = torch.Generator().manual_seed(5)
     if args.check_only:
         return check_plans(args, gen)
-    flush = torch.empty(256 << 20, dtype=torch.int32, device="cuda")  # 1 GiB: many times the L2
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from bench_triton import timed  # median µs, CUDA events, L2 flushed before each call
     sms = planner_sms(torch.device("cuda"))
     tiles = math.ceil((TOPK + EXTRA_TOPK) / TILE)
+    plan_list = plans(tiles)
     print(f"{torch.cuda.get_device_name()}, {sms} SMs; V4-Flash H{H} MODEL1 {TOPK}+{EXTRA_TOPK}, "
           f"{tiles} tiles per row; us = median of {args.iters}, L2 flushed")
     print(f"{'b':>4} {'s_q':>3} {'splits':>6} {'tiles/split':>11} {'us':>8}  note")
@@ -150,15 +143,13 @@ def main():
         for b in map(int, args.batches.split(",")):
             inputs = make_inputs(b, s_q, gen, "cuda")
             chosen = decode_schedule(b, s_q, H, TOPK + EXTRA_TOPK, sms, D_V)[0]
-            times = {}
-            for splits, split_len in plans(tiles):
-                times[splits] = timed(call(inputs, b, s_q, splits, split_len), args.iters, flush)
+            times = {splits: timed(call(inputs, b, s_q, splits, split_len), args.iters)
+                     for splits, split_len in plan_list}
             best = min(times, key=times.get)
-            for splits, split_len in plans(tiles):
+            for splits, split_len in plan_list:
                 note = ("planner" if splits == chosen else "") + (" fastest" if splits == best else "")
                 print(f"{b:4} {s_q:3} {splits:6} {split_len // TILE:11} {times[splits]:8.2f}  {note}")
-            split_len = dict(plans(tiles))[chosen]
-            parts = kernel_split(call(inputs, b, s_q, chosen, split_len), args.iters, flush)
+            parts = kernel_split(call(inputs, b, s_q, chosen, dict(plan_list)[chosen]), args.iters)
             print("       planner's plan, kernel us per call: " +
                   ", ".join(f"{k}: {v:.2f}" for k, v in parts.items()))
 

@@ -24,6 +24,15 @@ using MmaPvRegs = decltype(cute::make_tiled_mma(
     cute::GMMA::MMA_64x256x16_F32BF16BF16_RS<cute::GMMA::Major::K, cute::GMMA::Major::MN>{}));
 using MmaPvSmem = decltype(cute::make_tiled_mma(
     cute::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>{}));
+// The same products as two 64×128 instructions per K step, for a kernel launched with fewer
+// registers per thread (at most 128: 512 threads) than one 64×256 instruction names (its 128
+// accumulators and more); setmaxnreg gives the warpgroup its registers only after launch. Their
+// fragments hold the same elements in the same order (the first instruction's 64 values are the
+// 64×256 one's first 64: columns 0-127).
+using MmaPvRegsN128 = decltype(cute::make_tiled_mma(
+    cute::GMMA::MMA_64x128x16_F32BF16BF16_RS<cute::GMMA::Major::K, cute::GMMA::Major::MN>{}));
+using MmaPvSmemN128 = decltype(cute::make_tiled_mma(
+    cute::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>{}));
 
 // One tile: columns whose bit in `valid_bits` is clear (bit 2·(i/4) + i%2 for element i) become
 // −inf, the rest are scaled by `scale_log2` (logits in base 2); the rows' reference maxima `m_run`

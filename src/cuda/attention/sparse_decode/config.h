@@ -22,25 +22,33 @@ inline constexpr int kHeadsPerCta = 64;   // M of the products (4 warps × 16 ro
 inline constexpr int kTileKeys = 64;      // index slots gathered per pipeline step
 // Warpgroup 0 computes S = Q·Kᵀ for the whole tile, the online softmax and O[:, 0:256] += P·V
 // (P from registers); warpgroup 1 computes O[:, 256:512] += P·V with P from shared memory, so
-// its product overlaps warpgroup 0's S of the next tile; warpgroup 2 produces (gathers and
-// dequantizes the KV tiles into two shared-memory stages).
+// its product overlaps warpgroup 0's S of the next tile; the rest produce (gather and dequantize
+// the KV tiles into two shared-memory stages): two warpgroups in a CTA of its own, one in a
+// cluster CTA (which gathers half the keys). Either way a producer thread converts a quarter of a
+// key per tile: the producer is bound by its instruction stream (docs/notes/decode.md), and two
+// producer warps per scheduler hide each other's latencies where one could not.
 inline constexpr int kConsumerThreads = 256;
-inline constexpr int kProducerThreads = 128;
-inline constexpr int kThreads = kConsumerThreads + kProducerThreads;
-// setmaxnreg split of the 168·384 registers the CTA holds at launch: 128·(192 + 160 + 152) fits
-// it exactly (a larger total makes setmaxnreg.inc wait forever). Warpgroup 0 holds O (128), S
-// (32) and P (16); warpgroup 1 only O; the producer one tile of gathered bytes.
-inline constexpr int kSoftmaxRegs = 192, kPvRegs = 160, kProducerRegs = 152;
+template <int kCluster>
+inline constexpr int kProducerThreads = kCluster == 1 ? 256 : 128;
+template <int kCluster>
+inline constexpr int kThreads = kConsumerThreads + kProducerThreads<kCluster>;
+// setmaxnreg split of the registers the CTA holds at launch: 128·(192 + 160 + 2·80) = 128·512
+// without a cluster, 128·(192 + 160 + 152) = 168·384 in one; each fits exactly (a larger total
+// makes setmaxnreg.inc wait forever). Warpgroup 0 holds O (128), S (32) and P (16); warpgroup 1
+// only O; a producer thread one or two tiles of its gathered bytes (kProducerBuffers).
+inline constexpr int kSoftmaxRegs = 192, kPvRegs = 160;
+template <int kCluster>
+inline constexpr int kProducerRegs = kCluster == 1 ? 80 : 152;
 inline constexpr int kDv = 512;           // value dims (V = the first 512 dims of K)
 inline constexpr int kPRowBytes = kTileKeys * 2;  // bf16 probabilities, one row per head
 
 // How a producer splits a tile: with a cluster of kCluster CTAs each producer gathers
-// kTileKeys / kCluster keys, kThreadsPerKey threads per key; thread `sub` of a key loads fp8
+// kTileKeys / kCluster keys, kThreadsPerKey threads per key (4 either way); thread `sub` of a key loads fp8
 // chunks (16 values) sub, sub + kThreadsPerKey, ... and bf16 chunks (8 values) likewise, so a
 // thread's chunks of one quantization block sit at consecutive i (kThreadsPerKey divides the
 // chunks per block).
 template <int kCluster>
-inline constexpr int kThreadsPerKey = kProducerThreads * kCluster / kTileKeys;  // 2 or 4
+inline constexpr int kThreadsPerKey = kProducerThreads<kCluster> * kCluster / kTileKeys;
 
 // What the kernel needs of a cache layout (docs/spec.md §7): a token's leading kNope dims are fp8
 // codes, in scale blocks of kQuantBlock, and the rest (kBf16Dims) bf16 at byte kBf16Offset of its

@@ -2,9 +2,9 @@
 // layouts (MODEL1, V3.2, per-tensor) are dequantized by the producer, BF16 rows are copied as is
 // (by cp.async without a cluster: produce_by_copy).
 //
-// Per CTA: one query token row, 64 heads, one split of the index list; 3 warpgroups.
-// Producer (warpgroup 2), per tile of 64 index slots (with a cluster of two CTAs, this CTA's
-// half of them):
+// Per CTA: one query token row, 64 heads, one split of the index list; 2 consumer warpgroups
+// and the producer's (warpgroups 2 and 3 without a cluster, 2 in one: config.h), per tile of 64
+// index slots (with a cluster of two CTAs, this CTA's half of them):
 //   gather  — each slot's bytes (fp8 nope, scales, bf16 rope) are loaded from the paged cache
 //             into registers (16-byte loads whose L2 misses fetch 256 bytes) one or two tiles
 //             ahead of their use (kProducerBuffers), and no index read is waited on before the
@@ -377,6 +377,12 @@ __device__ __forceinline__ void store_slot(TileRegs<L, kCluster>& regs, const Ch
 }
 
 // ---- the products of a tile (MmaS, MmaPvRegs, MmaPvSmem: attention_tile.cuh) ----------------
+// A CTA of its own launches 512 threads (two producer warpgroups), at most 128 registers each
+// until setmaxnreg: its P·V products go as 64×128 instructions (the same fragments).
+template <int kCluster>
+using PvRegs = std::conditional_t<kCluster == 1, MmaPvRegsN128, MmaPvRegs>;
+template <int kCluster>
+using PvSmem = std::conditional_t<kCluster == 1, MmaPvSmemN128, MmaPvSmem>;
 // Q (64 heads × d_qk) and a whole KV stage (64 keys × d_qk), K-major.
 template <int kRows, KvLayout L>
 __device__ __forceinline__ auto k_major_tile(const uint8_t* bytes) {
@@ -404,7 +410,7 @@ struct CtaWork {
 // has read them), whose release/acquire racecheck models (a named-barrier arrive it does not).
 inline constexpr int kBarConsumers = 1;
 
-// Warpgroup 2: per tile t, this thread's slot (my_key) is loaded into registers kBuffers tiles
+// The producer warpgroups: per tile t, this thread's slot (my_key) is loaded into registers kBuffers tiles
 // ahead of its dequantization (two buffers when a cluster halves a thread's share, so a tile's
 // load latency overlaps two tile periods). Each buffer's next index is read kBuffers tiles before
 // it is needed, into a register of its own (refill_index[b]) overwritten in place: a pair of
@@ -493,7 +499,7 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
   if (tid == 0) DSV4_TRACE(trace_cta(), trace::kOnceRow, 6);
 }
 
-// Warpgroup 2 for a layout stored as the tensor cores read it (BF16) without a cluster: per tile t the
+// The producer for a layout stored as the tensor cores read it (BF16) without a cluster: per tile t the
 // thread's slot row is copied by cp.async straight into stage t%2 (zero-filled for an invalid
 // slot, which reads nothing) and the index of tile t+1 read. The copies of tile t+1 fly while the
 // consumers multiply tile t. The stage's `full` barrier counts two arrivals per thread: one
@@ -634,9 +640,9 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
   load_q<L>(p, w, plan.q);
   if (tid == 0) DSV4_TRACE(trace_cta(), trace::kOnceRow, 2);
   const auto sQ = k_major_tile<kHeadsPerCta, L>(plan.q);
-  Tensor rO = partition_fragment_C(MmaPvRegs{}, Shape<Int<kHeadsPerCta>, Int<kDv / 2>>{});
+  Tensor rO = partition_fragment_C(PvRegs<kCluster>{}, Shape<Int<kHeadsPerCta>, Int<kDv / 2>>{});
   Tensor rS = partition_fragment_C(MmaS{}, Shape<Int<kHeadsPerCta>, Int<kTileKeys>>{});
-  Tensor rP = make_tensor<bf16_t>(partition_shape_A(MmaPvRegs{}, Shape<Int<kHeadsPerCta>, Int<kTileKeys>>{}));
+  Tensor rP = make_tensor<bf16_t>(partition_shape_A(PvRegs<kCluster>{}, Shape<Int<kHeadsPerCta>, Int<kTileKeys>>{}));
   static_assert(decltype(size(rS))::value == decltype(size(rP))::value, "P mirrors S");
   clear(rO);
   float m_run[2] = {-INFINITY, -INFINITY};  // base-2 running maxima of rows row0, row0 + 8
@@ -677,7 +683,7 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
     if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 9);
 
     // ---- O[:, 0:256] += P·V, P from registers ---------------------------------------------------
-    wgmma_rs(MmaPvRegs{}, rP, v_half(stage, 0), rO, /*zero_init=*/false);
+    wgmma_rs(PvRegs<kCluster>{}, rP, v_half(stage, 0), rO, /*zero_init=*/false);
     wgmma_commit();
     wgmma_wait<0>();
     warpgroup_fence_operand(rO);
@@ -727,7 +733,7 @@ __device__ __forceinline__ void consume_pv(const DecodeParams& p, const CtaWork&
   load_q<L>(p, w, plan.q);
   const auto sP = make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(plan.p)),
                               SmemTileK<kHeadsPerCta, kTileKeys>{});
-  Tensor rO = partition_fragment_C(MmaPvSmem{}, Shape<Int<kHeadsPerCta>, Int<kDv / 2>>{});
+  Tensor rO = partition_fragment_C(PvSmem<kCluster>{}, Shape<Int<kHeadsPerCta>, Int<kDv / 2>>{});
   clear(rO);
 #pragma unroll 1
   for (int t = 0; t < w.num_tiles; ++t) {
@@ -738,7 +744,7 @@ __device__ __forceinline__ void consume_pv(const DecodeParams& p, const CtaWork&
     if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 13);
     const float scale[2] = {plan.row_scale[row0], plan.row_scale[row0 + 8]};
     rescale_o_rows(rO, scale);
-    wgmma_ss(MmaPvSmem{}, sP, v_half(stage, 1), rO, /*zero_init=*/false);
+    wgmma_ss(PvSmem<kCluster>{}, sP, v_half(stage, 1), rO, /*zero_init=*/false);
     wgmma_commit();
     wgmma_wait<0>();
     warpgroup_fence_operand(rO);
@@ -755,7 +761,7 @@ __device__ __forceinline__ void consume_pv(const DecodeParams& p, const CtaWork&
 }  // namespace detail
 
 template <KvLayout L, int kCluster>
-__global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(kThreads<kCluster>, 1) sparse_decode_kernel(const __grid_constant__ DecodeParams p) {
   grid_dependency_entry();
   extern __shared__ __align__(1024) uint8_t smem[];
   SharedPlan<L>& plan = *reinterpret_cast<SharedPlan<L>*>(smem);
@@ -766,7 +772,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
 
   if (threadIdx.x == 0) {
     // Every producer thread arrives (twice when it copies: its flags, then its landed copies).
-    constexpr uint32_t kFullArrivals = kProducerThreads * (kCopiedRows<L, kCluster> ? 2 : 1);
+    constexpr uint32_t kFullArrivals = kProducerThreads<kCluster> * (kCopiedRows<L, kCluster> ? 2 : 1);
     ptx::mbarrier_init(&plan.full[0], kFullArrivals);
     ptx::mbarrier_init(&plan.full[1], kFullArrivals);
     ptx::mbarrier_init(&plan.empty[0], 8 * kCluster);     // every consumer warp of the cluster
@@ -793,14 +799,17 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_decode_kernel(const __grid
   w.rank = kCluster == 2 ? static_cast<int>(ptx::cluster_ctarank()) : 0;
   const uint32_t peer_empty = kCluster == 2 ? ptx::map_to_cta(&plan.empty[0], 1 - w.rank) : 0u;
   if (threadIdx.x >= kConsumerThreads) {
-    ptx::warpgroup_regs_decrease<kProducerRegs>();
+    constexpr uint32_t kRegs = kProducerRegs<kCluster>;
+    ptx::warpgroup_regs_decrease<kRegs>();
     if constexpr (kCopiedRows<L, kCluster>) {
       detail::produce_by_copy<L>(p, w, plan);
     } else {
       detail::produce<L, kCluster>(p, w, plan);
     }
   } else if (threadIdx.x >= 128) {
-    ptx::warpgroup_regs_decrease<kPvRegs>();
+    // From the launch's 168 registers (a cluster CTA) down, or from 128 (512 threads) up.
+    if constexpr (kCluster == 1) ptx::warpgroup_regs_increase<kPvRegs>();
+    else ptx::warpgroup_regs_decrease<kPvRegs>();
     detail::consume_pv<L, kCluster>(p, w, plan, peer_empty);
   } else {
     ptx::warpgroup_regs_increase<kSoftmaxRegs>();
@@ -817,7 +826,7 @@ void launch_with_cluster(const DecodeParams& params, cudaStream_t stream) {
   static PerDeviceOnce smem_opt_in;
   opt_in_dynamic_smem(smem_opt_in, sparse_decode_kernel<L, kCluster>, kSmem, "sparse_decode");
   const int num_head_blocks = (params.num_heads + kHeadsPerCta - 1) / kHeadsPerCta;
-  const LaunchShape shape{dim3(num_head_blocks * params.num_splits, params.num_rows), dim3(kThreads), kSmem,
+  const LaunchShape shape{dim3(num_head_blocks * params.num_splits, params.num_rows), dim3(kThreads<kCluster>), kSmem,
                           kCluster};
   launch_kernel("sparse_decode", sparse_decode_kernel<L, kCluster>, shape, stream, params);
   DSV4_TRACE_DUMP(stream);

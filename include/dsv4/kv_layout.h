@@ -187,8 +187,10 @@ DSV4_HD float kv_decode_value(const KvGeometry& g, const uint8_t* block, int off
         const uint16_t* rope = reinterpret_cast<const uint16_t*>(row + v32::kRopeOffset);
         return bf16_bits_to_float(rope[i - v32::kNope]);
       }
+      // The fp32 scale is read as bf16 (to nearest even), as FlashMLA reads it (docs/spec.md §7):
+      // exact for the UE8M0 scales kv_encode_token writes.
       const float* scales = reinterpret_cast<const float*>(row + v32::kScaleOffset);
-      return ieee_mul(fp8_e4m3_to_float(row[i]), scales[i / v32::kQuantBlock]);
+      return ieee_mul(fp8_e4m3_to_float(row[i]), round_bf16(scales[i / v32::kQuantBlock]));
     }
     case KvLayout::bf16:
       return bf16_bits_to_float(reinterpret_cast<const uint16_t*>(row)[i]);

@@ -122,7 +122,7 @@ class TestCache {
         for (int i = 0; i < 512; ++i) {
           float scale;
           std::memcpy(&scale, row + 512 + 4 * (i / 128), 4);
-          v[i] = double(fp8_e4m3_to_float(row[i])) * double(scale);
+          v[i] = double(fp8_e4m3_to_float(row[i])) * double(round_bf16(scale));  // read as bf16 (spec §7)
         }
         for (int i = 0; i < 64; ++i) v[512 + i] = bf16_bits_to_float(get_u16(row + 528 + 2 * i));
         break;

@@ -341,6 +341,27 @@ TEST(KvDequantize, MinusOneSlotGivesZeroRowAndBf16Output) {
   }
 }
 
+// V3.2's fp32 block scales are read as bf16, rounded to nearest even, as FlashMLA reads them
+// (docs/spec.md §7). kv_quantize writes UE8M0 scales (exact either way), so these are written by
+// hand, as another writer might: block 0's 1 + 2^-8 + 2^-12 reads as 1 + 2^-7 (rounded up; a
+// float product would give 1.0042724609375), block 1's 3 · 2^-10 + 2^-20 as 3 · 2^-10 (down).
+TEST(KvDequantize, V32ScaleIsReadAsBf16) {
+  TestCache cache(KvLayout::v32_fp8, 4, 1);
+  uint8_t* tok = cache.storage.data<uint8_t>() + 1 * 656;  // slot 1
+  std::memset(tok, 0, 656);
+  tok[0] = 0x38;    // 1.0
+  tok[128] = 0x40;  // 2.0
+  const float scales[4] = {1.0f + 0x1p-8f + 0x1p-12f, 3.0f * 0x1p-10f + 0x1p-20f, 1.0f, 1.0f};
+  std::memcpy(tok + 512, scales, sizeof(scales));
+  HostTensor out(DType::fp32, {1, 576});
+  out.fill_bytes(0xFF);
+  dsv4::kv_dequantize(cache.view, slots_tensor({1}), out);
+  EXPECT_EQ(out.get(0), 1.0078125f);       // 1.0 · (1 + 2^-7)
+  EXPECT_EQ(out.get(128), 0.005859375f);   // 2.0 · 3 · 2^-10
+  EXPECT_EQ(out.get(1), 0.0f);
+  EXPECT_EQ(out.get(575), 0.0f);
+}
+
 TEST(KvQuantize, MinusOneSlotIsSkippedAndInt32SlotsWork) {
   TestCache cache(KvLayout::bf16, 2, 1);
   HostTensor values(DType::fp32, {2, 512});

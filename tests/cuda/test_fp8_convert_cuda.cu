@@ -1,12 +1,15 @@
-// fp8x16_to_bf16x16_pow2 (src/cuda/common/fp8_convert.cuh), on the GPU: for every UE8M0 scale
-// byte and every e4m3 code, its bf16 equals the host's round_bf16(fp8 · scale) bit for bit
-// (subnormal codes, products that round into bf16's subnormal range or to zero, overflow to
-// infinity), and a NaN code or scale gives a NaN. The MODEL1 decode producer dequantizes with it
-// (kernel.cuh, store_slot).
+// fp8x16_to_bf16x16_bf16_scale (src/cuda/common/fp8_convert.cuh), on the GPU: its bf16 equals
+// the host's round_bf16(fp8 · scale) bit for bit for every e4m3 code at every UE8M0 scale byte
+// (pow2_scale_bf16x2, MODEL1) and at every bf16 scale reached by rounding a float with low
+// mantissa bits set (rounded_scale_bf16x2, V3.2's fp32 scales read as bf16): subnormal codes,
+// products that round into bf16's subnormal range or to zero, overflow to infinity; a NaN code or
+// scale gives a NaN. The decode producer dequantizes with it (kernel.cuh, store_slot).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "cuda/common/fp8_convert.cuh"
@@ -25,8 +28,8 @@ __global__ void convert_all_codes(uint4* out) {
   uint32_t w[4];
   for (int k = 0; k < 4; ++k) w[k] = (first + 4 * k) * 0x01010101u + 0x03020100u;  // codes first+4k .. +3
   const float scale = dsv4::ue8m0_to_float(static_cast<uint8_t>(i / 16));
-  dsv4::cuda::fp8x16_to_bf16x16_pow2(make_uint4(w[0], w[1], w[2], w[3]), dsv4::cuda::pow2_scale_bf16x2(scale),
-                                     out[2 * i], out[2 * i + 1]);
+  dsv4::cuda::fp8x16_to_bf16x16_bf16_scale(make_uint4(w[0], w[1], w[2], w[3]), dsv4::cuda::pow2_scale_bf16x2(scale),
+                                           out[2 * i], out[2 * i + 1]);
 }
 
 bool bf16_is_nan(uint16_t b) { return (b & 0x7f80) == 0x7f80 && (b & 0x7f) != 0; }
@@ -63,6 +66,65 @@ TEST(Fp8ConvertCuda, PowerOfTwoScaleMatchesHostRoundingForEveryCodeAndScaleByte)
   EXPECT_EQ(nan, 2 * 255 + 256);
   EXPECT_GT(subnormal, 0);
   EXPECT_GT(zero_from_nonzero, 0);
+  EXPECT_GT(infinite, 0);
+}
+
+// The float scale of the V3.2 sweep for bf16 pattern `b`: b's bits with low bits set below
+// bf16's mantissa, by b % 3 below, at and above the rounding tie, so rounding it to bf16 goes
+// down, to the even neighbour, or up.
+__host__ __device__ float scale_with_low_bits(uint32_t b) {
+  const uint32_t low = b % 3 == 0 ? 0x1234u : b % 3 == 1 ? 0x8000u : 0xC001u;
+  const uint32_t bits = (b << 16) | low;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Thread i converts chunk i % 16 at the scale of bf16 pattern i / 16, rounded to bf16.
+__global__ void convert_all_codes_rounded_scales(uint4* out) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= 65536 * 16) return;
+  const uint32_t first = 16u * (i % 16);
+  uint32_t w[4];
+  for (int k = 0; k < 4; ++k) w[k] = (first + 4 * k) * 0x01010101u + 0x03020100u;
+  const float scale = scale_with_low_bits(static_cast<uint32_t>(i / 16));
+  dsv4::cuda::fp8x16_to_bf16x16_bf16_scale(make_uint4(w[0], w[1], w[2], w[3]),
+                                           dsv4::cuda::rounded_scale_bf16x2(scale), out[2 * i], out[2 * i + 1]);
+}
+
+TEST(Fp8ConvertCuda, RoundedFloatScaleMatchesHostForEveryCodeAndBf16Scale) {
+  DSV4_SKIP_WITHOUT_GPU();
+  const std::vector<uint4> poison(2 * 65536 * 16, make_uint4(0xdeadbeefu, 0xdeadbeefu, 0xdeadbeefu, 0xdeadbeefu));
+  DeviceBuffer<uint4> out_d(poison);
+  convert_all_codes_rounded_scales<<<65536 * 16 / 256, 256>>>(out_d.data());
+  DSV4_ASSERT_CUDA(cudaDeviceSynchronize());
+  const std::vector<uint4> out = out_d.download();
+  int subnormal = 0, infinite = 0, nan = 0, scale_rounded_up = 0;
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const float scale = scale_with_low_bits(b);
+    const float scale_bf16 = dsv4::round_bf16(scale);  // the host reads it so (kv_layout.h)
+    scale_rounded_up += std::abs(scale_bf16) > std::abs(scale);
+    for (int code = 0; code < 256; ++code) {
+      const uint4& chunk = out[2 * (16 * b + code / 16) + (code % 16) / 8];
+      const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+      const auto got = static_cast<uint16_t>(words[(code % 8) / 2] >> (16 * (code % 2)));
+      const float value = dsv4::fp8_e4m3_to_float(static_cast<uint8_t>(code));
+      const uint16_t want = dsv4::float_to_bf16_bits(dsv4::ieee_mul(value, scale_bf16));
+      if (bf16_is_nan(want)) {
+        ASSERT_TRUE(bf16_is_nan(got)) << "code 0x" << std::hex << code << ", scale bits 0x" << b;
+        ++nan;
+        continue;
+      }
+      ASSERT_EQ(got, want) << "code 0x" << std::hex << code << ", scale bits 0x" << b;
+      subnormal += (want & 0x7f80) == 0 && (want & 0x7f) != 0;
+      infinite += (want & 0x7fff) == 0x7f80;
+    }
+  }
+  // The sweep reaches the edges it claims: scales rounded up (a third of them, and the ties of odd
+  // patterns), NaN codes and scales, subnormal results and overflow.
+  EXPECT_GT(scale_rounded_up, 10000);
+  EXPECT_GT(nan, 2 * 65536);
+  EXPECT_GT(subnormal, 0);
   EXPECT_GT(infinite, 0);
 }
 

@@ -68,9 +68,10 @@ struct HostCache {
                     kTensorScale);
   }
   // Hand decode of value i of a slot (docs/spec.md §7), independent of kv_layout.h's decoder, as
-  // the kernel hands it to the tensor cores: bf16. For the block-scaled FP8 layouts that is exact
-  // (fp8 times a power of two); for FP8_PER_TENSOR it is bf16(fp8 · scale), rounded once from the
-  // fp32 product (the kernel's stated contract for that layout).
+  // the kernel hands it to the tensor cores: bf16. For MODEL1 that is exact (fp8 times a power of
+  // two); V3.2 reads its fp32 scale as bf16 and rounds fp8 · bf16(scale) once (exact for the UE8M0
+  // scales kv_encode_token writes); for FP8_PER_TENSOR it is bf16(fp8 · scale), rounded once from
+  // the fp32 product (the kernel's stated contract for that layout).
   double value(int64_t slot, int i) const {
     const uint8_t* blk = bytes.data() + (slot / block_size) * block_bytes;
     const int off = static_cast<int>(slot % block_size);
@@ -97,7 +98,7 @@ struct HostCache {
     }
     float scale;
     std::memcpy(&scale, row + 512 + 4 * (i / 128), 4);
-    return double(fp8_e4m3_to_float(row[i])) * scale;
+    return bf16_bits_to_float(float_to_bf16_bits(fp8_e4m3_to_float(row[i]) * round_bf16(scale)));
   }
 };
 
@@ -499,6 +500,51 @@ TEST_F(SparseDecodeCudaEdge, LogitsGrowAcrossTiles) {
         pb.main_cache.encode(slot, v);
       }
     expect_matches_reference(pb, run_cuda(pb));
+  }
+}
+
+// V3.2's fp32 block scales are read as bf16, rounded to nearest even, as FlashMLA reads them
+// (docs/spec.md §7). With one valid key per row the output is that key's V exactly (softmax weight
+// 1, no sink), so every output element must be bf16(fp8 · bf16(scale)) bit for bit. The scales
+// here carry low mantissa bits (another writer's fp32 scales), which makes that differ from
+// bf16(fp8 · scale) in many elements: checked too, so the test can tell the two readings apart. On
+// the single-CTA (H 64) and cluster (H 128) paths.
+TEST_F(SparseDecodeCudaEdge, V32ScalesAreReadAsBf16) {
+  for (int h : {64, 128}) {
+    std::mt19937 rng(31);
+    Case c{"v32_scales", KvLayout::v32_fp8, h, 2, 2, 64, 64, 0, 0, 1, false, false, 0.0};
+    Problem pb(c, rng);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_real_distribution<float> gain(1.05f, 1.95f);  // not a power of two
+    std::vector<float> v(576);
+    for (int64_t r = 0; r < pb.rows; ++r) {
+      for (int j = 0; j < c.topk; ++j) pb.main.indices[r * c.topk + j] = j == 5 ? static_cast<int32_t>(r) : -1;
+      for (auto& x : v) x = normal(rng);
+      pb.main_cache.encode(r, v);
+      uint8_t* scales = pb.main_cache.bytes.data() + r * 656 + 512;  // block size 64: slot r of block 0
+      for (int s = 0; s < 4; ++s) {
+        float f;
+        std::memcpy(&f, scales + 4 * s, 4);
+        f *= gain(rng);
+        std::memcpy(scales + 4 * s, &f, 4);
+      }
+    }
+    const DeviceResult res = run_cuda(pb);
+    int differs_from_fp32_scale = 0;
+    for (int64_t r = 0; r < pb.rows; ++r) {
+      const uint8_t* row = pb.main_cache.bytes.data() + r * 656;
+      for (int head = 0; head < h; ++head)
+        for (int i = 0; i < 512; ++i) {
+          float scale;
+          std::memcpy(&scale, row + 512 + 4 * (i / 128), 4);
+          const float code = fp8_e4m3_to_float(row[i]);
+          const uint16_t want = float_to_bf16_bits(code * round_bf16(scale));
+          ASSERT_EQ(res.out[(r * h + head) * 512 + i], want) << "H " << h << ", row " << r << ", head " << head
+                                                              << ", dim " << i;
+          differs_from_fp32_scale += want != float_to_bf16_bits(code * scale);
+        }
+    }
+    EXPECT_GT(differs_from_fp32_scale, pb.rows * h * 512 / 20) << "H " << h;
   }
 }
 

@@ -36,7 +36,8 @@ def decode_v32(cache: torch.Tensor, block_size: int, slots) -> torch.Tensor:
         blk, off = divmod(int(s), block_size)
         tok = cache[blk][off * 656:(off + 1) * 656]
         nope = tok[:512].view(torch.float8_e4m3fn).to(F64)
-        scale = tok[512:528].clone().view(torch.float32).to(F64).repeat_interleave(128)
+        # Scales read as bf16 (docs/spec.md §7; exact for the UE8M0 scales writers store).
+        scale = tok[512:528].clone().view(torch.float32).to(torch.bfloat16).to(F64).repeat_interleave(128)
         rope = tok[528:656].clone().view(torch.bfloat16).to(F64)
         rows.append(torch.cat([nope * scale, rope]))
     return torch.stack(rows)

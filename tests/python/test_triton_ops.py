@@ -270,6 +270,41 @@ def test_dequantize_and_gather_matches_reference(layout):
         assert torch.equal(got.cpu(), want)
 
 
+def test_v32_scales_are_read_as_bf16():
+    """V3.2's fp32 block scales are read as bf16, rounded to nearest even, as FlashMLA reads them
+    (docs/spec.md §7). kv_quantize writes UE8M0 scales (exact either way), so the scales are
+    rescaled here by gains that are not powers of two, as another writer's might be: the Triton
+    gather and the CPU op agree bit for bit, both equal the float64 reference's values (which
+    read the scale as bf16) rounded once to bf16, and many elements differ from what reading the
+    fp32 scale would give, so the test can tell the two readings apart."""
+    import reference as ref
+    D, B, nb = 576, 16, 2
+    cache = torch.zeros(nb, geometry("v32_fp8", B), dtype=torch.uint8)
+    torch.ops.dsv4.kv_quantize(cache, "v32_fp8", B, 1.0, torch.randn(nb * B, D),
+                               torch.arange(nb * B))
+    codes, scales = [], []
+    for blk in range(nb):  # each block's tokens: B rows of 656 bytes from its start
+        tokens = cache[blk, :B * 656].view(B, 656)
+        s = tokens[:, 512:528].clone().view(torch.float32)
+        s *= torch.empty_like(s).uniform_(1.05, 1.95)
+        tokens[:, 512:528] = s.view(torch.uint8)
+        codes.append(tokens[:, :512].clone())
+        scales.append(s)
+    table = torch.tensor([[0, 1]], dtype=torch.int32)
+    seq = torch.tensor([nb * B], dtype=torch.int32)
+    want = torch.full((1, nb * B, D), float("nan"), dtype=torch.bfloat16)
+    torch.ops.dsv4.dequantize_and_gather(cache, "v32_fp8", B, 1.0, table, seq, None, 0, want)
+    got = poisoned((1, nb * B, D), torch.bfloat16)
+    op("dequantize_and_gather")(to_dev(cache), "v32_fp8", B, 1.0, *to_dev(table, seq), None, 0, got)
+    assert torch.equal(got.cpu(), want)
+    reference = ref.decode_v32(cache, B, range(nb * B))  # float64, scales read as bf16
+    assert torch.equal(want[0], reference.to(torch.bfloat16))
+    fp32_read = torch.cat(codes).view(torch.float8_e4m3fn).double() * \
+        torch.cat(scales).double().repeat_interleave(128, dim=1)
+    differs = (want[0, :, :512] != fp32_read.to(torch.bfloat16)).sum().item()
+    assert differs > nb * B * 512 // 20
+
+
 # ---------------------------------------------------------------- GEMMs (torch)
 def test_linear_and_grouped_wo_a():
     """The same products as the CPU op up to the order of the fp32 sums (bf16 operands on a GPU,

@@ -116,7 +116,8 @@ def load_kv_values(u8, bf, f32, slot, valid, dims, block_stride, block_size, ten
         code = tl.load(u8 + row + d, mask=v & nope, other=0)
         sc = tl.load(f32 + (row + 512) // 4 + d // 128, mask=v & nope, other=1.0)
         rope = tl.load(bf + (row + 528) // 2 + (d - 512), mask=v & (d >= 512), other=0)
-        val = tl.where(nope, fp8_e4m3_to_f32(code) * sc, bf16_bits_to_f32(rope))
+        # The fp32 scale read as bf16 (docs/spec.md §7; exact for UE8M0 scales).
+        val = tl.where(nope, fp8_e4m3_to_f32(code) * round_bf16(sc), bf16_bits_to_f32(rope))
     elif LAYOUT == 2:  # BF16
         row = (base + off * 1024)[:, None]
         val = bf16_bits_to_f32(tl.load(bf + row // 2 + d, mask=v, other=0))

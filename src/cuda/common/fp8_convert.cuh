@@ -78,17 +78,25 @@ __device__ __forceinline__ uint4 fp8x8_to_bf16x8_scaled(const uint2& codes, floa
 }
 
 // A power-of-two scale (a UE8M0 byte's 2^(u - 127), a NaN for 255) as the bf16x2 factor of
-// fp8x16_to_bf16x16_pow2, in both halves: exact, since its float has no mantissa bits below bf16's
-// (2^-127, a float subnormal, is bf16's subnormal 0x0040).
+// fp8x16_to_bf16x16_bf16_scale, in both halves: exact, since its float has no mantissa bits below
+// bf16's (2^-127, a float subnormal, is bf16's subnormal 0x0040).
 __device__ __forceinline__ uint32_t pow2_scale_bf16x2(float scale) { return (__float_as_uint(scale) >> 16) * 0x10001u; }
 
-// Sixteen fp8 e4m3 codes (one 16-byte chunk) times a power-of-two scale → two 16-byte chunks of
-// bf16, bit-identical to the host's round_bf16(fp8 · scale) and to fp8x16_to_bf16x16, in one
-// instruction fewer per pair: every e4m3 value is a bf16 exactly, so each pair is packed to bf16
-// unscaled and multiplied once in bf16 (`scale_bf16x2`: pow2_scale_bf16x2), which rounds the exact
-// product once, as the host does (subnormal results and overflow included; a NaN code stays NaN).
-// (Tested for every code and scale byte: test_fp8_convert_cuda.cu.)
-__device__ __forceinline__ void fp8x16_to_bf16x16_pow2(const uint4& codes, uint32_t scale_bf16x2, uint4& lo, uint4& hi) {
+// Any float scale rounded to bf16 (to nearest even, dtype.h's round_bf16 for every non-NaN), in
+// both halves: the factor of fp8x16_to_bf16x16_bf16_scale for V3.2's fp32 block scales, which are
+// read as bf16 (docs/spec.md §7; exact for the UE8M0 scales writers store).
+__device__ __forceinline__ uint32_t rounded_scale_bf16x2(float scale) { return pack_bf16x2(scale, scale); }
+
+// Sixteen fp8 e4m3 codes (one 16-byte chunk) times a scale held in bf16 → two 16-byte chunks of
+// bf16, bit-identical to the host's round_bf16(fp8 · scale): every e4m3 value is a bf16 exactly,
+// so each pair is packed to bf16 unscaled and multiplied once in bf16 (`scale_bf16x2`, the scale
+// in both halves), which rounds the exact product once; the host's fp32 product is exact too (at
+// most 4 + 8 significant bits, the lowest no finer than 2^-142), so its one bf16 rounding is the
+// same (subnormal results and overflow included; a NaN code or scale gives a NaN). One instruction
+// fewer per pair than the float multiply. (Tested for every code at every scale byte and every
+// bf16 scale: test_fp8_convert_cuda.cu.)
+__device__ __forceinline__ void fp8x16_to_bf16x16_bf16_scale(const uint4& codes, uint32_t scale_bf16x2, uint4& lo,
+                                                             uint4& hi) {
   const uint32_t word[4] = {codes.x, codes.y, codes.z, codes.w};
   uint32_t out[8];
 #pragma unroll

@@ -348,13 +348,17 @@ __device__ __forceinline__ void store_slot(TileRegs<L, kCluster>& regs, const Ch
     } else {
       scale = __uint_as_float(blk == 0 ? scales.x : blk == 1 ? scales.y : blk == 2 ? scales.z : scales.w);
     }
-    // An invalid slot's codes are zeros already (load_chunk), so converting them gives the
-    // zeros it needs; MODEL1 converts unconditionally (1226 → 1105 instructions
-    // per tile at H 64), the other layouts keep the branch, without which ptxas spills them
-    // (V3.2 H 64: 64 bytes).
+    // The block-scaled layouts convert in bf16 (their scales are bf16 values: UE8M0 bytes, and
+    // V3.2's fp32 read as bf16, spec §7); FP8_PER_TENSOR's float scale keeps the float multiply.
+    // An invalid slot's codes and scales are zeros already (load_chunk, load_scales), so
+    // converting them gives the zeros it needs: the block-scaled layouts convert unconditionally
+    // (V3.2's H 64 producer loop: 1209 → 974 instructions a tile, with 4 local loads from a
+    // 20-byte spill; with FP8_PER_TENSOR's branch 1097 and none).
     uint4 lo, hi;
     if constexpr (L == KvLayout::model1_fp8) {
-      fp8x16_to_bf16x16_pow2(regs.fp8[i], pow2_scale_bf16x2(scale), lo, hi);  // UE8M0: a power of two
+      fp8x16_to_bf16x16_bf16_scale(regs.fp8[i], pow2_scale_bf16x2(scale), lo, hi);  // UE8M0: a power of two
+    } else if constexpr (L == KvLayout::v32_fp8) {
+      fp8x16_to_bf16x16_bf16_scale(regs.fp8[i], rounded_scale_bf16x2(scale), lo, hi);
     } else if (valid) {
       fp8x16_to_bf16x16(regs.fp8[i], scale, lo, hi);
     } else {

@@ -549,49 +549,54 @@ TEST_F(SparseDecodeCudaEdge, V32ScalesAreReadAsBf16) {
 }
 
 // ---- combine alone ---------------------------------------------------------------------------
+// 5 splits: one group of the splits a lane loads at once and a partial one; 70: three rounds of
+// the 32 lse values the lanes read at once, the last partial.
 TEST_F(SparseDecodeCudaEdge, CombineMatchesFloat64Formula) {
-  const int b = 3, s_q = 2, h = 64, splits = 5;
-  const int64_t rows = int64_t{b} * s_q * h;
-  std::mt19937 rng(11);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> po(static_cast<size_t>(rows * splits * 512)), plse(static_cast<size_t>(rows * splits)),
-      sink(h);
-  for (auto& x : po) x = normal(rng);
-  for (int64_t i = 0; i < rows * splits; ++i) plse[i] = (i % 7 == 3) ? -INFINITY : 4.0f * normal(rng);
-  for (int s = 0; s < splits; ++s) plse[5 * splits + s] = -INFINITY;  // one row with no valid key
-  for (int i = 0; i < h; ++i) sink[i] = i == 0 ? INFINITY : i == 1 ? -INFINITY : normal(rng);
-  const DeviceBuffer<float> dpo(po), dplse(plse), dsink(sink);
-  DeviceBuffer<uint16_t> dout(static_cast<size_t>(rows * 512));
-  DeviceBuffer<float> dlse(static_cast<size_t>(rows));
-  dout.poison();
-  dlse.poison();
-  cuda::sparse_attention_combine(dpo.view(DType::fp32, {b, s_q, h, splits, 512}),
-                                 dplse.view(DType::fp32, {b, s_q, h, splits}), dsink.view(DType::fp32, {h}),
-                                 dout.view(DType::bf16, {b, s_q, h, 512}), dlse.view(DType::fp32, {b, s_q, h}),
-                                 nullptr);
-  DSV4_ASSERT_CUDA(cudaDeviceSynchronize());
-  const auto out = dout.download();
-  const auto lse = dlse.download();
-  for (int64_t r = 0; r < rows; ++r) {
-    double m = -INFINITY;
-    for (int s = 0; s < splits; ++s) m = std::max(m, double(plse[r * splits + s]));
-    if (m == -INFINITY) {
-      ASSERT_TRUE(std::isinf(lse[r]) && lse[r] > 0) << r;
-      for (int i = 0; i < 512; ++i) ASSERT_EQ(out[r * 512 + i] & 0x7fff, 0);
-      continue;
-    }
-    double sum = 0.0;
-    for (int s = 0; s < splits; ++s) sum += std::exp(double(plse[r * splits + s]) - m);
-    const double l = m + std::log(sum);
-    ASSERT_NEAR(lse[r], l, 1e-4 * std::max(1.0, std::fabs(l))) << r;
-    const double f = 1.0 / (1.0 + std::exp(double(sink[r % h]) - l));
-    for (int i = 0; i < 512; ++i) {
-      double o = 0.0;
-      for (int s = 0; s < splits; ++s)
-        o += std::exp(double(plse[r * splits + s]) - l) * po[(r * splits + s) * 512 + i];
-      o *= f;
-      // bf16 output rounding (2^-9 relative) plus fp32 arithmetic on O(1) values.
-      ASSERT_NEAR(bf16_bits_to_float(out[r * 512 + i]), o, 4e-3 * std::fabs(o) + 1e-5) << r << "," << i;
+  for (const int splits : {5, 70}) {
+    SCOPED_TRACE("splits " + std::to_string(splits));
+    const int b = 3, s_q = 2, h = 64;
+    const int64_t rows = int64_t{b} * s_q * h;
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> po(static_cast<size_t>(rows * splits * 512)), plse(static_cast<size_t>(rows * splits)),
+        sink(h);
+    for (auto& x : po) x = normal(rng);
+    for (int64_t i = 0; i < rows * splits; ++i) plse[i] = (i % 7 == 3) ? -INFINITY : 4.0f * normal(rng);
+    for (int s = 0; s < splits; ++s) plse[5 * splits + s] = -INFINITY;  // one row with no valid key
+    for (int i = 0; i < h; ++i) sink[i] = i == 0 ? INFINITY : i == 1 ? -INFINITY : normal(rng);
+    const DeviceBuffer<float> dpo(po), dplse(plse), dsink(sink);
+    DeviceBuffer<uint16_t> dout(static_cast<size_t>(rows * 512));
+    DeviceBuffer<float> dlse(static_cast<size_t>(rows));
+    dout.poison();
+    dlse.poison();
+    cuda::sparse_attention_combine(dpo.view(DType::fp32, {b, s_q, h, splits, 512}),
+                                   dplse.view(DType::fp32, {b, s_q, h, splits}), dsink.view(DType::fp32, {h}),
+                                   dout.view(DType::bf16, {b, s_q, h, 512}), dlse.view(DType::fp32, {b, s_q, h}),
+                                   nullptr);
+    DSV4_ASSERT_CUDA(cudaDeviceSynchronize());
+    const auto out = dout.download();
+    const auto lse = dlse.download();
+    for (int64_t r = 0; r < rows; ++r) {
+      double m = -INFINITY;
+      for (int s = 0; s < splits; ++s) m = std::max(m, double(plse[r * splits + s]));
+      if (m == -INFINITY) {
+        ASSERT_TRUE(std::isinf(lse[r]) && lse[r] > 0) << r;
+        for (int i = 0; i < 512; ++i) ASSERT_EQ(out[r * 512 + i] & 0x7fff, 0);
+        continue;
+      }
+      double sum = 0.0;
+      for (int s = 0; s < splits; ++s) sum += std::exp(double(plse[r * splits + s]) - m);
+      const double l = m + std::log(sum);
+      ASSERT_NEAR(lse[r], l, 1e-4 * std::max(1.0, std::fabs(l))) << r;
+      const double f = 1.0 / (1.0 + std::exp(double(sink[r % h]) - l));
+      for (int i = 0; i < 512; ++i) {
+        double o = 0.0;
+        for (int s = 0; s < splits; ++s)
+          o += std::exp(double(plse[r * splits + s]) - l) * po[(r * splits + s) * 512 + i];
+        o *= f;
+        // bf16 output rounding (2^-9 relative) plus fp32 arithmetic on O(1) values.
+        ASSERT_NEAR(bf16_bits_to_float(out[r * 512 + i]), o, 4e-3 * std::fabs(o) + 1e-5) << r << "," << i;
+      }
     }
   }
 }

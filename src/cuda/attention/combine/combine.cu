@@ -1,6 +1,12 @@
 // Split-KV combine kernel: one warp per (query row, head); each lane owns 16 of the 512 value
 // dims (four float4 columns 128 apart, so every load instruction is coalesced). Splits are
 // merged in index order by every lane alike: no atomics, bit-identical run to run.
+//
+// Its time is load latency, not bandwidth: a row's partials are a few KB, read once from L2. So
+// the lanes read 32 splits' lse in one round trip (not one split after another), and a lane
+// loads the partial o of kSplitsInFlight splits before it accumulates any. The arithmetic and its
+// order are those of one loop over the splits (max, then the sum of exp in index order, then
+// acc += w · o in index order), so the outputs do not depend on how the loads are grouped.
 #include "cuda/attention/combine/combine.h"
 
 #include <cmath>
@@ -14,6 +20,64 @@ namespace {
 
 constexpr int kDv = 512;
 constexpr int kWarpsPerBlock = 4;
+constexpr int kSplitsInFlight = 4;  // splits whose o a lane has in flight at once (16 float4)
+
+// The largest split lse of the row (−inf when every split is empty), lane s of each round
+// loading split base + s.
+__device__ __forceinline__ float max_split_lse(const float* lse_in, int num_splits, int lane) {
+  float m = -INFINITY;
+  for (int base = 0; base < num_splits; base += 32)
+    if (base + lane < num_splits) m = fmaxf(m, lse_in[base + lane]);
+#pragma unroll
+  for (int offset = 16; offset >= 1; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  return m;
+}
+
+// Σ_s exp(lse_s − m) in split order on every lane (the values pass by shuffle, the sum is the
+// same sequence of additions as a loop over the splits).
+__device__ __forceinline__ float sum_split_weights(const float* lse_in, int num_splits, float m, int lane) {
+  float sum = 0.0f;
+  for (int base = 0; base < num_splits; base += 32) {
+    const float mine = base + lane < num_splits ? lse_in[base + lane] : -INFINITY;
+    const int count = min(32, num_splits - base);
+    for (int j = 0; j < count; ++j) sum += expf(__shfl_sync(0xffffffffu, mine, j) - m);
+  }
+  return sum;
+}
+
+// acc = Σ_s w_s · o_s over the splits in index order, w_s = exp(lse_s − lse); a split of weight
+// 0 (empty, or far below the row's lse) is skipped, its o not read. The o of kSplitsInFlight
+// splits is requested before any of them is accumulated.
+__device__ __forceinline__ void accumulate_splits(const float* po_row, const float* lse_in, int num_splits,
+                                                  float lse, int lane, float4 (&acc)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int first = 0; first < num_splits; first += kSplitsInFlight) {
+    float w[kSplitsInFlight];
+    float4 v[kSplitsInFlight][4];
+#pragma unroll
+    for (int k = 0; k < kSplitsInFlight; ++k) {
+      const int s = first + k;
+      w[k] = s < num_splits ? expf(lse_in[s] - lse) : 0.0f;  // empty split: exp(−inf) = 0
+      if (w[k] != 0.0f) {
+        const float* po = po_row + static_cast<int64_t>(s) * kDv + lane * 4;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[k][i] = *reinterpret_cast<const float4*>(po + i * 128);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kSplitsInFlight; ++k) {
+      if (w[k] == 0.0f) continue;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        acc[i].x += w[k] * v[k][i].x;
+        acc[i].y += w[k] * v[k][i].y;
+        acc[i].z += w[k] * v[k][i].z;
+        acc[i].w += w[k] * v[k][i].w;
+      }
+    }
+  }
+}
 
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) combine_kernel(const CombineParams p) {
   grid_dependency_entry();
@@ -29,8 +93,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) combine_kernel(const Comb
   uint16_t* out = p.out + batch * p.out_b_stride + seq * p.out_s_stride + head * p.out_h_stride;
   float* lse_out = p.lse + batch * p.lse_b_stride + seq * p.lse_s_stride + head * p.lse_h_stride;
 
-  float m = -INFINITY;
-  for (int s = 0; s < p.num_splits; ++s) m = fmaxf(m, lse_in[s]);
+  const float m = max_split_lse(lse_in, p.num_splits, lane);
   if (m == -INFINITY) {  // no valid key in any split
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -39,26 +102,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) combine_kernel(const Comb
     if (lane == 0) *lse_out = INFINITY;
     return;
   }
-  float sum = 0.0f;
-  for (int s = 0; s < p.num_splits; ++s) sum += expf(lse_in[s] - m);
-  const float lse = m + logf(sum);
+  const float lse = m + logf(sum_split_weights(lse_in, p.num_splits, m, lane));
 
   float4 acc[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int s = 0; s < p.num_splits; ++s) {
-    const float w = expf(lse_in[s] - lse);  // empty split: exp(−inf) = 0
-    if (w == 0.0f) continue;                // also skips an empty split's (zero) o
-    const float* po = p.partial_o + (row * p.num_splits + s) * kDv + lane * 4;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float4 v = *reinterpret_cast<const float4*>(po + i * 128);
-      acc[i].x += w * v.x;
-      acc[i].y += w * v.y;
-      acc[i].z += w * v.z;
-      acc[i].w += w * v.w;
-    }
-  }
+  accumulate_splits(p.partial_o + row * p.num_splits * kDv, lse_in, p.num_splits, lse, lane, acc);
   // Sink σ: out · e^lse / (e^lse + e^σ) = out / (1 + e^(σ − lse)); σ = +inf → 0, −inf → 1.
   const float factor = p.sink != nullptr ? 1.0f / (1.0f + expf(p.sink[head] - lse)) : 1.0f;
 #pragma unroll

@@ -125,8 +125,11 @@ kernels_step() {
   log "sparse anchors ($versions)"
   local cases i=0 order n
   # KERNELS_ONLY=decode|prefill keeps one kernel's anchors (a change to the other cannot move them).
-  cases=$("$bins/dsv4-new" bench --list | awk -v only="${KERNELS_ONLY:-}" -v keep="${KERNELS_CASES:-.}" \
-    '($1 == "prefill" && $2 ~ /_sink$/ || $1 == "decode" && $2 ~ /_sq2_/) && (only == "" || $1 == only) && $2 ~ keep {print $2}')
+  # Without KERNELS_CASES, decode's anchors are its s_q 2 cases; with it, any decode case it
+  # matches (the s_q 1 small batches are the ones that split and run the combine).
+  cases=$("$bins/dsv4-new" bench --list | awk -v only="${KERNELS_ONLY:-}" -v keep="${KERNELS_CASES:-}" \
+    '($1 == "prefill" && $2 ~ /_sink$/ || $1 == "decode" && ($2 ~ /_sq2_/ || keep != "")) &&
+     (only == "" || $1 == only) && $2 ~ keep {print $2}')
   read -r -a order <<<"$versions"
   n=${#order[@]}
   for c in $cases; do

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -72,7 +73,9 @@ def call(inputs, b: int, s_q: int, splits: int, split_len: int):
 
 def kernel_split(fn, iters: int) -> dict:
     """Mean µs per call of each kernel fn launches, L2 flushed before each call as `timed` does
-    (the flush's memset left out)."""
+    (the flush's memset left out). Launches are programmatic (src/cuda/common/launch.cuh): the
+    combine becomes resident while the decode kernel runs and waits for it, and the profiler
+    counts that wait as the combine's. Run with DSV4_PDL=0 for each kernel's own time."""
     from torch.profiler import ProfilerActivity, profile
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -150,7 +153,9 @@ def main():
                 note = ("planner" if splits == chosen else "") + (" fastest" if splits == best else "")
                 print(f"{b:4} {s_q:3} {splits:6} {split_len // TILE:11} {times[splits]:8.2f}  {note}")
             parts = kernel_split(call(inputs, b, s_q, chosen, dict(plan_list)[chosen]), args.iters)
-            print("       planner's plan, kernel us per call: " +
+            pdl = os.environ.get("DSV4_PDL", "1") != "0"
+            print("       planner's plan, kernel us per call" +
+                  (" (PDL: the combine's includes its wait)" if pdl else "") + ": " +
                   ", ".join(f"{k}: {v:.2f}" for k, v in parts.items()))
 
 

@@ -34,6 +34,7 @@ _rows = []
 _l2 = None
 _SCALE = 1  # --scale: divides batch and token counts (a quick smoke run, not a measurement)
 _CEIL = {}  # ceilings measured in this run: copy_gbps, bf16_tflops (see measure_ceilings)
+_HOST_LEAD_CYCLES = 1_000_000  # ~0.5 ms of GPU spin before each timed call (see timed)
 _IDLE_S = 0.25  # idle before each case so a throttled H100 recovers (as `dsv4 bench` does)
 
 
@@ -52,6 +53,10 @@ def timed(fn, n):
     events = []
     for _ in range(n):
         _l2.zero_()
+        # The GPU waits here while the host enqueues the events and fn's launches behind it, so the
+        # time between them is the GPU's alone. Without it an op shorter than the host's Python
+        # overhead per iteration finds the GPU idle at s: its time then includes its own launch.
+        torch.cuda._sleep(_HOST_LEAD_CYCLES)
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         fn()

@@ -34,6 +34,14 @@ __global__ void convert_all_codes(uint4* out) {
 
 bool bf16_is_nan(uint16_t b) { return (b & 0x7f80) == 0x7f80 && (b & 0x7f) != 0; }
 
+// The bf16 that code `code` became at scale number `scale_index` of a sweep whose thread
+// i converted chunk i % 16 (codes 16·(i % 16) ...) at scale i / 16 into out[2i], out[2i + 1].
+uint16_t converted(const std::vector<uint4>& out, uint32_t scale_index, int code) {
+  const uint4& chunk = out[2 * (16 * scale_index + code / 16) + (code % 16) / 8];
+  const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+  return static_cast<uint16_t>(words[(code % 8) / 2] >> (16 * (code % 2)));
+}
+
 TEST(Fp8ConvertCuda, PowerOfTwoScaleMatchesHostRoundingForEveryCodeAndScaleByte) {
   DSV4_SKIP_WITHOUT_GPU();
   const std::vector<uint4> poison(2 * 256 * 16, make_uint4(0xdeadbeefu, 0xdeadbeefu, 0xdeadbeefu, 0xdeadbeefu));
@@ -45,9 +53,7 @@ TEST(Fp8ConvertCuda, PowerOfTwoScaleMatchesHostRoundingForEveryCodeAndScaleByte)
   for (int u = 0; u < 256; ++u) {
     const float scale = dsv4::ue8m0_to_float(static_cast<uint8_t>(u));
     for (int code = 0; code < 256; ++code) {
-      const uint4& chunk = out[2 * (16 * u + code / 16) + (code % 16) / 8];
-      const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
-      const auto got = static_cast<uint16_t>(words[(code % 8) / 2] >> (16 * (code % 2)));
+      const uint16_t got = converted(out, u, code);
       const float value = dsv4::fp8_e4m3_to_float(static_cast<uint8_t>(code));
       const uint16_t want = dsv4::float_to_bf16_bits(dsv4::ieee_mul(value, scale));
       if (bf16_is_nan(want)) {
@@ -105,9 +111,7 @@ TEST(Fp8ConvertCuda, RoundedFloatScaleMatchesHostForEveryCodeAndBf16Scale) {
     const float scale_bf16 = dsv4::round_bf16(scale);  // the host reads it so (kv_layout.h)
     scale_rounded_up += std::abs(scale_bf16) > std::abs(scale);
     for (int code = 0; code < 256; ++code) {
-      const uint4& chunk = out[2 * (16 * b + code / 16) + (code % 16) / 8];
-      const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
-      const auto got = static_cast<uint16_t>(words[(code % 8) / 2] >> (16 * (code % 2)));
+      const uint16_t got = converted(out, b, code);
       const float value = dsv4::fp8_e4m3_to_float(static_cast<uint8_t>(code));
       const uint16_t want = dsv4::float_to_bf16_bits(dsv4::ieee_mul(value, scale_bf16));
       if (bf16_is_nan(want)) {

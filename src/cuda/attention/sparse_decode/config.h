@@ -42,11 +42,11 @@ inline constexpr int kProducerRegs = kCluster == 1 ? 80 : 152;
 inline constexpr int kDv = 512;           // value dims (V = the first 512 dims of K)
 inline constexpr int kPRowBytes = kTileKeys * 2;  // bf16 probabilities, one row per head
 
-// How a producer splits a tile: with a cluster of kCluster CTAs each producer gathers
-// kTileKeys / kCluster keys, kThreadsPerKey threads per key (4 either way); thread `sub` of a key loads fp8
+// How a producer splits a tile: with a cluster of kCluster CTAs each producer gathers kTileKeys /
+// kCluster keys, kThreadsPerKey threads per key (4 either way); thread `sub` of a key loads fp8
 // chunks (16 values) sub, sub + kThreadsPerKey, ... and bf16 chunks (8 values) likewise, so a
-// thread's chunks of one quantization block sit at consecutive i (kThreadsPerKey divides the
-// chunks per block).
+// thread's chunks of one quantization block sit at consecutive i (kThreadsPerKey divides the chunks
+// per block).
 template <int kCluster>
 inline constexpr int kThreadsPerKey = kProducerThreads<kCluster> * kCluster / kTileKeys;
 

@@ -414,15 +414,15 @@ struct CtaWork {
 // has read them), whose release/acquire racecheck models (a named-barrier arrive it does not).
 inline constexpr int kBarConsumers = 1;
 
-// The producer warpgroups: per tile t, this thread's slot (my_key) is loaded into registers kBuffers tiles
-// ahead of its dequantization (two buffers when a cluster halves a thread's share, so a tile's
-// load latency overlaps two tile periods). Each buffer's next index is read kBuffers tiles before
-// it is needed, into a register of its own (refill_index[b]) overwritten in place: a pair of
-// indices rotated per tile made ptxas copy the one just requested at the unrolled loop's end,
-// which waited out a whole load latency every two tiles (MODEL1's cluster kernel's SASS). The
-// registers are dequantized into stage t%2 (of both CTAs of a cluster) once the consumers (of
-// both) have released it. The stage's key-valid flags cover the whole tile in every
-// CTA: in a cluster thread `sub` 1 of each key also records the peer's key at the same place.
+// The producer warpgroups: per tile t, this thread's slot (my_key) is loaded into registers
+// kBuffers tiles ahead of its dequantization (two buffers when a cluster halves a thread's share,
+// so a tile's load latency overlaps two tile periods). Each buffer's next index is read kBuffers
+// tiles before it is needed, into a register of its own (refill_index[b]) overwritten in place: a
+// pair of indices rotated per tile made ptxas copy the one just requested at the unrolled loop's
+// end, which waited out a whole load latency every two tiles (MODEL1's cluster kernel's SASS). The
+// registers are dequantized into stage t%2 (of both CTAs of a cluster) once the consumers (of both)
+// have released it. The stage's key-valid flags cover the whole tile in every CTA: in a cluster
+// thread `sub` 1 of each key also records the peer's key at the same place.
 template <KvLayout L, int kCluster>
 __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w, SharedPlan<L>& plan) {
   using Plan = SharedPlan<L>;
@@ -503,8 +503,8 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
   if (tid == 0) DSV4_TRACE(trace_cta(), trace::kOnceRow, 6);
 }
 
-// The producer for a layout stored as the tensor cores read it (BF16) without a cluster: per tile t the
-// thread's slot row is copied by cp.async straight into stage t%2 (zero-filled for an invalid
+// The producer for a layout stored as the tensor cores read it (BF16) without a cluster: per tile t
+// the thread's slot row is copied by cp.async straight into stage t%2 (zero-filled for an invalid
 // slot, which reads nothing) and the index of tile t+1 read. The copies of tile t+1 fly while the
 // consumers multiply tile t. The stage's `full` barrier counts two arrivals per thread: one
 // (release) for its key_valid flag, one when its copies have landed

@@ -9,6 +9,10 @@ Needs what side_by_side.py needs (the measurement-only FlashMLA build, its tests
   flash128                V4-Flash: H 64, 128 (block 256) + 512 (block 64), b 128, s_q 2
   pro128                  V4-Pro: H 128, 128 + 1024, b 128, s_q 2
   v32                     V3.2: H 128, topk 2048, d 576, b 128, s_q 2
+and FlashMLA's prefill performance cases (s_q 4096, attn_sink, s_kv 8192), both prefill kernels:
+  prefill_v32             H 128, topk 2048, d 576
+  prefill_flash           V4-Flash: H 64, topk 512, d 512
+  prefill_pro             V4-Pro: H 128, topk 1024, d 512
 """
 import os
 import sys
@@ -18,6 +22,7 @@ import lib  # FlashMLA's tests/lib.py
 import flash_mla
 import dsv4attn.flash_mla as ours
 from lib import RawTestParamForDecode as Raw
+from lib import TestParam
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".peers", "flashmla"))
 import side_by_side  # noqa: E402  (its with_impl points lib's calls at one implementation)
@@ -31,12 +36,26 @@ CASES = {
                   block_size=256, extra_block_size=64),
     "v32": Raw(128, 128, 2, 1, 32768, True, topk=2048, d_qk=576),
 }
+PREFILL_CASES = {
+    "prefill_v32": TestParam(4096, 8192, 2048, h_q=128, d_qk=576, have_attn_sink=True),
+    "prefill_flash": TestParam(4096, 8192, 512, h_q=64, d_qk=512, have_attn_sink=True),
+    "prefill_pro": TestParam(4096, 8192, 1024, h_q=128, d_qk=512, have_attn_sink=True),
+}
 
 
 def main():
     torch.set_default_dtype(torch.bfloat16)
     torch.set_default_device("cuda:0")
     for name in sys.argv[1:]:
+        if name in PREFILL_CASES:
+            p = PREFILL_CASES[name]
+            p.seed = 1
+            t = lib.generate_testcase(p)
+            for mod in (flash_mla, ours):
+                side_by_side.with_impl(mod, lambda: lib.run_flash_mla_sparse_fwd(p, t, False))
+                torch.cuda.synchronize()
+            print("ran", name, flush=True)
+            continue
         p = CASES[name].to_test_param()
         p.seed = 1
         t = lib.generate_testcase_for_decode(p)

@@ -87,6 +87,14 @@ std::shared_ptr<void> device_alloc(size_t bytes) {
   return std::shared_ptr<void>(rt::device_malloc(bytes, kWhere), rt::device_free);
 }
 
+std::shared_ptr<void> device_tiled(const std::vector<uint8_t>& pattern, size_t bytes) {
+  auto d = device_alloc(bytes);
+  for (size_t at = 0; at < bytes; at += pattern.size())
+    rt::copy_host_to_device(static_cast<uint8_t*>(d.get()) + at, pattern.data(), std::min(pattern.size(), bytes - at),
+                            kWhere);
+  return d;
+}
+
 int device_count() {
   std::string why;
   return static_cast<int>(rt::devices(&why).size());

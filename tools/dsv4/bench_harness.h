@@ -62,6 +62,9 @@ Timing time_launch(const LaunchFn& launch, int rotations, int warmup, int reps);
 // Device helpers for case setup, through the library's runtime services (src/runtime/): the
 // harness decides at run time whether there is a GPU. They throw dsv4::Error on failure.
 std::shared_ptr<void> device_alloc(size_t bytes);  // freed when the last owner goes
+// `bytes` on the device filled with `pattern` repeated (a host pattern for a large input whose
+// values need not differ across it: a cache of ≥ 1 GiB so its gathered rows miss L2).
+std::shared_ptr<void> device_tiled(const std::vector<uint8_t>& pattern, size_t bytes);
 int device_count();
 std::string device_name();
 int device_sm_count();

@@ -64,15 +64,6 @@ Counts counts_of(const IndexerShape& s) {
   return c;
 }
 
-// `bytes` on the device filled with `pattern` repeated.
-std::shared_ptr<void> tiled(const std::vector<uint8_t>& pattern, size_t bytes) {
-  auto d = device_alloc(bytes);
-  for (size_t at = 0; at < bytes; at += pattern.size())
-    rt::copy_host_to_device(static_cast<uint8_t*>(d.get()) + at, pattern.data(),
-                            std::min(pattern.size(), bytes - at), "bench indexer: upload");
-  return d;
-}
-
 template <typename T>
 std::vector<uint8_t> bytes_of(const std::vector<T>& v) {
   std::vector<uint8_t> b(v.size() * sizeof(T));
@@ -107,17 +98,20 @@ IndexerInputs make_inputs(const IndexerShape& s, const Counts& c, int sets) {
     weights[r] = 0.3f * normal(rng);
   }
   const int64_t T = c.T;
-  in.q = TensorView(own(tiled(codes, size_t(T) * kHeads * kDim)), DType::fp8_e4m3, {T, kHeads, kDim}, Device::cuda);
-  in.q_scale = TensorView(own(tiled(bytes_of(scales), size_t(T) * kHeads * 4)), DType::fp32, {T, kHeads}, Device::cuda);
-  in.w = TensorView(own(tiled(bytes_of(weights), size_t(T) * kHeads * 4)), DType::fp32, {T, kHeads}, Device::cuda);
+  in.q = TensorView(own(device_tiled(codes, size_t(T) * kHeads * kDim)), DType::fp8_e4m3, {T, kHeads, kDim},
+                    Device::cuda);
+  in.q_scale = TensorView(own(device_tiled(bytes_of(scales), size_t(T) * kHeads * 4)), DType::fp32, {T, kHeads},
+                          Device::cuda);
+  in.w = TensorView(own(device_tiled(bytes_of(weights), size_t(T) * kHeads * 4)), DType::fp32, {T, kHeads},
+                    Device::cuda);
   std::vector<int32_t> pos, req;
   for (int r = 0; r < s.requests; ++r)
     for (int i = 0; i < s.new_tokens; ++i) {
       pos.push_back(s.context + i);
       req.push_back(r);
     }
-  in.pos = TensorView(own(tiled(bytes_of(pos), pos.size() * 4)), DType::int32, {T}, Device::cuda);
-  in.req = TensorView(own(tiled(bytes_of(req), req.size() * 4)), DType::int32, {T}, Device::cuda);
+  in.pos = TensorView(own(device_tiled(bytes_of(pos), pos.size() * 4)), DType::int32, {T}, Device::cuda);
+  in.req = TensorView(own(device_tiled(bytes_of(req), req.size() * 4)), DType::int32, {T}, Device::cuda);
 
   // Keys: a pattern of 64 encoded blocks tiled over every set's blocks; set k's requests own
   // blocks [k · blocks_per_set, (k + 1) · blocks_per_set).
@@ -132,14 +126,14 @@ IndexerInputs make_inputs(const IndexerShape& s, const Counts& c, int sets) {
       indexer_key_encode(key_pattern.data() + b * block_bytes, kBlock, off, row.data());
     }
   const int64_t blocks = blocks_per_set * sets;
-  in.keys.data = TensorView(own(tiled(key_pattern, size_t(blocks * block_bytes))), DType::uint8, {blocks, block_bytes},
-                            Device::cuda);
+  in.keys.data = TensorView(own(device_tiled(key_pattern, size_t(blocks * block_bytes))), DType::uint8,
+                            {blocks, block_bytes}, Device::cuda);
   in.keys.block_size = kBlock;
   for (int k = 0; k < sets; ++k) {
     std::vector<int32_t> table(size_t(s.requests) * blocks_per_request);
     std::iota(table.begin(), table.end(), static_cast<int32_t>(k * blocks_per_set));
     std::shuffle(table.begin(), table.end(), rng);
-    in.tables.push_back(TensorView(own(tiled(bytes_of(table), table.size() * 4)), DType::int32,
+    in.tables.push_back(TensorView(own(device_tiled(bytes_of(table), table.size() * 4)), DType::int32,
                                    {s.requests, blocks_per_request}, Device::cuda));
   }
   in.scores = TensorView(own(device_alloc(size_t(T) * c.N * 4)), DType::fp32, {T, c.N}, Device::cuda);

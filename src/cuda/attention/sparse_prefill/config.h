@@ -57,9 +57,11 @@ struct Config {
   static constexpr int kPOffsetInTile = kDv * kTile * 2;  // byte offset of the rope block
 
   // Register split (setmaxnreg): math warpgroups hold O (128 fp32) + S (32) + P (16); the producer
-  // only computes addresses. 2·232·128 + 40·128 = 64512 ≤ 65536 (224 for math spills).
-  static constexpr uint32_t kMathRegs = 232;
-  static constexpr uint32_t kProducerRegs = 40;
+  // only computes addresses. 2·224·128 + 56·128 = 64512 ≤ 65536. With the math warpgroups'
+  // addresses in uniform registers (kernel.cuh) neither role spills at 224 / 56; at 232 / 40 the
+  // producer's gather loop does.
+  static constexpr uint32_t kMathRegs = 224;
+  static constexpr uint32_t kProducerRegs = 56;
 
   // A tile arrives in two halves (columns [0, 256) and [256, d_qk)) so S can start on the first.
   static constexpr int kSplitBlocks = 4;           // 64-column blocks in the first half
@@ -77,6 +79,7 @@ struct Config {
     float row_seen_max[2][kHeads];  // true running max after the tile (for max_logits)
     float row_scale[2][kHeads];  // factor the tile's owner applied to O and l
     float row_sum[2][2][kHeads];  // [item parity][WG] partial l, exchanged at the item's end
+    uint8_t key_valid[2][kTile];  // [buffer][row]: 1 if the row's index was valid, by the producer
     uint64_t q_full, q_empty;
     uint64_t k_full[2][2];  // [buffer][half]
     uint64_t p_ready[2];    // [local tile parity]: P and row stats of a tile published by its owner

@@ -23,6 +23,8 @@
 
 #include <cstdint>
 
+#include <cutlass/cutlass.h>
+
 #include "cuda/attention/sparse_prefill/config.h"
 #include "cuda/attention/sparse_prefill/math.cuh"
 #include "cuda/attention/sparse_prefill/producer.cuh"
@@ -40,7 +42,9 @@ __device__ __forceinline__ void init_barriers(Plan& plan) {
   ptx::mbarrier_init(&plan.q_full, 1);     // the producer's expect-tx arrival (+ TMA bytes)
   ptx::mbarrier_init(&plan.q_empty, 256);  // every math thread, after its last S of the item
   for (int b = 0; b < 2; ++b) {
-    ptx::mbarrier_init(&plan.k_full[b][0], 128);  // one cp.async arrival per producer thread
+    // Per producer thread: one cp.async arrival per half, and on the first half's barrier also
+    // one (release) for its rows' key_valid flags.
+    ptx::mbarrier_init(&plan.k_full[b][0], 256);
     ptx::mbarrier_init(&plan.k_full[b][1], 128);
     ptx::mbarrier_init(&plan.p_ready[b], 128);  // the owner WG's threads
     ptx::mbarrier_init(&plan.k_empty[b], 256);  // every math thread, after its P·V on the tile
@@ -66,7 +70,10 @@ __global__ void __launch_bounds__(Config<D_QK>::kThreads, 1)
     Producer<D_QK>(p, plan).run();
   } else {
     ptx::warpgroup_regs_increase<Cfg::kMathRegs>();
-    MathWarpgroup<D_QK>(p, plan, warpgroup).run();
+    // The index as a broadcast from lane 0, which the compiler knows to be warp-uniform: it
+    // reaches every shared-memory address a math warpgroup forms, and those, and the wgmma
+    // descriptors made from them, stay in uniform registers only if they are provably uniform.
+    MathWarpgroup<D_QK>(p, plan, cutlass::canonical_warp_group_idx()).run();
   }
 #endif
 }

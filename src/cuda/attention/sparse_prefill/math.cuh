@@ -124,17 +124,16 @@ struct MathWarpgroup {
     wgmma_ss(MmaPvSmem{}, p_tile(t, buf_of(t)), v_half(buf_of(t)), rO, false);
     wgmma_commit();
   }
-  // Validity of this thread's 16 S columns of tile t (slot < topk_length, index in [0, s_kv)).
+  // Validity of this thread's 16 S columns of tile t (slot < topk_length, index in [0, s_kv)), as
+  // the producer recorded it per row (key_valid) before its arrival on the first half's k_full:
+  // call after that wait. Column pair (8j + 2q, +1) is one 2-byte read.
   __device__ __forceinline__ uint32_t column_mask(int t) const {
+    const uint8_t* flags = plan.key_valid[buf_of(t)];
     uint32_t bits = 0;
     CUTE_UNROLL
     for (int i = 0; i < 32; i += 4) {
-      CUTE_UNROLL
-      for (int e = 0; e < 2; ++e) {
-        const int slot = t * kTile + acc_col(i + e, tid);
-        const int idx = slot < it.valid_len ? __ldg(it.indices + slot) : -1;
-        if (idx >= 0 && idx < p.s_kv) bits |= 1u << (i / 2 + e);
-      }
+      const uint16_t pair = *reinterpret_cast<const uint16_t*>(flags + acc_col(i, tid));
+      bits |= (pair & 1u) << (i / 2) | (pair >> 8 & 1u) << (i / 2 + 1);
     }
     return bits;
   }
@@ -164,8 +163,9 @@ struct MathWarpgroup {
     wgmma_commit();
   }
   // B-D of own tile t, after the wait for its predecessors.
-  __device__ __forceinline__ void own_tile(int t, uint32_t valid_bits) {
+  __device__ __forceinline__ void own_tile(int t) {
     issue_s(t);
+    const uint32_t valid_bits = column_mask(t);  // read while S runs
     wgmma_wait<0>();  // S done
     s_done(t);
     float scale[2];
@@ -181,8 +181,7 @@ struct MathWarpgroup {
     const int n = it.num_tiles;
     int t = wg;
     if (wg == 0 && n > 0) {  // WG0's first tile has no remote predecessor
-      const uint32_t bits = column_mask(0);
-      own_tile(0, bits);
+      own_tile(0);
       t = 2;
     }
     // The remote P·V is issued and waited for BEFORE the own S so that buffer of tile t-1 is
@@ -191,11 +190,10 @@ struct MathWarpgroup {
     for (; t < n; t += 2) {
       wgmma_wait<0>();  // A: own P·V of tile t-2 done
       release_own_tile(t);
-      const uint32_t bits = column_mask(t);
       accumulate_remote(t - 1);  // C
       wgmma_wait<0>();           // P·V of tile t-1 done → its buffer is free
       ptx::mbarrier_arrive(&plan.k_empty[buf_of(t - 1)]);
-      own_tile(t, bits);         // B, D
+      own_tile(t);               // B, D
     }
     if (t == n && t >= 1) {  // the item's last tile is the other WG's
       wgmma_wait<0>();
@@ -282,6 +280,11 @@ struct MathWarpgroup {
     int k = 0;
     for (int item = blockIdx.x; item < work.num_items; item += gridDim.x, ++k) {
       it = work.at(p, item);
+      // Broadcast from lane 0 (every lane read the same length): the tile count, and the CTA tile
+      // number g it advances, are then warp-uniform, so the buffer indices, the shared-memory
+      // addresses and the wgmma descriptors made from them stay in uniform registers instead of
+      // being formed per thread and moved over (R2UR) for every product.
+      it.num_tiles = __shfl_sync(0xffffffffu, it.num_tiles, 0);
       const int n = it.num_tiles;
       cute::clear(rO);
       m_run[0] = m_run[1] = m_seen[0] = m_seen[1] = -INFINITY;

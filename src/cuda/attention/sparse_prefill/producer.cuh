@@ -125,6 +125,13 @@ struct Producer {
       if (buf) staged1 = -1;
       else staged0 = -1;
     }
+    // The rows' validity for the math warpgroups' masks (their column_mask), published with a
+    // release arrival on the first half's barrier they wait on.
+    if (lane8 == 0) {
+#pragma unroll
+      for (int rk = 0; rk < kRowsPerThread; ++rk) plan.key_valid[buf][group + 16 * rk] = valid[rk];
+    }
+    ptx::mbarrier_arrive(&plan.k_full[buf][0]);
     gather_blocks(plan.k[buf], src, valid, 0, Cfg::kSplitBlocks);
     ptx::cp_async_arrive_noinc(&plan.k_full[buf][0]);
     gather_blocks(plan.k[buf], src, valid, Cfg::kSplitBlocks, kBlocks);

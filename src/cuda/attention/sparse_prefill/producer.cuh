@@ -101,7 +101,8 @@ struct Producer {
 
   // Tile t of `it` (CTA tile g) into buffer g % 2: its rows' sources from the indices read one
   // tile ago, the next indices, the buffer's release by the math WGs (and the store of an O
-  // staged in it), then the gather in two halves, each announced on its own k_full barrier.
+  // staged in it), then the gather in two halves, each announced on its own k_full barrier (the
+  // math WGs wait for both before S).
   __device__ __forceinline__ void gather_tile(const WorkItem& it, int item, int t, uint32_t g) {
     const int buf = g & 1;
     const uint8_t* src[kRowsPerThread];

@@ -34,6 +34,21 @@ using MmaPvRegsN128 = decltype(cute::make_tiled_mma(
 using MmaPvSmemN128 = decltype(cute::make_tiled_mma(
     cute::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>{}));
 
+// The `valid_bits` of online_softmax_tile for this thread from a tile's per-key flags (one byte
+// per key, nonzero: valid): its 16 S columns are 8·j + 2·q + e (q = thread_in_wg % 4, e = 0, 1),
+// so column pair j is one 2-byte read. Both kernels' producers write the flags and publish them
+// on the barrier the consumer waits on before calling this.
+__device__ __forceinline__ uint32_t column_valid_bits(const uint8_t* key_valid, int thread_in_wg) {
+  uint32_t bits = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint16_t two = *reinterpret_cast<const uint16_t*>(key_valid + 8 * j + 2 * (thread_in_wg % 4));
+    bits |= ((two & 0xffu) != 0 ? 1u : 0u) << (2 * j);
+    bits |= ((two >> 8) != 0 ? 1u : 0u) << (2 * j + 1);
+  }
+  return bits;
+}
+
 // One tile: columns whose bit in `valid_bits` is clear (bit 2·(i/4) + i%2 for element i) become
 // −inf, the rest are scaled by `scale_log2` (logits in base 2); the rows' reference maxima `m_run`
 // and this thread's partial row sums `l_part` are updated; P = exp2(s − m) goes to rP as bf16;

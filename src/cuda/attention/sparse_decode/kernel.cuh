@@ -658,15 +658,8 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
     if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 6);
     wgmma_ss(MmaS{}, sQ, k_major_tile<kTileKeys, L>(stage), rS, /*zero_init=*/true);
     wgmma_commit();
-    // Validity of this thread's 16 key columns (8·j + 2·q4 + e) while S is in flight.
-    const uint8_t* valid = plan.key_valid[t & 1];
-    uint32_t valid_bits = 0;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const uint16_t two = *reinterpret_cast<const uint16_t*>(valid + 8 * j + 2 * q4);
-      valid_bits |= ((two & 0xffu) != 0 ? 1u : 0u) << (2 * j);
-      valid_bits |= ((two >> 8) != 0 ? 1u : 0u) << (2 * j + 1);
-    }
+    // Validity of this thread's 16 key columns while S is in flight.
+    const uint32_t valid_bits = column_valid_bits(plan.key_valid[t & 1], tid);
     wgmma_wait<0>();
     warpgroup_fence_operand(rS);
     if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 7);

@@ -126,16 +126,9 @@ struct MathWarpgroup {
   }
   // Validity of this thread's 16 S columns of tile t (slot < topk_length, index in [0, s_kv)), as
   // the producer recorded it per row (key_valid) before its arrival on the first half's k_full:
-  // call after that wait. Column pair (8j + 2q, +1) is one 2-byte read.
+  // call after that wait.
   __device__ __forceinline__ uint32_t column_mask(int t) const {
-    const uint8_t* flags = plan.key_valid[buf_of(t)];
-    uint32_t bits = 0;
-    CUTE_UNROLL
-    for (int i = 0; i < 32; i += 4) {
-      const uint16_t pair = *reinterpret_cast<const uint16_t*>(flags + acc_col(i, tid));
-      bits |= (pair & 1u) << (i / 2) | (pair >> 8 & 1u) << (i / 2 + 1);
-    }
-    return bits;
+    return column_valid_bits(plan.key_valid[buf_of(t)], tid);
   }
   // D1. S of the own tile t is complete: masked online softmax (base 2), publish P and the row
   // stats for the other WG; `scale` is the factor O must be multiplied by.

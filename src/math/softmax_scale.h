@@ -1,11 +1,14 @@
 // The softmax scale of the sparse attention ops (docs/spec.md §6): the caller's, or d_qk^-0.5 when it
-// passes 0 — one rule for the front doors' validation and the CPU kernels.
+// passes 0 — one rule for the front doors' validation and the CPU kernels. The CUDA kernels work in
+// base 2 with scale · log2(e) (kLog2e).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
 namespace dsv4::math {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
 
 inline float effective_softmax_scale(float scale, int64_t d_qk) {
   return scale != 0.0f ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d_qk)));

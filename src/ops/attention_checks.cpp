@@ -39,7 +39,10 @@ int check_cache(const char* where, const char* name, const KvCacheView& cache, D
 }
 
 float resolve_softmax_scale(const char* where, float scale, int64_t d_qk) {
-  if (!std::isfinite(scale)) fail_expected(where, "softmax_scale", "a finite value", scale);
+  // The CUDA sparse prefill multiplies a masked logit's −inf by |scale| · log2(e) inside each
+  // exponent's FFMA: under flush-to-zero a subnormal product would make that −inf · 0 = NaN.
+  if (!std::isfinite(scale) || (scale != 0.0f && !std::isnormal(scale * math::kLog2e)))
+    fail_expected(where, "softmax_scale", "0 (d_qk^-0.5) or a finite value of magnitude at least 8.2e-39", scale);
   return math::effective_softmax_scale(scale, d_qk);
 }
 

@@ -568,6 +568,8 @@ TEST(SparseDecode, BadInputThrowsAndWritesNothing) {
       {"lse.device", [&](auto& a, auto&, auto&) { a.lse.device = dsv4::Device::cuda; }},
       {"d_v", [&](auto& a, auto&, auto&) { a.d_v = 600; }},
       {"softmax_scale", [&](auto& a, auto&, auto&) { a.softmax_scale = NAN; }},
+      // scale · log2(e) subnormal (the CUDA prefill's masked −inf · scale would be NaN under FTZ).
+      {"softmax_scale", [&](auto& a, auto&, auto&) { a.softmax_scale = -4e-39f; }},
       {"extra_k_cache.layout", [&](auto& a, auto&, auto&) { a.extra_k_cache = v32_cache.view(); }},
       {"extra_indices", [&](auto& a, auto&, auto&) { a.extra_k_cache = dsv4::KvCacheView{}; }},
       {"k_cache", [&](auto& a, auto&, auto&) { a.k_cache.data = bad_cache; }},

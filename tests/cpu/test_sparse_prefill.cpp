@@ -246,6 +246,9 @@ TEST(SparsePrefill, BadInputThrowsAndWritesNothing) {
       {"out.shape", [&](auto& a) { a.out = out_bad; }},
       {"max_logits.shape", [&](auto& a) { a.max_logits = ml_bad; }},
       {"d_v", [&](auto& a) { a.d_v = 0; }},
+      {"softmax_scale", [&](auto& a) { a.softmax_scale = INFINITY; }},
+      // scale · log2(e) subnormal (the CUDA kernel's masked −inf · scale would be NaN under FTZ).
+      {"softmax_scale", [&](auto& a) { a.softmax_scale = 4e-39f; }},
       {"attn_sink.device", [&](auto& a) { a.attn_sink.device = dsv4::Device::cuda; }},
       // Outputs: no two elements at one address, non-negative strides, no aliasing.
       {"out: expected an output whose elements do not overlap", [&](auto& a) { a.out.strides[0] = 0; }},

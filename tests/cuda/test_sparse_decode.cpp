@@ -295,6 +295,7 @@ DeviceResult run_cuda(const Problem& pb) {
     if (!pb.extra.lengths.empty()) a.extra_topk_length = TensorView(el.data(), DType::int32, {c.b}, gpu);
   }
   if (c.sink) a.attn_sink = TensorView(sink.data(), DType::fp32, {c.h}, gpu);
+  a.softmax_scale = pb.scale;  // the reference's (d_qk^-0.5 unless a test sets another)
   a.out = TensorView(out.data(), DType::bf16, {c.b, c.s_q, c.h, 512}, gpu);
   a.lse = TensorView(lse.data(), DType::fp32, {c.b, c.s_q, c.h}, gpu);
 
@@ -467,6 +468,22 @@ TEST_F(SparseDecodeCudaEdge, InfiniteSinks) {
     for (int h = 1; h < 64; h += 2)
       for (int i = 0; i < 512; ++i) ASSERT_EQ(r.out[h * 512 + i] & 0x7fff, 0);
   }
+}
+
+// A negative softmax scale (the ops take any finite one): the largest scaled logit is then the
+// smallest q·k, so a softmax that took its max before scaling would be wrong; every layout's kernel
+// (H 64 and the H 128 cluster), split and not.
+TEST_F(SparseDecodeCudaEdge, NegativeSoftmaxScale) {
+  for (KvLayout layout : {KvLayout::model1_fp8, KvLayout::v32_fp8, KvLayout::bf16, KvLayout::fp8_per_tensor})
+    for (int h : {64, 128})
+      for (int splits : {1, 3}) {
+        std::mt19937 rng(11);
+        Case c{"negative_scale", layout, h, 2, 2, 128, 64, 0, 0, splits, false, true};
+        Problem pb(c, rng);
+        pb.scale = -0.06f;
+        SCOPED_TRACE(testing::Message() << "layout " << int(layout) << " H " << h << " splits " << splits);
+        expect_matches_reference(pb, run_cuda(pb));
+      }
 }
 
 // Logits that grow tile after tile (key j of a row is u·c·(j + 1), q a jittered ±u): the

@@ -321,6 +321,19 @@ TEST(SparsePrefillEdge, HeadCountsPaddedTo64) {
   }
 }
 
+// A negative softmax scale: the kernel computes S negated (MmaSNegated) and runs the softmax with
+// |scale|, so the logits, their max (max_logits) and lse must still be those of scale · q·k.
+TEST(SparsePrefillEdge, NegativeSoftmaxScale) {
+  DSV4_SKIP_WITHOUT_GPU();
+  for (int d_qk : {512, 576}) {
+    Problem p = make_problem(3, 64, d_qk, 700, 384, 31 + d_qk);
+    p.scale = -0.07f;
+    std::mt19937 rng(5);
+    p.sink = dsv4::test::random_f32(64, rng);
+    check(p);
+  }
+}
+
 TEST(SparsePrefillEdge, PeakedSoftmaxLargeScale) {
   DSV4_SKIP_WITHOUT_GPU();
   Problem p = make_problem(3, 64, 576, 2000, 512, 18);

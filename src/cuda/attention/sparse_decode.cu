@@ -16,6 +16,7 @@
 #include "cuda/attention/combine/combine.h"
 #include "cuda/attention/sparse_decode/config.h"
 #include "dsv4/status.h"
+#include "math/softmax_scale.h"
 
 namespace dsv4::cuda {
 namespace {
@@ -155,7 +156,7 @@ void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
   p.split_len = schedule.split_len;
   const float scale = args.softmax_scale != 0.0f ? args.softmax_scale
                                                  : static_cast<float>(1.0 / std::sqrt(double(d_qk)));
-  p.scale_log2 = scale * 1.4426950408889634f;
+  p.scale_log2 = scale * math::kLog2e;
   p.out = args.out.ptr<uint16_t>();
   p.out_strides = row_strides(args.out);
   p.lse = args.lse.ptr<float>();

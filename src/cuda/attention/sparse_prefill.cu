@@ -16,6 +16,7 @@
 #include "cuda/attention/sparse_prefill/config.h"
 #include "cuda/common/tma.h"
 #include "dsv4/status.h"
+#include "math/softmax_scale.h"
 #include "dsv4/tensor.h"
 
 namespace dsv4::cuda {
@@ -109,7 +110,7 @@ void sparse_prefill(const SparsePrefillArgs& a, Stream stream) {
   p.ml_stride_h = a.max_logits.stride(1);
   p.lse_stride_s = a.lse.stride(0);
   p.lse_stride_h = a.lse.stride(1);
-  p.scale_log2 = scale * 1.4426950408889634f;
+  p.scale_log2 = scale * math::kLog2e;
   {
     const uint64_t q_dims[3] = {static_cast<uint64_t>(d_qk), static_cast<uint64_t>(heads), static_cast<uint64_t>(s_q)};
     uint64_t q_strides[2];

@@ -18,6 +18,10 @@ namespace dsv4::cuda {
 // S = Q·Kᵀ: M 64 heads, N 64 keys, K over d_qk; both operands K-major in shared memory.
 using MmaS = decltype(cute::make_tiled_mma(
     cute::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>{}));
+// S = −Q·Kᵀ (the instruction negates A for free): for a negative softmax scale c, S·c = (−S)·|c|,
+// so a kernel can hand online_softmax_tile<true> a positive scale (see there).
+using MmaSNegated = decltype(cute::make_tiled_mma(
+    cute::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K, cute::GMMA::ScaleIn::Neg>{}));
 // O[:, 256 value dims] += P·V: P (64 heads × 64 keys) from registers or from shared memory; V is
 // the gathered tile read MN-major (K = V).
 using MmaPvRegs = decltype(cute::make_tiled_mma(
@@ -57,7 +61,13 @@ __device__ __forceinline__ uint32_t column_valid_bits(const uint8_t* key_valid, 
 // With `rescale_slack` > 0 the reference max only moves when the tile's max exceeds it by more
 // than the slack (P ≤ 2^slack, exact in fp32 sums), so `scale` is 1 for most tiles and callers
 // can skip rescaling O; `tile_max` (if given) receives the tile's true row maxima (base 2).
-template <class FragS, class FragP>
+//
+// kScaleInExponent: S stays unscaled and each exponent's argument is one FFMA, s·c − m, instead of
+// a multiply per logit and a subtraction. It needs c > 0 (max(s·c) = max(s)·c; a kernel with a
+// negative scale computes S with MmaSNegated and passes |c|) and c a normal float (a masked
+// logit's −inf · c is then −inf, never NaN: the front doors refuse smaller scales). The prefill
+// uses it; the decode consumer keeps the multiply (measured no faster with it, 2026-11-29).
+template <bool kScaleInExponent = false, class FragS, class FragP>
 __device__ __forceinline__ void online_softmax_tile(FragS& rS, FragP& rP, uint32_t valid_bits, float scale_log2,
                                                     float (&m_run)[2], float (&l_part)[2], float (&scale)[2],
                                                     float rescale_slack = 0.f, float* tile_max = nullptr) {
@@ -70,12 +80,14 @@ __device__ __forceinline__ void online_softmax_tile(FragS& rS, FragP& rP, uint32
       CUTE_UNROLL
       for (int e = 0; e < 2; ++e) {
         const bool v = (valid_bits >> (i / 4 * 2 + e)) & 1u;
-        rS(i + e) = v ? rS(i + e) * scale_log2 : -INFINITY;
+        if constexpr (kScaleInExponent) rS(i + e) = v ? rS(i + e) : -INFINITY;
+        else rS(i + e) = v ? rS(i + e) * scale_log2 : -INFINITY;
         mx = fmaxf(mx, rS(i + e));
       }
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    if constexpr (kScaleInExponent) mx *= scale_log2;  // the row's max of s·c (−inf stays −inf)
     if (tile_max != nullptr) tile_max[r] = mx;
     const float m_new = mx > m_run[r] + rescale_slack ? mx : m_run[r];
     const float base = m_new == -INFINITY ? 0.f : m_new;
@@ -85,7 +97,7 @@ __device__ __forceinline__ void online_softmax_tile(FragS& rS, FragP& rP, uint32
     for (int i = 2 * r; i < size(rS); i += 4) {
       CUTE_UNROLL
       for (int e = 0; e < 2; ++e) {
-        const float pe = exp2f(rS(i + e) - base);
+        const float pe = kScaleInExponent ? exp2f(fmaf(rS(i + e), scale_log2, -base)) : exp2f(rS(i + e) - base);
         rP(i + e) = bf16_t(pe);
         sum += pe;
       }

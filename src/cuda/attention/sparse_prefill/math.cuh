@@ -100,9 +100,17 @@ struct MathWarpgroup {
     ptx::mbarrier_wait(&plan.k_full[buf_of(t)][0], phase);
     ptx::mbarrier_wait(&plan.k_full[buf_of(t)][1], phase);
     ptx::fence_proxy_async_smem();
-    wgmma_ss<0, Cfg::kSplitKSteps>(MmaS{}, q_tile(), k_tile(buf_of(t)), rS, /*zero_init=*/true);
-    wgmma_ss<Cfg::kSplitKSteps>(MmaS{}, q_tile(), k_tile(buf_of(t)), rS, /*zero_init=*/false);
+    // With a negative softmax scale S is computed negated, so the softmax always sees |scale|
+    // (softmax_publish). The branch is on a kernel parameter: uniform, both sides whole wgmma
+    // sequences.
+    if (p.scale_log2 < 0.f) issue_s_products(MmaSNegated{}, t);
+    else issue_s_products(MmaS{}, t);
     wgmma_commit();
+  }
+  template <class Mma>
+  __device__ __forceinline__ void issue_s_products(Mma mma, int t) {
+    wgmma_ss<0, Cfg::kSplitKSteps>(mma, q_tile(), k_tile(buf_of(t)), rS, /*zero_init=*/true);
+    wgmma_ss<Cfg::kSplitKSteps>(mma, q_tile(), k_tile(buf_of(t)), rS, /*zero_init=*/false);
   }
   // After S of tile t is complete: Q is free once this was the WG's last own tile.
   __device__ __forceinline__ void s_done(int t) {
@@ -134,7 +142,8 @@ struct MathWarpgroup {
   // stats for the other WG; `scale` is the factor O must be multiplied by.
   __device__ __forceinline__ void softmax_publish(int t, uint32_t valid_bits, float (&scale)[2]) {
     float tile_max[2];
-    online_softmax_tile(rS, rP, valid_bits, p.scale_log2, m_run, l_part, scale, kLazyRescaleSlack, tile_max);
+    online_softmax_tile</*kScaleInExponent=*/true>(rS, rP, valid_bits, fabsf(p.scale_log2), m_run, l_part, scale,
+                                                   kLazyRescaleSlack, tile_max);
     m_seen[0] = fmaxf(m_seen[0], tile_max[0]);
     m_seen[1] = fmaxf(m_seen[1], tile_max[1]);
     store_p_tile<kHeads>(rP, p_bytes(t, buf_of(t)), tid);

@@ -8,7 +8,10 @@
 
 namespace dsv4::math {
 
+// Base-2 conversions of the CUDA kernels: logits · kLog2e into base 2, lse and max_logits · kLn2
+// back to natural units (usable in device code: constexpr scalars).
 inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
 
 inline float effective_softmax_scale(float scale, int64_t d_qk) {
   return scale != 0.0f ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d_qk)));

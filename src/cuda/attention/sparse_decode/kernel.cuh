@@ -41,6 +41,7 @@
 #include "cuda/common/smem_layout.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "dsv4/dtype.h"
+#include "math/softmax_scale.h"
 
 #if !defined(DSV4_HAVE_CUTLASS)
 #error "the sparse decode kernel needs CuTe (third_party/cutlass)"
@@ -699,7 +700,7 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
     const int hr = row0 + 8 * r;
     const int h = w.head_block * kHeadsPerCta + hr;
     const bool empty_row = !(l > 0.0f);
-    const float lse = empty_row ? -INFINITY : (m_run[r] + log2f(l)) * 0.69314718055994531f;
+    const float lse = empty_row ? -INFINITY : (m_run[r] + log2f(l)) * math::kLn2;
     factor[r] = empty_row ? 0.0f : 1.0f / l;
     if (h < p.num_heads) {
       if (p.num_splits == 1) {

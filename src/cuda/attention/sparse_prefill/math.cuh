@@ -20,6 +20,7 @@
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/smem_layout.cuh"
 #include "cuda/common/wgmma.cuh"
+#include "math/softmax_scale.h"
 
 namespace dsv4::cuda::sparse_prefill_detail {
 
@@ -231,7 +232,7 @@ struct MathWarpgroup {
       const int head = it.head0 + row0 + 8 * r;
       float sink_term = 0.f;
       if (p.attn_sink != nullptr && head < p.num_heads) {
-        const float sink_log2 = __ldg(p.attn_sink + head) * 1.4426950408889634f;
+        const float sink_log2 = __ldg(p.attn_sink + head) * math::kLog2e;
         sink_term = fast_exp2(sink_log2 - (m_run[r] == -INFINITY ? 0.f : m_run[r]));
       }
       factor[r] = l_total[r] > 0.f ? 1.f / (l_total[r] + sink_term) : 0.f;
@@ -270,10 +271,9 @@ struct MathWarpgroup {
         const int head = it.head0 + row0 + 8 * r;
         if (head >= p.num_heads) continue;
         const bool empty = !(l_total[r] > 0.f);
-        constexpr float kLn2 = 0.6931471805599453f;
-        p.max_logits[it.token * p.ml_stride_s + head * p.ml_stride_h] = empty ? -INFINITY : m_seen[r] * kLn2;
+        p.max_logits[it.token * p.ml_stride_s + head * p.ml_stride_h] = empty ? -INFINITY : m_seen[r] * math::kLn2;
         p.lse[it.token * p.lse_stride_s + head * p.lse_stride_h] =
-            empty ? INFINITY : m_run[r] * kLn2 + logf(l_total[r]);
+            empty ? INFINITY : m_run[r] * math::kLn2 + logf(l_total[r]);
       }
     }
   }

@@ -241,7 +241,7 @@ struct SparseDecodeArgs {
   TensorView extra_indices;     // [b, s_q, extra_topk] int32
   TensorView extra_topk_length; // optional [b] int32
   TensorView attn_sink;         // optional [H] fp32
-  float softmax_scale = 0.0f;   // 0 → d_qk^-0.5; else finite, |softmax_scale| ≥ 8.2e-39
+  float softmax_scale = 0.0f;   // 0 → d_qk^-0.5; else |softmax_scale| in [8.2e-39, 2.35e38]
   // An FP8 q's dequantization scale. The decode attends with the bf16 query the codes mean,
   // bf16(fp8 · q_scale) (fp8_block.h fp8_decode_scaled, then one bf16 rounding): exactly the q
   // that qnorm_rope_kv_insert leaves beside its q_fp8, which a prefill attends with, so the two
@@ -299,7 +299,7 @@ struct SparsePrefillArgs {
   TensorView indices;      // [s_q, 1, topk] int32; -1 and >= s_kv are invalid
   TensorView topk_length;  // optional [s_q] int32
   TensorView attn_sink;    // optional [H] fp32
-  float softmax_scale = 0.0f;  // 0 → d_qk^-0.5; else finite, |softmax_scale| ≥ 8.2e-39
+  float softmax_scale = 0.0f;  // 0 → d_qk^-0.5; else |softmax_scale| in [8.2e-39, 2.35e38]
   int d_v = 512;
   TensorView out;          // [s_q, H, d_v] bf16
   TensorView max_logits;   // [s_q, H] fp32, natural units (scale · q·k); -inf when no valid key

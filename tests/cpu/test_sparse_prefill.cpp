@@ -249,6 +249,8 @@ TEST(SparsePrefill, BadInputThrowsAndWritesNothing) {
       {"softmax_scale", [&](auto& a) { a.softmax_scale = INFINITY; }},
       // scale · log2(e) subnormal (the CUDA kernel's masked −inf · scale would be NaN under FTZ).
       {"softmax_scale", [&](auto& a) { a.softmax_scale = 4e-39f; }},
+      // scale · log2(e) overflows to inf.
+      {"softmax_scale", [&](auto& a) { a.softmax_scale = -3e38f; }},
       {"attn_sink.device", [&](auto& a) { a.attn_sink.device = dsv4::Device::cuda; }},
       // Outputs: no two elements at one address, non-negative strides, no aliasing.
       {"out: expected an output whose elements do not overlap", [&](auto& a) { a.out.strides[0] = 0; }},

@@ -16,8 +16,8 @@
 #include "cuda/attention/sparse_prefill/config.h"
 #include "cuda/common/tma.h"
 #include "dsv4/status.h"
-#include "math/softmax_scale.h"
 #include "dsv4/tensor.h"
+#include "math/softmax_scale.h"
 
 namespace dsv4::cuda {
 namespace {

@@ -154,8 +154,7 @@ void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
   p.topk_total = static_cast<int>(topk_total);
   p.num_splits = schedule.num_splits;
   p.split_len = schedule.split_len;
-  const float scale = args.softmax_scale != 0.0f ? args.softmax_scale
-                                                 : static_cast<float>(1.0 / std::sqrt(double(d_qk)));
+  const float scale = math::effective_softmax_scale(args.softmax_scale, d_qk);
   p.scale_log2 = scale * math::kLog2e;
   p.out = args.out.ptr<uint16_t>();
   p.out_strides = row_strides(args.out);

@@ -82,8 +82,7 @@ void sparse_prefill(const SparsePrefillArgs& a, Stream stream) {
     check_shape(kOp, name, *t, {s_q, heads});
     check_inner_contiguous(kOp, name, *t);
   }
-  const float scale = a.softmax_scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(d_qk))
-                                              : a.softmax_scale;
+  const float scale = math::effective_softmax_scale(a.softmax_scale, d_qk);
   DSV4_CHECK(std::isfinite(scale), kOp, ": softmax_scale: expected a finite value, got ", scale);
   DSV4_CHECK(s_q <= (int64_t{1} << 30) / ((heads + 63) / 64) && s_kv < (int64_t{1} << 31) &&
                  topk < (int64_t{1} << 30),

@@ -7,9 +7,9 @@
 # kernels matching NCU_KERNELS in such a run), cputests (dsv4_tests with CPU_FILTER),
 # kernels (the sparse kernels against a base tree's: see kernels_step), flashmla (FlashMLA's
 # side_by_side.py from the carried .peers/flashmla), flashmla-ncu (ncu of its decode kernel and ours), ab (`dsv4 bench` cases against a base's files:
-# see ab_step), envab (`dsv4 bench layer` with and without AB_ENV: see envab_step), decode-trace (the
-# decode kernel's per-tile event trace on TRACE_CASES: src/cuda/common/kernel_trace.cuh,
-# bench/trace/decode_trace_summary.py). BUILD_TARGETS overrides the
+# see ab_step), envab (`dsv4 bench layer` with and without AB_ENV: see envab_step), trace or decode-trace
+# (the sparse kernels' per-tile event traces on TRACE_CASES, decode_* or prefill_* bench cases:
+# src/cuda/common/kernel_trace.cuh, bench/trace/{decode,prefill}_trace_summary.py). BUILD_TARGETS overrides the
 # targets built first (default: dsv4_gpu_tests dsv4 _C).
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -354,7 +354,7 @@ for step in "$@"; do
         grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput|L2 Hit Rate|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Est. Speedup|bank" \
           "$OUT/ncu_$c.txt" | cut -c1-160 | head -60
       done ;;
-    decode-trace)
+    decode-trace|trace)
       # A second build with -DDSV4_KERNEL_TRACE (its kernels record clock64 events of the grid's
       # first CTA pair and dump them after each launch; the default build's SASS is unchanged), then
       # each `dsv4 bench` case of TRACE_CASES (substrings naming one case each) under it, the last
@@ -364,9 +364,13 @@ for step in "$@"; do
         >"$OUT/cmake_trace.log" 2>&1 && cmake --build build-trace -j16 --target dsv4 >"$OUT/build_trace.log" 2>&1 ||
         { grep -B5 -A20 -E "error" "$OUT/build_trace.log" | head -60; continue; }
       for c in ${TRACE_CASES:-decode_pro_b128_h128_sq2_128+1024_blk2 decode_flash_b256_h64 decode_v32_b128}; do
-        log "decode trace: $c"
-        DSV4_KERNEL_TRACE="$OUT/trace_$c.txt" timeout 120 ./build-trace/dsv4 bench --filter "$c" 2>&1 | grep -E "^decode_"
-        $PY bench/trace/decode_trace_summary.py "$OUT/trace_$c.txt" | tee "$OUT/trace_$c.summary.txt"
+        log "kernel trace: $c"
+        t=${c%\$}  # a filter ending in '$' names one case exactly (dsv4 bench --help)
+        DSV4_KERNEL_TRACE="$OUT/trace_$t.txt" timeout 120 ./build-trace/dsv4 bench --filter "$c" 2>&1 |
+          grep -E "^(decode|prefill)_"
+        summary=bench/trace/decode_trace_summary.py
+        case $c in prefill_*) summary=bench/trace/prefill_trace_summary.py ;; esac
+        $PY $summary "$OUT/trace_$t.txt" | tee "$OUT/trace_$t.summary.txt"
       done ;;
     run)
       log dsv4 run on the GPU

@@ -56,6 +56,13 @@ TEST(CliBench, ListsCasesAndRejectsBadOptions) {
   ASSERT_EQ(list.status, 0) << list.output;
   EXPECT_NE(list.output.find("prefill_flash_h64_d512_topk512_skv8192_sink"), std::string::npos) << list.output;
   EXPECT_EQ(list.output.find("decode_"), std::string::npos) << list.output;
+  // A filter ending in '$' must end the name: one case, not its _len sibling.
+  const Result one = run_cli("bench --list --filter prefill_flash_h64_d512_topk512_skv8192_sink$");
+  ASSERT_EQ(one.status, 0) << one.output;
+  EXPECT_NE(one.output.find("prefill_flash_h64_d512_topk512_skv8192_sink "), std::string::npos) << one.output;
+  EXPECT_EQ(one.output.find("_sink_len"), std::string::npos) << one.output;
+  const Result sub = run_cli("bench --list --filter prefill_flash_h64_d512_topk512_skv8192_sink");
+  EXPECT_NE(sub.output.find("_sink_len"), std::string::npos) << sub.output;
   const Result help = run_cli("bench --help");
   EXPECT_EQ(help.status, 0);
   EXPECT_NE(help.output.find("--cooldown-ms"), std::string::npos) << help.output;

@@ -9,6 +9,7 @@
 #include <ctime>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -43,6 +44,15 @@ std::string utc_now() {
   return buf;
 }
 
+// --filter: a case whose name contains `filter`; with a trailing '$', whose name ends with the rest
+// (one case of a family whose names extend each other: "..._sink" and "..._sink_len").
+bool name_matches(const std::string& name, const std::string& filter) {
+  if (filter.empty()) return true;
+  if (filter.back() != '$') return name.find(filter) != std::string::npos;
+  const std::string_view tail(filter.data(), filter.size() - 1);
+  return name.size() >= tail.size() && std::string_view(name).substr(name.size() - tail.size()) == tail;
+}
+
 void usage() {
   std::puts(
       "usage: dsv4 bench [--filter SUBSTR] [--list] [--json FILE] [--warmup N] [--reps N]\n"
@@ -52,7 +62,8 @@ void usage() {
       "  CUDA-event timed runs after --warmup runs; prints µs, TFLOP/s, GB/s, % of the bound\n"
       "  ceiling (bf16 or, for the FP8 GEMMs, FP8 tensor cores; or HBM copy) and the FlashMLA\n"
       "  anchor. Groups: prefill, decode (sparse attention), gemm (FP8 projections, V4-Flash).\n"
-      "  --filter keeps cases whose name contains SUBSTR (e.g. --filter gemm_fp8).\n"
+      "  --filter keeps cases whose name contains SUBSTR (e.g. --filter gemm_fp8); a SUBSTR ending\n"
+      "  in '$' must end the name (--filter prefill_v32_h128_d576_topk2048_skv8192_sink$).\n"
       "  --cooldown-ms: the GPU idles this long before each case's runs (default 1000), so no case\n"
       "  inherits the power cap the previous ones drove the clocks into; 0 runs them back to back.");
 }
@@ -145,7 +156,7 @@ int run_bench_cli(const std::vector<std::string>& args) {
   std::vector<std::pair<std::string, Case>> selected;
   for (const auto& g : registered_groups())
     for (auto& c : g.factory())
-      if (filter.empty() || c.name.find(filter) != std::string::npos) selected.emplace_back(g.group, std::move(c));
+      if (name_matches(c.name, filter)) selected.emplace_back(g.group, std::move(c));
   if (list) {
     for (const auto& [group, c] : selected) std::printf("%-8s %-44s %s\n", group.c_str(), c.name.c_str(), c.config.c_str());
     return 0;

@@ -28,6 +28,7 @@
 #include "cuda/attention/sparse_prefill/config.h"
 #include "cuda/attention/sparse_prefill/math.cuh"
 #include "cuda/attention/sparse_prefill/producer.cuh"
+#include "cuda/attention/sparse_prefill/trace.cuh"
 #include "cuda/common/check.h"
 #include "cuda/common/device_props.h"
 #include "cuda/common/launch.cuh"
@@ -89,6 +90,7 @@ void launch(const Params& params, CUstream_st* stream) {
   const dim3 grid(static_cast<unsigned>(items < sms ? items : sms));  // persistent: one CTA per SM
   launch_kernel("sparse_prefill", sparse_prefill_kernel<D_QK>, {grid, Cfg::kThreads, Cfg::kSmemBytes}, stream,
                 params);
+  DSV4_TRACE_DUMP(stream);  // a -DDSV4_KERNEL_TRACE build only (trace.cuh)
 }
 
 }  // namespace dsv4::cuda::sparse_prefill_detail

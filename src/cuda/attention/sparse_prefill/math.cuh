@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "cuda/attention/sparse_prefill/config.h"
+#include "cuda/attention/sparse_prefill/trace.cuh"
 #include "cuda/attention/sparse_prefill/work_item.cuh"
 #include "cuda/common/attention_tile.cuh"
 #include "cuda/common/ptx.cuh"
@@ -90,7 +91,10 @@ struct MathWarpgroup {
   // ---- the steps of a tile (A-D above) ------------------------------------------------------
   // A. this WG's P·V of tile t-2 has finished (caller waited) → its buffer goes back.
   __device__ __forceinline__ void release_own_tile(int t) {
-    if (t >= 2) ptx::mbarrier_arrive(&plan.k_empty[buf_of(t)]);
+    if (t >= 2) {
+      trace_tile_event(tid, g + t - 2, kTraceOwnPvDone);
+      ptx::mbarrier_arrive(&plan.k_empty[buf_of(t)]);
+    }
   }
   // B. issue S = Q·K_tᵀ once both halves of the tile have arrived, after one proxy fence: the rows
   // were written by cp.async (generic proxy) and are read by wgmma (async proxy); the other WG's
@@ -98,8 +102,10 @@ struct MathWarpgroup {
   // half (starting S on the first half early) measured faster (docs/notes/prefill.md).
   __device__ __forceinline__ void issue_s(int t) {
     const uint32_t phase = ((g + t) >> 1) & 1;
+    trace_tile_event(tid, g + t, kTraceFullWait);
     ptx::mbarrier_wait(&plan.k_full[buf_of(t)][0], phase);
     ptx::mbarrier_wait(&plan.k_full[buf_of(t)][1], phase);
+    trace_tile_event(tid, g + t, kTraceFullDone);
     ptx::fence_proxy_async_smem();
     // With a negative softmax scale S is computed negated, so the softmax always sees |scale|
     // (softmax_publish). The branch is on a kernel parameter: uniform, both sides whole wgmma
@@ -119,7 +125,9 @@ struct MathWarpgroup {
   }
   // C. the other WG's tile t: take its P and row stats, accumulate my half of O.
   __device__ __forceinline__ void accumulate_remote(int t) {
+    trace_tile_event(tid, g + t, kTraceRemoteWait);
     ptx::mbarrier_wait(&plan.p_ready[t & 1], remote_phase);
+    trace_tile_event(tid, g + t, kTraceRemoteSeen);
     remote_phase ^= 1;
     float scale[2];
     CUTE_UNROLL
@@ -170,9 +178,11 @@ struct MathWarpgroup {
     issue_s(t);
     const uint32_t valid_bits = column_mask(t);  // read while S runs
     wgmma_wait<0>();  // S done
+    trace_tile_event(tid, g + t, kTraceSDone);
     s_done(t);
     float scale[2];
     softmax_publish(t, valid_bits, scale);
+    trace_tile_event(tid, g + t, kTracePublished);
     accumulate_own(t, scale);
   }
 
@@ -195,6 +205,7 @@ struct MathWarpgroup {
       release_own_tile(t);
       accumulate_remote(t - 1);  // C
       wgmma_wait<0>();           // P·V of tile t-1 done → its buffer is free
+      trace_tile_event(tid, g + t - 1, kTraceRemotePvDone);
       ptx::mbarrier_arrive(&plan.k_empty[buf_of(t - 1)]);
       own_tile(t);               // B, D
     }
@@ -295,6 +306,7 @@ struct MathWarpgroup {
       ptx::mbarrier_wait(&plan.q_full, k & 1);
       if (wg >= n) ptx::mbarrier_arrive(&plan.q_empty);  // no own tile: Q not needed
       run_tiles();
+      if (wg == 0 && n >= 1) trace_tile_event(tid, g + n - 1, kTraceEpilogueStart);
       // The last tile's buffer is released only after O has been staged in it (write_o).
       const int stage_buf = n >= 1 ? buf_of(n - 1) : 0;
       g += n;
@@ -304,6 +316,7 @@ struct MathWarpgroup {
       total_row_sums(k, l_total);
       output_factors(l_total, factor);
       write_o(stage_buf, factor);
+      if (wg == 0 && n >= 1) trace_tile_event(tid, g - 1, kTraceOStaged);
       write_row_stats(l_total);
     }
   }

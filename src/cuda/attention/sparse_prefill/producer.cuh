@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "cuda/attention/sparse_prefill/config.h"
+#include "cuda/attention/sparse_prefill/trace.cuh"
 #include "cuda/attention/sparse_prefill/work_item.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/smem_layout.cuh"
@@ -119,6 +120,7 @@ struct Producer {
       prefetched_item = item + gridDim.x;
       read_indices(work.at(p, prefetched_item), 0);
     }
+    trace_tile_event(tid, g, kTraceEmptyWait);
     if (g >= 2) ptx::mbarrier_wait(&plan.k_empty[buf], ((g >> 1) - 1) & 1);
     const int staged = buf ? staged1 : staged0;
     if (staged >= 0) {
@@ -126,6 +128,7 @@ struct Producer {
       if (buf) staged1 = -1;
       else staged0 = -1;
     }
+    trace_tile_event(tid, g, kTraceEmptyDone);
     // The rows' validity for the math warpgroups' masks (their column_mask), published with a
     // release arrival on the first half's barrier they wait on.
     if (lane8 == 0) {
@@ -137,6 +140,7 @@ struct Producer {
     ptx::cp_async_arrive_noinc(&plan.k_full[buf][0]);
     gather_blocks(plan.k[buf], src, valid, Cfg::kSplitBlocks, kBlocks);
     ptx::cp_async_arrive_noinc(&plan.k_full[buf][1]);
+    trace_tile_event(tid, g, kTraceGatherIssued);
   }
 
   // The last items' O: once the math WGs staged it (the buffer's last use completed), store it.

@@ -1,0 +1,47 @@
+// The sparse prefill kernel's trace points (kernel_trace.cuh; a -DDSV4_KERNEL_TRACE build only,
+// otherwise every point is an empty statement and the kernel's code does not change).
+//
+// Traced: CTAs 0 and 1 (the first token's two head groups at H 128). A row is a CTA tile number g
+// (the two-buffer ring's count, across items), so a row follows one buffer fill from its gather to
+// its release. Thread 0 of the role named records:
+//   the producer:          0 before the k_empty wait, 1 past it (and past an O store from the
+//                          buffer), 2 with both halves' gathers issued;
+//   the tile's owner WG:   3 before its k_full waits, 4 past them (S issued next), 5 S done,
+//                          6 P and the row stats published, 7 its own P·V done (buffer released);
+//   the other WG:          8 before its p_ready wait, 9 past it, 10 its P·V done (released);
+//   WG0, on an item's last tile: 11 the epilogue's start, 12 O staged.
+// bench/trace/prefill_trace_summary.py reads it.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/kernel_trace.cuh"
+
+namespace dsv4::cuda::sparse_prefill_detail {
+
+enum TraceEvent : int {
+  kTraceEmptyWait = 0,
+  kTraceEmptyDone = 1,
+  kTraceGatherIssued = 2,
+  kTraceFullWait = 3,
+  kTraceFullDone = 4,
+  kTraceSDone = 5,
+  kTracePublished = 6,
+  kTraceOwnPvDone = 7,
+  kTraceRemoteWait = 8,
+  kTraceRemoteSeen = 9,
+  kTraceRemotePvDone = 10,
+  kTraceEpilogueStart = 11,
+  kTraceOStaged = 12,
+};
+
+// Thread `tid` (of its warpgroup) records `event` of CTA tile `g`; only thread 0 of each role.
+__device__ __forceinline__ void trace_tile_event([[maybe_unused]] int tid, [[maybe_unused]] uint32_t g,
+                                                 [[maybe_unused]] TraceEvent event) {
+#if defined(DSV4_KERNEL_TRACE)
+  if (tid == 0 && blockIdx.x < trace::kCtas && g < static_cast<uint32_t>(trace::kOnceRow))
+    DSV4_TRACE(static_cast<int>(blockIdx.x), static_cast<int>(g), event);
+#endif
+}
+
+}  // namespace dsv4::cuda::sparse_prefill_detail

@@ -8,7 +8,8 @@ import statistics
 import sys
 
 (EMPTY_WAIT, EMPTY_DONE, GATHER_ISSUED, FULL_WAIT, FULL_DONE, S_DONE, PUBLISHED, OWN_PV_DONE, REMOTE_WAIT,
- REMOTE_SEEN, REMOTE_PV_DONE, EPILOGUE_START, O_STAGED) = range(13)
+ REMOTE_SEEN, REMOTE_PV_DONE, EPILOGUE_START, O_STAGED, EPILOGUE_START_WG1, ROW_SUMS_EXCHANGED, Q_SEEN, FACTORS,
+ O_STORES) = range(18)
 
 # (label, from event, to event, the row offset of the second event)
 STEPS = [
@@ -62,13 +63,31 @@ def summarise(slot, rows):
         if "wait" in label and xs:
             waited = f"   waited {sum(x > 50 for x in xs) / len(xs):4.0%}"
         print(f"  {label:62s} {med(xs)}{waited}")
-    epi = [rows[g][O_STAGED] - rows[g][EPILOGUE_START] for g in steady if rows[g][EPILOGUE_START] and rows[g][O_STAGED]]
-    print(f"  {'epilogue (WG0: start -> O staged), per item':62s} {med(epi)}   ({len(epi)} items)")
+    # The item boundary: the last tile g (its epilogue events) and the next item's first tile g + 1.
+    ends = [g for g in steady if rows[g][EPILOGUE_START] and rows[g][O_STAGED] and g + 1 in rows]
+    print(f"  item boundary ({len(ends)} items), last tile g -> the next item's first tile g+1:")
+    # (label, (row offset, event) it starts at, (row offset, event) it ends at)
+    boundary = [
+        ("last tile past k_full -> next item's tile 0 past k_full", (0, FULL_DONE), (1, FULL_DONE)),
+        ("last tile published -> WG0's epilogue start", (0, PUBLISHED), (0, EPILOGUE_START)),
+        ("WG0's epilogue start -> WG1's (negative: WG1 first)", (0, EPILOGUE_START), (0, EPILOGUE_START_WG1)),
+        ("WG0: epilogue start -> past the row-sum exchange", (0, EPILOGUE_START), (0, ROW_SUMS_EXCHANGED)),
+        ("WG0: row sums -> output factors", (0, ROW_SUMS_EXCHANGED), (0, FACTORS)),
+        ("WG0: factors -> O's shared-memory stores issued", (0, FACTORS), (0, O_STORES)),
+        ("WG0: stores issued -> past the fence and arrival", (0, O_STORES), (0, O_STAGED)),
+        ("WG0: O staged -> past the next Q's wait", (0, O_STAGED), (1, Q_SEEN)),
+        ("WG0: past the Q wait -> next tile 0's k_full wait", (1, Q_SEEN), (1, FULL_WAIT)),
+        ("O staged -> producer on to tile g+2 (O stored)", (0, O_STAGED), (2, EMPTY_DONE)),
+    ]
+    for label, (ra, ea), (rb, eb) in boundary:
+        xs = [rows[g + rb][eb] - rows[g + ra][ea] for g in ends
+              if g + max(ra, rb) in rows and rows[g + ra][ea] and rows[g + rb][eb]]
+        print(f"    {label:60s} {med(xs)}")
     base = min(v for g in tiles for v in rows[g] if v)
-    print("  first tiles, cycles since the first event (-: not recorded), events 0-12:")
+    print("  first tiles, cycles since the first event (-: not recorded), events 0-17:")
     for g in tiles[:6]:
         ev = rows[g]
-        print(f"    {g:3d}: " + " ".join(str(ev[i] - base) if ev[i] else "-" for i in range(13)))
+        print(f"    {g:3d}: " + " ".join(str(ev[i] - base) if ev[i] else "-" for i in range(18)))
 
 
 def main():

@@ -20,7 +20,7 @@
 #include <cstdlib>
 
 namespace dsv4::cuda::trace {
-inline constexpr int kCtas = 2, kRows = 256, kEvents = 16;
+inline constexpr int kCtas = 2, kRows = 256, kEvents = 20;
 inline constexpr int kOnceRow = kRows - 1;  // the row of once-per-CTA events; tiles use the others
 
 namespace {  // one buffer per translation unit: its launcher dumps the buffer its kernels write

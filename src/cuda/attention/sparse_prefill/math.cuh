@@ -261,6 +261,7 @@ struct MathWarpgroup {
         const int chunk_index = (wg * Cfg::kDvPerWarpgroup + col) >> 3;
         *reinterpret_cast<uint4*>(stage + sw128_chunk_offset<kHeads>(row0 + 8 * r, chunk_index)) = chunk;
       });
+      if (wg == 0) trace_tile_event(tid, g - 1, kTraceOStores);
       ptx::fence_proxy_async_smem();
       ptx::mbarrier_arrive(&plan.k_empty[stage_buf]);
     } else {
@@ -304,9 +305,10 @@ struct MathWarpgroup {
       l_part[0] = l_part[1] = 0.f;
 
       ptx::mbarrier_wait(&plan.q_full, k & 1);
+      if (wg == 0) trace_tile_event(tid, g, kTraceQSeen);
       if (wg >= n) ptx::mbarrier_arrive(&plan.q_empty);  // no own tile: Q not needed
       run_tiles();
-      if (wg == 0 && n >= 1) trace_tile_event(tid, g + n - 1, kTraceEpilogueStart);
+      if (n >= 1) trace_tile_event(tid, g + n - 1, wg == 0 ? kTraceEpilogueStart : kTraceEpilogueStartWg1);
       // The last tile's buffer is released only after O has been staged in it (write_o).
       const int stage_buf = n >= 1 ? buf_of(n - 1) : 0;
       g += n;
@@ -314,7 +316,9 @@ struct MathWarpgroup {
       // ---- epilogue: total row sums across the two WGs, sink, normalise, store.
       float l_total[2], factor[2];
       total_row_sums(k, l_total);
+      if (wg == 0 && n >= 1) trace_tile_event(tid, g - 1, kTraceRowSumsExchanged);
       output_factors(l_total, factor);
+      if (wg == 0 && n >= 1) trace_tile_event(tid, g - 1, kTraceFactors);
       write_o(stage_buf, factor);
       if (wg == 0 && n >= 1) trace_tile_event(tid, g - 1, kTraceOStaged);
       write_row_stats(l_total);

@@ -9,7 +9,10 @@
 //   the tile's owner WG:   3 before its k_full waits, 4 past them (S issued next), 5 S done,
 //                          6 P and the row stats published, 7 its own P·V done (buffer released);
 //   the other WG:          8 before its p_ready wait, 9 past it, 10 its P·V done (released);
-//   WG0, on an item's last tile: 11 the epilogue's start, 12 O staged.
+//   on an item's last tile: 11 WG0's epilogue start, 13 WG1's, 14 WG0 past the row-sum exchange,
+//                          16 WG0's output factors ready, 17 its O stores issued (before the
+//                          proxy fence), 12 WG0 done staging O;
+//   WG0, on an item's first tile: 15 past its q_full wait.
 // bench/trace/prefill_trace_summary.py reads it.
 #pragma once
 
@@ -33,6 +36,11 @@ enum TraceEvent : int {
   kTraceRemotePvDone = 10,
   kTraceEpilogueStart = 11,
   kTraceOStaged = 12,
+  kTraceEpilogueStartWg1 = 13,
+  kTraceRowSumsExchanged = 14,
+  kTraceQSeen = 15,
+  kTraceFactors = 16,
+  kTraceOStores = 17,
 };
 
 // Thread `tid` (of its warpgroup) records `event` of CTA tile `g`; only thread 0 of each role.

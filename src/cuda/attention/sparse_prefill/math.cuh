@@ -256,11 +256,7 @@ struct MathWarpgroup {
   // (no buffer) the zero rows go out directly.
   __device__ __forceinline__ void write_o(int stage_buf, const float (&factor)[2]) {
     if (it.num_tiles >= 1) {
-      uint8_t* stage = plan.k[stage_buf];
-      for_each_o_chunk(rO, factor, tid, [&](int r, int col, uint4 chunk) {
-        const int chunk_index = (wg * Cfg::kDvPerWarpgroup + col) >> 3;
-        *reinterpret_cast<uint4*>(stage + sw128_chunk_offset<kHeads>(row0 + 8 * r, chunk_index)) = chunk;
-      });
+      stage_o_tile<kHeads>(rO, factor, plan.k[stage_buf], wg * Cfg::kDvPerWarpgroup / 8, tid);
       if (wg == 0) trace_tile_event(tid, g - 1, kTraceOStores);
       ptx::fence_proxy_async_smem();
       ptx::mbarrier_arrive(&plan.k_empty[stage_buf]);

@@ -1,6 +1,5 @@
 #include "ops/attention_checks.h"
 
-#include <cmath>
 #include <string>
 
 #include "math/softmax_scale.h"
@@ -39,11 +38,7 @@ int check_cache(const char* where, const char* name, const KvCacheView& cache, D
 }
 
 float resolve_softmax_scale(const char* where, float scale, int64_t d_qk) {
-  // The CUDA kernels work with scale · log2(e), which must be a normal float: the sparse prefill
-  // multiplies a masked logit's −inf by it inside each exponent's FFMA, and under flush-to-zero a
-  // subnormal product would make that −inf · 0 = NaN (an overflow to inf would be NaN as well).
-  if (!std::isfinite(scale) || (scale != 0.0f && !std::isnormal(scale * math::kLog2e)))
-    fail_expected(where, "softmax_scale", "0 (d_qk^-0.5) or a magnitude from 8.2e-39 to 2.35e38", scale);
+  if (!math::is_valid_softmax_scale(scale)) fail_expected(where, "softmax_scale", math::kSoftmaxScaleRule, scale);
   return math::effective_softmax_scale(scale, d_qk);
 }
 

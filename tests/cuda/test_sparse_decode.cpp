@@ -669,6 +669,21 @@ TEST_F(SparseDecodeCudaEdge, RejectsBadArguments) {
     a.q_scale = bad;
     EXPECT_THROW(cuda::sparse_decode(a, sched, TensorView(), nullptr), Error) << bad;
   }
+  // This entry applies the front doors' softmax_scale rule too (scale · log2 e a normal float),
+  // naming the argument; the bf16 q is otherwise valid here.
+  a.q = q.view(DType::bf16, {1, 1, 64, 512});
+  a.q_scale = 1.0f;
+  for (const float bad : {1e-39f, -1e-39f, 3e38f, -INFINITY, NAN}) {
+    a.softmax_scale = bad;
+    try {
+      cuda::sparse_decode(a, sched, TensorView(), nullptr);
+      ADD_FAILURE() << "softmax_scale " << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("softmax_scale: expected 0 (d_qk^-0.5) or a magnitude from 8.2e-39"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -425,6 +425,20 @@ TEST(SparsePrefillEdge, RejectsBadArguments) {
   a.kv = kv512.view(DType::bf16, {10, 1, 512});
   a.out = dsv4::TensorView(out_shifted.data() + 1, DType::bf16, {2, 64, kDv}, dsv4::Device::cuda);
   EXPECT_THROW(dsv4::cuda::sparse_prefill(a, nullptr), dsv4::Error);
+  // Valid otherwise, but softmax_scale · log2 e is not a normal float: this entry applies the
+  // front doors' rule too, naming the argument.
+  a.out = out.view(DType::bf16, {2, 64, kDv});
+  for (const float bad : {1e-39f, -1e-39f, 3e38f, INFINITY, NAN}) {
+    a.softmax_scale = bad;
+    try {
+      dsv4::cuda::sparse_prefill(a, nullptr);
+      ADD_FAILURE() << "softmax_scale " << bad << " accepted";
+    } catch (const dsv4::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("softmax_scale: expected 0 (d_qk^-0.5) or a magnitude from 8.2e-39"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   for (uint16_t o : out.download()) ASSERT_EQ(o, 0xFFFF);  // nothing written
   for (uint16_t o : out_shifted.download()) ASSERT_EQ(o, 0xFFFF);
 }

@@ -116,6 +116,9 @@ void sparse_decode(const SparseDecodeArgs& args, const DecodeSchedule& schedule,
   // give infinite logits, no memory hazard.)
   DSV4_CHECK(h >= 1 && b >= 1 && s_q >= 1, kOp, ": q: expected non-empty, got ", args.q.shape_str());
   DSV4_CHECK(args.d_v == sd::kDv, kOp, ": d_v: expected 512, got ", args.d_v);
+  // The front doors' rule (math/softmax_scale.h), checked here too for callers of this entry.
+  if (!math::is_valid_softmax_scale(args.softmax_scale))
+    fail_expected(kOp, "softmax_scale", math::kSoftmaxScaleRule, args.softmax_scale);
 
   sd::DecodeParams p;
   p.main = make_scope("k_cache", args.k_cache, layout, args.indices, args.topk_length, b, s_q);

@@ -82,8 +82,10 @@ void sparse_prefill(const SparsePrefillArgs& a, Stream stream) {
     check_shape(kOp, name, *t, {s_q, heads});
     check_inner_contiguous(kOp, name, *t);
   }
+  // The front doors' rule (math/softmax_scale.h), checked here too for callers of this entry.
+  if (!math::is_valid_softmax_scale(a.softmax_scale))
+    fail_expected(kOp, "softmax_scale", math::kSoftmaxScaleRule, a.softmax_scale);
   const float scale = math::effective_softmax_scale(a.softmax_scale, d_qk);
-  DSV4_CHECK(std::isfinite(scale), kOp, ": softmax_scale: expected a finite value, got ", scale);
   DSV4_CHECK(s_q <= (int64_t{1} << 30) / ((heads + 63) / 64) && s_kv < (int64_t{1} << 31) &&
                  topk < (int64_t{1} << 30),
              kOp, ": sizes exceed the kernel's 32-bit index range");

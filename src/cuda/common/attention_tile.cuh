@@ -1,8 +1,9 @@
 // What both sparse attention kernels do with one tile of 64 heads × 64 gathered keys: the three
 // wgmma products (S = Q·Kᵀ, O[:, 256 dims] += P·V with P from registers or from shared memory),
 // the online-softmax step on S's accumulator fragment (wgmma.cuh: element i of a thread sits at
-// acc_row(i), acc_col(i); a thread holds rows acc_row(0) and acc_row(0) + 8), and the store of
-// the resulting P into a K-major SW128 tile that another warpgroup's wgmma reads.
+// acc_row(i), acc_col(i); a thread holds rows acc_row(0) and acc_row(0) + 8), the store of the
+// resulting P into a K-major SW128 tile that another warpgroup's wgmma reads, and the normalised
+// O's way out (16-byte chunks, or staged in a tile by stmatrix).
 #pragma once
 
 #if defined(DSV4_HAVE_CUTLASS)
@@ -146,32 +147,6 @@ __device__ __forceinline__ void store_p_tile(const FragP& rP, uint8_t* tile, int
 // per 4 groups) gives each lane one whole group. `store(r, col, chunk)` then writes row
 // acc_row(0) + 8r, columns [col, col + 8): a warp store covers 64 contiguous bytes of 8 rows
 // (full sectors) instead of 8 scattered 4-byte pieces per row (docs/notes/prefill.md, v8).
-// O (as for_each_o_chunk: scaled per row, rounded to bf16 the same way) into a K-major SW128 tile of
-// kRows rows by stmatrix, at 16-byte column chunks [chunk0, chunk0 + N/8) of the tile. A thread's
-// packed pairs for column groups 2m and 2m + 1 are, in the accumulator layout, its pieces of four
-// 8×8 blocks (rows +0 / +8 of its warp's 16) × (groups 2m, 2m + 1); one stmatrix.x4 stores the
-// four, lane l naming row l % 8 of block l / 8. No shuffles, and a quarter of the instructions of
-// the shuffle-and-store path: the staging of a whole O competes with the producer's gathers for
-// the same load/store issue queue (docs/notes/prefill.md, "The item boundary").
-template <int kRows, class FragO>
-__device__ __forceinline__ void stage_o_tile(const FragO& rO, const float (&factor)[2], uint8_t* tile, int chunk0,
-                                             int thread_in_wg) {
-  static_assert(decltype(cute::size(rO))::value % 8 == 0, "whole pairs of column groups");
-  const int lane = thread_in_wg % 32, block = lane / 8;
-  const int row = 16 * (thread_in_wg / 32) + 8 * (block % 2) + lane % 8;
-  CUTE_UNROLL
-  for (int m = 0; m < cute::size(rO) / 8; ++m) {
-    uint32_t pair[4];
-    CUTE_UNROLL
-    for (int k = 0; k < 4; ++k) {
-      const int i = 8 * m + 2 * k;  // group 2m + k / 2, row +8·(k % 2)
-      pair[k] = pack_bf16x2(rO(i) * factor[k % 2], rO(i + 1) * factor[k % 2]);
-    }
-    auto& dst = *reinterpret_cast<cute::uint128_t*>(tile + sw128_chunk_offset<kRows>(row, chunk0 + 2 * m + block / 2));
-    cute::SM90_U32x4_STSM_N::copy(pair[0], pair[1], pair[2], pair[3], dst);
-  }
-}
-
 template <class FragO, class Store>
 __device__ __forceinline__ void for_each_o_chunk(const FragO& rO, const float (&factor)[2], int thread_in_wg,
                                                  Store&& store) {
@@ -196,6 +171,32 @@ __device__ __forceinline__ void for_each_o_chunk(const FragO& rO, const float (&
       for (int k = 0; k < 4; ++k) b[k] = k == q ? pick(q) : (k ^ q) == 1 ? got1 : (k ^ q) == 2 ? got2 : got3;
       store(r, 8 * (4 * m + q), make_uint4(b[0], b[1], b[2], b[3]));
     }
+  }
+}
+
+// O (as for_each_o_chunk: scaled per row, rounded to bf16 the same way) into a K-major SW128 tile of
+// kRows rows by stmatrix, at 16-byte column chunks [chunk0, chunk0 + N/8) of the tile. A thread's
+// packed pairs for column groups 2m and 2m + 1 are, in the accumulator layout, its pieces of four
+// 8×8 blocks (rows +0 / +8 of its warp's 16) × (groups 2m, 2m + 1); one stmatrix.x4 stores the
+// four, lane l naming row l % 8 of block l / 8. No shuffles, and a quarter of the instructions of
+// the shuffle-and-store path: the staging of a whole O competes with the producer's gathers for
+// the same load/store issue queue (docs/notes/prefill.md, "The item boundary").
+template <int kRows, class FragO>
+__device__ __forceinline__ void stage_o_tile(const FragO& rO, const float (&factor)[2], uint8_t* tile, int chunk0,
+                                             int thread_in_wg) {
+  static_assert(decltype(cute::size(rO))::value % 8 == 0, "whole pairs of column groups");
+  const int lane = thread_in_wg % 32, block = lane / 8;
+  const int row = 16 * (thread_in_wg / 32) + 8 * (block % 2) + lane % 8;
+  CUTE_UNROLL
+  for (int m = 0; m < cute::size(rO) / 8; ++m) {
+    uint32_t pair[4];
+    CUTE_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      const int i = 8 * m + 2 * k;  // group 2m + k / 2, row +8·(k % 2)
+      pair[k] = pack_bf16x2(rO(i) * factor[k % 2], rO(i + 1) * factor[k % 2]);
+    }
+    auto& dst = *reinterpret_cast<cute::uint128_t*>(tile + sw128_chunk_offset<kRows>(row, chunk0 + 2 * m + block / 2));
+    cute::SM90_U32x4_STSM_N::copy(pair[0], pair[1], pair[2], pair[3], dst);
   }
 }
 

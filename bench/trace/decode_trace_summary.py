@@ -8,6 +8,8 @@ clock64 is one SM's counter, so every difference is taken within one CTA."""
 import statistics
 import sys
 
+from trace_file import read_trace
+
 STEPS = {
     "producer": [("empty wait", 0, 1), ("convert + store", 1, 2), ("fence + arrive", 2, 3), ("refill issue", 3, 4)],
     "warpgroup 0": [("stage wait", 5, 6), ("S", 6, 7), ("p_free wait", 7, 8), ("softmax + P publish", 8, 9),
@@ -59,10 +61,7 @@ def summarise(slot, rows):
 
 
 def main():
-    ctas = {}
-    for line in open(sys.argv[1]):
-        f = [int(x) for x in line.split()]
-        ctas.setdefault(f[0], {})[f[1]] = f[2:]
+    ctas = read_trace(sys.argv[1])
     for slot in sorted(ctas):
         summarise(slot, ctas[slot])
 

@@ -7,6 +7,8 @@ role waited at all. clock64 is one SM's counter, so every difference is taken wi
 import statistics
 import sys
 
+from trace_file import read_trace
+
 (EMPTY_WAIT, EMPTY_DONE, GATHER_ISSUED, FULL_WAIT, FULL_DONE, S_DONE, PUBLISHED, OWN_PV_DONE, REMOTE_WAIT,
  REMOTE_SEEN, REMOTE_PV_DONE, EPILOGUE_START, O_STAGED, EPILOGUE_START_WG1, ROW_SUMS_EXCHANGED, Q_SEEN, FACTORS,
  O_STORES) = range(18)
@@ -64,7 +66,8 @@ def summarise(slot, rows):
             waited = f"   waited {sum(x > 50 for x in xs) / len(xs):4.0%}"
         print(f"  {label:62s} {med(xs)}{waited}")
     # The item boundary: the last tile g (its epilogue events) and the next item's first tile g + 1.
-    ends = [g for g in steady if rows[g][EPILOGUE_START] and rows[g][O_STAGED] and g + 1 in rows]
+    recorded = set(tiles)
+    ends = [g for g in steady if rows[g][EPILOGUE_START] and rows[g][O_STAGED] and g + 1 in recorded]
     print(f"  item boundary ({len(ends)} items), last tile g -> the next item's first tile g+1:")
     # (label, (row offset, event) it starts at, (row offset, event) it ends at)
     boundary = [
@@ -91,10 +94,7 @@ def summarise(slot, rows):
 
 
 def main():
-    ctas = {}
-    for line in open(sys.argv[1]):
-        f = [int(x) for x in line.split()]
-        ctas.setdefault(f[0], {})[f[1]] = f[2:]
+    ctas = read_trace(sys.argv[1])
     for slot in sorted(ctas):
         summarise(slot, ctas[slot])
 

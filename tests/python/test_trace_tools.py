@@ -1,5 +1,6 @@
-"""The device-reading tools run on CPU data: bench/trace/decode_trace_summary.py (a decode kernel's
-event trace, src/cuda/common/kernel_trace.cuh) reports each role's step medians and hand-offs, and
+"""The device-reading tools run on CPU data: bench/trace/decode_trace_summary.py and
+prefill_trace_summary.py (the kernels' event traces, src/cuda/common/kernel_trace.cuh) report each
+role's step medians, hand-offs and, for the prefill, the item boundary; and
 bench/scripts/ncu_sass_top.py names each kernel's stall table after its own kernel."""
 import os
 import re
@@ -8,6 +9,7 @@ import sys
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 SUMMARY = os.path.join(ROOT, "bench", "trace", "decode_trace_summary.py")
+PREFILL_SUMMARY = os.path.join(ROOT, "bench", "trace", "prefill_trace_summary.py")
 SASS_TOP = os.path.join(ROOT, "bench", "scripts", "ncu_sass_top.py")
 
 # Per tile: event → cycles after the tile's start (period 8000; the producer waits 300 on `empty`
@@ -53,6 +55,53 @@ def test_decode_trace_summary_reports_steps_and_handoffs(tmp_path):
     assert step(out, "arrive → stage seen by warpgroup 0") == 200
     assert step(out, "producer past tile t+2's wait") == 10400
     assert step(out, "barrier → Q loaded") == 2000
+
+
+# The prefill's rows are CTA tiles g (src/cuda/attention/sparse_prefill/trace.cuh): events at these
+# cycles after the tile's gather issue starts, a period of 3000, items of 8 tiles whose last tile
+# also carries the epilogue (11-14, 16, 17, 12) and whose next tile 0 carries the Q wait (15).
+PREFILL_TILE = {0: 0, 1: 1500, 2: 2300, 3: 4600, 4: 4720, 5: 6000, 6: 6650, 7: 7500, 8: 4000, 9: 6700,
+                10: 7800}
+
+
+def write_prefill_trace(path, tiles=40, period=3000, boundary=2500):
+    lines = []
+    for slot in range(2):
+        start = 1000
+        for row in range(256):
+            ev = [0] * 20
+            if row < tiles:
+                for e, dt in PREFILL_TILE.items():
+                    ev[e] = start + dt
+                if row % 8 == 7:  # an item's last tile: the epilogue, then the next item is late
+                    epi = start + 7900
+                    ev[11], ev[13], ev[14], ev[16], ev[17], ev[12] = epi, epi - 400, epi + 250, epi + 600, epi + 1400, epi + 1600
+                if row % 8 == 0 and row > 0:
+                    ev[15] = ev[3] - 200  # Q seen 200 cycles before the k_full wait
+                start += period + (boundary if row % 8 == 7 else 0)
+            lines.append(f"{slot} {row} " + " ".join(map(str, ev)))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_prefill_trace_summary_reports_steps_and_the_item_boundary(tmp_path):
+    trace = tmp_path / "trace.txt"
+    write_prefill_trace(trace)
+    out = subprocess.run([sys.executable, PREFILL_SUMMARY, str(trace)], check=True, capture_output=True,
+                         text=True).stdout
+    assert out.count("== CTA slot") == 2 and "40 tiles traced, 36 steady" in out
+    assert step(out, "producer: k_empty wait (+ O store)") == 1500
+    assert step(out, "owner: S") == 1280
+    assert step(out, "owner: softmax + publish") == 650
+    assert step(out, "publish -> other sees P") == 50
+    assert step(out, "residency: gather issued -> released") == 5500  # 7800 (both P·V done) - 2300
+    assert step(out, "period: owner past k_full, tile g -> g+1") == 3000  # the median: boundaries are 1 in 8
+    # Items end at tiles 7, 15, …; the steady ones (4 ≤ g < 250 with a next tile): 7, 15, 23, 31.
+    assert "item boundary (4 items)" in out
+    assert step(out, "last tile past k_full -> next item's tile 0 past k_full") == 5500
+    assert step(out, "WG0's epilogue start -> WG1's (negative: WG1 first)") == -400
+    assert step(out, "WG0: row sums -> output factors") == 350
+    assert step(out, "WG0: factors -> O's shared-memory stores issued") == 800
+    assert step(out, "WG0: stores issued -> past the fence and arrival") == 200
 
 
 def test_ncu_sass_top_names_each_table_by_its_own_kernel(tmp_path):

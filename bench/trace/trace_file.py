@@ -1,0 +1,12 @@
+"""Reads a kernel trace dump (src/cuda/common/kernel_trace.cuh: one line per traced CTA slot and
+row, "slot row e0 e1 …", 0 = not recorded) into {slot: {row: [events]}}, for the summaries beside
+it (decode_trace_summary.py, prefill_trace_summary.py)."""
+
+
+def read_trace(path):
+    ctas = {}
+    with open(path) as f:
+        for line in f:
+            fields = [int(x) for x in line.split()]
+            ctas.setdefault(fields[0], {})[fields[1]] = fields[2:]
+    return ctas

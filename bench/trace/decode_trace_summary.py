@@ -8,7 +8,7 @@ clock64 is one SM's counter, so every difference is taken within one CTA."""
 import statistics
 import sys
 
-from trace_file import read_trace
+from trace_file import summarise_each_cta
 
 STEPS = {
     "producer": [("empty wait", 0, 1), ("convert + store", 1, 2), ("fence + arrive", 2, 3), ("refill issue", 3, 4)],
@@ -60,11 +60,5 @@ def summarise(slot, rows):
               + " | " + " ".join(cell(i) for i in range(11, 15)))
 
 
-def main():
-    ctas = read_trace(sys.argv[1])
-    for slot in sorted(ctas):
-        summarise(slot, ctas[slot])
-
-
 if __name__ == "__main__":
-    main()
+    summarise_each_cta(summarise, sys.argv[1])

@@ -7,7 +7,7 @@ role waited at all. clock64 is one SM's counter, so every difference is taken wi
 import statistics
 import sys
 
-from trace_file import read_trace
+from trace_file import summarise_each_cta
 
 (EMPTY_WAIT, EMPTY_DONE, GATHER_ISSUED, FULL_WAIT, FULL_DONE, S_DONE, PUBLISHED, OWN_PV_DONE, REMOTE_WAIT,
  REMOTE_SEEN, REMOTE_PV_DONE, EPILOGUE_START, O_STAGED, EPILOGUE_START_WG1, ROW_SUMS_EXCHANGED, Q_SEEN, FACTORS,
@@ -93,11 +93,5 @@ def summarise(slot, rows):
         print(f"    {g:3d}: " + " ".join(str(ev[i] - base) if ev[i] else "-" for i in range(18)))
 
 
-def main():
-    ctas = read_trace(sys.argv[1])
-    for slot in sorted(ctas):
-        summarise(slot, ctas[slot])
-
-
 if __name__ == "__main__":
-    main()
+    summarise_each_cta(summarise, sys.argv[1])

@@ -10,3 +10,10 @@ def read_trace(path):
             fields = [int(x) for x in line.split()]
             ctas.setdefault(fields[0], {})[fields[1]] = fields[2:]
     return ctas
+
+
+def summarise_each_cta(summarise, path):
+    """Calls summarise(slot, rows) for each traced CTA slot of the dump at `path`, in slot order."""
+    ctas = read_trace(path)
+    for slot in sorted(ctas):
+        summarise(slot, ctas[slot])

@@ -1,6 +1,7 @@
 // The softmax scale of the sparse attention ops (docs/spec.md §6): the caller's, or d_qk^-0.5 when it
-// passes 0 — one rule for the front doors' validation and the CPU kernels. The CUDA kernels work in
-// base 2 with scale · log2(e) (kLog2e).
+// passes 0 — one rule for every entry point's validation (the front doors and the CUDA backends'
+// own entries), the CPU kernels and the CUDA launchers. The CUDA kernels work in base 2 with
+// scale · log2(e) (kLog2e).
 #pragma once
 
 #include <cmath>

@@ -73,7 +73,130 @@ TensorView view_of(const AnyArray& a, const char* name) {
   return v;
 }
 
+namespace {
+
+// What torch_view compares against, looked up once torch is in sys.modules: the two exact types
+// it reads, torch.strided, the attribute names (interned) and each dtype the ops take. Every
+// pointer is a new reference kept for the process's life (module objects are never freed).
+struct TorchTypes {
+  PyObject* tensor = nullptr;
+  PyObject* parameter = nullptr;
+  PyObject* strided = nullptr;
+  PyObject *data_ptr, *shape, *stride, *dtype, *device, *type, *layout, *is_neg;
+  struct Dtype {
+    PyObject* object;
+    DType dtype;
+  } dtypes[8];
+  int num_dtypes = 0;
+};
+
+// Null until torch has been imported (by anyone); filled on the first call after that.
+const TorchTypes* torch_types() {
+  static TorchTypes types;
+  static bool ready = false;
+  if (ready) return &types;
+  PyObject* torch = PyImport_GetModule(nb::str("torch").ptr());  // new reference or null, no import
+  if (torch == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  PyObject* nn_parameter = nullptr;
+  if (PyObject* nn = PyObject_GetAttrString(torch, "nn")) {
+    nn_parameter = PyObject_GetAttrString(nn, "Parameter");
+    Py_DECREF(nn);
+  }
+  types.tensor = PyObject_GetAttrString(torch, "Tensor");
+  types.parameter = nn_parameter;
+  types.strided = PyObject_GetAttrString(torch, "strided");
+  const std::pair<const char*, DType> known[] = {
+      {"bfloat16", DType::bf16},       {"float16", DType::fp16},         {"float32", DType::fp32},
+      {"float8_e4m3fn", DType::fp8_e4m3}, {"float8_e8m0fnu", DType::ue8m0}, {"int32", DType::int32},
+      {"int64", DType::int64},         {"uint8", DType::uint8}};
+  for (const auto& [name, dtype] : known)
+    if (PyObject* object = PyObject_GetAttrString(torch, name)) types.dtypes[types.num_dtypes++] = {object, dtype};
+  Py_DECREF(torch);
+  PyErr_Clear();  // a dtype this torch lacks is simply never matched
+  types.data_ptr = PyUnicode_InternFromString("data_ptr");
+  types.shape = PyUnicode_InternFromString("shape");
+  types.stride = PyUnicode_InternFromString("stride");
+  types.dtype = PyUnicode_InternFromString("dtype");
+  types.device = PyUnicode_InternFromString("device");
+  types.type = PyUnicode_InternFromString("type");
+  types.layout = PyUnicode_InternFromString("layout");
+  types.is_neg = PyUnicode_InternFromString("is_neg");
+  ready = types.tensor != nullptr && types.strided != nullptr;
+  return ready ? &types : nullptr;
+}
+
+// A new reference to obj.<name> (and, with `call`, its result called with no arguments), held
+// until the scope ends.
+struct Attr {
+  PyObject* object;
+  Attr(PyObject* obj, PyObject* name, bool call = false)
+      : object(call ? PyObject_CallMethodNoArgs(obj, name) : PyObject_GetAttr(obj, name)) {}
+  ~Attr() { Py_XDECREF(object); }
+  Attr(const Attr&) = delete;
+  Attr& operator=(const Attr&) = delete;
+  explicit operator bool() const { return object != nullptr; }
+};
+
+TorchRead read_torch_view(PyObject* obj, const TorchTypes& torch, TensorView& v) {
+  const Attr layout(obj, torch.layout);
+  if (!layout || layout.object != torch.strided) return TorchRead::other;
+  const Attr dtype(obj, torch.dtype);
+  int d = 0;
+  while (d < torch.num_dtypes && torch.dtypes[d].object != dtype.object) ++d;
+  if (d == torch.num_dtypes) return TorchRead::other;
+  v.dtype = torch.dtypes[d].dtype;
+  const Attr device(obj, torch.device);
+  if (!device) return TorchRead::other;
+  const Attr type(device.object, torch.type);
+  if (!type || !PyUnicode_Check(type.object)) return TorchRead::other;
+  if (PyUnicode_CompareWithASCIIString(type.object, "cpu") == 0) {
+    v.device = Device::cpu;
+  } else if (PyUnicode_CompareWithASCIIString(type.object, "cuda") == 0) {
+    v.device = Device::cuda;
+  } else {
+    return TorchRead::other;
+  }
+  const Attr shape(obj, torch.shape), strides(obj, torch.stride, /*call=*/true);
+  if (!shape || !strides || !PyTuple_Check(shape.object) || !PyTuple_Check(strides.object))
+    return TorchRead::other;
+  const Py_ssize_t ndim = PyTuple_GET_SIZE(shape.object);
+  if (ndim > kMaxDims || PyTuple_GET_SIZE(strides.object) != ndim) return TorchRead::other;
+  v.ndim = static_cast<int>(ndim);
+  for (int i = 0; i < v.ndim; ++i) {
+    v.shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape.object, i));
+    v.strides[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(strides.object, i));
+  }
+  const Attr is_neg(obj, torch.is_neg, /*call=*/true);
+  if (is_neg.object == Py_True) return TorchRead::negated;
+  if (is_neg.object != Py_False) return TorchRead::other;
+  const Attr data_ptr(obj, torch.data_ptr, /*call=*/true);
+  if (!data_ptr) return TorchRead::other;
+  v.data = PyLong_AsVoidPtr(data_ptr.object);
+  return PyErr_Occurred() == nullptr ? TorchRead::view : TorchRead::other;
+}
+
+}  // namespace
+
+TorchRead torch_view(PyObject* obj, TensorView& view) noexcept {
+  const TorchTypes* torch = torch_types();
+  if (torch == nullptr) return TorchRead::other;
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(obj));
+  if (type != torch->tensor && type != torch->parameter) return TorchRead::other;
+  TensorView v;
+  const TorchRead read = read_torch_view(obj, *torch, v);
+  PyErr_Clear();
+  if (read == TorchRead::view) view = v;
+  return read;
+}
+
 TensorView tensor_arg(const char* where, const char* name, const TensorArg& a) {
+  if (a.view) return *a.view;
+  if (a.negated)
+    fail(where, ": ", name, ": expected a tensor, got a negated torch view (its negation bit is "
+         "set, e.g. torch._neg_view): call .resolve_neg() first");
   if (!a.array && a.dlpack_refused)
     fail(where, ": ", name, ": expected a dense tensor DLPack can export, got a ", a.type_name,
          " whose __dlpack__ failed (sparse or another layout DLPack has no form for)");
@@ -83,7 +206,7 @@ TensorView tensor_arg(const char* where, const char* name, const TensorArg& a) {
 
 TensorView optional_tensor_arg(const char* where, const char* name, const TensorArg& a) {
   if (a.none) return {};
-  if (!a.array && !a.dlpack_refused)
+  if (!a.view && !a.array && !a.dlpack_refused && !a.negated)
     fail(where, ": ", name, ": expected a tensor or None, got ", a.type_name);
   return tensor_arg(where, name, a);
 }

@@ -31,9 +31,11 @@ using AnyArray = nb::ndarray<>;
 // than nanobind's TypeError "incompatible function arguments". Bind such parameters with
 // nb::arg(...).none() so that None reaches the caster.
 struct TensorArg {
-  std::optional<AnyArray> array;
+  std::optional<TensorView> view;   // a torch.Tensor read directly (torch_view), or
+  std::optional<AnyArray> array;    // any other DLPack tensor
   bool none = false;                // Python passed None
   bool dlpack_refused = false;      // a tensor type whose __dlpack__ failed (e.g. sparse)
+  bool negated = false;             // a torch.Tensor with its negation bit set (torch_view)
   const char* type_name = nullptr;  // the Python type of a non-tensor ("NoneType", "list", ...)
 };
 
@@ -63,6 +65,21 @@ int int_arg(const char* where, const char* name, const IntArg& a);
 // The view of a tensor; `name` is used in the error for an unsupported dtype or device.
 TensorView view_of(const AnyArray& a, const char* name);
 
+// What torch_view made of a Python object.
+enum class TorchRead {
+  view,     // a torch.Tensor, read into the view
+  other,    // not one it reads: another type, layout, dtype or device, more than kMaxDims dims
+  negated,  // a torch.Tensor whose negation bit is set (torch._neg_view, .conj() of a real view)
+};
+// A plain torch.Tensor (or nn.Parameter) read from its attributes — data_ptr(), shape, stride(),
+// dtype, device — when it is strided, on the CPU or a CUDA device, of a dtype the ops take, with
+// at most kMaxDims dims. Anything else (`other`, no Python error left set) goes through DLPack and
+// its errors. torch's __dlpack__ export cost ~5 µs a tensor, most of an op's host time with six
+// or more tensors; this reads the same fields in well under one. A negated view is refused:
+// DLPack exports its memory without the negation, so the op would read the wrong sign. torch is
+// never imported here: without it in sys.modules nothing is a torch.Tensor.
+TorchRead torch_view(PyObject* obj, TensorView& view) noexcept;
+
 inline Stream stream_of(uintptr_t handle) { return reinterpret_cast<Stream>(handle); }
 
 // A contiguous host copy of a CPU tensor of any strides (weights handed over from Python).
@@ -85,6 +102,12 @@ struct type_caster<dsv4::python::TensorArg> {
     value = {};
     value.none = src.is_none();
     if (!value.none) {
+      dsv4::TensorView view;
+      switch (dsv4::python::torch_view(src.ptr(), view)) {
+        case dsv4::python::TorchRead::view: value.view = view; return true;
+        case dsv4::python::TorchRead::negated: value.negated = true; return true;
+        case dsv4::python::TorchRead::other: break;
+      }
       make_caster<dsv4::python::AnyArray> array;
       if (array.from_python(src, static_cast<Flags>(flags & ~Flags(cast_flags::accepts_none)),
                             cleanup)) {

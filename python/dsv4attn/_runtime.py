@@ -15,20 +15,34 @@ from . import _C
 from ._args import INT32_MAX, int_arg
 
 
+# torch's raw current-stream query (the one its own compiled kernels launch with): an int, no
+# Stream object built per call (torch.cuda.current_stream costs a few µs a call). Absent from
+# some torch builds: then the public query.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # noqa: SLF001
+
+
 def stream_handle(t: torch.Tensor) -> int:
     """The cudaStream_t (as an int) of torch's current stream on t's device; 0 on CPU (and for a
     non-tensor, which the op then rejects by name)."""
-    if isinstance(t, torch.Tensor) and t.device.type == "cuda":
-        return torch.cuda.current_stream(t.device).cuda_stream
+    if isinstance(t, torch.Tensor) and t.is_cuda:
+        index = t.get_device()
+        if _raw_stream is not None:
+            return _raw_stream(index)
+        return torch.cuda.current_stream(index).cuda_stream
     return 0
 
 
 def device_guard(t: torch.Tensor):
-    """Makes t's CUDA device current for the duration of an op (a no-op on CPU, or for a
-    non-tensor, which the op then rejects by name)."""
-    if isinstance(t, torch.Tensor) and t.device.type == "cuda":
-        return torch.cuda.device(t.device)
-    return contextlib.nullcontext()
+    """Makes t's CUDA device current for the duration of an op (a no-op on CPU, for a tensor on
+    the current device already, or for a non-tensor, which the op then rejects by name)."""
+    if isinstance(t, torch.Tensor) and t.is_cuda:
+        index = t.get_device()
+        if index != torch.cuda.current_device():
+            return torch.cuda.device(index)
+    return _NO_GUARD
+
+
+_NO_GUARD = contextlib.nullcontext()
 
 
 # Shape-only host computations, constant for given arguments: torch.compile evaluates them while

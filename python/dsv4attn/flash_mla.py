@@ -75,7 +75,7 @@ import torch
 from . import Error
 from ._args import float_arg, int_arg, optional_tensor_arg, tensor_arg
 from ._runtime import decode_schedule, kv_geometry, planner_sms
-from . import ops  # noqa: F401  (registers the torch.ops.dsv4.* used below)
+from . import ops  # the torch.ops.dsv4.* ops, called through their fast callers (ops._fast_caller)
 
 __all__ = [
     "FlashMLASchedMeta", "SCHEDULE_TAG", "alloc_kv_cache", "flash_mla_sparse_fwd",
@@ -415,7 +415,7 @@ def flash_mla_with_kvcache(
         out = torch.empty((b, s_q, h_q, head_dim_v), dtype=torch.bfloat16, device=q.device)
     if lse is None:
         lse = torch.empty((b, s_q, h_q), dtype=torch.float32, device=q.device)
-    torch.ops.dsv4.sparse_decode(
+    ops.sparse_decode(
         q, blocks, layout, block_size, indices, topk_length, extra_blocks, extra_layout,
         extra_block_size, extra_indices_in_kvcache, extra_topk_length, attn_sink,
         softmax_scale, head_dim_v, splits, split_len, workspace_bytes, workspace, out, lse)
@@ -459,14 +459,14 @@ def _bf16_cache_decode_cuda(q, blocks, block_size, indices, topk_length, attn_si
     merged = [_merge_rows(t) for t in (q, indices, out, lse)]
     if all(m is not None for m in merged):  # one launch over all b · s_q query rows
         q_rows, idx_rows, out_rows, lse_rows = merged
-        torch.ops.dsv4.sparse_prefill(q_rows, kv, idx_rows.unsqueeze(1), row_len, attn_sink,
-                                      softmax_scale, head_dim_v, out_rows, max_logits, lse_rows)
+        ops.sparse_prefill(q_rows, kv, idx_rows.unsqueeze(1), row_len, attn_sink,
+                           softmax_scale, head_dim_v, out_rows, max_logits, lse_rows)
     else:  # [b, s_q] of some view do not merge: one launch per batch entry, still no copy
         for bi in range(b):
             rl = row_len[bi * s_q:(bi + 1) * s_q] if row_len is not None else None
-            torch.ops.dsv4.sparse_prefill(q[bi], kv, indices[bi].unsqueeze(1), rl, attn_sink,
-                                          softmax_scale, head_dim_v, out[bi],
-                                          max_logits[bi * s_q:(bi + 1) * s_q], lse[bi])
+            ops.sparse_prefill(q[bi], kv, indices[bi].unsqueeze(1), rl, attn_sink,
+                               softmax_scale, head_dim_v, out[bi],
+                               max_logits[bi * s_q:(bi + 1) * s_q], lse[bi])
     return out, lse.transpose(1, 2)
 
 
@@ -513,8 +513,8 @@ def flash_mla_sparse_fwd(
         out = torch.empty((s_q, h_q, d_v), dtype=torch.bfloat16, device=q.device)
     max_logits = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
     lse = torch.empty((s_q, h_q), dtype=torch.float32, device=q.device)
-    torch.ops.dsv4.sparse_prefill(q, kv, indices, topk_length, attn_sink, sm_scale, d_v, out,
-                                  max_logits, lse)
+    ops.sparse_prefill(q, kv, indices, topk_length, attn_sink, sm_scale, d_v, out,
+                       max_logits, lse)
     if not indexer_topk:
         return out, max_logits, lse
     # lse over the indexer's slots only: the same attention restricted to the first
@@ -525,6 +525,6 @@ def flash_mla_sparse_fwd(
     scratch_max = torch.empty_like(max_logits)
     lse_indexer = torch.empty_like(lse)
     head = indices[..., :indexer_topk]  # a strided view: indices need only a dense last dim
-    torch.ops.dsv4.sparse_prefill(q, kv, head, sub_len, None, float(sm_scale), int(d_v), scratch,
-                                  scratch_max, lse_indexer)
+    ops.sparse_prefill(q, kv, head, sub_len, None, float(sm_scale), int(d_v), scratch,
+                       scratch_max, lse_indexer)
     return out, max_logits, lse, lse_indexer

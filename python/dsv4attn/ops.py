@@ -31,7 +31,8 @@ _registered = []
 
 
 def _op(name: str, mutates: tuple[str, ...]):
-    """Registers `fn` as torch.ops.dsv4.<name>, mutating `mutates`, with a no-output fake."""
+    """Registers `fn` as torch.ops.dsv4.<name>, mutating `mutates`, with a no-output fake, and
+    returns its fast caller (`_fast_caller`) for this package's own entry points."""
 
     def wrap(fn):
         op = torch.library.custom_op(f"dsv4::{name}", mutates_args=mutates)(fn)
@@ -41,9 +42,45 @@ def _op(name: str, mutates: tuple[str, ...]):
             return None
 
         _registered.append(op)
-        return op
+        return _fast_caller(fn, op)
 
     return wrap
+
+
+_c = torch._C  # noqa: SLF001 (torch's own mode stacks: nothing public reads them as cheaply)
+_INFRA_MODES = tuple(_c._TorchDispatchModeKey.__members__.values())  # fake, proxy, functional
+
+
+def needs_registered_op(args) -> bool:
+    """Whether a call with positional `args` must go through the registered op rather than its
+    Python function: while torch.compile traces, when the first tensor argument is not a plain
+    torch.Tensor (a fake, proxy or other subclass), or while a torch dispatch or function mode is
+    active (the op is what such a mode sees and handles)."""
+    if torch.compiler.is_compiling():
+        return True
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if first is not None and type(first) is not torch.Tensor:
+        return True
+    return (_c._len_torch_dispatch_stack() > 0 or _c._is_torch_function_mode_enabled()
+            or any(_c._get_dispatch_mode(m) is not None for m in _INFRA_MODES))
+
+
+def _fast_caller(fn, op):
+    """`fn` itself unless `needs_registered_op`, else the registered op.
+
+    The registered op's eager path (torch.library's dispatch into this Python function) costs
+    ~25 µs of host time a call, more than the extension's own argument conversion and checks
+    (docs/notes/host_overhead.md); FlashMLA's and vLLM's callers would pay it on every eager
+    call. Outputs, errors and streams are the same either way: both run `fn`."""
+
+    def call(*args, **kwargs):
+        if needs_registered_op(args):
+            return op(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    call.__name__, call.__qualname__, call.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    call.op = op
+    return call
 
 
 # ---------------------------------------------------------------- dense projections and norms

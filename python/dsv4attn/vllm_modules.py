@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 
 from . import Error
-from . import ops  # noqa: F401  (registers the torch.ops.dsv4.* used below)
+from . import ops  # the torch.ops.dsv4.* ops, called through their fast callers (ops._fast_caller)
 from . import _C
 from ._args import INT32_MAX, float_arg, int_arg, optional_tensor_arg, tensor_arg
 from .flash_mla import block_bytes_view
@@ -213,9 +213,9 @@ class DeepseekCompressor(torch.nn.Module):
         kv_rows = torch.empty((x.shape[0], width), dtype=torch.float32, device=x.device)
         score_rows = torch.empty_like(kv_rows)
         cfg = (self.head_dim, self.compress_ratio, self.rope_dim, self.eps, self.target)
-        torch.ops.dsv4.compressor_project(*cfg, x, self.wkv.weight, self.wgate.weight, self.ape,
-                                          positions, kv_rows, score_rows)
-        torch.ops.dsv4.compressor_update_and_emit(
+        ops.compressor_project(*cfg, x, self.wkv.weight, self.wgate.weight, self.ape,
+                               positions, kv_rows, score_rows)
+        ops.compressor_update_and_emit(
             *cfg, kv_rows, score_rows, positions, metadata.token_to_req, metadata.context_lens,
             self.norm.weight, cos_sin, state_rows, metadata.state_block_table, state_block_size,
             out_cache, metadata.block_table, block_size, "model1_fp8", 1.0, entries)
@@ -299,10 +299,10 @@ class Indexer(torch.nn.Module):
         if dev.type == "cuda":
             workspace = torch.empty((_C.indexer_query_workspace_bytes(T, self.n_heads),),
                                     dtype=torch.uint8, device=dev)
-        torch.ops.dsv4.indexer_query(qr, w, None, x, self.weights_proj.weight, positions,
-                                     cos_sin, q_fp8, q_scale, weights, workspace, None)
+        ops.indexer_query(qr, w, None, x, self.weights_proj.weight, positions,
+                          cos_sin, q_fp8, q_scale, weights, workspace, None)
         scores = torch.empty((T, block_table.shape[1] * block_size), dtype=torch.float32,
                              device=dev)
-        torch.ops.dsv4.indexer_scores(q_fp8, q_scale, weights, positions, metadata.token_to_req,
-                                      keys, block_size, block_table, self.compress_ratio, scores)
-        torch.ops.dsv4.indexer_topk(scores, positions, self.compress_ratio, buf[:T], topk_lens)
+        ops.indexer_scores(q_fp8, q_scale, weights, positions, metadata.token_to_req,
+                           keys, block_size, block_table, self.compress_ratio, scores)
+        ops.indexer_topk(scores, positions, self.compress_ratio, buf[:T], topk_lens)

@@ -30,7 +30,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import Error
-from . import ops  # noqa: F401  (registers the torch.ops.dsv4.* used below)
+from . import ops  # the torch.ops.dsv4.* ops, called through their fast callers (ops._fast_caller)
 from ._args import INT32_MAX, float_arg, int_arg, optional_tensor_arg, tensor_arg
 from .flash_mla import block_bytes_view, kv_cache_block_bytes
 
@@ -93,7 +93,7 @@ def fused_q_kv_rmsnorm(qr: torch.Tensor, kv: torch.Tensor, q_weight: torch.Tenso
     qr, kv = tensor_arg(where, "qr", qr), tensor_arg(where, "kv", kv)
     eps = float_arg(where, "eps", eps)
     q_out, kv_out = torch.empty_like(qr), torch.empty_like(kv)
-    torch.ops.dsv4.fused_qkv_rms_norm(qr, q_weight, kv, kv_weight, eps, q_out, kv_out)
+    ops.fused_qkv_rms_norm(qr, q_weight, kv, kv_weight, eps, q_out, kv_out)
     return q_out, kv_out
 
 
@@ -116,8 +116,8 @@ def fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(
     kv_scratch = kv.clone()  # the C++ op overwrites kv with the cached values; vLLM's doesn't
     # q, positions and slot_mapping go to the op as given: it rejects any of them inside memory
     # it writes (q, the cache) before writing.
-    torch.ops.dsv4.qnorm_rope_kv_insert(q, kv_scratch, positions, cos_sin_cache, eps, cache,
-                                        _LAYOUT, block_size, 1.0, slot_mapping)
+    ops.qnorm_rope_kv_insert(q, kv_scratch, positions, cos_sin_cache, eps, cache,
+                             _LAYOUT, block_size, 1.0, slot_mapping)
 
 
 def dequantize_and_gather_k_cache(
@@ -131,8 +131,8 @@ def dequantize_and_gather_k_cache(
     block_size = int_arg(where, "block_size", block_size, 1, INT32_MAX)
     offset = int_arg(where, "offset", offset)
     cache = _model1_blocks(where, k_cache, block_size)
-    torch.ops.dsv4.dequantize_and_gather(cache, _LAYOUT, block_size, 1.0, block_table,
-                                         seq_lens, gather_lens, offset, out)
+    ops.dequantize_and_gather(cache, _LAYOUT, block_size, 1.0, block_table,
+                              seq_lens, gather_lens, offset, out)
 
 
 def combine_topk_swa_indices(
@@ -163,8 +163,8 @@ def combine_topk_swa_indices(
     out = torch.empty((T, topk + window_size), dtype=torch.int32, device=topk_indices.device)
     lens = torch.empty((T,), dtype=torch.int32, device=topk_indices.device)
     ratio = compress_ratio if compress_ratio > 1 else 0  # vLLM writes 1 for SWA-only layers
-    torch.ops.dsv4.combine_topk_swa_indices(topk_cols, query_start_loc, seq_lens, gather_lens,
-                                            window_size, N, M, ratio, out, lens)
+    ops.combine_topk_swa_indices(topk_cols, query_start_loc, seq_lens, gather_lens,
+                                 window_size, N, M, ratio, out, lens)
     return out, lens
 
 
@@ -181,8 +181,8 @@ def compute_global_topk_indices_and_lens(
     is_valid_token = optional_tensor_arg(where, "is_valid_token", is_valid_token)
     global_indices = torch.empty_like(topk_indices, dtype=torch.int32)
     lens = torch.empty((topk_indices.shape[0],), dtype=torch.int32, device=topk_indices.device)
-    torch.ops.dsv4.local_to_global_slots(topk_indices, token_to_req_indices, block_table,
-                                         block_size, global_indices, lens, False)
+    ops.local_to_global_slots(topk_indices, token_to_req_indices, block_table,
+                              block_size, global_indices, lens, False)
     if is_valid_token is not None:
         valid = is_valid_token.to(torch.bool)
         global_indices = torch.where(valid[:, None], global_indices,
@@ -230,8 +230,8 @@ def fused_inv_rope_fp8_quant(
     blocks = H * D // quant_group_size
     o_fp8 = torch.empty((T, H * D), dtype=torch.float8_e4m3fn, device=o.device)
     scale = torch.empty((blocks, T), dtype=torch.float32, device=o.device).t()
-    torch.ops.dsv4.inv_rope_fp8_quant(o, positions, cos_sin_cache, int(quant_group_size), o_fp8,
-                                      scale)
+    ops.inv_rope_fp8_quant(o, positions, cos_sin_cache, int(quant_group_size), o_fp8,
+                           scale)
     d = heads_per_group * D
     o_fp8 = o_fp8.view(T, n_groups, d)
     scale = scale.view(T, n_groups, d // quant_group_size)
@@ -304,11 +304,11 @@ def deepseek_v4_fp8_einsum(o_fp8: torch.Tensor, o_scale: torch.Tensor, wo_a: tor
         ws_padded = torch.nn.functional.pad(ws32, (0, pad), value=1.0)[..., :ws32.shape[-1]]
         z_rows = z_flat.view(T, G * L) if Tp == T else \
             torch.empty(Tp, G * L, dtype=z.dtype, device=z.device)
-        torch.ops.dsv4.grouped_wo_a(o2, o2_scale.float(), w, ws_padded, z_rows)
+        ops.grouped_wo_a(o2, o2_scale.float(), w, ws_padded, z_rows)
         if z_rows.shape[0] != T:
             z_flat.view(T, G * L).copy_(z_rows[:T])
     else:
-        torch.ops.dsv4.grouped_wo_a(o2, o2_scale, w, ws, z_flat.view(T, G * L))
+        ops.grouped_wo_a(o2, o2_scale, w, ws, z_flat.view(T, G * L))
     if z_flat is not z:
         z.copy_(z_flat)
 

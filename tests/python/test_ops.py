@@ -255,3 +255,103 @@ def test_rope_cos_sin_for_follows_the_layer_kind():
     # The two kinds use different frequencies (compress theta + YaRN vs rope theta).
     assert not torch.equal(dsv4attn.rope_cos_sin_for(cfg, swa, max_pos=64),
                            dsv4attn.rope_cos_sin_for(cfg, compressed, max_pos=64))
+
+
+# ---------------------------------------------------------------- the host path's shortcuts
+# A torch.Tensor is read from its attributes (tensor_args.cpp, torch_view) and this package's
+# entry points call an op's Python function directly when nothing traces or intercepts it
+# (ops.needs_registered_op). Both must see exactly what DLPack and the registered op see.
+
+class _DlpackOnly:
+    """Exposes a tensor through the DLPack protocol only, forcing the extension's DLPack path."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __dlpack__(self, *args, **kwargs):
+        return self.t.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+
+def _rms_norm_both_ways(x, weight):
+    eps = 1e-6
+    direct = poisoned(x.shape, torch.float32, x.device)
+    through_dlpack = poisoned(x.shape, torch.float32, x.device)
+    dsv4attn._C.rms_norm(x, weight, eps, direct, 0)
+    dsv4attn._C.rms_norm(_DlpackOnly(x), _DlpackOnly(weight), eps, _DlpackOnly(through_dlpack), 0)
+    return direct, through_dlpack
+
+
+def test_torch_tensors_read_as_dlpack_reads_them():
+    # A view with a storage offset, a padded row stride and a transposed batch dim, of each
+    # dtype rms_norm takes: data pointer, shape, strides and dtype must all agree.
+    for dtype in (torch.bfloat16, torch.float32):
+        base = torch.randn(5, 3, 80, dtype=torch.float32).to(dtype)
+        x = base.transpose(0, 1)[1:, :, 8:72]  # [2, 5, 64], strides (80, 240, 1), offset 88
+        weight = torch.randn(64, dtype=torch.float32)
+        direct, through_dlpack = _rms_norm_both_ways(x, weight)
+        assert not direct.isnan().any()
+        assert torch.equal(direct, through_dlpack)
+        want = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * weight.double()
+        assert torch.allclose(direct.double(), want, rtol=1e-2 if dtype != torch.float32 else 1e-5, atol=1e-2)
+
+
+def test_negated_views_are_refused_and_grad_tensors_read():
+    # A negated view's memory holds the values without their sign (DLPack exports it as it is),
+    # so it is refused, naming the argument, with y untouched. A tensor that requires grad is
+    # read like any other (these ops do not differentiate; FlashMLA takes such tensors too).
+    x = torch.randn(4, 64)
+    y = poisoned((4, 64), torch.float32, "cpu")
+    with pytest.raises(dsv4attn.Error, match=r"rms_norm: x: .*negated"):
+        dsv4attn._C.rms_norm(torch._neg_view(x), None, 1e-6, y, 0)
+    assert y.isnan().all()
+    dsv4attn._C.rms_norm(x.clone().requires_grad_(True), None, 1e-6, y, 0)
+    want = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert torch.allclose(y.double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_tensor_subclass_goes_through_dlpack():
+    class Marked(torch.Tensor):
+        pass
+
+    x = torch.randn(4, 64).as_subclass(Marked)
+    y = poisoned((4, 64), torch.float32, "cpu")
+    dsv4attn._C.rms_norm(x, None, 1e-6, y, 0)
+    want = torch.Tensor(x).double()
+    want = want * torch.rsqrt(want.pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert torch.allclose(y.double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_entry_points_call_directly_only_when_nothing_intercepts():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    x = torch.randn(4, 64)
+    assert not dsv4attn.ops.needs_registered_op((x, None, 1e-6, x))
+    assert not dsv4attn.ops.needs_registered_op((1, "a"))  # no tensor: the function's own errors
+
+    class Marked(torch.Tensor):
+        pass
+
+    assert dsv4attn.ops.needs_registered_op((x.as_subclass(Marked), x))
+
+    seen = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    y = poisoned((4, 64), torch.float32, "cpu")
+    with Log():
+        assert dsv4attn.ops.needs_registered_op((x,))
+        dsv4attn.ops.rms_norm(x, None, 1e-6, y)  # the mode sees the op, as with torch.ops.dsv4
+    assert any("dsv4.rms_norm" in f for f in seen), seen
+    assert not y.isnan().any()
+
+    with FakeTensorMode():
+        fx, fy = torch.randn(4, 64), torch.empty(4, 64)
+        assert dsv4attn.ops.needs_registered_op((fx, fy))
+        dsv4attn.ops.rms_norm(fx, None, 1e-6, fy)  # the fake kernel: no C++ call on fake data

@@ -286,7 +286,7 @@ def _check_sched(meta: FlashMLASchedMeta, cfg: FlashMLASchedMeta.Config) -> None
         raise Error("flash_mla_with_kvcache: tile_scheduler_metadata: expected the "
                     "FlashMLASchedMeta of get_mla_metadata() or the int32 tensor of "
                     f"get_mla_metadata(cache_seqlens, ...), got {type(meta).__name__}")
-    if not meta.have_initialized:
+    if not meta.have_initialized or meta.config == cfg:  # (one tuple comparison when it matches)
         return
     for field in dataclasses.fields(cfg):
         want, got = getattr(meta.config, field.name), getattr(cfg, field.name)

@@ -195,6 +195,20 @@ def alloc_kv_cache(num_blocks: int, page_block_size: int, layout: str = "model1_
                               (geo["block_bytes"], tb, tb, 1))
 
 
+# kv_cache_block_bytes of each (layout, page_block_size) a decode call has met: the extension
+# builds the whole geometry per query (~1 µs), and every decode call asks for one or two.
+_BLOCK_BYTES: dict = {}
+
+
+def _block_bytes(layout: str, block_size: int) -> int:
+    if torch.compiler.is_compiling():  # (a constant for the trace: kv_geometry)
+        return kv_cache_block_bytes(layout, block_size)
+    block_bytes = _BLOCK_BYTES.get((layout, block_size))
+    if block_bytes is None:
+        block_bytes = _BLOCK_BYTES[(layout, block_size)] = kv_cache_block_bytes(layout, block_size)
+    return block_bytes
+
+
 def _cache_bytes(name: str, k_cache: torch.Tensor, is_fp8: bool, d_qk: int):
     """(uint8 [num_blocks, block_bytes] view with the cache's block stride, layout,
     page_block_size) of a FlashMLA cache view."""
@@ -212,7 +226,7 @@ def _cache_bytes(name: str, k_cache: torch.Tensor, is_fp8: bool, d_qk: int):
         if layout is None:
             raise Error(f"flash_mla_with_kvcache: {name}.shape[3] (bytes per token): expected "
                         f"584 (MODEL1_FP8) or 656 (V32_FP8), got {last}")
-        byte_view = k_cache.view(torch.uint8)
+        byte_view = k_cache if k_cache.dtype == torch.uint8 else k_cache.view(torch.uint8)
         elem = 1
     else:
         if k_cache.dtype != torch.bfloat16 or last != 512:
@@ -223,7 +237,7 @@ def _cache_bytes(name: str, k_cache: torch.Tensor, is_fp8: bool, d_qk: int):
     if d_qk != dim:
         raise Error(f"flash_mla_with_kvcache: q.shape[-1]: expected {dim} for a "
                     f"{layout.upper()} {name}, got {d_qk}")
-    block_bytes = kv_cache_block_bytes(layout, block_size)
+    block_bytes = _block_bytes(layout, block_size)
     token_bytes = last * elem
     if k_cache.stride(3) != 1 or (block_size > 1 and k_cache.stride(1) * elem != token_bytes):
         raise Error(f"flash_mla_with_kvcache: {name}: expected tokens dense within a block "

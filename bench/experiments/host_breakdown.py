@@ -5,8 +5,8 @@ bench/scripts/host_overhead.py puts flash_mla_with_kvcache at ~3x FlashMLA's hos
 point; the op's Python function with every argument prepared (ops.sparse_decode); the extension
 call alone (_C.sparse_decode, the stream handle given); and the pieces around them (the stream
 query, the device guard, one torch.empty on the GPU, the shape-only split plan). The prefill's
-entry and its _C call likewise. Host µs a call: mean of 200 calls queued behind ~100 ms of GPU
-sleep (no call waits for the GPU), median of 5 batches.
+entry and its _C call likewise. Host µs a call as bench/scripts/host_timing.py measures it (calls
+queued behind ~100 ms of GPU sleep, so no call waits for the GPU).
 
 Run (device, after a build of the Python extension, e.g. `BUILD_TARGETS=_C bash
 bench/scripts/device_session.sh`):
@@ -14,8 +14,8 @@ bench/scripts/device_session.sh`):
 """
 from __future__ import annotations
 
-import statistics
-import time
+import os
+import sys
 
 import torch
 
@@ -24,20 +24,8 @@ from dsv4attn._runtime import decode_schedule, device_guard, planner_sms, stream
 from dsv4attn.flash_mla import (_cache_bytes, alloc_kv_cache, flash_mla_sparse_fwd,
                                 flash_mla_with_kvcache, get_mla_metadata)
 
-
-def host_us(fn, calls: int = 200, batches: int = 5) -> float:
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    means = []
-    for _ in range(batches):
-        torch.cuda._sleep(200_000_000)
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        means.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(means)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+from host_timing import host_us  # noqa: E402
 
 
 def row(name: str, us: float) -> None:

@@ -21,9 +21,6 @@ extension built for the device's python3:
 """
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 
 import flash_mla as fm_real
@@ -31,21 +28,7 @@ import lib
 from lib import RawTestParamForDecode, TestParam
 
 import dsv4attn.flash_mla as fm_d4  # also registers torch.ops.dsv4.*
-
-
-def host_us(fn, calls: int = 100, batches: int = 5) -> float:
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    means = []
-    for _ in range(batches):
-        torch.cuda._sleep(200_000_000)  # ~100 ms at ~2 GHz: every call below is queued behind it
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        means.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(means)
+from host_timing import host_us
 
 
 def main() -> None:

@@ -90,16 +90,18 @@ struct TorchTypes {
   int num_dtypes = 0;
 };
 
-// Null until torch has been imported (by anyone); filled on the first call after that.
+// Null until torch has been imported (by anyone); filled once, on the first call after that
+// (null for good if that torch lacks torch.Tensor or torch.strided: everything takes DLPack).
 const TorchTypes* torch_types() {
   static TorchTypes types;
-  static bool ready = false;
-  if (ready) return &types;
+  static bool filled = false, ready = false;
+  if (filled) return ready ? &types : nullptr;
   PyObject* torch = PyImport_GetModule(nb::str("torch").ptr());  // new reference or null, no import
   if (torch == nullptr) {
     PyErr_Clear();
     return nullptr;
   }
+  filled = true;
   PyObject* nn_parameter = nullptr;
   if (PyObject* nn = PyObject_GetAttrString(torch, "nn")) {
     nn_parameter = PyObject_GetAttrString(nn, "Parameter");

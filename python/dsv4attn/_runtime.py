@@ -32,6 +32,9 @@ def stream_handle(t: torch.Tensor) -> int:
     return 0
 
 
+_NO_GUARD = contextlib.nullcontext()  # (reusable: it holds no state)
+
+
 def device_guard(t: torch.Tensor):
     """Makes t's CUDA device current for the duration of an op (a no-op on CPU, for a tensor on
     the current device already, or for a non-tensor, which the op then rejects by name)."""
@@ -40,9 +43,6 @@ def device_guard(t: torch.Tensor):
         if index != torch.cuda.current_device():
             return torch.cuda.device(index)
     return _NO_GUARD
-
-
-_NO_GUARD = contextlib.nullcontext()
 
 
 # Shape-only host computations, constant for given arguments: torch.compile evaluates them while

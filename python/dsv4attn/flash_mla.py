@@ -176,9 +176,20 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
+# The block bytes of each (layout, page_block_size) met so far: the extension builds the whole
+# geometry per query (~1 µs), and every decode call (and vllm_ops' cache views) asks for one or two.
+_BLOCK_BYTES: dict = {}
+
+
 def kv_cache_block_bytes(layout: str, page_block_size: int) -> int:
     """Bytes per cache block of `layout` ("model1_fp8", "v32_fp8", "bf16"), padding included."""
-    return int(kv_geometry(layout, page_block_size)["block_bytes"])
+    if torch.compiler.is_compiling():  # (a constant for the trace: kv_geometry)
+        return int(kv_geometry(layout, page_block_size)["block_bytes"])
+    block_bytes = _BLOCK_BYTES.get((layout, page_block_size))
+    if block_bytes is None:  # (an invalid pair raises here every time: nothing cached)
+        block_bytes = int(kv_geometry(layout, page_block_size)["block_bytes"])
+        _BLOCK_BYTES[(layout, page_block_size)] = block_bytes
+    return block_bytes
 
 
 def alloc_kv_cache(num_blocks: int, page_block_size: int, layout: str = "model1_fp8",
@@ -193,20 +204,6 @@ def alloc_kv_cache(num_blocks: int, page_block_size: int, layout: str = "model1_
     tb = geo["token_bytes"]
     return storage.as_strided((num_blocks, page_block_size, 1, tb),
                               (geo["block_bytes"], tb, tb, 1))
-
-
-# kv_cache_block_bytes of each (layout, page_block_size) a decode call has met: the extension
-# builds the whole geometry per query (~1 µs), and every decode call asks for one or two.
-_BLOCK_BYTES: dict = {}
-
-
-def _block_bytes(layout: str, block_size: int) -> int:
-    if torch.compiler.is_compiling():  # (a constant for the trace: kv_geometry)
-        return kv_cache_block_bytes(layout, block_size)
-    block_bytes = _BLOCK_BYTES.get((layout, block_size))
-    if block_bytes is None:
-        block_bytes = _BLOCK_BYTES[(layout, block_size)] = kv_cache_block_bytes(layout, block_size)
-    return block_bytes
 
 
 def _cache_bytes(name: str, k_cache: torch.Tensor, is_fp8: bool, d_qk: int):
@@ -237,7 +234,7 @@ def _cache_bytes(name: str, k_cache: torch.Tensor, is_fp8: bool, d_qk: int):
     if d_qk != dim:
         raise Error(f"flash_mla_with_kvcache: q.shape[-1]: expected {dim} for a "
                     f"{layout.upper()} {name}, got {d_qk}")
-    block_bytes = _block_bytes(layout, block_size)
+    block_bytes = kv_cache_block_bytes(layout, block_size)
     token_bytes = last * elem
     if k_cache.stride(3) != 1 or (block_size > 1 and k_cache.stride(1) * elem != token_bytes):
         raise Error(f"flash_mla_with_kvcache: {name}: expected tokens dense within a block "

@@ -82,7 +82,7 @@ struct TorchTypes {
   PyObject* tensor = nullptr;
   PyObject* parameter = nullptr;
   PyObject* strided = nullptr;
-  PyObject *data_ptr, *shape, *stride, *dtype, *device, *type, *layout, *is_neg;
+  PyObject *data_ptr, *shape, *stride, *dtype, *is_cuda, *is_cpu, *layout, *is_neg;
   struct Dtype {
     PyObject* object;
     DType dtype;
@@ -122,8 +122,8 @@ const TorchTypes* torch_types() {
   types.shape = PyUnicode_InternFromString("shape");
   types.stride = PyUnicode_InternFromString("stride");
   types.dtype = PyUnicode_InternFromString("dtype");
-  types.device = PyUnicode_InternFromString("device");
-  types.type = PyUnicode_InternFromString("type");
+  types.is_cuda = PyUnicode_InternFromString("is_cuda");
+  types.is_cpu = PyUnicode_InternFromString("is_cpu");
   types.layout = PyUnicode_InternFromString("layout");
   types.is_neg = PyUnicode_InternFromString("is_neg");
   ready = types.tensor != nullptr && types.strided != nullptr;
@@ -150,16 +150,15 @@ TorchRead read_torch_view(PyObject* obj, const TorchTypes& torch, TensorView& v)
   while (d < torch.num_dtypes && torch.dtypes[d].object != dtype.object) ++d;
   if (d == torch.num_dtypes) return TorchRead::other;
   v.dtype = torch.dtypes[d].dtype;
-  const Attr device(obj, torch.device);
-  if (!device) return TorchRead::other;
-  const Attr type(device.object, torch.type);
-  if (!type || !PyUnicode_Check(type.object)) return TorchRead::other;
-  if (PyUnicode_CompareWithASCIIString(type.object, "cpu") == 0) {
-    v.device = Device::cpu;
-  } else if (PyUnicode_CompareWithASCIIString(type.object, "cuda") == 0) {
+  // Two boolean properties rather than .device.type: that builds a torch.device and a string for
+  // every tensor of every call (~0.3 µs each on a desktop CPU).
+  const Attr is_cuda(obj, torch.is_cuda);
+  if (is_cuda.object == Py_True) {
     v.device = Device::cuda;
   } else {
-    return TorchRead::other;
+    const Attr is_cpu(obj, torch.is_cpu);
+    if (is_cuda.object != Py_False || is_cpu.object != Py_True) return TorchRead::other;
+    v.device = Device::cpu;
   }
   const Attr shape(obj, torch.shape), strides(obj, torch.stride, /*call=*/true);
   if (!shape || !strides || !PyTuple_Check(shape.object) || !PyTuple_Check(strides.object))
@@ -224,12 +223,14 @@ KvCacheView cache_arg(const char* where, const char* name, const TensorArg& data
 }
 
 int64_t int64_arg(const char* where, const char* name, const IntArg& a, int64_t lo, int64_t hi) {
+  if (a.type_name == nullptr && a.overflow == 0 && a.value >= lo && a.value <= hi) return a.value;
+  // The message is formatted only here: every op call passes several integers, and a string
+  // stream per argument cost microseconds of host time on the accepted path.
   const std::string range = detail::concat("an integer in [", lo, ", ", hi, "]");
   if (a.type_name != nullptr) fail_expected(where, name, range, a.type_name);
   if (a.overflow != 0)
     fail_expected(where, name, range, a.overflow > 0 ? "an int above 2**63 - 1" : "an int below -2**63");
-  if (a.value < lo || a.value > hi) fail_expected(where, name, range, a.value);
-  return a.value;
+  fail_expected(where, name, range, a.value);
 }
 
 int int_arg(const char* where, const char* name, const IntArg& a) {

@@ -67,11 +67,11 @@ KvGeometry kv_geometry(KvLayout layout, int block_size) {
 }
 
 void check_kv_cache(const char* where, const char* name, const KvCacheView& cache) {
-  const std::string n(name);
+  const std::string n(name), data_name = n + ".data";  // (formatted once: every op call checks)
   const KvGeometry g = kv_geometry(cache.layout, cache.block_size);
-  check_defined(where, (n + ".data").c_str(), cache.data);
-  check_dtype(where, (n + ".data").c_str(), cache.data, DType::uint8);
-  check_ndim(where, (n + ".data").c_str(), cache.data, 2);
+  check_defined(where, data_name.c_str(), cache.data);
+  check_dtype(where, data_name.c_str(), cache.data, DType::uint8);
+  check_ndim(where, data_name.c_str(), cache.data, 2);
   if (cache.data.shape[1] != g.block_bytes)
     fail_expected(where, n + ".data.shape[1]",
                   std::to_string(g.block_bytes) + " (block bytes of " +
@@ -80,7 +80,7 @@ void check_kv_cache(const char* where, const char* name, const KvCacheView& cach
                   cache.data.shape[1]);
   // Bytes dense within a block; blocks any number of bytes apart (a padded block stride, as
   // FlashMLA's and vLLM's caches have) as long as blocks do not overlap.
-  check_inner_contiguous(where, (n + ".data").c_str(), cache.data);
+  check_inner_contiguous(where, data_name.c_str(), cache.data);
   const int64_t block_stride = cache.data.strides[0];
   if (cache.data.shape[0] > 1) {
     if (block_stride < g.block_bytes)

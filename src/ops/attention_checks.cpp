@@ -33,7 +33,8 @@ void check_optional_tensor(const char* where, const char* name, const TensorView
 
 int check_cache(const char* where, const char* name, const KvCacheView& cache, Device device) {
   check_kv_cache(where, name, cache);  // geometry, dtype, contiguity, alignment, tensor scale
-  check_device(where, detail::concat(name, ".data").c_str(), cache.data, device);
+  // (The name is formatted only for the error: this runs on every accepted call.)
+  if (cache.data.device != device) check_device(where, detail::concat(name, ".data").c_str(), cache.data, device);
   return kv_geometry(cache.layout, cache.block_size).dim;
 }
 

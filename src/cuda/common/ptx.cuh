@@ -50,6 +50,11 @@ __device__ __forceinline__ void cp_async_16_zfill(void* smem_dst, const void* gm
                "l"(gmem_src), "r"(valid ? 16 : 0)
                : "memory");
 }
+// The same copy, always reading its 16 bytes.
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(smem_addr(smem_dst)), "l"(gmem_src)
+               : "memory");
+}
 // 4-byte variant through L1 (.ca: cp.async takes .cg only for 16 bytes), for rows that are only
 // 4-byte aligned; `valid` false zero-fills without a read, as above.
 __device__ __forceinline__ void cp_async_4_zfill(void* smem_dst, const void* gmem_src, bool valid) {

@@ -3,7 +3,7 @@
 // Per work item (token t, head group g) of a persistent CTA (work_item.cuh), n = ceil(topk_length
 // / 64) tiles, numbered per item for ownership and per CTA (g) for the two-buffer ring:
 //   producer WG2 (producer.cuh): Q → smem by TMA; for tile i: wait until buffer i%2 is free,
-//                 gather its 64 rows (cp.async, invalid rows zero-filled, never read), arrive on
+//                 gather its 64 rows (cp.async, invalid rows copied from rows of zeros), arrive on
 //                 k_full[i%2].
 //   math WG w ∈ {0,1} (math.cuh) owns tiles i ≡ w (mod 2). Iteration over its own tile i:
 //     A. own P·V of tile i-2 finished → release buffer (i-2)%2 to the producer

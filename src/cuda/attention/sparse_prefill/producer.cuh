@@ -5,8 +5,8 @@
 // Q: 64×64 TMA boxes issued by one thread (heads past H are out of bounds: zero-filled).
 // KV: gathered with cp.async by all 128 threads — thread (group = tid/8, lane8 = tid%8) copies
 // chunk lane8 of every 64-column block of rows group, group+16, ...; a warp moves 4 rows × 128
-// contiguous bytes per instruction; invalid rows are zero-filled without a read. (One-row TMA
-// boxes gather correctly but ran 6.5x slower: docs/notes/prefill.md, v5.)
+// contiguous bytes per instruction; invalid rows are copied from rows of zeros (zero_rows). (One-row
+// TMA boxes gather correctly but ran 6.5x slower: docs/notes/prefill.md, v5.)
 // O of an item leaves through its last tile's buffer: the math WGs stage it there (the out map's
 // box layout) and free the buffer as for any tile; before the next gather into that buffer — or
 // at the end — this WG TMA-stores it, so no math thread waits on global stores.
@@ -22,6 +22,18 @@
 
 namespace dsv4::cuda::sparse_prefill_detail {
 
+// Rows of zeros in global memory (zero-initialised when the module loads) that invalid rows are
+// copied from: an ordinary 16-byte copy of an L2-resident line instead of cp.async's zero-fill,
+// with which tiles holding invalid slots ran 5-21 % slower than tiles without, while reading
+// fewer bytes (docs/notes/prefill.md, "Invalid rows copied from rows of zeros"). One row per
+// producer thread group (16), so that the invalid rows of every SM spread over 144 lines and the
+// L2 slices that hold them: one row shared by all made such tiles 2-3x slower at 132 CTAs (a row
+// per tile row spilled the producer). One per translation unit (static): each d_qk's
+// instantiation has its own.
+constexpr int kZeroRowBytes = 576 * 2;
+constexpr int kZeroRows = 16;
+static __device__ __align__(256) uint8_t zero_rows[kZeroRows * kZeroRowBytes];
+
 template <int D_QK>
 struct Producer {
   using Cfg = Config<D_QK>;
@@ -29,6 +41,7 @@ struct Producer {
   static constexpr int kTile = Cfg::kTile;
   static constexpr int kBlocks = D_QK / 64;          // 64-column blocks of a row
   static constexpr int kRowsPerThread = kTile / 16;  // rows group, group + 16, ...
+  static_assert(kTile / kRowsPerThread == kZeroRows && D_QK * 2 <= kZeroRowBytes, "a zero row per thread group");
 
   const Params& p;
   Plan& plan;
@@ -36,6 +49,7 @@ struct Producer {
   const int tid, group, lane8;
   const uint8_t* const kv_base;  // this thread's 16-byte chunk of row 0
   const int64_t kv_row_bytes;
+  const uint8_t* const zero_base;  // this thread's 16-byte chunk of its group's zero row
   // This thread's row indices of the next tile to gather, read one tile before the gather that
   // needs them — across items too (the next item's tile 0 during this item's last tile), so no
   // gather waits on an index read.
@@ -53,7 +67,8 @@ struct Producer {
         group(tid / 8),
         lane8(tid % 8),
         kv_base(static_cast<const uint8_t*>(params.kv) + lane8 * 16),
-        kv_row_bytes(params.kv_row_stride * 2) {}
+        kv_row_bytes(params.kv_row_stride * 2),
+        zero_base(zero_rows + group * kZeroRowBytes + lane8 * 16) {}
 
   // Q of item number k of this CTA (one thread), once the previous item's S products are done
   // with the buffer.
@@ -89,14 +104,13 @@ struct Producer {
 
   // Copies 64-column blocks [blk_begin, blk_end) of this thread's rows into tile buffer `dst`.
   __device__ __forceinline__ void gather_blocks(uint8_t* dst, const uint8_t* const (&src)[kRowsPerThread],
-                                                const bool (&valid)[kRowsPerThread], int blk_begin, int blk_end) {
+                                                int blk_begin, int blk_end) {
 #pragma unroll
     for (int rk = 0; rk < kRowsPerThread; ++rk) {
       const int row = group + 16 * rk;
 #pragma unroll
       for (int blk = blk_begin; blk < blk_end; ++blk)
-        ptx::cp_async_16_zfill(dst + sw128_chunk_offset<kTile>(row, blk * 8 + lane8), src[rk] + blk * 128,
-                               valid[rk]);
+        ptx::cp_async_16(dst + sw128_chunk_offset<kTile>(row, blk * 8 + lane8), src[rk] + blk * 128);
     }
   }
 
@@ -112,7 +126,7 @@ struct Producer {
     for (int rk = 0; rk < kRowsPerThread; ++rk) {
       const int idx = next_indices[rk];
       valid[rk] = idx >= 0 && idx < p.s_kv;
-      src[rk] = kv_base + (valid[rk] ? idx * kv_row_bytes : 0);
+      src[rk] = valid[rk] ? kv_base + idx * kv_row_bytes : zero_base;
     }
     if (t + 1 < it.num_tiles) {
       read_indices(it, t + 1);
@@ -136,9 +150,9 @@ struct Producer {
       for (int rk = 0; rk < kRowsPerThread; ++rk) plan.key_valid[buf][group + 16 * rk] = valid[rk];
     }
     ptx::mbarrier_arrive(&plan.k_full[buf][0]);
-    gather_blocks(plan.k[buf], src, valid, 0, Cfg::kSplitBlocks);
+    gather_blocks(plan.k[buf], src, 0, Cfg::kSplitBlocks);
     ptx::cp_async_arrive_noinc(&plan.k_full[buf][0]);
-    gather_blocks(plan.k[buf], src, valid, Cfg::kSplitBlocks, kBlocks);
+    gather_blocks(plan.k[buf], src, Cfg::kSplitBlocks, kBlocks);
     ptx::cp_async_arrive_noinc(&plan.k_full[buf][1]);
     trace_tile_event(tid, g, kTraceGatherIssued);
   }

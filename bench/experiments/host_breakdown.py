@@ -21,8 +21,8 @@ import torch
 
 from dsv4attn import _C, ops
 from dsv4attn._runtime import decode_schedule, device_guard, planner_sms, stream_handle
-from dsv4attn.flash_mla import (_cache_bytes, _cache_bytes_of, alloc_kv_cache,
-                                flash_mla_sparse_fwd, flash_mla_with_kvcache, get_mla_metadata)
+from dsv4attn.flash_mla import (_cache_bytes, alloc_kv_cache, flash_mla_sparse_fwd,
+                                flash_mla_with_kvcache, get_mla_metadata)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
 from host_timing import host_us  # noqa: E402
@@ -76,8 +76,6 @@ def main() -> None:
         host_us(lambda: torch.empty((b, s_q, h), dtype=torch.float32, device=dev)))
     row("  decode_schedule + planner_sms", host_us(lambda: decode_schedule(b, s_q, h, 640, planner_sms(dev), 512)))
     row("  _cache_bytes(k_cache)", host_us(lambda: _cache_bytes("k_cache", k0, True, d)))
-    row("  _cache_bytes_of(k_cache) (the view remembered)",
-        host_us(lambda: _cache_bytes_of("k_cache", k0, True, d)))
 
     s_q_p, topk = 64, 512
     qp = torch.randn(s_q_p, h, d, dtype=torch.bfloat16, device=dev)

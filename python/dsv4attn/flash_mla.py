@@ -68,8 +68,7 @@ ValueError) instead of AssertionError for inconsistent arguments.
 from __future__ import annotations
 
 import dataclasses
-import weakref
-from typing import Dict, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
 
@@ -237,11 +236,12 @@ def _cache_bytes(name: str, k_cache: torch.Tensor, is_fp8: bool, d_qk: int):
                     f"{layout.upper()} {name}, got {d_qk}")
     block_bytes = kv_cache_block_bytes(layout, block_size)
     token_bytes = last * elem
-    if k_cache.stride(3) != 1 or (block_size > 1 and k_cache.stride(1) * elem != token_bytes):
+    strides = k_cache.stride()  # (one call: each stride(i) is a call of its own)
+    if strides[3] != 1 or (block_size > 1 and strides[1] * elem != token_bytes):
         raise Error(f"flash_mla_with_kvcache: {name}: expected tokens dense within a block "
                     f"(stride(1) = {last}, the bytes per token, and stride(3) = 1), got strides "
-                    f"{tuple(k_cache.stride())}")
-    block_stride = k_cache.stride(0) * elem if num_blocks > 1 else block_bytes
+                    f"{strides}")
+    block_stride = strides[0] * elem if num_blocks > 1 else block_bytes
     if block_stride < block_bytes or block_stride % 16 != 0:
         raise Error(f"flash_mla_with_kvcache: {name}.stride(0): expected a block stride of at "
                     f"least {block_bytes // elem} elements ({block_bytes} bytes, the "
@@ -250,38 +250,6 @@ def _cache_bytes(name: str, k_cache: torch.Tensor, is_fp8: bool, d_qk: int):
     flat = byte_view.view(torch.uint8) if elem != 1 else byte_view
     return block_bytes_view(f"flash_mla_with_kvcache: {name}", flat, num_blocks, block_bytes,
                             block_stride), layout, block_size
-
-
-# The byte views of the caches flash_mla_with_kvcache has been given, by the cache's id. A serving
-# loop passes the same cache tensors on every call, and deriving a view (the checks, two views and
-# a storage bound) cost ~9 µs of host time per cache and call on an H200 host
-# (docs/notes/host_overhead.md). An entry keeps a weak reference to its cache, so it leaves with
-# the tensor (the view it holds shares the cache's storage and would otherwise keep it alive),
-# and the metadata the view was derived from: data pointer, shape, strides, dtype and the call's
-# is_fp8_kvcache and d_qk must all match for it to be used again.
-_CACHE_VIEWS: Dict[int, tuple] = {}
-
-
-def _forget_cache_view(ident: int, ref: weakref.ref) -> None:
-    entry = _CACHE_VIEWS.get(ident)
-    if entry is not None and entry[0] is ref:  # (not a newer entry of a reused id)
-        del _CACHE_VIEWS[ident]
-
-
-def _cache_bytes_of(name: str, k_cache: torch.Tensor, is_fp8: bool, d_qk: int):
-    """_cache_bytes, remembered per cache tensor (see _CACHE_VIEWS). Fake, proxy and other
-    subclass tensors, and calls under torch.compile or a torch mode, are not remembered."""
-    if ops.needs_registered_op((k_cache,)):
-        return _cache_bytes(name, k_cache, is_fp8, d_qk)
-    ident = id(k_cache)
-    key = (k_cache.data_ptr(), k_cache.shape, k_cache.stride(), k_cache.dtype, is_fp8, d_qk)
-    entry = _CACHE_VIEWS.get(ident)
-    if entry is not None and entry[1] == key and entry[0]() is k_cache:
-        return entry[2]
-    result = _cache_bytes(name, k_cache, is_fp8, d_qk)  # (raises, remembering nothing)
-    ref = weakref.ref(k_cache, lambda r, ident=ident: _forget_cache_view(ident, r))
-    _CACHE_VIEWS[ident] = (ref, key, result)
-    return result
 
 
 def block_bytes_view(where: str, flat: torch.Tensor, num_blocks: int, block_bytes: int,
@@ -431,10 +399,10 @@ def flash_mla_with_kvcache(
             extra_indices_in_kvcache.shape[-1] if extra_indices_in_kvcache is not None else None)
         _check_sched(tile_scheduler_metadata, cfg)
 
-    blocks, layout, block_size = _cache_bytes_of("k_cache", k_cache, is_fp8_kvcache, d_qk)
+    blocks, layout, block_size = _cache_bytes("k_cache", k_cache, is_fp8_kvcache, d_qk)
     extra_blocks, extra_layout, extra_block_size = None, layout, block_size
     if extra_k_cache is not None:
-        extra_blocks, extra_layout, extra_block_size = _cache_bytes_of(
+        extra_blocks, extra_layout, extra_block_size = _cache_bytes(
             "extra_k_cache", extra_k_cache, is_fp8_kvcache, d_qk)
     softmax_scale = (d_qk ** (-0.5) if softmax_scale is None
                      else float_arg(where, "softmax_scale", softmax_scale))

@@ -251,54 +251,6 @@ def test_decode_errors(case, message):
     assert torch.all(torch.isnan(out)), "a rejected call must not write its output"
 
 
-def test_cache_views_are_remembered_per_cache():
-    """The byte view of a cache is derived once per cache tensor (flash_mla._CACHE_VIEWS), is
-    used again only while the tensor and its metadata are the same, and leaves with the tensor."""
-    import gc
-    from dsv4attn import flash_mla as fm
-    q, cache, idx = _decode_args(torch.device("cpu"))
-    meta = get_mla_metadata()[0]
-    kw = dict(is_fp8_kvcache=True, indices=idx)
-    out1, lse1 = flash_mla_with_kvcache(q, cache, None, None, 512, meta, **kw)
-    entry = fm._CACHE_VIEWS[id(cache)]
-    assert entry[0]() is cache
-    out2, lse2 = flash_mla_with_kvcache(q, cache, None, None, 512, meta, **kw)
-    assert fm._CACHE_VIEWS[id(cache)] is entry, "the second call must reuse the view"
-    assert torch.equal(out1, out2) and torch.equal(lse1, lse2)
-    # The same tensor object with other metadata: derived (and checked) again, so a block stride
-    # made too small in place is refused, and the output stays untouched.
-    cache.as_strided_((2, 64, 1, 584), (64 * 584 // 2, 584, 584, 1))
-    out = poisoned((2, 1, 16, 512), torch.bfloat16, torch.device("cpu"))
-    with pytest.raises(dsv4attn.Error, match=r"stride\(0\)"):
-        flash_mla_with_kvcache(q, cache, None, None, 512, get_mla_metadata()[0], out=out, **kw)
-    assert torch.all(torch.isnan(out))
-    # Another cache has an entry of its own, which leaves with it.
-    cache2, _, _ = fill_cache(2, 64, "model1_fp8", torch.device("cpu"))
-    flash_mla_with_kvcache(q, cache2, None, None, 512, get_mla_metadata()[0], **kw)
-    ident = id(cache2)
-    assert fm._CACHE_VIEWS[ident][0]() is cache2
-    del cache2
-    gc.collect()
-    assert ident not in fm._CACHE_VIEWS, "an entry must leave with its cache"
-
-
-def test_cache_views_not_remembered_under_modes():
-    """Under a torch dispatch mode (and for subclasses, fake tensors, torch.compile: the same
-    ops.needs_registered_op rule) the view is derived on every call and not remembered."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from dsv4attn import flash_mla as fm
-
-    class Passthrough(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return func(*args, **(kwargs or {}))
-
-    q, cache, idx = _decode_args(torch.device("cpu"))
-    with Passthrough():
-        flash_mla_with_kvcache(q, cache, None, None, 512, get_mla_metadata()[0],
-                               is_fp8_kvcache=True, indices=idx)
-    assert id(cache) not in fm._CACHE_VIEWS
-
-
 def test_metadata_consistency_is_checked():
     q, cache, idx = _decode_args(torch.device("cpu"))
     meta = get_mla_metadata()[0]

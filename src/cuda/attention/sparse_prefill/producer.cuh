@@ -5,8 +5,8 @@
 // Q: 64×64 TMA boxes issued by one thread (heads past H are out of bounds: zero-filled).
 // KV: gathered with cp.async by all 128 threads — thread (group = tid/8, lane8 = tid%8) copies
 // chunk lane8 of every 64-column block of rows group, group+16, ...; a warp moves 4 rows × 128
-// contiguous bytes per instruction; invalid rows are copied from rows of zeros (zero_rows). (One-row
-// TMA boxes gather correctly but ran 6.5x slower: docs/notes/prefill.md, v5.)
+// contiguous bytes per instruction; invalid rows are copied from rows of zeros (zero_rows).
+// (One-row TMA boxes gather correctly but ran 6.5x slower: docs/notes/prefill.md, v5.)
 // O of an item leaves through its last tile's buffer: the math WGs stage it there (the out map's
 // box layout) and free the buffer as for any tile; before the next gather into that buffer — or
 // at the end — this WG TMA-stores it, so no math thread waits on global stores.
@@ -41,7 +41,8 @@ struct Producer {
   static constexpr int kTile = Cfg::kTile;
   static constexpr int kBlocks = D_QK / 64;          // 64-column blocks of a row
   static constexpr int kRowsPerThread = kTile / 16;  // rows group, group + 16, ...
-  static_assert(kTile / kRowsPerThread == kZeroRows && D_QK * 2 <= kZeroRowBytes, "a zero row per thread group");
+  static_assert(kTile / kRowsPerThread == kZeroRows && D_QK * 2 <= kZeroRowBytes,
+                "a zero row per thread group");
 
   const Params& p;
   Plan& plan;

@@ -72,7 +72,7 @@ enum class TorchRead {
   negated,  // a torch.Tensor whose negation bit is set (torch._neg_view, .conj() of a real view)
 };
 // A plain torch.Tensor (or nn.Parameter) read from its attributes — data_ptr(), shape, stride(),
-// dtype, device — when it is strided, on the CPU or a CUDA device, of a dtype the ops take, with
+// dtype, is_cuda / is_cpu — when it is strided, on the CPU or a CUDA device, of a dtype the ops take, with
 // at most kMaxDims dims. Anything else (`other`, no Python error left set) goes through DLPack and
 // its errors. torch's __dlpack__ export cost ~5 µs a tensor, most of an op's host time with six
 // or more tensors; this reads the same fields in well under one. A negated view is refused:

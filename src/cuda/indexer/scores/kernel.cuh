@@ -235,7 +235,7 @@ __device__ void produce_block_tiles(const Params& p, Plan& sp, int lane) {
     if (lane < kTileKeys / 4) {
       const uint8_t* scales = mapped ? block + indexer_key_scale_offset(p.block_size, off0) + lane * 16
                                      : reinterpret_cast<const uint8_t*>(&kMissingKeyScales);
-      ptx::cp_async_16_zfill(&sp.key_scale[stage][4 * lane], scales, true);
+      ptx::cp_async_16(&sp.key_scale[stage][4 * lane], scales);
     }
     ptx::cp_async_arrive_noinc(&sp.full[stage]);
   }

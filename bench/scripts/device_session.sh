@@ -48,8 +48,9 @@ export PYTHONPATH="$PWD/build/python:$PYTHONPATH"
 # and carried to the device (ignored by git). Those folders are swapped into this tree, the base
 # binaries built (only what includes them recompiles) and this tree's folders and binaries put
 # back (fresh mtimes: the next build recompiles them). KERNEL_VARIANTS (patch files, e.g.
-# bench/experiments/*.patch) adds versions: each is applied to this tree alone (patch -p1), built,
-# and reverted, so one call measures several prepared changes. Then: the base's (else this tree's)
+# bench/experiments/*.patch, or a.patch+b.patch for a change written on top of another) adds
+# versions: each is applied to this tree alone (patch -p1), built, and reverted, so one call
+# measures several prepared changes. Then: the base's (else this tree's)
 # sparse GPU tests (GPU_FILTER, default *Sparse*) record their outputs' digests
 # (tests/cuda/output_digest.h), every other version's must match them bit for bit (and pass;
 # KERNELS_NEW_NUMERICS=1 for a change that reorders arithmetic: pass only); then
@@ -62,6 +63,11 @@ export PYTHONPATH="$PWD/build/python:$PYTHONPATH"
 # outside a repository too).
 apply_patch() {
   if command -v patch >/dev/null; then patch -p1 --forward --silent $2 <"$1"; else git apply $2 "$1"; fi
+}
+# Whether it applies whole (nothing is changed either way): a patch that fails part-way would
+# leave the hunks it did apply in the tree.
+patch_applies() {
+  if command -v patch >/dev/null; then patch -p1 --forward --silent --dry-run <"$1"; else git apply --check "$1"; fi
 }
 kernels_step() {
   local base=${BASE_SRC:-.bench-base} attn=src/cuda/attention bins=/tmp/kernels-bins
@@ -85,21 +91,34 @@ kernels_step() {
     rm -rf "$keep"
   fi
   local patch_file name
-  for patch_file in ${KERNEL_VARIANTS:-}; do
-    name=$(basename "$patch_file" .patch)
+  local variant parts applied k
+  for variant in ${KERNEL_VARIANTS:-}; do
+    # A variant is one patch, or patches joined by '+' applied in that order (a change written on
+    # top of another: a.patch+b.patch).
+    IFS='+' read -r -a parts <<<"$variant"
+    name=""
+    for patch_file in "${parts[@]}"; do name="${name:+$name+}$(basename "$patch_file" .patch)"; done
     log "variant build: $name"
-    # The files it touches (its +++ lines): headers under include/, tests and Python too.
-    sed -n 's|^+++ b/\([^[:space:]]*\).*|\1|p' "$patch_file" >>build/.swapped-sources
-    if ! apply_patch "$patch_file" >"$OUT/kernels/patch_$name.log" 2>&1; then
-      cat "$OUT/kernels/patch_$name.log"
-      continue
-    fi
-    if cmake --build build -j16 --target dsv4_gpu_tests dsv4 >"$OUT/kernels/build_$name.log" 2>&1; then
-      cp build/dsv4 "$bins/dsv4-$name" && cp build/dsv4_gpu_tests "$bins/tests-$name" && versions="$versions $name"
+    applied=()
+    for patch_file in "${parts[@]}"; do
+      # The files it touches (its +++ lines): headers under include/, tests and Python too.
+      sed -n 's|^+++ b/\([^[:space:]]*\).*|\1|p' "$patch_file" >>build/.swapped-sources
+      patch_applies "$patch_file" >>"$OUT/kernels/patch_$name.log" 2>&1 &&
+        apply_patch "$patch_file" >>"$OUT/kernels/patch_$name.log" 2>&1 || break
+      applied+=("$patch_file")
+    done
+    if [ ${#applied[@]} = ${#parts[@]} ]; then
+      if cmake --build build -j16 --target dsv4_gpu_tests dsv4 >"$OUT/kernels/build_$name.log" 2>&1; then
+        cp build/dsv4 "$bins/dsv4-$name" && cp build/dsv4_gpu_tests "$bins/tests-$name" && versions="$versions $name"
+      else
+        grep -B5 -A20 -E "error" "$OUT/kernels/build_$name.log" | head -40
+      fi
     else
-      grep -B5 -A20 -E "error" "$OUT/kernels/build_$name.log" | head -40
+      cat "$OUT/kernels/patch_$name.log"
     fi
-    apply_patch "$patch_file" -R || { echo "could not revert $name"; return 1; }
+    for ((k = ${#applied[@]} - 1; k >= 0; k--)); do
+      apply_patch "${applied[$k]}" -R || { echo "could not revert $name"; return 1; }
+    done
   done
   cp "$bins/dsv4-new" build/dsv4 && cp "$bins/tests-new" build/dsv4_gpu_tests  # for later steps
   # The reference version (the base, else this tree) records its outputs' digests; every other

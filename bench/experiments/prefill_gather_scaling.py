@@ -12,8 +12,9 @@ min(items, SMs)), H 64 (one head group), a long top-k so the tiles outweigh the 
 and epilogue, and reports the median time per tile per CTA, and the bytes per µs per SM and over
 the GPU. The indices are random rows of a kv that fits in L2, so every gather is an L2 hit.
 
-With --invalid, a fraction of the slots is -1: those rows are zero-filled without a read, while
-S, the softmax and P·V run on the whole tile as before. If the time per tile falls with the bytes
+With --invalid, a fraction of the slots is -1: those rows read nothing of the kv (since 6a1980a they
+are copied from rows of zeros in global memory, L2-resident; before, cp.async zero-filled them),
+while S, the softmax and P·V run on the whole tile as before. If the time per tile falls with the bytes
 read, the gather binds; if it stays, the math warpgroups' chain does.
 
 Run (device, after a build of the Python extension, e.g. `BUILD_TARGETS=_C bash
@@ -73,7 +74,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--invalid", default="0",
                     help="fractions of each token's slots set to -1, comma-separated: an invalid row is "
-                    "zero-filled without a read, so the gather's bytes fall and the math stays the same")
+                    "copied from rows of zeros (no kv read), so the kv bytes fall and the math stays the same")
     args = ap.parse_args()
     dev = "cuda"
     sms = torch.cuda.get_device_properties(0).multi_processor_count

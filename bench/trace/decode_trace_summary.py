@@ -5,10 +5,9 @@ trace_cta() in src/cuda/attention/sparse_decode/kernel.cuh) and prints, per trac
 tile's period goes: the median cycles of each role's steps over the steady tiles (the first two
 and the last are left out), the hand-offs between roles, and the CTA's prologue and epilogue.
 clock64 is one SM's counter, so every difference is taken within one CTA."""
-import statistics
 import sys
 
-from trace_file import summarise_each_cta
+from trace_file import med, summarise_each_cta
 
 STEPS = {
     "producer": [("empty wait", 0, 1), ("convert + store", 1, 2), ("fence + arrive", 2, 3), ("refill issue", 3, 4)],
@@ -20,9 +19,6 @@ PERIOD_EVENT = {"producer": 0, "warpgroup 0": 5, "warpgroup 1": 11}
 ONCE = [("entry → block barrier", 0, 1), ("barrier → Q loaded", 1, 2), ("Q → warpgroup 0's last tile", 2, 3),
         ("last tile → O stored (warpgroup 0)", 3, 4), ("producer start → end", 5, 6), ("entry → warpgroup 1's O", 0, 7)]
 
-
-def med(xs):
-    return f"{statistics.median(xs):8.0f}" if xs else "       -"
 
 
 def summarise(slot, rows):

@@ -3,11 +3,13 @@
 run with DSV4_KERNEL_TRACE=FILE; the events are listed in src/cuda/attention/sparse_prefill/trace.cuh)
 and prints, per traced CTA, where a tile's period goes: the median cycles of each step over the
 steady tiles (CTA tiles 4 to 249, across items), the hand-offs between the roles, and how often a
-role waited at all. clock64 is one SM's counter, so every difference is taken within one CTA."""
-import statistics
+role waited at all. A CTA whose trace carries the pair schedule's mark is read by
+prefill_pair_trace_summary.py, by pairs of tiles. clock64 is one SM's counter, so every difference
+is taken within one CTA."""
 import sys
 
-from trace_file import summarise_each_cta
+import prefill_pair_trace_summary
+from trace_file import med, summarise_each_cta
 
 (EMPTY_WAIT, EMPTY_DONE, GATHER_ISSUED, FULL_WAIT, FULL_DONE, S_DONE, PUBLISHED, OWN_PV_DONE, REMOTE_WAIT,
  REMOTE_SEEN, REMOTE_PV_DONE, EPILOGUE_START, O_STAGED, EPILOGUE_START_WG1, ROW_SUMS_EXCHANGED, Q_SEEN, FACTORS,
@@ -41,12 +43,15 @@ def value(ev, e):
     return released(ev) if e is None else ev[e]
 
 
-def med(xs):
-    return f"{statistics.median(xs):8.0f}" if xs else "       -"
+
+PAIR_MARKER = 19  # trace.cuh's kTracePairMarker, in the once-per-CTA row
 
 
 def summarise(slot, rows):
-    rows.pop(max(rows), None)  # the once row: unused by the prefill
+    once = rows.pop(max(rows), None)  # the once-per-CTA row: only the pair schedule's mark
+    if once and once[PAIR_MARKER]:
+        prefill_pair_trace_summary.summarise(slot, rows)
+        return
     tiles = sorted(g for g, ev in rows.items() if any(ev))
     if not tiles:
         print(f"== CTA slot {slot}: no tile events")

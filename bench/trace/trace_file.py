@@ -1,6 +1,12 @@
 """Reads a kernel trace dump (src/cuda/common/kernel_trace.cuh: one line per traced CTA slot and
 row, "slot row e0 e1 …", 0 = not recorded) into {slot: {row: [events]}}, for the summaries beside
-it (decode_trace_summary.py, prefill_trace_summary.py)."""
+it (decode_trace_summary.py, prefill_trace_summary.py, prefill_pair_trace_summary.py)."""
+import statistics
+
+
+def med(xs):
+    """The median of xs as an 8-wide column ("-" when empty)."""
+    return f"{statistics.median(xs):8.0f}" if xs else "       -"
 
 
 def read_trace(path):

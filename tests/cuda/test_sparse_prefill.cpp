@@ -1,5 +1,7 @@
 // CUDA sparse prefill (docs/spec.md §6) against a float64 reference written here: gather the selected
-// rows, softmax over the valid slots in double, sink applied as out · 1/(1 + exp(σ − lse)).
+// rows, softmax over the valid slots in double, sink applied as out · 1/(1 + exp(σ − lse)). Every
+// case runs under both schedules of the kernel's math warpgroups (serial and pair,
+// src/cuda/attention/sparse_prefill/config.h), whichever the launch would choose for its head count.
 //
 // Tolerances: q and kv are exact bf16 values, so the only rounding is the kernel's: P rounded to
 // bf16 before P·V (relative 2^-9 per term, averaging out), fp32 accumulation and the final bf16
@@ -26,8 +28,15 @@
 namespace {
 
 using dsv4::DType;
+using dsv4::cuda::SparsePrefillSchedule;
 using dsv4::test::bf16_value;
 using dsv4::test::DeviceBuffer;
+
+constexpr SparsePrefillSchedule kSchedules[] = {SparsePrefillSchedule::kSerial, SparsePrefillSchedule::kPair};
+
+const char* schedule_name(SparsePrefillSchedule s) {
+  return s == SparsePrefillSchedule::kSerial ? "serial schedule" : "pair schedule";
+}
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int kDv = 512;
@@ -115,8 +124,8 @@ Reference reference(const Problem& p) {
   return r;
 }
 
-// Runs the CUDA kernel on poisoned outputs and copies everything back.
-Result run_cuda(const Problem& p) {
+// Runs the CUDA kernel (under `schedule`) on poisoned outputs and copies everything back.
+Result run_cuda(const Problem& p, SparsePrefillSchedule schedule) {
   DeviceBuffer<uint16_t> q(p.q), kv(p.kv);
   DeviceBuffer<int32_t> indices(p.indices);
   DeviceBuffer<int32_t> topk_length(p.topk_length);
@@ -139,7 +148,7 @@ Result run_cuda(const Problem& p) {
   a.out.strides[1] = out_row;
   a.max_logits = max_logits.view(DType::fp32, {p.s_q, p.heads});
   a.lse = lse.view(DType::fp32, {p.s_q, p.heads});
-  dsv4::cuda::sparse_prefill(a, nullptr);
+  dsv4::cuda::sparse_prefill_with_schedule(a, nullptr, schedule);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<uint16_t> rows = out.download();
   std::vector<uint16_t> dense(static_cast<size_t>(p.s_q) * p.heads * kDv);
@@ -189,8 +198,11 @@ void expect_matches(const Problem& p, const Result& got, const Reference& want) 
 }
 
 void check(const Problem& p) {
-  const Result got = run_cuda(p);
-  expect_matches(p, got, reference(p));
+  const Reference want = reference(p);
+  for (const SparsePrefillSchedule schedule : kSchedules) {
+    SCOPED_TRACE(schedule_name(schedule));
+    expect_matches(p, run_cuda(p, schedule), want);
+  }
 }
 
 // ------------------------------------------------------------------ the shape grid
@@ -249,11 +261,14 @@ TEST(SparsePrefillEdge, AllInvalidIndicesGiveZeroOutAndInfLse) {
   Problem p = make_problem(3, 64, 576, 128, 128, 11);
   for (size_t i = 0; i < p.indices.size(); ++i) p.indices[i] = (i % 3 == 0) ? -1 : (i % 3 == 1 ? 128 : INT_MAX);
   p.sink.assign(64, 0.5f);
-  const Result got = run_cuda(p);
-  for (uint16_t o : got.out) ASSERT_EQ(bf16_value(o), 0.0);
-  for (float x : got.lse) ASSERT_EQ(x, std::numeric_limits<float>::infinity());
-  for (float x : got.max_logits) ASSERT_EQ(x, -std::numeric_limits<float>::infinity());
-  expect_matches(p, got, reference(p));
+  for (const SparsePrefillSchedule schedule : kSchedules) {
+    SCOPED_TRACE(schedule_name(schedule));
+    const Result got = run_cuda(p, schedule);
+    for (uint16_t o : got.out) ASSERT_EQ(bf16_value(o), 0.0);
+    for (float x : got.lse) ASSERT_EQ(x, std::numeric_limits<float>::infinity());
+    for (float x : got.max_logits) ASSERT_EQ(x, -std::numeric_limits<float>::infinity());
+    expect_matches(p, got, reference(p));
+  }
 }
 
 TEST(SparsePrefillEdge, TopkLengthZeroShortAndUnaligned) {
@@ -295,11 +310,14 @@ TEST(SparsePrefillEdge, SinkPlusAndMinusInfinity) {
   const float inf = std::numeric_limits<float>::infinity();
   p.sink.assign(64, 0.f);
   for (int h = 0; h < 64; ++h) p.sink[h] = h % 2 ? inf : -inf;
-  const Result got = run_cuda(p);
-  for (int s = 0; s < 2; ++s)
-    for (int h = 1; h < 64; h += 2)
-      for (int d = 0; d < kDv; ++d) ASSERT_EQ(bf16_value(got.out[(s * 64 + h) * kDv + d]), 0.0);
-  expect_matches(p, got, reference(p));
+  for (const SparsePrefillSchedule schedule : kSchedules) {
+    SCOPED_TRACE(schedule_name(schedule));
+    const Result got = run_cuda(p, schedule);
+    for (int s = 0; s < 2; ++s)
+      for (int h = 1; h < 64; h += 2)
+        for (int d = 0; d < kDv; ++d) ASSERT_EQ(bf16_value(got.out[(s * 64 + h) * kDv + d]), 0.0);
+    expect_matches(p, got, reference(p));
+  }
 }
 
 TEST(SparsePrefillEdge, DuplicateIndicesCountPerSlot) {
@@ -398,10 +416,13 @@ TEST(SparsePrefillEdge, BitIdenticalAcrossRuns) {
   Problem p = make_problem(300, 128, 512, 3000, 256, 19);
   std::mt19937 rng(1);
   p.sink = dsv4::test::random_f32(128, rng);
-  const Result a = run_cuda(p), b = run_cuda(p);
-  EXPECT_TRUE(dsv4::test::bitwise_equal(a.out.data(), b.out.data(), a.out.size() * 2));
-  EXPECT_TRUE(dsv4::test::bitwise_equal(a.lse.data(), b.lse.data(), a.lse.size() * 4));
-  EXPECT_TRUE(dsv4::test::bitwise_equal(a.max_logits.data(), b.max_logits.data(), a.lse.size() * 4));
+  for (const SparsePrefillSchedule schedule : kSchedules) {
+    SCOPED_TRACE(schedule_name(schedule));
+    const Result a = run_cuda(p, schedule), b = run_cuda(p, schedule);
+    EXPECT_TRUE(dsv4::test::bitwise_equal(a.out.data(), b.out.data(), a.out.size() * 2));
+    EXPECT_TRUE(dsv4::test::bitwise_equal(a.lse.data(), b.lse.data(), a.lse.size() * 4));
+    EXPECT_TRUE(dsv4::test::bitwise_equal(a.max_logits.data(), b.max_logits.data(), a.lse.size() * 4));
+  }
 }
 
 TEST(SparsePrefillEdge, RejectsBadArguments) {

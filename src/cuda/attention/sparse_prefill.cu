@@ -33,7 +33,7 @@ void tma_strides(const TensorView& t, uint64_t (&bytes)[2]) {
 
 }  // namespace
 
-void sparse_prefill(const SparsePrefillArgs& a, Stream stream) {
+void sparse_prefill_with_schedule(const SparsePrefillArgs& a, Stream stream, SparsePrefillSchedule schedule) {
   const TensorView* required[] = {&a.q, &a.kv, &a.indices, &a.out, &a.max_logits, &a.lse};
   const char* names[] = {"q", "kv", "indices", "out", "max_logits", "lse"};
   for (int i = 0; i < 6; ++i) {
@@ -124,13 +124,20 @@ void sparse_prefill(const SparsePrefillArgs& a, Stream stream) {
     p.out_map = make_tensor_map_bf16_sw128(kOp, a.out.data, 3, out_dims, out_strides, q_box);
   }
 
+  const SparsePrefillSchedule chosen =
+      schedule == SparsePrefillSchedule::kAuto ? sparse_prefill_detail::choose_schedule(p.num_heads) : schedule;
 #if defined(DSV4_HAVE_CUTLASS)
-  if (d_qk == 512) sparse_prefill_detail::launch<512>(p, stream);
-  else sparse_prefill_detail::launch<576>(p, stream);
+  if (d_qk == 512) sparse_prefill_detail::launch<512>(p, chosen, stream);
+  else sparse_prefill_detail::launch<576>(p, chosen, stream);
 #else
   (void)stream;
+  (void)chosen;
   fail(kOp, ": the CUDA kernel needs the CUTLASS/CuTe headers (third_party/cutlass), not found at build time");
 #endif
+}
+
+void sparse_prefill(const SparsePrefillArgs& args, Stream stream) {
+  sparse_prefill_with_schedule(args, stream, SparsePrefillSchedule::kAuto);
 }
 
 }  // namespace dsv4::cuda

@@ -1,22 +1,32 @@
-// Sparse prefill kernel (sm_90a): compile-time configuration, shared-memory plan and the
+// Sparse prefill kernel (sm_90a): compile-time configuration, shared-memory plans and the
 // parameters the host dispatch passes by value.
 //
 // One work item = one query token × one group of 64 heads (the wgmma M dimension; all heads of a
 // token share its indices, MQA); persistent CTAs (one per SM) walk the items round-robin. The
 // token's top-k rows are gathered 64 at a time ("tiles") into two shared-memory buffers by a
-// producer warpgroup; two math warpgroups alternate OWNERSHIP of tiles:
-// the owner of tile i computes S = Q·K_iᵀ (64×64) and the online softmax, publishes P_i (bf16) and
-// the row statistics in shared memory, and both warpgroups accumulate O[:, their 256 of d_v] +=
-// P_i · V_i. While one owner runs its softmax the other warpgroup's matrix products keep the
-// tensor cores busy. H that is not a multiple of 64 is padded inside the kernel: the last group's
-// missing heads are out of bounds of the q tensor map (TMA fills zeros) and are never written, so
-// any H ≥ 1 runs (H 64 and 128 without waste).
+// producer warpgroup, and two math warpgroups share the tiles by one of two schedules:
+//   serial (math_serial.cuh): the WGs alternate OWNERSHIP of tiles: the owner of tile i computes
+//     S = Q·K_iᵀ (64×64) and the online softmax, publishes P_i (bf16) and the row statistics in
+//     shared memory, and both accumulate O[:, their 256 of d_v] += P_i · V_i. One tile at a time
+//     holds both WGs, so the next tile's gather overlaps the whole of it.
+//   pair (math_pair.cuh): the WGs work on PAIRS of tiles, one each (tile 2j + w in buffer w):
+//     both S in flight, the pair agrees on one reference max, and each WG's softmax runs under
+//     the other's products. Fewer cycles a tile, but a pair holds both buffers at once.
+// The launch picks the pair schedule for tokens of two or more head groups (H > 64), the serial
+// one for a single group (choose_schedule, below): measured side by side with FlashMLA's
+// inputs, the pair was 3-7 % faster on the H 128 cases and 3.5 % slower on H 64 at s_kv 64k
+// (12-14 % on its varying top-k lengths) (docs/notes/prefill.md, "Two schedules").
+// H that is not a multiple of 64 is padded inside the kernel: the last group's missing heads are
+// out of bounds of the q tensor map (TMA fills zeros) and are never written, so any H ≥ 1 runs
+// (H 64 and 128 without waste).
 #pragma once
 
 #include <cuda.h>
 
 #include <cstdint>
+#include <type_traits>
 
+#include "cuda/attention/sparse_prefill.h"
 #include "cuda/common/smem_layout.cuh"
 
 namespace dsv4::cuda::sparse_prefill_detail {
@@ -39,6 +49,10 @@ struct Params {
   float scale_log2;  // softmax_scale · log2(e): logits are kept in base 2 inside the kernel
 };
 
+// How the two math warpgroups share the tiles (above): the entry's enum (sparse_prefill.h), whose
+// kAuto the host dispatch resolves (choose_schedule) before a launch.
+using Schedule = SparsePrefillSchedule;
+
 template <int D_QK>
 struct Config {
   static_assert(D_QK == 512 || D_QK == 576, "d_qk must be 512 (MODEL1) or 576 (V3.2)");
@@ -56,33 +70,38 @@ struct Config {
   static constexpr bool kPInRopeBlock = kDqk > kDv;
   static constexpr int kPOffsetInTile = kDv * kTile * 2;  // byte offset of the rope block
 
-  // Register split (setmaxnreg): math warpgroups hold O (128 fp32) + S (32) + P (16); the producer
-  // only computes addresses. 2·224·128 + 56·128 = 64512 ≤ 65536. With the math warpgroups'
-  // addresses in uniform registers (kernel.cuh) neither role spills at 224 / 56; at 232 / 40 the
-  // producer's gather loop does.
-  static constexpr uint32_t kMathRegs = 224;
-  static constexpr uint32_t kProducerRegs = 56;
-
-  // A tile is gathered in two halves (columns [0, 256) and [256, d_qk)), each on its own k_full
-  // barrier. S used to start on the first half early; the math WGs now wait for both and fence
-  // once (math.cuh, issue_s), which measured faster. The halves' barriers stay as measured;
-  // folding them into one is a change still to be timed.
-  static constexpr int kSplitBlocks = 4;           // 64-column blocks in the first half
+  // A tile is gathered in two column halves, each announced on its own k_full barrier: half 0 =
+  // columns [0, 256) (V's first 256 dims, WG0's for P·V), half 1 = columns [256, d_qk) (V's last
+  // 256, WG1's, and the d 576 rope block). The serial schedule waits for both and fences once
+  // before S (one fence per tile measured faster than starting S on the first half early); the
+  // pair schedule starts S on the half the producer fills first for that WG and releases the
+  // halves separately, each by its last reader.
+  static constexpr int kSplitBlocks = 4;  // 64-column blocks in half 0
   static constexpr int kSplitKSteps = kSplitBlocks * 64 / 16;
   // Named barriers (0 is __syncthreads): the end-of-item row-sum exchange between the math WGs;
-  // the producer WG's threads waiting for its O store to have read a buffer.
+  // the producer WG's threads waiting for its O store to have read a buffer (serial).
   static constexpr uint32_t kBarLExchange = 1;
   static constexpr uint32_t kBarProducer = 2;
+};
 
+// The serial schedule: register split (setmaxnreg) and shared-memory plan. Math warpgroups hold
+// O (128 fp32) + S (32) + P (16); the producer only computes addresses. 2·224·128 + 56·128 =
+// 64512 ≤ 65536. With the math warpgroups' addresses in uniform registers (kernel.cuh) neither
+// role spills at 224 / 56; at 232 / 40 the producer's gather loop does.
+template <int D_QK>
+struct SerialConfig : Config<D_QK> {
+  using Base = Config<D_QK>;
+  static constexpr uint32_t kMathRegs = 224;
+  static constexpr uint32_t kProducerRegs = 56;
   struct SharedPlan {
-    alignas(1024) uint8_t q[kQBytes];
-    alignas(1024) uint8_t k[2][kTileBytes];
-    alignas(1024) uint8_t p[kPInRopeBlock ? 1 : 2][kPInRopeBlock ? 16 : kPBytes];
-    float row_max[2][kHeads];    // reference max (base-2 units) after the tile, per buffer parity
-    float row_seen_max[2][kHeads];  // true running max after the tile (for max_logits)
-    float row_scale[2][kHeads];  // factor the tile's owner applied to O and l
-    float row_sum[2][2][kHeads];  // [item parity][WG] partial l, exchanged at the item's end
-    uint8_t key_valid[2][kTile];  // [buffer][row]: 1 if the row's index was valid, by the producer
+    alignas(1024) uint8_t q[Base::kQBytes];
+    alignas(1024) uint8_t k[2][Base::kTileBytes];
+    alignas(1024) uint8_t p[Base::kPInRopeBlock ? 1 : 2][Base::kPInRopeBlock ? 16 : Base::kPBytes];
+    float row_max[2][Base::kHeads];       // reference max (base-2 units) after the tile, per buffer parity
+    float row_seen_max[2][Base::kHeads];  // true running max after the tile (for max_logits)
+    float row_scale[2][Base::kHeads];     // factor the tile's owner applied to O and l
+    float row_sum[2][2][Base::kHeads];    // [item parity][WG] partial l, exchanged at the item's end
+    uint8_t key_valid[2][Base::kTile];    // [buffer][row]: 1 if the row's index was valid, by the producer
     uint64_t q_full, q_empty;
     uint64_t k_full[2][2];  // [buffer][half]
     uint64_t p_ready[2];    // [local tile parity]: P and row stats of a tile published by its owner
@@ -92,8 +111,48 @@ struct Config {
   static_assert(kSmemBytes <= 227 * 1024, "shared-memory plan exceeds the sm_90 limit");
 };
 
+// The pair schedule: each math WG also keeps the fp32 P of its tile until the pair's max is
+// final, so the math WGs take 216 registers and the producer, which holds two tiles' row indices,
+// 72 (2·216·128 + 72·128 = 64512); neither spills in its loop.
+template <int D_QK>
+struct PairConfig : Config<D_QK> {
+  using Base = Config<D_QK>;
+  static constexpr uint32_t kMathRegs = 216;
+  static constexpr uint32_t kProducerRegs = 72;
+  struct SharedPlan {
+    alignas(1024) uint8_t q[Base::kQBytes];
+    alignas(1024) uint8_t k[2][Base::kTileBytes];
+    // P of the tile of WG1 (d 576: WG0's lives in buffer 0's rope block, read only by S) or of
+    // WG0 and WG1 (d 512).
+    alignas(1024) uint8_t p[Base::kPInRopeBlock ? 1 : 2][Base::kPBytes];
+    float pair_max[Base::kHeads];  // the pair's reference max (base 2): WG0's, then WG1's final one
+    float row_seen_max[2][Base::kHeads];  // [item parity] WG1's true running max (max_logits)
+    float row_sum[2][2][Base::kHeads];    // [item parity][WG] partial l, exchanged at the item's end
+    uint8_t key_valid[2][Base::kTile];    // [buffer][row]: 1 if the row's index was valid, by the producer
+    uint64_t q_full, q_empty;
+    uint64_t k_full[2][2];   // [buffer][half]: gathered
+    uint64_t k_empty[2][2];  // [buffer][half]: released by WG `half`, its last reader
+    // The pair's hand-offs between the math WGs, each completed by the publishing WG's 128
+    // threads once a pair (p_ready[1]: once a whole pair) and awaited by the other WG. The
+    // schedule keeps a WG from publishing twice before the other has waited (math_pair.cuh).
+    // mbarriers rather than named barriers: the same order, in a form compute-sanitizer's
+    // racecheck follows (it reported a bar.arrive / bar.sync hand-off as races).
+    uint64_t max_ready[2];  // [WG]: its reference max of the pair in pair_max
+    uint64_t p_ready[2];    // [WG]: P of its tile in shared memory
+  };
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedPlan)) + 1024;  // + alignment
+  static_assert(kSmemBytes <= 227 * 1024, "shared-memory plan exceeds the sm_90 limit");
+};
+
+template <int D_QK, Schedule S>
+using ScheduleConfig = std::conditional_t<S == Schedule::kSerial, SerialConfig<D_QK>, PairConfig<D_QK>>;
+
+// The schedule a launch runs unless a caller forces one: the pair for two or more head groups
+// (above).
+inline Schedule choose_schedule(int num_heads) { return num_heads > 64 ? Schedule::kPair : Schedule::kSerial; }
+
 // Kernel entry for one d_qk (defined in kernel.cuh, instantiated in instantiations/).
 template <int D_QK>
-void launch(const Params& params, CUstream_st* stream);
+void launch(const Params& params, Schedule schedule, CUstream_st* stream);
 
 }  // namespace dsv4::cuda::sparse_prefill_detail

@@ -3,6 +3,6 @@
 #include "cuda/attention/sparse_prefill/kernel.cuh"
 
 namespace dsv4::cuda::sparse_prefill_detail {
-template void launch<512>(const Params& params, CUstream_st* stream);
+template void launch<512>(const Params& params, Schedule schedule, CUstream_st* stream);
 }  // namespace dsv4::cuda::sparse_prefill_detail
 #endif

@@ -1,4 +1,5 @@
-// The two math warpgroups (WG0, WG1) of the sparse prefill kernel (kernel.cuh).
+// The two math warpgroups (WG0, WG1) of the sparse prefill kernel (kernel.cuh) in the serial
+// schedule (config.h).
 //
 // Math WG w ∈ {0,1} owns the item's tiles i ≡ w (mod 2). Iteration over its own tile i:
 //   A. own P·V of tile i-2 finished → release buffer (i-2)%2 to the producer
@@ -15,69 +16,31 @@
 #include <cstdint>
 
 #include "cuda/attention/sparse_prefill/config.h"
+#include "cuda/attention/sparse_prefill/math_common.cuh"
 #include "cuda/attention/sparse_prefill/trace.cuh"
-#include "cuda/attention/sparse_prefill/work_item.cuh"
 #include "cuda/common/attention_tile.cuh"
 #include "cuda/common/ptx.cuh"
-#include "cuda/common/smem_layout.cuh"
 #include "cuda/common/wgmma.cuh"
-#include "math/softmax_scale.h"
 
 namespace dsv4::cuda::sparse_prefill_detail {
 
-__device__ __forceinline__ float fast_exp2(float x) { return exp2f(x); }  // ex2.approx
-
 template <int D_QK>
-struct MathWarpgroup {
-  using Cfg = Config<D_QK>;
-  using Plan = typename Cfg::SharedPlan;
-  static constexpr int kTile = Cfg::kTile;
-  static constexpr int kHeads = Cfg::kHeads;
-  using FragO = decltype(cute::partition_fragment_C(
-      MmaPvRegs{}, cute::Shape<cute::Int<kHeads>, cute::Int<Cfg::kDvPerWarpgroup>>{}));
-  using FragS = decltype(cute::partition_fragment_C(MmaS{}, cute::Shape<cute::Int<kHeads>, cute::Int<kTile>>{}));
-  using FragP = decltype(cute::make_tensor<bf16_t>(
-      cute::partition_shape_A(MmaPvRegs{}, cute::Shape<cute::Int<kHeads>, cute::Int<kTile>>{})));
-  static_assert(decltype(cute::size(FragS{}))::value == decltype(cute::size(FragP{}))::value, "P mirrors S");
+struct SerialMath : MathBase<D_QK, SerialConfig<D_QK>> {
+  using Base = MathBase<D_QK, SerialConfig<D_QK>>;
+  DSV4_PREFILL_MATH_STATE(Base);
 
-  const Params& p;
-  Plan& plan;
-  const WorkList<D_QK> work;
-  const int wg, tid;
-  const int row0;  // this thread's rows: row0 = acc_row(0) and row0 + 8
-
-  FragO rO;
-  FragS rS;
-  FragP rP;
-  // Per row, in base-2 units. m_run: the reference max P and l are relative to (moves lazily,
-  // see kLazyRescaleSlack); m_seen: the true running max (max_logits); l_part: the sum over this
-  // thread's columns only, reduced at the end.
-  float m_run[2], m_seen[2], l_part[2];
+  const int wg;
   // Publications of the other WG's tiles seen so far (mod 2): WG w only ever waits on
   // p_ready[1 - w], once per completed phase.
   uint32_t remote_phase = 0;
-  WorkItem it;     // the current item
-  uint32_t g = 0;  // CTA-wide number of the current item's tile 0
 
-  __device__ __forceinline__ MathWarpgroup(const Params& params, Plan& shared, int warpgroup)
-      : p(params), plan(shared), work(params), wg(warpgroup), tid(threadIdx.x % 128), row0(acc_row(0, tid)) {}
+  __device__ __forceinline__ SerialMath(const Params& params, typename Base::Plan& shared, int warpgroup)
+      : Base(params, shared), wg(warpgroup) {}
 
   // ---- shared-memory views ------------------------------------------------------------------
   __device__ __forceinline__ int buf_of(int t) const { return static_cast<int>((g + t) & 1); }
-  __device__ __forceinline__ auto q_tile() const {
-    using namespace cute;
-    return make_tensor(make_smem_ptr(reinterpret_cast<bf16_t*>(plan.q)), SmemTileK<kHeads, D_QK>{});
-  }
-  __device__ __forceinline__ auto k_tile(int buf) const {
-    using namespace cute;
-    return make_tensor(make_smem_ptr(reinterpret_cast<bf16_t*>(plan.k[buf])), SmemTileK<kTile, D_QK>{});
-  }
-  // This WG's half of V: tile columns [256·wg, 256·wg + 256) = 4 column blocks.
-  __device__ __forceinline__ auto v_half(int buf) const {
-    using namespace cute;
-    auto* base = reinterpret_cast<bf16_t*>(plan.k[buf] + wg * 4 * kTile * 128);
-    return make_tensor(make_smem_ptr(base), SmemTileKTransposed<kTile, Cfg::kDvPerWarpgroup>{});
-  }
+  // This WG's half of V in buffer buf.
+  __device__ __forceinline__ auto v_half(int buf) const { return Base::v_half(buf, wg); }
   // P of local tile t (in buffer buf): d 576 keeps it in the tile's rope block, d 512 in p[t&1].
   __device__ __forceinline__ uint8_t* p_bytes(int t, int buf) const {
     if constexpr (Cfg::kPInRopeBlock) return plan.k[buf] + Cfg::kPOffsetInTile;
@@ -217,39 +180,6 @@ struct MathWarpgroup {
     wgmma_wait<0>();
   }
 
-  // The item's full row sums (this WG's partial sums reduced over the quad, then added across
-  // the two WGs in the same order in both) → l_total.
-  __device__ __forceinline__ void total_row_sums(int k, float (&l_total)[2]) {
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      l_part[r] += __shfl_xor_sync(0xffffffffu, l_part[r], 1);
-      l_part[r] += __shfl_xor_sync(0xffffffffu, l_part[r], 2);
-    }
-    float(&row_sum)[2][kHeads] = plan.row_sum[k & 1];  // double-buffered across items
-    if ((tid & 3) == 0) {
-      row_sum[wg][row0] = l_part[0];
-      row_sum[wg][row0 + 8] = l_part[1];
-    }
-    ptx::named_barrier_sync(Cfg::kBarLExchange, 256);
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) l_total[r] = row_sum[0][row0 + 8 * r] + row_sum[1][row0 + 8 * r];
-  }
-
-  // The factor O's rows are multiplied by: 1 / (row sum + the head's sink term), 0 for a row
-  // with no valid key.
-  __device__ __forceinline__ void output_factors(const float (&l_total)[2], float (&factor)[2]) const {
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      const int head = it.head0 + row0 + 8 * r;
-      float sink_term = 0.f;
-      if (p.attn_sink != nullptr && head < p.num_heads) {
-        const float sink_log2 = __ldg(p.attn_sink + head) * math::kLog2e;
-        sink_term = fast_exp2(sink_log2 - (m_run[r] == -INFINITY ? 0.f : m_run[r]));
-      }
-      factor[r] = l_total[r] > 0.f ? 1.f / (l_total[r] + sink_term) : 0.f;
-    }
-  }
-
   // This WG's half of the normalised O. With a tile, into its last buffer `stage_buf` (both
   // WGs' P·V on it are done: the row-sum exchange) in the out map's 64×64 SW128 boxes, which the
   // producer TMA-stores (rows past H are clipped) once the buffer is released here. With no tile
@@ -261,44 +191,15 @@ struct MathWarpgroup {
       ptx::fence_proxy_async_smem();
       ptx::mbarrier_arrive(&plan.k_empty[stage_buf]);
     } else {
-      auto* out_base = static_cast<uint8_t*>(p.out) + it.token * p.out_stride_s * 2;
-      for_each_o_chunk(rO, factor, tid, [&](int r, int col, uint4 chunk) {
-        const int head = it.head0 + row0 + 8 * r;
-        if (head >= p.num_heads) return;
-        __stcs(reinterpret_cast<uint4*>(out_base + (head * p.out_stride_h + wg * Cfg::kDvPerWarpgroup + col) * 2),
-               chunk);
-      });
-    }
-  }
-
-  // max_logits and lse of the item's rows (natural-log units), written by WG0.
-  __device__ __forceinline__ void write_row_stats(const float (&l_total)[2]) const {
-    if (wg == 0 && (tid & 3) == 0) {
-      CUTE_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        const int head = it.head0 + row0 + 8 * r;
-        if (head >= p.num_heads) continue;
-        const bool empty = !(l_total[r] > 0.f);
-        p.max_logits[it.token * p.ml_stride_s + head * p.ml_stride_h] = empty ? -INFINITY : m_seen[r] * math::kLn2;
-        p.lse[it.token * p.lse_stride_s + head * p.lse_stride_h] =
-            empty ? INFINITY : m_run[r] * math::kLn2 + logf(l_total[r]);
-      }
+      Base::store_o(wg, factor);
     }
   }
 
   __device__ __forceinline__ void run() {
     int k = 0;
     for (int item = blockIdx.x; item < work.num_items; item += gridDim.x, ++k) {
-      it = work.at(p, item);
-      // Broadcast from lane 0 (every lane read the same length): the tile count, and the CTA tile
-      // number g it advances, are then warp-uniform, so the buffer indices, the shared-memory
-      // addresses and the wgmma descriptors made from them stay in uniform registers instead of
-      // being formed per thread and moved over (R2UR) for every product.
-      it.num_tiles = __shfl_sync(0xffffffffu, it.num_tiles, 0);
+      Base::begin_item(item);
       const int n = it.num_tiles;
-      cute::clear(rO);
-      m_run[0] = m_run[1] = m_seen[0] = m_seen[1] = -INFINITY;
-      l_part[0] = l_part[1] = 0.f;
 
       ptx::mbarrier_wait(&plan.q_full, k & 1);
       if (wg == 0) trace_tile_event(tid, g, kTraceQSeen);
@@ -311,13 +212,13 @@ struct MathWarpgroup {
 
       // ---- epilogue: total row sums across the two WGs, sink, normalise, store.
       float l_total[2], factor[2];
-      total_row_sums(k, l_total);
+      Base::template total_row_sums<false>(k, wg, l_total);
       if (wg == 0 && n >= 1) trace_tile_event(tid, g - 1, kTraceRowSumsExchanged);
-      output_factors(l_total, factor);
+      Base::output_factors(l_total, factor);
       if (wg == 0 && n >= 1) trace_tile_event(tid, g - 1, kTraceFactors);
       write_o(stage_buf, factor);
       if (wg == 0 && n >= 1) trace_tile_event(tid, g - 1, kTraceOStaged);
-      write_row_stats(l_total);
+      Base::write_row_stats(wg, l_total);
     }
   }
 };

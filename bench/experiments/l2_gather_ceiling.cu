@@ -21,13 +21,18 @@
 //
 // Build and run (device):
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/l2g bench/experiments/l2_gather_ceiling.cu
-//   /tmp/l2g [row_bytes] [rows]
+//   /tmp/l2g [row_bytes] [rows] [cluster]
+// With "cluster" it runs only the 384-thread cp.async at every SM, with and without pairs, each
+// launched plainly and as clusters of 2 CTAs; under Nsight Compute's lts__t_sectors_* counters
+// that asks whether two SMs reading the same rows at once read fewer L2 sectors (2026-11-30,
+// H200: 4 % fewer in pairs, clusters or not; FlashMLA's H 128 prefill reads ~30 % fewer).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #define CHECK(x)                                                                               \
@@ -185,6 +190,10 @@ __global__ void gather_bulk(Args a) {
 int main(int argc, char** argv) {
   const int row_bytes = argc > 1 ? std::atoi(argv[1]) : 1152;
   const int rows = argc > 2 ? std::atoi(argv[2]) : 8192;
+  // "cluster": only 384-thread cp.async at every SM, pairs or not, launched as clusters of 2 CTAs
+  // or not (a cluster's CTAs share a GPC): with Nsight Compute, do two SMs that read the same
+  // rows at the same time read fewer L2 sectors when they are near each other?
+  const bool cluster_runs = argc > 3 && std::string(argv[3]) == "cluster";
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int tiles = 400;
@@ -210,20 +219,38 @@ int main(int argc, char** argv) {
               "us/tile/CTA", "read TB/s", "read B/cyc", "r+w B/cyc/SM", "SM MHz");
   struct Run {
     const char* name;
-    int threads, stages, write_div, pair_shift;
+    int threads, stages, write_div, pair_shift, cluster;
   };
-  const Run runs[] = {{"cpasync", 128, 2, 0, 0}, {"cpasync", 384, 3, 0, 0}, {"cpasync", 384, 3, 0, 1},
-                      {"cpasync", 640, 3, 0, 0}, {"cpasync", 1024, 3, 0, 0}, {"cpasync", 1024, 3, 8, 0},
-                      {"ldg", 1024, 1, 0, 0},     {"ldg", 1024, 1, 0, 1},     {"bulk", 32, 2, 0, 0}};
+  const std::vector<Run> all_runs = {{"cpasync", 128, 2, 0, 0, 1},  {"cpasync", 384, 3, 0, 0, 1}, {"cpasync", 384, 3, 0, 1, 1},
+                                     {"cpasync", 640, 3, 0, 0, 1},  {"cpasync", 1024, 3, 0, 0, 1}, {"cpasync", 1024, 3, 8, 0, 1},
+                                     {"ldg", 1024, 1, 0, 0, 1},      {"ldg", 1024, 1, 0, 1, 1},      {"bulk", 32, 2, 0, 0, 1}};
+  const std::vector<Run> cluster_list = {{"cpasync", 384, 3, 0, 0, 1}, {"cpasync", 384, 3, 0, 1, 1},
+                                         {"cpasync", 384, 3, 0, 0, 2}, {"cpasync", 384, 3, 0, 1, 2}};
+  const std::vector<Run>& runs = cluster_runs ? cluster_list : all_runs;
   for (const Run& r : runs) {
     const int tile_bytes = kTileRows * row_bytes;
     if ((r.name[0] != 'l') && r.stages * tile_bytes > smem_need) continue;
     for (int ctas : {1, 8, 66, sms, 2 * sms}) {  // 2 × SMs: two CTAs an SM where they fit (ldg)
       if (ctas > sms && r.name[0] != 'l') continue;
+      if (cluster_runs && ctas != sms) continue;
       Args a{table, rows, row_bytes, tiles, r.stages, r.pair_shift, r.write_div, out, clocks, sink};
       auto launch = [&] {
         const int smem = r.name[0] == 'l' ? 0 : r.stages * tile_bytes;
-        if (r.name[0] == 'c') gather_cpasync<<<ctas, r.threads, smem>>>(a);
+        if (r.name[0] == 'c' && r.cluster > 1) {
+          cudaLaunchConfig_t config = {};
+          config.gridDim = dim3(ctas);
+          config.blockDim = dim3(r.threads);
+          config.dynamicSmemBytes = smem;
+          cudaLaunchAttribute cluster;
+          cluster.id = cudaLaunchAttributeClusterDimension;
+          cluster.val.clusterDim.x = r.cluster;
+          cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+          config.attrs = &cluster;
+          config.numAttrs = 1;
+          CHECK(cudaLaunchKernelEx(&config, gather_cpasync, a));
+        } else if (r.name[0] == 'c') {
+          gather_cpasync<<<ctas, r.threads, smem>>>(a);
+        }
         if (r.name[0] == 'l') gather_ldg<<<ctas, r.threads, smem>>>(a);
         if (r.name[0] == 'b') gather_bulk<<<ctas, r.threads, smem>>>(a);
       };
@@ -248,7 +275,7 @@ int main(int argc, char** argv) {
       const double written = r.write_div ? bytes / r.write_div : 0.0;
       const double mhz = double(best_c[1] - best_c[0]) / double(best_c[3] - best_c[2]) * 1e3;
       const double cycles = best_ms * 1e-3 * mhz * 1e6;
-      std::printf("%-8s %7d %6d %6s %5s %5d %12.3f %9.2f %10.1f %12.1f %8.0f\n", r.name, r.threads, r.stages,
+      std::printf("%-8s %7d %6d %6s %5s %5d %12.3f %9.2f %10.1f %12.1f %8.0f\n", r.cluster > 1 ? "cpasync2" : r.name, r.threads, r.stages,
                   r.write_div ? (r.write_div == 8 ? "1/8" : "1/4") : "-", r.pair_shift ? "yes" : "-", ctas, best_ms * 1e3 / tiles,
                   bytes / (best_ms * 1e-3) / 1e12, bytes / std::min(ctas, sms) / cycles, (bytes + written) / std::min(ctas, sms) / cycles, mhz);
     }

@@ -13,6 +13,8 @@ and FlashMLA's prefill performance cases (s_q 4096, attn_sink, s_kv 8192), both 
   prefill_v32             H 128, topk 2048, d 576
   prefill_flash           V4-Flash: H 64, topk 512, d 512
   prefill_pro             V4-Pro: H 128, topk 1024, d 512
+  prefill_v32_h64         V3.2's shape at H 64: one head group a token, so no two CTAs gather
+                          the same rows (against prefill_v32 for the L2 sectors each reads)
 """
 import os
 import sys
@@ -40,6 +42,7 @@ PREFILL_CASES = {
     "prefill_v32": TestParam(4096, 8192, 2048, h_q=128, d_qk=576, have_attn_sink=True),
     "prefill_flash": TestParam(4096, 8192, 512, h_q=64, d_qk=512, have_attn_sink=True),
     "prefill_pro": TestParam(4096, 8192, 1024, h_q=128, d_qk=512, have_attn_sink=True),
+    "prefill_v32_h64": TestParam(4096, 8192, 2048, h_q=64, d_qk=576, have_attn_sink=True),
 }
 
 

@@ -15,7 +15,8 @@
 // The launch picks the pair schedule for tokens of two or more head groups (H > 64), the serial
 // one for a single group (choose_schedule, below): measured side by side with FlashMLA's
 // inputs, the pair was 3-7 % faster on the H 128 cases and 3.5 % slower on H 64 at s_kv 64k
-// (12-14 % on its varying top-k lengths) (docs/notes/prefill.md, "Two schedules").
+// (12-14 % on its varying top-k lengths) (docs/notes/prefill.md, "The gather's rate, the power
+// cap, and two schedules" and "Two schedules landed").
 // H that is not a multiple of 64 is padded inside the kernel: the last group's missing heads are
 // out of bounds of the q tensor map (TMA fills zeros) and are never written, so any H ≥ 1 runs
 // (H 64 and 128 without waste).

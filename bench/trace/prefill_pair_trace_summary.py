@@ -3,7 +3,7 @@ summarise() for a CTA whose trace carries the pair's mark; the events are listed
 src/cuda/attention/sparse_prefill/trace.cuh): where a pair of tiles' period goes, the median cycles
 of each step of WG0 (the pair's first tile, buffer 0), of WG1 (the second, buffer 1) and of the
 producer over the steady rows (CTA tiles 4 to 249, across items), and the item boundary."""
-from trace_file import med
+from trace_file import print_first_tiles, print_steps
 
 (EMPTY_WAIT0, EMPTY_DONE0, ISSUED0, EMPTY_WAIT1, EMPTY_DONE1, ISSUED1, FULL_WAIT_FIRST, FULL_DONE_FIRST,
  FULL_DONE_SECOND, S_DONE, MAX_PUBLISHED, OTHER_MAX_SEEN, P_PUBLISHED, OWN_PV_DONE, REMOTE_P_SEEN,
@@ -62,16 +62,6 @@ def is_wg0_row(ev):
     return ev[MAX_PUBLISHED] and ev[OTHER_MAX_SEEN] and ev[OTHER_MAX_SEEN] > ev[MAX_PUBLISHED]
 
 
-def print_steps(rows, starts, steps):
-    for label, (ra, ea), (rb, eb) in steps:
-        xs = [rows[g + rb][eb] - rows[g + ra][ea] for g in starts
-              if g + ra in rows and g + rb in rows and rows[g + ra][ea] and rows[g + rb][eb]]
-        waited = ""
-        if "wait" in label and xs:
-            waited = f"   waited {sum(x > 50 for x in xs) / len(xs):4.0%}"
-        print(f"  {label:66s} {med(xs)}{waited}")
-
-
 def summarise(slot, rows):
     """rows: the CTA's tile rows (the once-per-CTA row already taken off)."""
     tiles = sorted(g for g, ev in rows.items() if any(ev))
@@ -95,8 +85,4 @@ def summarise(slot, rows):
         ("last tile's S done -> next item's first S done", (0, S_DONE), (1, S_DONE)),
     ]
     print_steps(rows, ends, boundary)
-    base = min(v for g in tiles for v in rows[g] if v)
-    print("  first tiles, cycles since the first event (-: not recorded), events 0-18:")
-    for g in tiles[:6]:
-        ev = rows[g]
-        print(f"    {g:3d}: " + " ".join(str(ev[i] - base) if ev[i] else "-" for i in range(19)))
+    print_first_tiles(rows, tiles, 19)

@@ -9,7 +9,7 @@ is taken within one CTA."""
 import sys
 
 import prefill_pair_trace_summary
-from trace_file import med, summarise_each_cta
+from trace_file import med, print_first_tiles, print_steps, summarise_each_cta
 
 (EMPTY_WAIT, EMPTY_DONE, GATHER_ISSUED, FULL_WAIT, FULL_DONE, S_DONE, PUBLISHED, OWN_PV_DONE, REMOTE_WAIT,
  REMOTE_SEEN, REMOTE_PV_DONE, EPILOGUE_START, O_STAGED, EPILOGUE_START_WG1, ROW_SUMS_EXCHANGED, Q_SEEN, FACTORS,
@@ -87,15 +87,8 @@ def summarise(slot, rows):
         ("WG0: past the Q wait -> next tile 0's k_full wait", (1, Q_SEEN), (1, FULL_WAIT)),
         ("O staged -> producer on to tile g+2 (O stored)", (0, O_STAGED), (2, EMPTY_DONE)),
     ]
-    for label, (ra, ea), (rb, eb) in boundary:
-        xs = [rows[g + rb][eb] - rows[g + ra][ea] for g in ends
-              if g + max(ra, rb) in rows and rows[g + ra][ea] and rows[g + rb][eb]]
-        print(f"    {label:60s} {med(xs)}")
-    base = min(v for g in tiles for v in rows[g] if v)
-    print("  first tiles, cycles since the first event (-: not recorded), events 0-17:")
-    for g in tiles[:6]:
-        ev = rows[g]
-        print(f"    {g:3d}: " + " ".join(str(ev[i] - base) if ev[i] else "-" for i in range(18)))
+    print_steps(rows, ends, boundary, indent="    ", width=60, waits=False)
+    print_first_tiles(rows, tiles, 18)
 
 
 if __name__ == "__main__":

@@ -299,7 +299,7 @@ struct PairMath : MathBase<D_QK, PairConfig<D_QK>> {
       const int own_tiles = W == 0 ? (n + 1) / 2 : n / 2;
       if (own_tiles == 0) ptx::mbarrier_arrive(&plan.q_empty);  // Q not needed
       run_tiles();
-      uses += W == 0 ? (n + 1) / 2 : n / 2;
+      uses += own_tiles;
       if (W == 0 && n >= 1) trace_tile_event(tid, g + n - 1, kPairEpilogueStart);
       g += n;
 

@@ -87,7 +87,7 @@ def main() -> None:
     row("flash_mla_sparse_fwd (s_q 64, H 64, topk 512, sink)",
         host_us(lambda: flash_mla_sparse_fwd(qp, kv, ip, scale, attn_sink=sink)))
     row("  _C.sparse_prefill (stream given)",
-        host_us(lambda: _C.sparse_prefill(qp, kv, ip, None, sink, scale, 512, op, ml, lp, stream)))
+        host_us(lambda: _C.sparse_prefill(qp, kv, ip, None, sink, scale, 512, op, ml, lp, None, stream)))
     row("  torch.empty x3 (the entry's outputs)", host_us(lambda: (
         torch.empty((s_q_p, h, 512), dtype=torch.bfloat16, device=dev),
         torch.empty((s_q_p, h), dtype=torch.float32, device=dev),

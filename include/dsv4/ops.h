@@ -304,6 +304,13 @@ struct SparsePrefillArgs {
   TensorView out;          // [s_q, H, d_v] bf16
   TensorView max_logits;   // [s_q, H] fp32, natural units (scale · q·k); -inf when no valid key
   TensorView lse;          // [s_q, H] fp32, natural log; +inf when no valid key
+  // Optional int32 [>= 1] scratch on the device of q (CUDA; the CPU backend leaves it alone),
+  // disjoint from every other argument: the kernel's persistent CTAs, which take their (token,
+  // head group) items round-robin, then take the launch's last items from an atomic counter in
+  // it (zeroed on the stream before the launch) as they finish, which keeps every SM busy to the
+  // launch's end. Results are bit-identical either way. Its contents on entry do not matter. One
+  // launch at a time per scratch: two launches in flight on different streams need two.
+  TensorView work_counter;
 };
 // Index values are never errors (masked as FlashMLA does); on CPU, topk_length values outside
 // [0, topk] are (dsv4::Error before any output is written).

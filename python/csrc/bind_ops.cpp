@@ -161,7 +161,8 @@ void sparse_attention_combine_op(const TensorArg& partial_o, const TensorArg& pa
 void sparse_prefill_op(const TensorArg& q, const TensorArg& kv, const TensorArg& indices,
                        const TensorArg& topk_length, const TensorArg& attn_sink,
                        float softmax_scale, const IntArg& d_v, const TensorArg& out,
-                       const TensorArg& max_logits, const TensorArg& lse, uintptr_t stream) {
+                       const TensorArg& max_logits, const TensorArg& lse,
+                       const TensorArg& work_counter, uintptr_t stream) {
   constexpr const char* k = "sparse_prefill";
   SparsePrefillArgs a;
   a.q = tensor_arg(k, "q", q);
@@ -174,6 +175,7 @@ void sparse_prefill_op(const TensorArg& q, const TensorArg& kv, const TensorArg&
   a.out = tensor_arg(k, "out", out);
   a.max_logits = tensor_arg(k, "max_logits", max_logits);
   a.lse = tensor_arg(k, "lse", lse);
+  a.work_counter = optional_tensor_arg(k, "work_counter", work_counter);
   sparse_prefill(a, stream_of(stream));
 }
 
@@ -240,7 +242,7 @@ void bind_ops(nb::module_& m) {
         Release());
   m.def("sparse_prefill", &sparse_prefill_op, any("q"), any("kv"), any("indices"),
         any("topk_length"), any("attn_sink"), arg("softmax_scale"), any("d_v"), any("out"),
-        any("max_logits"), any("lse"), arg("stream") = 0, Release());
+        any("max_logits"), any("lse"), any("work_counter"), arg("stream") = 0, Release());
   m.def("dequantize_and_gather", &dequantize_and_gather_op, any("cache"), arg("layout"),
         any("block_size"), arg("tensor_scale"), any("block_table"), any("seq_lens"),
         any("gather_lens"), any("offset"), any("workspace"), arg("stream") = 0, Release());

@@ -221,10 +221,14 @@ def sparse_attention_combine(partial_o: Tensor, partial_lse: Tensor, attn_sink: 
 def sparse_prefill(q: Tensor, kv: Tensor, indices: Tensor, topk_length: Optional[Tensor],
                    attn_sink: Optional[Tensor], softmax_scale: float, d_v: int, out: Tensor,
                    max_logits: Tensor, lse: Tensor) -> None:
-    """Sparse prefill over a bf16 kv [s_kv, 1, d_qk]; max_logits/lse in natural units."""
+    """Sparse prefill over a bf16 kv [s_kv, 1, d_qk]; max_logits/lse in natural units. On CUDA
+    the kernel's work counter (ops.h SparsePrefillArgs::work_counter) comes from torch's caching
+    allocator, a stream-ordered 4 bytes per call, so calls in flight on several streams (or
+    several captured graphs) never share one."""
+    counter = torch.empty((1,), dtype=torch.int32, device=q.device) if q.is_cuda else None
     with device_guard(q):
         _C.sparse_prefill(q, kv, indices, topk_length, attn_sink, softmax_scale, d_v, out,
-                          max_logits, lse, stream_handle(q))
+                          max_logits, lse, counter, stream_handle(q))
 
 
 # ---------------------------------------------------------------- compressor (compressor.h)

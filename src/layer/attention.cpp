@@ -367,12 +367,13 @@ Attention::Impl::WorkspaceBound Attention::Impl::workspace_bound(int64_t max_tok
   add(4 * T * H);        // lse
   add(make_decode_schedule(static_cast<int>(T), 1, static_cast<int>(H), static_cast<int>(W + K),
                            opts.num_sms).workspace_bytes);
-  // Prefills: one gather workspace for the largest group, then per group indices and stats.
+  // Prefills: one gather workspace for the largest group, then per group indices, stats and the
+  // kernel's work counter.
   const int64_t group = std::min<int64_t>(std::max(1, opts.prefill_group_requests), R);
   add(2 * group * ((ratio ? max_context / ratio : 0) + max_tokens + W) * D);
   const int64_t groups = (R + group - 1) / group;
-  bytes += 4 * T * (K + W + 1 + 2 * H) + 4 * groups * 256;
-  tensors += 4 * groups;
+  bytes += 4 * T * (K + W + 1 + 2 * H) + 4 * groups + 5 * groups * 256;
+  tensors += 5 * groups;
   // FP8 GEMM inputs (x, the normed q, z: codes + 1x128 scales) and the GEMMs' workspace.
   add(T * cfg.dim + 4 * T * (cfg.dim / 128 + 1));
   add(T * cfg.q_lora_rank + 4 * T * (cfg.q_lora_rank / 128 + 1));
@@ -640,6 +641,7 @@ void Attention::Impl::attend_prefills(const Step& st) {
     a.out = st.o.slice0(g.t0, g.t1);
     a.max_logits = ws.tensor(DType::fp32, {Tg, H});
     a.lse = ws.tensor(DType::fp32, {Tg, H});
+    a.work_counter = ws.tensor(DType::int32, {1});
     op("sparse_prefill");
     sparse_prefill(a, st.stream);
   }

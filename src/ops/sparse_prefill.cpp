@@ -57,7 +57,14 @@ PrefillDims validate_prefill(const SparsePrefillArgs& a) {
                            ops::Dense::last_dim);
   ops::check_output_tensor(kOp, "lse", a.lse, DType::fp32, {s_q, h}, dims.device,
                            ops::Dense::last_dim);
-  ops::check_outputs_disjoint(kOp, {{"out", a.out}, {"max_logits", a.max_logits}, {"lse", a.lse}},
+  if (a.work_counter.defined()) {
+    ops::check_output_tensor(kOp, "work_counter", a.work_counter, DType::int32, {-1}, dims.device,
+                             ops::Dense::last_dim);
+    if (a.work_counter.shape[0] < 1) fail_expected(kOp, "work_counter.shape[0]", ">= 1", a.work_counter.shape[0]);
+  }
+  ops::check_outputs_disjoint(kOp,
+                              {{"out", a.out}, {"max_logits", a.max_logits}, {"lse", a.lse},
+                               {"work_counter", a.work_counter}},
                               {{"q", a.q}, {"kv", a.kv}, {"indices", a.indices},
                                {"topk_length", a.topk_length}, {"attn_sink", a.attn_sink}});
 

@@ -79,7 +79,8 @@ struct PrefillProblem {
 
   dsv4::SparsePrefillArgs args() const {
     return {.q = q, .kv = kv, .indices = indices, .topk_length = lengths, .attn_sink = sink,
-            .softmax_scale = scale, .d_v = d_v, .out = out, .max_logits = max_logits, .lse = lse};
+            .softmax_scale = scale, .d_v = d_v, .out = out, .max_logits = max_logits, .lse = lse,
+            .work_counter = {}};
   }
 
   void expect_matches_reference() const {
@@ -207,7 +208,7 @@ TEST(SparsePrefill, FlashMlaStyleStridedInputsMatchDenseBitForBit) {
   dsv4::sparse_prefill({.q = q.view, .kv = kv.view, .indices = idx.view,
                         .topk_length = dense.lengths, .attn_sink = sink,
                         .softmax_scale = dense.scale, .d_v = 512, .out = out.view,
-                        .max_logits = ml.view, .lse = lse.view});
+                        .max_logits = ml.view, .lse = lse.view, .work_counter = {}});
 
   const HostTensor got_out = out.dense(), got_ml = ml.dense(), got_lse = lse.dense();
   for (int t = 0; t < c.s_q; ++t) {
@@ -231,6 +232,7 @@ TEST(SparsePrefill, BadInputThrowsAndWritesNothing) {
   HostTensor idx_bad(DType::int32, {3, 2, 64}), len_bad(DType::int32, {4});
   HostTensor out_bad(DType::bf16, {3, 16, 500}), ml_bad(DType::fp32, {3, 15});
   HostTensor kv_fp32(DType::fp32, {100, 1, 512});
+  HostTensor counter(DType::int32, {1}), counter_fp32(DType::fp32, {1});
   struct Bad {
     const char* what;
     std::function<void(dsv4::SparsePrefillArgs&)> mutate;
@@ -259,6 +261,13 @@ TEST(SparsePrefill, BadInputThrowsAndWritesNothing) {
       {"max_logits: expected memory disjoint from out",
        [&](auto& a) { a.max_logits = TensorView(a.out.data, DType::fp32, {3, 16}); }},
       {"lse: expected memory disjoint from max_logits", [&](auto& a) { a.lse = a.max_logits; }},
+      // The optional work counter: int32, at least one element, disjoint from the rest.
+      {"work_counter.dtype", [&](auto& a) { a.work_counter = counter_fp32; }},
+      {"work_counter.shape[0]", [&](auto& a) { a.work_counter = TensorView(counter.data<int32_t>(), DType::int32, {0}); }},
+      {"work_counter: expected memory disjoint from topk_length",
+       [&](auto& a) { a.work_counter = TensorView(a.topk_length.data, DType::int32, {1}); }},
+      {"work_counter: expected memory disjoint from lse",
+       [&](auto& a) { a.work_counter = TensorView(a.lse.data, DType::int32, {1}); }},
   };
   const std::vector<int32_t> lengths(p.lengths.data<int32_t>(), p.lengths.data<int32_t>() + 3);
   for (const Bad& bad : cases) {
@@ -271,6 +280,19 @@ TEST(SparsePrefill, BadInputThrowsAndWritesNothing) {
     for (const HostTensor* t : {&p.out, &p.max_logits, &p.lse})
       for (size_t i = 0; i < t->nbytes(); ++i) ASSERT_EQ(t->data<uint8_t>()[i], 0xA5) << i;
   }
+}
+
+// The work counter is the CUDA kernel's scratch: the CPU backend takes one (a caller need not
+// know the backend) and leaves it alone.
+TEST(SparsePrefill, WorkCounterIsAcceptedAndLeftAlone) {
+  PrefillProblem p(PrefillCase{"counter", 16, 576, 3, 100, 64, true, true}, 8);
+  HostTensor counter(DType::int32, {2});
+  counter.fill_bytes(0x5A);
+  dsv4::SparsePrefillArgs a = p.args();
+  a.work_counter = counter;
+  dsv4::sparse_prefill(a);
+  p.expect_matches_reference();
+  for (size_t i = 0; i < counter.nbytes(); ++i) ASSERT_EQ(counter.data<uint8_t>()[i], 0x5A) << i;
 }
 
 TEST(SparsePrefill, CudaTensorsReachTheCudaKernelOrNameTheMissingBackend) {

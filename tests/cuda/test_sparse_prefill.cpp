@@ -32,10 +32,27 @@ using dsv4::cuda::SparsePrefillSchedule;
 using dsv4::test::bf16_value;
 using dsv4::test::DeviceBuffer;
 
-constexpr SparsePrefillSchedule kSchedules[] = {SparsePrefillSchedule::kSerial, SparsePrefillSchedule::kPair};
+int sm_count() {
+  int device = 0, sms = 0;
+  EXPECT_EQ(cudaGetDevice(&device), cudaSuccess);
+  EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  return sms;
+}
 
-const char* schedule_name(SparsePrefillSchedule s) {
-  return s == SparsePrefillSchedule::kSerial ? "serial schedule" : "pair schedule";
+// How a case is launched: the schedule of the math warpgroups, and whether the CTAs take their
+// items from a work counter (dynamic) or round-robin. Every case runs under all four.
+struct Launch {
+  SparsePrefillSchedule schedule;
+  bool work_counter;
+};
+constexpr Launch kLaunches[] = {{SparsePrefillSchedule::kSerial, false},
+                                {SparsePrefillSchedule::kPair, false},
+                                {SparsePrefillSchedule::kSerial, true},
+                                {SparsePrefillSchedule::kPair, true}};
+
+std::string launch_name(const Launch& l) {
+  return std::string(l.schedule == SparsePrefillSchedule::kSerial ? "serial schedule" : "pair schedule") +
+         (l.work_counter ? ", items from the work counter" : ", items round-robin");
 }
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -124,8 +141,13 @@ Reference reference(const Problem& p) {
   return r;
 }
 
-// Runs the CUDA kernel (under `schedule`) on poisoned outputs and copies everything back.
-Result run_cuda(const Problem& p, SparsePrefillSchedule schedule) {
+// Runs the CUDA kernel (as `launch` says) on poisoned outputs and copies everything back. With a
+// work counter (poisoned too: its contents on entry must not matter), every item past the
+// round-robin ones must have been claimed once and each CTA's last claim must fall past the end,
+// so the counter ends at items − round-robin items + CTAs. graph_replays > 0: the launch is captured in a CUDA graph
+// on a stream of its own and the graph replayed that often, outputs and counter poisoned before
+// each replay (the last one's results come back).
+Result run_cuda(const Problem& p, const Launch& launch, int graph_replays = 0) {
   DeviceBuffer<uint16_t> q(p.q), kv(p.kv);
   DeviceBuffer<int32_t> indices(p.indices);
   DeviceBuffer<int32_t> topk_length(p.topk_length);
@@ -148,8 +170,37 @@ Result run_cuda(const Problem& p, SparsePrefillSchedule schedule) {
   a.out.strides[1] = out_row;
   a.max_logits = max_logits.view(DType::fp32, {p.s_q, p.heads});
   a.lse = lse.view(DType::fp32, {p.s_q, p.heads});
-  dsv4::cuda::sparse_prefill_with_schedule(a, nullptr, schedule);
+  DeviceBuffer<int32_t> work_counter(1);
+  work_counter.poison();
+  if (launch.work_counter) a.work_counter = work_counter.view(DType::int32, {1});
+  if (graph_replays == 0) {
+    dsv4::cuda::sparse_prefill_with_schedule(a, nullptr, launch.schedule);
+  } else {
+    cudaStream_t stream = nullptr;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    dsv4::cuda::sparse_prefill_with_schedule(a, stream, launch.schedule);
+    EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int r = 0; r < graph_replays; ++r) {
+      for (auto* b : {&max_logits, &lse}) b->poison();
+      out.poison();
+      work_counter.poison();
+      EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (launch.work_counter) {
+    const int64_t items = int64_t{p.s_q} * ((p.heads + 63) / 64), ctas = std::min<int64_t>(items, sm_count());
+    EXPECT_EQ(work_counter.download()[0], items - dsv4::cuda::sparse_prefill_round_robin_items(items, ctas) + ctas)
+        << "claims on the work counter";
+  }
   const std::vector<uint16_t> rows = out.download();
   std::vector<uint16_t> dense(static_cast<size_t>(p.s_q) * p.heads * kDv);
   for (size_t r = 0; r < static_cast<size_t>(p.s_q) * p.heads; ++r) {
@@ -199,9 +250,9 @@ void expect_matches(const Problem& p, const Result& got, const Reference& want) 
 
 void check(const Problem& p) {
   const Reference want = reference(p);
-  for (const SparsePrefillSchedule schedule : kSchedules) {
-    SCOPED_TRACE(schedule_name(schedule));
-    expect_matches(p, run_cuda(p, schedule), want);
+  for (const Launch& launch : kLaunches) {
+    SCOPED_TRACE(launch_name(launch));
+    expect_matches(p, run_cuda(p, launch), want);
   }
 }
 
@@ -262,9 +313,9 @@ TEST(SparsePrefillEdge, AllInvalidIndicesGiveZeroOutAndInfLse) {
   for (size_t i = 0; i < p.indices.size(); ++i) p.indices[i] = (i % 3 == 0) ? -1 : (i % 3 == 1 ? 128 : INT_MAX);
   p.sink.assign(64, 0.5f);
   const Reference want = reference(p);
-  for (const SparsePrefillSchedule schedule : kSchedules) {
-    SCOPED_TRACE(schedule_name(schedule));
-    const Result got = run_cuda(p, schedule);
+  for (const Launch& launch : kLaunches) {
+    SCOPED_TRACE(launch_name(launch));
+    const Result got = run_cuda(p, launch);
     for (uint16_t o : got.out) ASSERT_EQ(bf16_value(o), 0.0);
     for (float x : got.lse) ASSERT_EQ(x, std::numeric_limits<float>::infinity());
     for (float x : got.max_logits) ASSERT_EQ(x, -std::numeric_limits<float>::infinity());
@@ -312,9 +363,9 @@ TEST(SparsePrefillEdge, SinkPlusAndMinusInfinity) {
   p.sink.assign(64, 0.f);
   for (int h = 0; h < 64; ++h) p.sink[h] = h % 2 ? inf : -inf;
   const Reference want = reference(p);
-  for (const SparsePrefillSchedule schedule : kSchedules) {
-    SCOPED_TRACE(schedule_name(schedule));
-    const Result got = run_cuda(p, schedule);
+  for (const Launch& launch : kLaunches) {
+    SCOPED_TRACE(launch_name(launch));
+    const Result got = run_cuda(p, launch);
     for (int s = 0; s < 2; ++s)
       for (int h = 1; h < 64; h += 2)
         for (int d = 0; d < kDv; ++d) ASSERT_EQ(bf16_value(got.out[(s * 64 + h) * kDv + d]), 0.0);
@@ -400,9 +451,12 @@ TEST(SparsePrefillEdge, StridedOutWritesOnlyItsView) {
   }
 }
 
+// Several items a CTA, with varying lengths (zero among them); the last two shapes have 8+ rounds
+// of items (1100 and 1200 on 132 SMs), so with a work counter their last rounds come from it.
 TEST(SparsePrefillEdge, ManyItemsPerCta) {
   DSV4_SKIP_WITHOUT_GPU();
-  const int shapes[][4] = {{400, 64, 512, 64}, {300, 128, 576, 128}};  // s_q, H, d_qk, topk
+  const int shapes[][4] = {{400, 64, 512, 64}, {300, 128, 576, 128}, {1100, 64, 512, 64}, {600, 128, 576, 64}};
+  // (s_q, H, d_qk, topk)
   for (const auto& sh : shapes) {
     Problem p = make_problem(sh[0], sh[1], sh[2], 700, sh[3], 20 + sh[2]);
     std::mt19937 rng(21);
@@ -413,17 +467,42 @@ TEST(SparsePrefillEdge, ManyItemsPerCta) {
   }
 }
 
-TEST(SparsePrefillEdge, BitIdenticalAcrossRuns) {
+// An item's arithmetic does not depend on the CTA that runs it, so under one schedule two runs
+// agree bit for bit, and so do the round-robin and work-counter walks (whose item-to-CTA maps
+// differ from run to run).
+TEST(SparsePrefillEdge, BitIdenticalAcrossRunsAndItemWalks) {
   DSV4_SKIP_WITHOUT_GPU();
   Problem p = make_problem(300, 128, 512, 3000, 256, 19);
   std::mt19937 rng(1);
   p.sink = dsv4::test::random_f32(128, rng);
-  for (const SparsePrefillSchedule schedule : kSchedules) {
-    SCOPED_TRACE(schedule_name(schedule));
-    const Result a = run_cuda(p, schedule), b = run_cuda(p, schedule);
-    EXPECT_TRUE(dsv4::test::bitwise_equal(a.out.data(), b.out.data(), a.out.size() * 2));
-    EXPECT_TRUE(dsv4::test::bitwise_equal(a.lse.data(), b.lse.data(), a.lse.size() * 4));
-    EXPECT_TRUE(dsv4::test::bitwise_equal(a.max_logits.data(), b.max_logits.data(), a.lse.size() * 4));
+  for (const SparsePrefillSchedule schedule : {SparsePrefillSchedule::kSerial, SparsePrefillSchedule::kPair}) {
+    const Result a = run_cuda(p, {schedule, false});
+    for (const Launch& launch : {Launch{schedule, false}, Launch{schedule, true}, Launch{schedule, true}}) {
+      SCOPED_TRACE(launch_name(launch));
+      const Result b = run_cuda(p, launch);
+      EXPECT_TRUE(dsv4::test::bitwise_equal(a.out.data(), b.out.data(), a.out.size() * 2));
+      EXPECT_TRUE(dsv4::test::bitwise_equal(a.lse.data(), b.lse.data(), a.lse.size() * 4));
+      EXPECT_TRUE(dsv4::test::bitwise_equal(a.max_logits.data(), b.max_logits.data(), a.lse.size() * 4));
+    }
+  }
+}
+
+// A launch with a work counter, captured in a CUDA graph, replays: the counter's zeroing is part
+// of the graph (a memset node), so every replay hands out every item again and matches a direct
+// launch bit for bit.
+TEST(SparsePrefillEdge, WorkCounterLaunchReplaysFromACudaGraph) {
+  DSV4_SKIP_WITHOUT_GPU();
+  Problem p = make_problem(300, 128, 576, 2000, 192, 23);
+  std::mt19937 rng(2);
+  p.sink = dsv4::test::random_f32(128, rng);
+  for (const SparsePrefillSchedule schedule : {SparsePrefillSchedule::kSerial, SparsePrefillSchedule::kPair}) {
+    const Launch launch{schedule, true};
+    SCOPED_TRACE(launch_name(launch));
+    const Result direct = run_cuda(p, launch), replayed = run_cuda(p, launch, 3);
+    EXPECT_TRUE(dsv4::test::bitwise_equal(direct.out.data(), replayed.out.data(), direct.out.size() * 2));
+    EXPECT_TRUE(dsv4::test::bitwise_equal(direct.lse.data(), replayed.lse.data(), direct.lse.size() * 4));
+    EXPECT_TRUE(dsv4::test::bitwise_equal(direct.max_logits.data(), replayed.max_logits.data(),
+                                          direct.lse.size() * 4));
   }
 }
 
@@ -461,6 +540,15 @@ TEST(SparsePrefillEdge, RejectsBadArguments) {
                 std::string::npos)
           << e.what();
     }
+  }
+  // Valid otherwise, but the work counter is not int32.
+  a.softmax_scale = 0.f;
+  a.work_counter = ml.view(DType::fp32, {1});
+  try {
+    dsv4::cuda::sparse_prefill(a, nullptr);
+    ADD_FAILURE() << "an fp32 work_counter accepted";
+  } catch (const dsv4::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("work_counter"), std::string::npos) << e.what();
   }
   for (uint16_t o : out.download()) ASSERT_EQ(o, 0xFFFF);  // nothing written
   for (uint16_t o : out_shifted.download()) ASSERT_EQ(o, 0xFFFF);

@@ -355,3 +355,45 @@ def test_entry_points_call_directly_only_when_nothing_intercepts():
         fx, fy = torch.randn(4, 64), torch.empty(4, 64)
         assert dsv4attn.ops.needs_registered_op((fx, fy))
         dsv4attn.ops.rms_norm(fx, None, 1e-6, fy)  # the fake kernel: no C++ call on fake data
+
+
+
+def test_sparse_prefill_work_counter(device):
+    """The extension's optional work counter (ops.h SparsePrefillArgs::work_counter; the torch op
+    passes one on CUDA) changes which CTA runs which item, never the result: out, lse and
+    max_logits are bit-identical with and without it. On CUDA the items past the round-robin
+    ones (all rounds but the last eighth: src/cuda/attention/sparse_prefill.h) are claimed once
+    each and every CTA's last claim falls past the end, so the counter ends at items - round-robin
+    items + CTAs whatever it held; the CPU leaves it alone."""
+    from dsv4attn import _C
+    from dsv4attn._runtime import stream_handle
+    # CUDA: 1200 items, 10 rounds on 132 SMs, the last from the counter; the CPU a small case.
+    s_q, h, d, s_kv, topk = (600, 128, 576, 500, 64) if device.type == "cuda" else (20, 128, 576, 100, 64)
+    q = torch.randn(s_q, h, d, dtype=torch.bfloat16, device=device)
+    kv = torch.randn(s_kv, 1, d, dtype=torch.bfloat16, device=device)
+    idx = torch.randint(-1, s_kv, (s_q, 1, topk), dtype=torch.int32, device=device)
+    length = torch.randint(0, topk + 1, (s_q,), dtype=torch.int32, device=device)
+    counter = torch.full((1,), -7, dtype=torch.int32, device=device)
+    runs = []
+    for work_counter in (None, counter):
+        out = poisoned((s_q, h, 512), torch.bfloat16, device)
+        m, lse = poisoned((s_q, h), torch.float32, device), poisoned((s_q, h), torch.float32, device)
+        _C.sparse_prefill(q, kv, idx, length, None, 0.0, 512, out, m, lse, work_counter,
+                          stream_handle(q))
+        runs.append((out, m, lse))
+    want = -7
+    if device.type == "cuda":
+        items = s_q * ((h + 63) // 64)
+        ctas = min(items, torch.cuda.get_device_properties(device).multi_processor_count)
+        rounds = -(-items // ctas)
+        round_robin = min(items, (rounds - rounds // 8) * ctas)
+        want = items - round_robin + ctas
+    assert counter.item() == want
+    for a, b in zip(*runs):
+        assert torch.equal(a.view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32),
+                           b.view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32))
+    # Through the torch op (its own counter on CUDA), the same bits again.
+    out = poisoned((s_q, h, 512), torch.bfloat16, device)
+    m, lse = poisoned((s_q, h), torch.float32, device), poisoned((s_q, h), torch.float32, device)
+    torch.ops.dsv4.sparse_prefill(q, kv, idx, length, None, 0.0, 512, out, m, lse)
+    assert torch.equal(out.view(torch.int16), runs[0][0].view(torch.int16))

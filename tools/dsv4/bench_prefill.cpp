@@ -48,6 +48,7 @@ Case make_case(const PrefillShape& s, bool sink, bool with_length) {
     auto out = device_alloc(o_n * 2), ml = device_alloc(size_t(kSq) * s.heads * 4);
     auto lse = device_alloc(size_t(kSq) * s.heads * 4);
     auto sink_buf = device_alloc(size_t(s.heads) * 4), len_buf = device_alloc(size_t(kSq) * 4);
+    auto counter = device_alloc(4);
     rt::fill_random_bf16(q.get(), q_n, 1, -1.f, 1.f, nullptr);
     rt::fill_random_bf16(kv.get(), kv_n, 2, -1.f, 1.f, nullptr);
     rt::fill_random_int32(static_cast<int32_t*>(idx.get()), idx_n, 3, s.s_kv, nullptr);
@@ -67,8 +68,9 @@ Case make_case(const PrefillShape& s, bool sink, bool with_length) {
     a.out = TensorView(out.get(), DType::bf16, {kSq, s.heads, kDv}, Device::cuda);
     a.max_logits = TensorView(ml.get(), DType::fp32, {kSq, s.heads}, Device::cuda);
     a.lse = TensorView(lse.get(), DType::fp32, {kSq, s.heads}, Device::cuda);
+    a.work_counter = TensorView(counter.get(), DType::int32, {1}, Device::cuda);  // as the torch op passes one
     // The closure owns the buffers (shared_ptr copies) for as long as the case runs.
-    return [a, keep = std::vector<std::shared_ptr<void>>{q, kv, idx, out, ml, lse, sink_buf, len_buf}](
+    return [a, keep = std::vector<std::shared_ptr<void>>{q, kv, idx, out, ml, lse, sink_buf, len_buf, counter}](
                Stream stream, int) { sparse_prefill(a, stream); };
   };
   return c;

@@ -6,14 +6,17 @@
 // through TMA (a descriptor's strides are multiples of 16 bytes) and kv rows are gathered in
 // 16-byte chunks, so the strides of q's and out's [s_q, H] dims and kv's row stride must be
 // multiples of 8 elements, with 16-byte aligned base pointers. indices, max_logits and lse: any
-// strides (last dim contiguous).
+// strides (last dim contiguous). work_counter (optional): its first element is the items' counter.
 #include "cuda/attention/sparse_prefill.h"
+
+#include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
 
 #include "cuda/attention/aligned_rows.h"
 #include "cuda/attention/sparse_prefill/config.h"
+#include "cuda/common/check.h"
 #include "cuda/common/tma.h"
 #include "dsv4/status.h"
 #include "dsv4/tensor.h"
@@ -89,6 +92,11 @@ void sparse_prefill_with_schedule(const SparsePrefillArgs& a, Stream stream, Spa
   DSV4_CHECK(s_q <= (int64_t{1} << 30) / ((heads + 63) / 64) && s_kv < (int64_t{1} << 31) &&
                  topk < (int64_t{1} << 30),
              kOp, ": sizes exceed the kernel's 32-bit index range");
+  if (a.work_counter.defined()) {
+    check_device(kOp, "work_counter", a.work_counter, Device::cuda);
+    check_dtype(kOp, "work_counter", a.work_counter, DType::int32);
+    DSV4_CHECK(a.work_counter.numel() >= 1, kOp, ": work_counter: expected at least one element");
+  }
   if (s_q == 0 || heads == 0) return;
 
   sparse_prefill_detail::Params p{};
@@ -112,6 +120,11 @@ void sparse_prefill_with_schedule(const SparsePrefillArgs& a, Stream stream, Spa
   p.lse_stride_s = a.lse.stride(0);
   p.lse_stride_h = a.lse.stride(1);
   p.scale_log2 = scale * math::kLog2e;
+  // The counter the CTAs take their items from (sparse_prefill/work_item.cuh), zeroed in stream
+  // order: nothing waits on the host, and a captured graph replays the zeroing with the launch.
+  p.work_counter = a.work_counter.defined() ? a.work_counter.ptr<int>() : nullptr;
+  if (p.work_counter != nullptr)
+    DSV4_CUDA_CHECK(kOp, cudaMemsetAsync(p.work_counter, 0, sizeof(int), stream));
   {
     const uint64_t q_dims[3] = {static_cast<uint64_t>(d_qk), static_cast<uint64_t>(heads), static_cast<uint64_t>(s_q)};
     uint64_t q_strides[2];

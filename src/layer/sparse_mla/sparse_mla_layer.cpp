@@ -528,6 +528,7 @@ void SparseMlaAttention::Impl::attend(const Step& st, const TensorView& q, const
   const TensorView rows_all = ws.tensor(DType::bf16, {st.max_prefill, d_qk});
   const TensorView max_logits = ws.tensor(DType::fp32, {st.T - nd, Hp});
   const TensorView lse = ws.tensor(DType::fp32, {st.T - nd, Hp});
+  const TensorView work_counter = ws.tensor(DType::int32, {1});  // the requests' launches, in stream order
   for (int r = plan.num_decodes; r < plan.num_requests(); ++r) {
     const int64_t t0 = plan.query_start_loc[r], t1 = plan.query_start_loc[r + 1];
     const int64_t len = plan.seq_len(r);
@@ -544,6 +545,7 @@ void SparseMlaAttention::Impl::attend(const Step& st, const TensorView& q, const
     a.out = o.slice0(t0, t1);
     a.max_logits = max_logits.slice0(t0 - nd, t1 - nd);
     a.lse = lse.slice0(t0 - nd, t1 - nd);
+    a.work_counter = work_counter;
     sparse_prefill(a, stream);
   }
 }
@@ -603,10 +605,12 @@ SparseMlaAttention::Impl::WorkspaceBound SparseMlaAttention::Impl::workspace_bou
                                                        static_cast<int>(K), opts.num_sms,
                                                        static_cast<int>(c)).workspace_bytes);
   add(partials);
-  // Prefills: the gathered rows of the longest request, max logits and lse.
+  // Prefills: the gathered rows of the longest request, max logits, lse and the kernel's work
+  // counter.
   add(2 * max_context * d_qk);
   add(4 * T * Hp);
   add(4 * T * Hp);
+  add(4);
   add(2 * T * H * v);                        // o
   fp8_input_bytes(H * v);                    // its FP8 form
   if (cuda) {                                // a padded step's x and y rows

@@ -2,7 +2,8 @@
 // parameters the host dispatch passes by value.
 //
 // One work item = one query token × one group of 64 heads (the wgmma M dimension; all heads of a
-// token share its indices, MQA); persistent CTAs (one per SM) walk the items round-robin. The
+// token share its indices, MQA); persistent CTAs (one per SM) take the items round-robin and,
+// with a work counter, the launch's last ones from the counter (work_item.cuh). The
 // token's top-k rows are gathered 64 at a time ("tiles") into two shared-memory buffers by a
 // producer warpgroup, and two math warpgroups share the tiles by one of two schedules:
 //   serial (math_serial.cuh): the WGs alternate OWNERSHIP of tiles: the owner of tile i computes
@@ -44,10 +45,19 @@ struct Params {
   void* out;               // [s_q, H, 512] bf16
   float* max_logits;       // [s_q, H] (strides ml_stride_s, ml_stride_h)
   float* lse;              // [s_q, H]
+  int* work_counter;       // the items' atomic counter (work_item.cuh), zeroed before the launch; or nullptr
+  int round_robin_items;   // the items handed out round-robin, before the counter's (all of them without one)
   int s_q, num_heads, s_kv, topk;
   int64_t kv_row_stride, indices_row_stride;
   int64_t out_stride_s, out_stride_h, ml_stride_s, ml_stride_h, lse_stride_s, lse_stride_h;
   float scale_log2;  // softmax_scale · log2(e): logits are kept in base 2 inside the kernel
+};
+
+// An item as the producer announces it to the math warpgroups (SharedPlan::item; work_item.cuh):
+// its number (−1: no more items) and its slots in use.
+struct ItemSlot {
+  int item;
+  int valid_len;
 };
 
 // How the two math warpgroups share the tiles (above): the entry's enum (sparse_prefill.h), whose
@@ -80,7 +90,8 @@ struct Config {
   static constexpr int kSplitBlocks = 4;  // 64-column blocks in half 0
   static constexpr int kSplitKSteps = kSplitBlocks * 64 / 16;
   // Named barriers (0 is __syncthreads): the end-of-item row-sum exchange between the math WGs;
-  // the producer WG's threads waiting for its O store to have read a buffer (serial).
+  // the producer WG's threads waiting for its O store to have read a buffer (serial) or for the
+  // next item thread 0 took from the counter (producer_common.cuh).
   static constexpr uint32_t kBarLExchange = 1;
   static constexpr uint32_t kBarProducer = 2;
 };
@@ -103,6 +114,8 @@ struct SerialConfig : Config<D_QK> {
     float row_scale[2][Base::kHeads];     // factor the tile's owner applied to O and l
     float row_sum[2][2][Base::kHeads];    // [item parity][WG] partial l, exchanged at the item's end
     uint8_t key_valid[2][Base::kTile];    // [buffer][row]: 1 if the row's index was valid, by the producer
+    ItemSlot item;   // the item whose Q q_full announces (work_item.cuh)
+    int claimed[2];  // [CTA item count parity]: the producer's next item from the counter
     uint64_t q_full, q_empty;
     uint64_t k_full[2][2];  // [buffer][half]
     uint64_t p_ready[2];    // [local tile parity]: P and row stats of a tile published by its owner
@@ -130,6 +143,8 @@ struct PairConfig : Config<D_QK> {
     float row_seen_max[2][Base::kHeads];  // [item parity] WG1's true running max (max_logits)
     float row_sum[2][2][Base::kHeads];    // [item parity][WG] partial l, exchanged at the item's end
     uint8_t key_valid[2][Base::kTile];    // [buffer][row]: 1 if the row's index was valid, by the producer
+    ItemSlot item;   // the item whose Q q_full announces (work_item.cuh)
+    int claimed[2];  // [CTA item count parity]: the producer's next item from the counter
     uint64_t q_full, q_empty;
     uint64_t k_full[2][2];   // [buffer][half]: gathered
     uint64_t k_empty[2][2];  // [buffer][half]: released by WG `half`, its last reader

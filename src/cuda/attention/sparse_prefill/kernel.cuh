@@ -103,9 +103,12 @@ void launch_schedule(const Params& params, CUstream_st* stream) {
   const int head_groups = (params.num_heads + Cfg::kHeads - 1) / Cfg::kHeads;
   const int64_t items = int64_t{params.s_q} * head_groups;
   const int sms = current_device_sm_count("sparse_prefill");
-  const dim3 grid(static_cast<unsigned>(items < sms ? items : sms));  // persistent: one CTA per SM
-  launch_kernel("sparse_prefill", sparse_prefill_kernel<D_QK, S>, {grid, Cfg::kThreads, Cfg::kSmemBytes}, stream,
-                params);
+  const int64_t ctas = items < sms ? items : sms;  // persistent: one CTA per SM
+  Params walk = params;
+  walk.round_robin_items =
+      static_cast<int>(params.work_counter != nullptr ? sparse_prefill_round_robin_items(items, ctas) : items);
+  launch_kernel("sparse_prefill", sparse_prefill_kernel<D_QK, S>,
+                {dim3(static_cast<unsigned>(ctas)), Cfg::kThreads, Cfg::kSmemBytes}, stream, walk);
   DSV4_TRACE_DUMP(stream);  // a -DDSV4_KERNEL_TRACE build only (trace.cuh)
 }
 

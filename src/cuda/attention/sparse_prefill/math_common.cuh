@@ -67,13 +67,22 @@ struct MathBase {
     return make_tensor(make_smem_ptr(base), SmemTileKTransposed<kTile, Cfg::kDvPerWarpgroup>{});
   }
 
-  // Item number `item` begins: its tile count broadcast from lane 0 (every lane read the same
-  // length), so that it, and the tile numbers advanced by it, are warp-uniform: the buffer
-  // indices, the shared-memory addresses and the wgmma descriptors made from them then stay in
-  // uniform registers instead of being formed per thread and moved over (R2UR) for every product.
-  // O and the row statistics start empty.
-  __device__ __forceinline__ void begin_item(int item) {
-    it = work.at(p, item);
+  // The CTA's item number k as the producer announced it (work_item.cuh), once its Q has arrived;
+  // false when the CTA's walk is over.
+  __device__ __forceinline__ bool next_item(int k) {
+    ptx::mbarrier_wait(&plan.q_full, k & 1);
+    const ItemSlot slot = plan.item;
+    if (slot.item < 0) return false;
+    begin_item(slot);
+    return true;
+  }
+  // The item begins: its tile count broadcast from lane 0 (every lane read the same length), so
+  // that it, and the tile numbers advanced by it, are warp-uniform: the buffer indices, the
+  // shared-memory addresses and the wgmma descriptors made from them then stay in uniform
+  // registers instead of being formed per thread and moved over (R2UR) for every product. O and
+  // the row statistics start empty.
+  __device__ __forceinline__ void begin_item(const ItemSlot& slot) {
+    it = work.at(p, slot.item, slot.valid_len);
     it.num_tiles = __shfl_sync(0xffffffffu, it.num_tiles, 0);
     cute::clear(rO);
     m_run[0] = m_run[1] = m_seen[0] = m_seen[1] = -INFINITY;

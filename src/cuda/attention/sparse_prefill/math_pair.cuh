@@ -289,12 +289,9 @@ struct PairMath : MathBase<D_QK, PairConfig<D_QK>> {
   }
 
   __device__ __forceinline__ void run() {
-    int k = 0;
-    for (int item = blockIdx.x; item < work.num_items; item += gridDim.x, ++k) {
-      Base::begin_item(item);  // also makes the buffer use count it advances warp-uniform
+    // (next_item's uniform tile count also keeps the buffer use count it advances warp-uniform.)
+    for (int k = 0; Base::next_item(k); ++k) {
       const int n = it.num_tiles;
-
-      ptx::mbarrier_wait(&plan.q_full, k & 1);
       if (W == 0) trace_tile_event(tid, g, kPairQSeen);
       const int own_tiles = W == 0 ? (n + 1) / 2 : n / 2;
       if (own_tiles == 0) ptx::mbarrier_arrive(&plan.q_empty);  // Q not needed

@@ -196,12 +196,8 @@ struct SerialMath : MathBase<D_QK, SerialConfig<D_QK>> {
   }
 
   __device__ __forceinline__ void run() {
-    int k = 0;
-    for (int item = blockIdx.x; item < work.num_items; item += gridDim.x, ++k) {
-      Base::begin_item(item);
+    for (int k = 0; Base::next_item(k); ++k) {
       const int n = it.num_tiles;
-
-      ptx::mbarrier_wait(&plan.q_full, k & 1);
       if (wg == 0) trace_tile_event(tid, g, kTraceQSeen);
       if (wg >= n) ptx::mbarrier_arrive(&plan.q_empty);  // no own tile: Q not needed
       run_tiles();

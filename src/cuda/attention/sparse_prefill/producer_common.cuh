@@ -58,14 +58,54 @@ struct ProducerBase {
         kv_row_bytes(params.kv_row_stride * 2),
         zero_base(zero_rows + group * kZeroRowBytes + lane8 * 16) {}
 
-  // Q of item number k of this CTA (one thread), once the previous item's S products are done
-  // with the buffer.
-  __device__ __forceinline__ void load_q(const WorkItem& it, int k) {
+  // ---- the CTA's walk over the items (work_item.cuh) ---------------------------------------
+  // The item after the current one, once next_item() has decided it (-1: none).
+  int upcoming = -1;
+  int claim = 0;  // thread 0, with a counter: the claim taken at the current item's start
+
+  __device__ __forceinline__ int first_item() const {
+    return static_cast<int>(blockIdx.x) < work.num_items ? static_cast<int>(blockIdx.x) : -1;
+  }
+  // At the start of the CTA's item `item` (every producer thread): when the item after it is the
+  // counter's, thread 0 claims it now, an item ahead of next_item(), so the atomic's round trip
+  // never holds a gather up.
+  __device__ __forceinline__ void claim_next(int item) {
+    if (p.work_counter != nullptr && tid == 0 && item + static_cast<int>(gridDim.x) >= p.round_robin_items)
+      claim = atomicAdd(p.work_counter, 1);
+  }
+  // The item after `item`, the CTA's number k, into `upcoming` (every producer thread, at the
+  // same point of the walk): round-robin within the first round_robin_items, then the claim's
+  // item, shared through shared memory (by k's parity, so the next item's write never meets a late
+  // reader of this one: a barrier lies between).
+  __device__ __forceinline__ int next_item(int item, int k) {
+    int next = item + static_cast<int>(gridDim.x);  // (< 2^31: items and grid are ints, grid ≤ items)
+    if (p.work_counter != nullptr && next >= p.round_robin_items) {
+      if (tid == 0) plan.claimed[k & 1] = p.round_robin_items + claim;
+      ptx::named_barrier_sync(Cfg::kBarProducer, 128);
+      next = plan.claimed[k & 1];
+    }
+    upcoming = next < work.num_items ? next : -1;
+    return upcoming;
+  }
+
+  // Q of item `item`, the CTA's number k (one thread), once the previous item's S products are
+  // done with the buffer. The item is announced to the math warpgroups with it: in plan.item,
+  // which they read after their wait on q_full (released by this arrival) and before their
+  // arrival on q_empty (the wait above, for the next item's write).
+  __device__ __forceinline__ void load_q(const WorkItem& it, int item, int k) {
     if (k >= 1) ptx::mbarrier_wait(&plan.q_empty, (k - 1) & 1);
+    plan.item = ItemSlot{item, it.valid_len};
     ptx::mbarrier_arrive_expect_tx(&plan.q_full, Cfg::kQBytes);
 #pragma unroll
     for (int blk = 0; blk < kBlocks; ++blk)
       ptx::tma_load_3d(plan.q + blk * Cfg::kHeads * 128, &p.q_map, blk * 64, it.head0, it.token, &plan.q_full);
+  }
+  // After the CTA's k items (one thread): the slot that ends the math warpgroups' walk, on q_full
+  // as an item would come.
+  __device__ __forceinline__ void end_items(int k) {
+    if (k >= 1) ptx::mbarrier_wait(&plan.q_empty, (k - 1) & 1);
+    plan.item = ItemSlot{-1, 0};
+    ptx::mbarrier_arrive(&plan.q_full);
   }
 
   // This thread's row indices of tile t of `of` (−1 past the item's slots).

@@ -63,10 +63,11 @@ struct PairProducer : ProducerBase<D_QK, PairConfig<D_QK>> {
     trace_tile_event(tid, row, static_cast<PairTraceEvent>(kPairIssuedHalf0 + 3 * H));
   }
 
-  // Pair j of `it`: its rows from the indices read one pair ago, the next pair's indices, then
-  // the quarters in the order the math WGs release them for the previous pair — (0,0), (1,1),
-  // (0,1), (1,0) (math_pair.cuh) — buffer 1's only for a whole pair.
-  __device__ __forceinline__ void gather_pair(const WorkItem& it, int item, int j) {
+  // Pair j of `it` (the CTA's item number k): its rows from the indices read one pair ago, the
+  // next pair's indices (after the last pair: the next item's), then the quarters in the order
+  // the math WGs release them for the previous pair — (0,0), (1,1), (0,1), (1,0) (math_pair.cuh)
+  // — buffer 1's only for a whole pair.
+  __device__ __forceinline__ void gather_pair(const WorkItem& it, int item, int k, int j) {
     const bool whole = 2 * j + 1 < it.num_tiles;
     int32_t idx0[kRowsPerThread], idx1[kRowsPerThread];
 #pragma unroll
@@ -76,8 +77,8 @@ struct PairProducer : ProducerBase<D_QK, PairConfig<D_QK>> {
     }
     if (2 * (j + 1) < it.num_tiles) {
       read_pair_indices(it, j + 1);
-    } else if (item + static_cast<int>(gridDim.x) < work.num_items) {
-      prefetched_item = item + gridDim.x;
+    } else if (Base::next_item(item, k) >= 0) {
+      prefetched_item = Base::upcoming;
       read_pair_indices(work.at(p, prefetched_item), 0);
     }
     const uint32_t row0 = g + 2 * j;  // trace rows of the pair's tiles
@@ -90,15 +91,18 @@ struct PairProducer : ProducerBase<D_QK, PairConfig<D_QK>> {
   __device__ __forceinline__ void run() {
     trace_pair_marker(tid);
     int k = 0;
-    for (int item = blockIdx.x; item < work.num_items; item += gridDim.x, ++k) {
+    for (int item = Base::first_item(); item >= 0; item = Base::upcoming, ++k) {
       const WorkItem it = work.at(p, item);
-      if (tid == 0) Base::load_q(it, k);
+      if (tid == 0) Base::load_q(it, item, k);
+      Base::claim_next(item);
       if (it.num_tiles > 0 && prefetched_item != item) read_pair_indices(it, 0);
-      for (int j = 0; 2 * j < it.num_tiles; ++j) gather_pair(it, item, j);
+      for (int j = 0; 2 * j < it.num_tiles; ++j) gather_pair(it, item, k, j);
+      if (it.num_tiles == 0) Base::next_item(item, k);
       uses0 += (it.num_tiles + 1) / 2;
       uses1 += it.num_tiles / 2;
       g += it.num_tiles;
     }
+    if (tid == 0) Base::end_items(k);
   }
 };
 

@@ -54,19 +54,19 @@ struct SerialProducer : ProducerBase<D_QK, SerialConfig<D_QK>> {
     ptx::named_barrier_sync(Cfg::kBarProducer, 128);
   }
 
-  // Tile t of `it` (CTA tile g) into buffer g % 2: its rows' sources from the indices read one
-  // tile ago, the next indices, the buffer's release by the math WGs (and the store of an O
-  // staged in it), then the gather in two halves, each announced on its own k_full barrier (the
-  // math WGs wait for both before S).
-  __device__ __forceinline__ void gather_tile(const WorkItem& it, int item, int t, uint32_t g) {
+  // Tile t of `it` (the CTA's item number k; CTA tile g) into buffer g % 2: its rows' sources
+  // from the indices read one tile ago, the next indices (after the last tile: the next item's),
+  // the buffer's release by the math WGs (and the store of an O staged in it), then the gather in
+  // two halves, each announced on its own k_full barrier (the math WGs wait for both before S).
+  __device__ __forceinline__ void gather_tile(const WorkItem& it, int item, int k, int t, uint32_t g) {
     const int buf = g & 1;
     const uint8_t* src[kRowsPerThread];
     bool valid[kRowsPerThread];
     Base::row_sources(next_indices, src, valid);
     if (t + 1 < it.num_tiles) {
       Base::read_tile_indices(it, t + 1, next_indices);
-    } else if (item + static_cast<int>(gridDim.x) < work.num_items) {
-      prefetched_item = item + gridDim.x;
+    } else if (Base::next_item(item, k) >= 0) {
+      prefetched_item = Base::upcoming;
       Base::read_tile_indices(work.at(p, prefetched_item), 0, next_indices);
     }
     trace_tile_event(tid, g, kTraceEmptyWait);
@@ -103,16 +103,20 @@ struct SerialProducer : ProducerBase<D_QK, SerialConfig<D_QK>> {
   __device__ __forceinline__ void run() {
     uint32_t g = 0;
     int k = 0;
-    for (int item = blockIdx.x; item < work.num_items; item += gridDim.x, ++k) {
+    for (int item = Base::first_item(); item >= 0; item = Base::upcoming, ++k) {
       const WorkItem it = work.at(p, item);
-      if (tid == 0) Base::load_q(it, k);
+      if (tid == 0) Base::load_q(it, item, k);
+      Base::claim_next(item);
       if (it.num_tiles > 0 && prefetched_item != item) Base::read_tile_indices(it, 0, next_indices);
-      for (int t = 0; t < it.num_tiles; ++t, ++g) gather_tile(it, item, t, g);
+      for (int t = 0; t < it.num_tiles; ++t, ++g) gather_tile(it, item, k, t, g);
       if (it.num_tiles > 0) {  // the item's O will be staged in its last tile's buffer
         if ((g - 1) & 1) staged1 = item;
         else staged0 = item;
+      } else {
+        Base::next_item(item, k);
       }
     }
+    if (tid == 0) Base::end_items(k);
     store_last_outputs(g);
   }
 };

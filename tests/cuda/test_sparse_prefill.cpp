@@ -467,22 +467,32 @@ TEST(SparsePrefillEdge, ManyItemsPerCta) {
   }
 }
 
+constexpr SparsePrefillSchedule kBothSchedules[] = {SparsePrefillSchedule::kSerial, SparsePrefillSchedule::kPair};
+
+// `p` with a random attn_sink per head (seeded).
+Problem with_random_sink(Problem p, uint32_t seed) {
+  std::mt19937 rng(seed);
+  p.sink = dsv4::test::random_f32(p.heads, rng);
+  return p;
+}
+
+void expect_bit_identical(const Result& a, const Result& b) {
+  EXPECT_TRUE(dsv4::test::bitwise_equal(a.out.data(), b.out.data(), a.out.size() * 2)) << "out";
+  EXPECT_TRUE(dsv4::test::bitwise_equal(a.lse.data(), b.lse.data(), a.lse.size() * 4)) << "lse";
+  EXPECT_TRUE(dsv4::test::bitwise_equal(a.max_logits.data(), b.max_logits.data(), a.lse.size() * 4)) << "max_logits";
+}
+
 // An item's arithmetic does not depend on the CTA that runs it, so under one schedule two runs
 // agree bit for bit, and so do the round-robin and work-counter walks (whose item-to-CTA maps
 // differ from run to run).
 TEST(SparsePrefillEdge, BitIdenticalAcrossRunsAndItemWalks) {
   DSV4_SKIP_WITHOUT_GPU();
-  Problem p = make_problem(300, 128, 512, 3000, 256, 19);
-  std::mt19937 rng(1);
-  p.sink = dsv4::test::random_f32(128, rng);
-  for (const SparsePrefillSchedule schedule : {SparsePrefillSchedule::kSerial, SparsePrefillSchedule::kPair}) {
+  const Problem p = with_random_sink(make_problem(300, 128, 512, 3000, 256, 19), 1);
+  for (const SparsePrefillSchedule schedule : kBothSchedules) {
     const Result a = run_cuda(p, {schedule, false});
     for (const Launch& launch : {Launch{schedule, false}, Launch{schedule, true}, Launch{schedule, true}}) {
       SCOPED_TRACE(launch_name(launch));
-      const Result b = run_cuda(p, launch);
-      EXPECT_TRUE(dsv4::test::bitwise_equal(a.out.data(), b.out.data(), a.out.size() * 2));
-      EXPECT_TRUE(dsv4::test::bitwise_equal(a.lse.data(), b.lse.data(), a.lse.size() * 4));
-      EXPECT_TRUE(dsv4::test::bitwise_equal(a.max_logits.data(), b.max_logits.data(), a.lse.size() * 4));
+      expect_bit_identical(a, run_cuda(p, launch));
     }
   }
 }
@@ -492,17 +502,11 @@ TEST(SparsePrefillEdge, BitIdenticalAcrossRunsAndItemWalks) {
 // launch bit for bit.
 TEST(SparsePrefillEdge, WorkCounterLaunchReplaysFromACudaGraph) {
   DSV4_SKIP_WITHOUT_GPU();
-  Problem p = make_problem(300, 128, 576, 2000, 192, 23);
-  std::mt19937 rng(2);
-  p.sink = dsv4::test::random_f32(128, rng);
-  for (const SparsePrefillSchedule schedule : {SparsePrefillSchedule::kSerial, SparsePrefillSchedule::kPair}) {
+  const Problem p = with_random_sink(make_problem(300, 128, 576, 2000, 192, 23), 2);
+  for (const SparsePrefillSchedule schedule : kBothSchedules) {
     const Launch launch{schedule, true};
     SCOPED_TRACE(launch_name(launch));
-    const Result direct = run_cuda(p, launch), replayed = run_cuda(p, launch, 3);
-    EXPECT_TRUE(dsv4::test::bitwise_equal(direct.out.data(), replayed.out.data(), direct.out.size() * 2));
-    EXPECT_TRUE(dsv4::test::bitwise_equal(direct.lse.data(), replayed.lse.data(), direct.lse.size() * 4));
-    EXPECT_TRUE(dsv4::test::bitwise_equal(direct.max_logits.data(), replayed.max_logits.data(),
-                                          direct.lse.size() * 4));
+    expect_bit_identical(run_cuda(p, launch), run_cuda(p, launch, /*graph_replays=*/3));
   }
 }
 

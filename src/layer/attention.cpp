@@ -367,13 +367,14 @@ Attention::Impl::WorkspaceBound Attention::Impl::workspace_bound(int64_t max_tok
   add(4 * T * H);        // lse
   add(make_decode_schedule(static_cast<int>(T), 1, static_cast<int>(H), static_cast<int>(W + K),
                            opts.num_sms).workspace_bytes);
-  // Prefills: one gather workspace for the largest group, then per group indices, stats and the
-  // kernel's work counter.
+  // Prefills: one gather workspace for the largest group and the kernel's work counter, then per
+  // group indices and stats.
   const int64_t group = std::min<int64_t>(std::max(1, opts.prefill_group_requests), R);
   add(2 * group * ((ratio ? max_context / ratio : 0) + max_tokens + W) * D);
+  add(4);
   const int64_t groups = (R + group - 1) / group;
-  bytes += 4 * T * (K + W + 1 + 2 * H) + 4 * groups + 5 * groups * 256;
-  tensors += 5 * groups;
+  bytes += 4 * T * (K + W + 1 + 2 * H) + 4 * groups * 256;
+  tensors += 4 * groups;
   // FP8 GEMM inputs (x, the normed q, z: codes + 1x128 scales) and the GEMMs' workspace.
   add(T * cfg.dim + 4 * T * (cfg.dim / 128 + 1));
   add(T * cfg.q_lora_rank + 4 * T * (cfg.q_lora_rank / 128 + 1));
@@ -606,6 +607,7 @@ void Attention::Impl::attend_prefills(const Step& st) {
   for (const PrefillGroup& g : sp.prefill_groups)
     workspace_rows = std::max<int64_t>(workspace_rows, (g.r1 - g.r0) * g.rows_per_request);
   const TensorView kv_rows_all = ws.tensor(DType::bf16, {workspace_rows, D});
+  const TensorView work_counter = ws.tensor(DType::int32, {1});  // the groups' launches, in stream order
   const TensorView swa_table = upload.view(sp.swa_table);
   for (const PrefillGroup& g : sp.prefill_groups) {
     const int n = g.r1 - g.r0;
@@ -641,7 +643,7 @@ void Attention::Impl::attend_prefills(const Step& st) {
     a.out = st.o.slice0(g.t0, g.t1);
     a.max_logits = ws.tensor(DType::fp32, {Tg, H});
     a.lse = ws.tensor(DType::fp32, {Tg, H});
-    a.work_counter = ws.tensor(DType::int32, {1});
+    a.work_counter = work_counter;
     op("sparse_prefill");
     sparse_prefill(a, st.stream);
   }

@@ -17,6 +17,7 @@
 #include "cuda/attention/aligned_rows.h"
 #include "cuda/attention/sparse_prefill/config.h"
 #include "cuda/common/check.h"
+#include "cuda/common/device_props.h"
 #include "cuda/common/tma.h"
 #include "dsv4/status.h"
 #include "dsv4/tensor.h"
@@ -138,7 +139,9 @@ void sparse_prefill_with_schedule(const SparsePrefillArgs& a, Stream stream, Spa
   }
 
   const SparsePrefillSchedule chosen =
-      schedule == SparsePrefillSchedule::kAuto ? sparse_prefill_detail::choose_schedule(p.num_heads) : schedule;
+      schedule == SparsePrefillSchedule::kAuto
+          ? sparse_prefill_auto_schedule(heads, topk, s_kv * d_qk * 2, current_device_l2_bytes(kOp))
+          : schedule;
 #if defined(DSV4_HAVE_CUTLASS)
   if (d_qk == 512) sparse_prefill_detail::launch<512>(p, chosen, stream);
   else sparse_prefill_detail::launch<576>(p, chosen, stream);

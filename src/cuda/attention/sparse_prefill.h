@@ -22,9 +22,25 @@ inline int64_t sparse_prefill_round_robin_items(int64_t items, int64_t ctas) {
 }
 
 // How the kernel's two math warpgroups share the gathered tiles (sparse_prefill/config.h):
-// sparse_prefill lets the launch choose from the head count (kAuto); the GPU tests run every case
-// under both schedules through this entry.
+// sparse_prefill lets the launch choose (kAuto, sparse_prefill_auto_schedule); the GPU tests run
+// every case under both schedules through this entry.
 enum class SparsePrefillSchedule { kAuto, kSerial, kPair };
 void sparse_prefill_with_schedule(const SparsePrefillArgs& args, Stream stream, SparsePrefillSchedule schedule);
+
+// What kAuto resolves to for `num_heads` query heads, a top-k of `topk` slots and a kv of
+// `kv_bytes` (rows × d_qk × 2) on a device with `l2_bytes` of L2. The pair holds both tile buffers
+// at an item's start and on every pair's last quarter, so it wins where items are long and rows
+// come from L2, and loses where items are short or rows come from DRAM. Measured side by side with
+// FlashMLA's inputs on an H200 (docs/notes/prefill.md, "The schedule for one head group"):
+// - two or more head groups (H > 64): the pair (3-7 % faster at H 128; level at s_kv 64k and 128k);
+// - one group, top-k ≥ 1024 (16 tiles an item or more) and the kv within the L2: the pair (5-9 %
+//   faster at top-k 1024 and 2048, s_kv 8k and 32k; 5 % with FlashMLA's random topk_length);
+// - one group otherwise: serial (the pair lost 1-4 % at s_kv 64k, where the kv exceeds the L2,
+//   and 23-29 % on V4-Flash's top-k 512 with topk_length, while it gained 2 % without).
+inline SparsePrefillSchedule sparse_prefill_auto_schedule(int64_t num_heads, int64_t topk, int64_t kv_bytes,
+                                                          int64_t l2_bytes) {
+  if (num_heads > 64) return SparsePrefillSchedule::kPair;
+  return topk >= 1024 && kv_bytes <= l2_bytes ? SparsePrefillSchedule::kPair : SparsePrefillSchedule::kSerial;
+}
 
 }  // namespace dsv4::cuda

@@ -13,11 +13,9 @@
 //   pair (math_pair.cuh): the WGs work on PAIRS of tiles, one each (tile 2j + w in buffer w):
 //     both S in flight, the pair agrees on one reference max, and each WG's softmax runs under
 //     the other's products. Fewer cycles a tile, but a pair holds both buffers at once.
-// The launch picks the pair schedule for tokens of two or more head groups (H > 64), the serial
-// one for a single group (choose_schedule, below): measured side by side with FlashMLA's
-// inputs, the pair was 3-7 % faster on the H 128 cases and 3.5 % slower on H 64 at s_kv 64k
-// (12-14 % on its varying top-k lengths) (docs/notes/prefill.md, "The gather's rate, the power
-// cap, and two schedules" and "Two schedules landed").
+// The launch picks the pair schedule for tokens of two or more head groups (H > 64), and for a
+// single group when its items are long (top-k ≥ 1024) and the kv fits in the L2; the serial one
+// otherwise (sparse_prefill_auto_schedule in sparse_prefill.h, with the measurements behind it).
 // H that is not a multiple of 64 is padded inside the kernel: the last group's missing heads are
 // out of bounds of the q tensor map (TMA fills zeros) and are never written, so any H ≥ 1 runs
 // (H 64 and 128 without waste).
@@ -61,7 +59,7 @@ struct ItemSlot {
 };
 
 // How the two math warpgroups share the tiles (above): the entry's enum (sparse_prefill.h), whose
-// kAuto the host dispatch resolves (choose_schedule) before a launch.
+// kAuto the host dispatch resolves (sparse_prefill_auto_schedule) before a launch.
 using Schedule = SparsePrefillSchedule;
 
 template <int D_QK>
@@ -162,10 +160,6 @@ struct PairConfig : Config<D_QK> {
 
 template <int D_QK, Schedule S>
 using ScheduleConfig = std::conditional_t<S == Schedule::kSerial, SerialConfig<D_QK>, PairConfig<D_QK>>;
-
-// The schedule a launch runs unless a caller forces one: the pair for two or more head groups
-// (above).
-inline Schedule choose_schedule(int num_heads) { return num_heads > 64 ? Schedule::kPair : Schedule::kSerial; }
 
 // Kernel entry for one d_qk (defined in kernel.cuh, instantiated in instantiations/).
 template <int D_QK>

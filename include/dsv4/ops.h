@@ -308,8 +308,9 @@ struct SparsePrefillArgs {
   // disjoint from every other argument: the kernel's persistent CTAs, which take their (token,
   // head group) items round-robin, then take the launch's last items from an atomic counter in
   // it (zeroed on the stream before the launch) as they finish, which keeps every SM busy to the
-  // launch's end. Results are bit-identical either way. Its contents on entry do not matter. One
-  // launch at a time per scratch: two launches in flight on different streams need two.
+  // launch's end. A launch of fewer than eight rounds of items (at most 7 per SM) does without it
+  // and leaves it untouched. Results are bit-identical either way. Its contents on entry do not
+  // matter. One launch at a time per scratch: two launches in flight on different streams need two.
   TensorView work_counter;
 };
 // Index values are never errors (masked as FlashMLA does); on CPU, topk_length values outside

@@ -9,14 +9,11 @@
 // strides (last dim contiguous). work_counter (optional): its first element is the items' counter.
 #include "cuda/attention/sparse_prefill.h"
 
-#include <cuda_runtime.h>
-
 #include <cmath>
 #include <cstdint>
 
 #include "cuda/attention/aligned_rows.h"
 #include "cuda/attention/sparse_prefill/config.h"
-#include "cuda/common/check.h"
 #include "cuda/common/device_props.h"
 #include "cuda/common/tma.h"
 #include "dsv4/status.h"
@@ -121,11 +118,9 @@ void sparse_prefill_with_schedule(const SparsePrefillArgs& a, Stream stream, Spa
   p.lse_stride_s = a.lse.stride(0);
   p.lse_stride_h = a.lse.stride(1);
   p.scale_log2 = scale * math::kLog2e;
-  // The counter the CTAs take their items from (sparse_prefill/work_item.cuh), zeroed in stream
-  // order: nothing waits on the host, and a captured graph replays the zeroing with the launch.
+  // The counter the CTAs take the launch's last items from (sparse_prefill/work_item.cuh; zeroed
+  // by the launch, kernel.cuh).
   p.work_counter = a.work_counter.defined() ? a.work_counter.ptr<int>() : nullptr;
-  if (p.work_counter != nullptr)
-    DSV4_CUDA_CHECK(kOp, cudaMemsetAsync(p.work_counter, 0, sizeof(int), stream));
   {
     const uint64_t q_dims[3] = {static_cast<uint64_t>(d_qk), static_cast<uint64_t>(heads), static_cast<uint64_t>(s_q)};
     uint64_t q_strides[2];

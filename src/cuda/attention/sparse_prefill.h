@@ -14,7 +14,8 @@ void sparse_prefill(const SparsePrefillArgs& args, Stream stream);
 // With a work counter, the items a launch of `ctas` persistent CTAs hands out round-robin before
 // the counter takes over (sparse_prefill/work_item.cuh): every round but the last eighth (rounded
 // down), so that the counter evens out what round-robin's drift piled up by then. Afterwards the
-// counter holds items − this + ctas (each CTA's last claim falls past the end).
+// counter holds items − this + ctas (each CTA's last claim falls past the end). A launch of fewer
+// than eight rounds gets all its items round-robin and leaves the counter untouched.
 inline int64_t sparse_prefill_round_robin_items(int64_t items, int64_t ctas) {
   const int64_t rounds = (items + ctas - 1) / ctas;
   const int64_t counted = rounds / 8;

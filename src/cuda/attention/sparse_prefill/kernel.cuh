@@ -107,6 +107,11 @@ void launch_schedule(const Params& params, CUstream_st* stream) {
   Params walk = params;
   walk.round_robin_items =
       static_cast<int>(params.work_counter != nullptr ? sparse_prefill_round_robin_items(items, ctas) : items);
+  // The counter the CTAs take the last items from, zeroed in stream order: nothing waits on the
+  // host, and a captured graph replays the zeroing with the launch. A launch of fewer than eight
+  // rounds hands every item out round-robin, so it neither zeroes nor claims it.
+  if (walk.round_robin_items >= items) walk.work_counter = nullptr;
+  else DSV4_CUDA_CHECK("sparse_prefill", cudaMemsetAsync(walk.work_counter, 0, sizeof(int), stream));
   launch_kernel("sparse_prefill", sparse_prefill_kernel<D_QK, S>,
                 {dim3(static_cast<unsigned>(ctas)), Cfg::kThreads, Cfg::kSmemBytes}, stream, walk);
   DSV4_TRACE_DUMP(stream);  // a -DDSV4_KERNEL_TRACE build only (trace.cuh)

@@ -87,7 +87,8 @@ void sparse_prefill_with_schedule(const SparsePrefillArgs& a, Stream stream, Spa
   if (!math::is_valid_softmax_scale(a.softmax_scale))
     fail_expected(kOp, "softmax_scale", math::kSoftmaxScaleRule, a.softmax_scale);
   const float scale = math::effective_softmax_scale(a.softmax_scale, d_qk);
-  DSV4_CHECK(s_q <= (int64_t{1} << 30) / ((heads + 63) / 64) && s_kv < (int64_t{1} << 31) &&
+  const int64_t head_groups = (heads + kSparsePrefillHeadsPerItem - 1) / kSparsePrefillHeadsPerItem;
+  DSV4_CHECK((head_groups == 0 || s_q <= (int64_t{1} << 30) / head_groups) && s_kv < (int64_t{1} << 31) &&
                  topk < (int64_t{1} << 30),
              kOp, ": sizes exceed the kernel's 32-bit index range");
   if (a.work_counter.defined()) {
@@ -125,7 +126,8 @@ void sparse_prefill_with_schedule(const SparsePrefillArgs& a, Stream stream, Spa
     const uint64_t q_dims[3] = {static_cast<uint64_t>(d_qk), static_cast<uint64_t>(heads), static_cast<uint64_t>(s_q)};
     uint64_t q_strides[2];
     tma_strides(a.q, q_strides);
-    const uint32_t q_box[3] = {64, 64, 1};
+    // 64 dims (one 128-byte swizzle span) × one item's heads × one token.
+    const uint32_t q_box[3] = {64, kSparsePrefillHeadsPerItem, 1};
     p.q_map = make_tensor_map_bf16_sw128(kOp, a.q.data, 3, q_dims, q_strides, q_box);
     const uint64_t out_dims[3] = {512, static_cast<uint64_t>(heads), static_cast<uint64_t>(s_q)};
     uint64_t out_strides[2];

@@ -22,6 +22,14 @@ inline int64_t sparse_prefill_round_robin_items(int64_t items, int64_t ctas) {
   return items < (rounds - counted) * ctas ? items : (rounds - counted) * ctas;
 }
 
+// The kernel's work geometry, here so that the host-side rules below and the kernel's Config
+// (sparse_prefill/config.h) read the same numbers: a work item is one token's group of this many
+// query heads (the wgmma M), and its top-k slots are gathered this many rows at a time (a tile).
+inline constexpr int kSparsePrefillHeadsPerItem = 64;
+inline constexpr int kSparsePrefillTileRows = 64;
+// The shortest item, in tiles, for which one head group takes the pair schedule (below).
+inline constexpr int kSparsePrefillPairMinTiles = 16;
+
 // How the kernel's two math warpgroups share the gathered tiles (sparse_prefill/config.h):
 // sparse_prefill lets the launch choose (kAuto, sparse_prefill_auto_schedule); the GPU tests run
 // every case under both schedules through this entry.
@@ -34,14 +42,16 @@ void sparse_prefill_with_schedule(const SparsePrefillArgs& args, Stream stream, 
 // come from L2, and loses where items are short or rows come from DRAM. Measured side by side with
 // FlashMLA's inputs on an H200 (docs/notes/prefill.md, "The schedule for one head group"):
 // - two or more head groups (H > 64): the pair (3-7 % faster at H 128; level at s_kv 64k and 128k);
-// - one group, top-k ≥ 1024 (16 tiles an item or more) and the kv within the L2: the pair (5-9 %
-//   faster at top-k 1024 and 2048, s_kv 8k and 32k; 5 % with FlashMLA's random topk_length);
+// - one group, top-k ≥ 1024 (kSparsePrefillPairMinTiles tiles an item or more) and the kv within
+//   the L2: the pair (5-9 % faster at top-k 1024 and 2048, s_kv 8k and 32k; 5 % with FlashMLA's
+//   random topk_length);
 // - one group otherwise: serial (the pair lost 1-4 % at s_kv 64k, where the kv exceeds the L2,
 //   and 23-29 % on V4-Flash's top-k 512 with topk_length, while it gained 2 % without).
 inline SparsePrefillSchedule sparse_prefill_auto_schedule(int64_t num_heads, int64_t topk, int64_t kv_bytes,
                                                           int64_t l2_bytes) {
-  if (num_heads > 64) return SparsePrefillSchedule::kPair;
-  return topk >= 1024 && kv_bytes <= l2_bytes ? SparsePrefillSchedule::kPair : SparsePrefillSchedule::kSerial;
+  if (num_heads > kSparsePrefillHeadsPerItem) return SparsePrefillSchedule::kPair;
+  const bool long_items = topk >= int64_t{kSparsePrefillPairMinTiles} * kSparsePrefillTileRows;
+  return long_items && kv_bytes <= l2_bytes ? SparsePrefillSchedule::kPair : SparsePrefillSchedule::kSerial;
 }
 
 }  // namespace dsv4::cuda

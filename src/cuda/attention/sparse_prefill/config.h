@@ -67,8 +67,8 @@ struct Config {
   static_assert(D_QK == 512 || D_QK == 576, "d_qk must be 512 (MODEL1) or 576 (V3.2)");
   static constexpr int kDqk = D_QK;
   static constexpr int kDv = 512;
-  static constexpr int kHeads = 64;     // heads per CTA = wgmma M
-  static constexpr int kTile = 64;      // gathered rows per tile = S columns = P·V depth
+  static constexpr int kHeads = kSparsePrefillHeadsPerItem;  // heads per CTA = wgmma M
+  static constexpr int kTile = kSparsePrefillTileRows;       // gathered rows per tile = S columns = P·V depth
   static constexpr int kDvPerWarpgroup = kDv / 2;
   static constexpr int kThreads = 3 * 128;  // WG0, WG1: math; WG2: producer
   static constexpr int kTileBytes = kTile * kDqk * 2;

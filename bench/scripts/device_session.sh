@@ -359,12 +359,13 @@ for step in "$@"; do
       # Nsight Compute (--set full) on FlashMLA's decode or prefill kernel and ours, same inputs,
       # one process (NCU_CASES of bench/scripts/ncu_side_by_side.py, e.g. peak64 or prefill_v32):
       # the speed-of-light and stall summary of each, and the 40 instructions with the most stall
-      # samples per kernel.
+      # samples per kernel. NCU_REGEX replaces the kernels' name regex, e.g. with
+      # "fp8_sparse_kernel|sparse_decode_kernel|combine_kernel" for the split decode's combines.
       flashmla_built
       for c in ${NCU_CASES:-peak64 peak128}; do
         log "ncu: FlashMLA and ours, $c"
         PYTHONPATH="/tmp/flashmla:/tmp/flashmla/tests:$PYTHONPATH" timeout 400 ncu \
-          --kernel-name "regex:fp8_sparse_kernel|sparse_decode_kernel|sparse_attn_fwd_kernel|sparse_prefill_kernel" --set full --import-source no \
+          --kernel-name "regex:${NCU_REGEX:-fp8_sparse_kernel|sparse_decode_kernel|sparse_attn_fwd_kernel|sparse_prefill_kernel}" --set full --import-source no \
           -o "/tmp/ncu_$c" -f $PY bench/scripts/ncu_side_by_side.py "$c" >"$OUT/ncu_run_$c.log" 2>&1 ||
           tail -20 "$OUT/ncu_run_$c.log"
         ncu --import "/tmp/ncu_$c.ncu-rep" --page details >"$OUT/ncu_$c.txt" 2>&1

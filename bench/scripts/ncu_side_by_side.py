@@ -7,6 +7,8 @@ Needs what side_by_side.py needs (the measurement-only FlashMLA build, its tests
 .peers/flashmla on the path for side_by_side.with_impl). Cases, as FlashMLA's test parameters:
   peak64, peak128         topk 16384 over a 32k context, b 148, s_q 2, H 64 / 128, d 512
   flash128                V4-Flash: H 64, 128 (block 256) + 512 (block 64), b 128, s_q 2
+  flash2                  the same at b 2 (four query rows: the split kernel and the combine
+                          are latency-bound; add the combines to the step's kernel regex)
   pro128                  V4-Pro: H 128, 128 + 1024, b 128, s_q 2
   v32                     V3.2: H 128, topk 2048, d 576, b 128, s_q 2
 and FlashMLA's prefill performance cases (s_q 4096, attn_sink, s_kv 8192), both prefill kernels:
@@ -36,6 +38,8 @@ CASES = {
     "peak128": Raw(148, 128, 2, 1, 32768, True, topk=16384, d_qk=512),
     "flash128": Raw(128, 64, 2, 1, 16384, True, topk=128, d_qk=512, extra_s_k=16384, extra_topk=512,
                     block_size=256, extra_block_size=64),
+    "flash2": Raw(2, 64, 2, 1, 16384, True, topk=128, d_qk=512, extra_s_k=16384, extra_topk=512,
+                  block_size=256, extra_block_size=64),
     "pro128": Raw(128, 128, 2, 1, 16384, True, topk=128, d_qk=512, extra_s_k=16384, extra_topk=1024,
                   block_size=256, extra_block_size=64),
     "v32": Raw(128, 128, 2, 1, 32768, True, topk=2048, d_qk=576),

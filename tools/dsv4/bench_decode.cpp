@@ -163,6 +163,8 @@ std::vector<Case> decode_cases() {
   const DecodeShape shapes[] = {
       {"v32_b128_h128_sq2_topk2048", L::v32_fp8, 128, 2, 128, 2048, 64, 0, 0, 370.0, 394},
       {"v32_b64_h128_sq2_topk2048", L::v32_fp8, 64, 2, 128, 2048, 64, 0, 0, 189.0, 386},
+      // FlashMLA's smallest V4-Flash case (side_by_side.py's b 2): four query rows, latency-bound.
+      {"flash_b2_h64_sq2_128+512", L::model1_fp8, 2, 2, 64, 128, 256, 512, 64, 0, 0},
       {"flash_b128_h64_sq2_128+512", L::model1_fp8, 128, 2, 64, 128, 256, 512, 64, 98.6, 218},
       {"flash_b256_h64_sq2_128+512", L::model1_fp8, 256, 2, 64, 128, 256, 512, 64, 187.5, 229},
       {"pro_b128_h128_sq2_128+1024_blk64", L::model1_fp8, 128, 2, 128, 128, 256, 1024, 64, 210.6, 367},

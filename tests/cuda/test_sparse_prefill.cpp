@@ -199,7 +199,8 @@ Result run_cuda(const Problem& p, const Launch& launch, int graph_replays = 0) {
   if (launch.work_counter) {
     // Every item past the round-robin ones claimed once, plus each CTA's last claim past the end;
     // a launch of fewer than eight rounds takes none and leaves the counter as poisoned.
-    const int64_t items = int64_t{p.s_q} * ((p.heads + 63) / 64), ctas = std::min<int64_t>(items, sm_count());
+    constexpr int kGroup = dsv4::cuda::kSparsePrefillHeadsPerItem;
+    const int64_t items = int64_t{p.s_q} * ((p.heads + kGroup - 1) / kGroup), ctas = std::min<int64_t>(items, sm_count());
     const int64_t round_robin = dsv4::cuda::sparse_prefill_round_robin_items(items, ctas);
     EXPECT_EQ(work_counter.download()[0], round_robin < items ? items - round_robin + ctas : -1)
         << "claims on the work counter";

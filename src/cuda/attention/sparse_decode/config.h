@@ -11,6 +11,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "cuda/attention/sparse_decode/launch_order.h"
@@ -134,9 +135,28 @@ struct SharedPlan {
   uint64_t empty[2];  // stage consumed: every consumer warp of the cluster
   uint64_t p_ready;   // P and row_scale of the tile published by warpgroup 0
   uint64_t p_free;    // warpgroup 1 is done reading them
+
+  // After the last tile of a CTA without a cluster, Q's bytes and the stages' (contiguous:
+  // static_assert below) hold the O rows on their way out (detail::store_o_half, kernel.cuh).
+  __host__ __device__ uint8_t* out_rows() { return q; }
 };
 template <KvLayout L>
 inline constexpr int kSmemBytes = static_cast<int>(sizeof(SharedPlan<L>));
+
+// The O rows on their way out: each warpgroup's half of the CTA's 64 rows (256 value dims, fp32
+// partials or the bf16 output), one row per head at a pitch 16 bytes past the row's bytes, so that
+// a warp's stores of 8 rows × 4 lanes spread over all banks (2 wavefronts for 256 fp32 bytes, 1
+// for 128 bf16 bytes) while the bulk copy engine reads each row out whole.
+template <class T>
+inline constexpr int kOutRowPitch = kDv / 2 * static_cast<int>(sizeof(T)) + 16;
+template <class T>
+inline constexpr int kOutHalfBytes = kHeadsPerCta * kOutRowPitch<T>;
+template <KvLayout L>
+inline constexpr bool kOutRowsFit = offsetof(SharedPlan<L>, kv) == sizeof(SharedPlan<L>::q) &&
+                                    2 * kOutHalfBytes<float> <= sizeof(SharedPlan<L>::q) + sizeof(SharedPlan<L>::kv);
+static_assert(kOutRowsFit<KvLayout::model1_fp8> && kOutRowsFit<KvLayout::v32_fp8> && kOutRowsFit<KvLayout::bf16> &&
+                  kOutRowsFit<KvLayout::fp8_per_tensor>,
+              "both warpgroups' O rows fit in Q's and the stages' bytes");
 
 static_assert(kHeadsPerCta * kPRowBytes >= (kMaxOrderedBatches + 1) * static_cast<int>(sizeof(int)),
               "the launch-order scratch fits in P's bytes");

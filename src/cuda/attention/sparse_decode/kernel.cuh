@@ -414,6 +414,8 @@ struct CtaWork {
 // (SharedPlan::p_ready: P and the tile's O factor published by warpgroup 0; p_free: warpgroup 1
 // has read them), whose release/acquire racecheck models (a named-barrier arrive it does not).
 inline constexpr int kBarConsumers = 1;
+// Named barriers 2 and 3: warpgroup 0's / 1's O rows are in shared memory (its 128 threads).
+inline constexpr int kBarOutRows = 2;
 
 // The producer warpgroups: per tile t, this thread's slot (my_key) is loaded into registers
 // kBuffers tiles ahead of its dequantization (two buffers when a cluster halves a thread's share,
@@ -604,13 +606,48 @@ __device__ __forceinline__ void release_stage(SharedPlan<L>& plan, uint32_t peer
   }
 }
 
-// This warpgroup's O half (value dims 256·half ..), times factor[r] for rows acc_row(2r): the
-// bf16 output (one split; 16-byte chunks through a quad transpose, out is 16-byte aligned) or
-// the fp32 partial of this split.
+// This thread's part of a warpgroup's O half (256 columns), times factor[r] for rows acc_row(2r),
+// into `rows` (64 rows of kOutRowPitch<T> bytes): fp32, or rounded to bf16 (T = uint16_t).
+template <class T, class Frag>
+__device__ __forceinline__ void stage_o_rows(const Frag& rO, const float (&factor)[2], uint8_t* rows, int tid) {
+  const int col0 = acc_col(0, tid);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    T* const row = reinterpret_cast<T*>(rows + acc_row(2 * r, tid) * kOutRowPitch<T>) + col0;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const float a = rO(4 * j + 2 * r) * factor[r], b = rO(4 * j + 2 * r + 1) * factor[r];
+      if constexpr (sizeof(T) == 4) {
+        *reinterpret_cast<float2*>(row + 8 * j) = make_float2(a, b);
+      } else {
+        *reinterpret_cast<uint32_t*>(row + 8 * j) = pack_bf16x2(a, b);
+      }
+    }
+  }
+}
+
+// A warpgroup's staged O rows (those of heads below `valid_rows`) to global memory, row i at
+// dst(i), in 16-byte pieces: a warp's store covers 512 contiguous bytes of one row, four whole
+// 128-byte lines.
+template <class T, class Dst>
+__device__ __forceinline__ void copy_out_rows(const uint8_t* rows, int valid_rows, int tid, Dst&& dst) {
+  constexpr int kChunksPerRow = kDv / 2 * static_cast<int>(sizeof(T)) / 16;
+  constexpr int kChunks = kHeadsPerCta * kChunksPerRow;
+  static_assert(kChunks % 128 == 0 && kChunksPerRow % 32 == 0, "whole warps per row");
+#pragma unroll 8
+  for (int c = tid; c < kChunks; c += 128) {
+    const int i = c / kChunksPerRow, k = c - i * kChunksPerRow;
+    if (i < valid_rows)
+      reinterpret_cast<uint4*>(dst(i))[k] = *reinterpret_cast<const uint4*>(rows + i * kOutRowPitch<T> + 16 * k);
+  }
+}
+
+// The same rows stored from the accumulators straight to global memory: the bf16 output in
+// 16-byte chunks through a quad transpose (a warp store covers 64 bytes of 8 rows), the fp32
+// partial in 8-byte pairs (32 bytes of 8 rows).
 template <int kHalf, class Frag>
-__device__ __forceinline__ void store_o_half(const DecodeParams& p, const CtaWork& w, const Frag& rO,
-                                             const float (&factor)[2]) {
-  const int tid = threadIdx.x % 128;
+__device__ __forceinline__ void store_o_rows_direct(const DecodeParams& p, const CtaWork& w, const Frag& rO,
+                                                    const float (&factor)[2], int tid) {
   if (p.num_splits == 1) {
     uint16_t* out_row = p.out + p.out_strides.row_offset(w.batch, w.seq) + kHalf * (kDv / 2);
     for_each_o_chunk(rO, factor, tid, [&](int r, int col, uint4 chunk) {
@@ -630,6 +667,46 @@ __device__ __forceinline__ void store_o_half(const DecodeParams& p, const CtaWor
 #pragma unroll
     for (int j = 0; j < 32; ++j)
       *reinterpret_cast<float2*>(dst + j * 8) = make_float2(rO(4 * j + 2 * r) * factor[r], rO(4 * j + 2 * r + 1) * factor[r]);
+  }
+}
+
+// This warpgroup's O half (value dims 256·kHalf ..), times factor[r] for rows acc_row(2r): the
+// bf16 output (one split) or the fp32 partial of this split.
+//
+// Without a cluster the rows go through shared memory (SharedPlan::out_rows, kOutRowPitch),
+// where the warps regroup them into whole lines of one row (copy_out_rows). Stored straight from
+// the accumulators, a split CTA of V4-Flash b2 spent some 5600 of its 17400 cycles issuing its
+// 128 KB of partials, a warp store's 8 rows of 32 bytes each its own request (H200 trace,
+// docs/notes/decode.md). A cluster CTA stores them directly: its stages may still be read by its
+// copies of its rows to the peer until the peer's consumers are past the last tile, and waiting
+// for that made V4-Pro b1 (H 128, splits) 7 % slower.
+template <KvLayout L, int kCluster, int kHalf, class Frag>
+__device__ __forceinline__ void store_o_half(const DecodeParams& p, const CtaWork& w, SharedPlan<L>& plan,
+                                             const Frag& rO, const float (&factor)[2]) {
+  const int tid = threadIdx.x % 128;
+  if constexpr (kCluster == 2) {
+    store_o_rows_direct<kHalf>(p, w, rO, factor, tid);
+  } else {
+    const bool partial = p.num_splits > 1;
+    uint8_t* const rows = plan.out_rows() + kHalf * kOutHalfBytes<float>;
+    if (partial) {
+      stage_o_rows<float>(rO, factor, rows, tid);
+    } else {
+      stage_o_rows<uint16_t>(rO, factor, rows, tid);
+    }
+    ptx::named_barrier_sync(kBarOutRows + kHalf, 128);
+    const int valid_rows = p.num_heads - w.head_block * kHeadsPerCta;
+    if (partial) {
+      const int64_t first_row = static_cast<int64_t>(w.row) * p.num_heads + w.head_block * kHeadsPerCta;
+      copy_out_rows<float>(rows, valid_rows, tid, [&](int i) {
+        return p.partial_o + ((first_row + i) * p.num_splits + w.split) * kDv + kHalf * (kDv / 2);
+      });
+    } else {
+      uint16_t* const out_row = p.out + p.out_strides.row_offset(w.batch, w.seq) + kHalf * (kDv / 2);
+      copy_out_rows<uint16_t>(rows, valid_rows, tid, [&](int i) {
+        return out_row + static_cast<int64_t>(w.head_block * kHeadsPerCta + i) * p.out_strides.h;
+      });
+    }
   }
 }
 
@@ -716,7 +793,7 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
     if (q4 == 0) plan.out_scale[hr] = factor[r];
   }
   ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);  // out_scale written
-  store_o_half<0>(p, w, rO, factor);
+  store_o_half<L, kCluster, 0>(p, w, plan, rO, factor);
   if (tid == 0) DSV4_TRACE(trace_cta(), trace::kOnceRow, 4);
 }
 
@@ -752,7 +829,7 @@ __device__ __forceinline__ void consume_pv(const DecodeParams& p, const CtaWork&
   }
   ptx::named_barrier_sync(kBarConsumers, kConsumerThreads);  // out_scale written by warpgroup 0
   const float factor[2] = {plan.out_scale[row0], plan.out_scale[row0 + 8]};
-  store_o_half<1>(p, w, rO, factor);
+  store_o_half<L, kCluster, 1>(p, w, plan, rO, factor);
   if (tid == 0) DSV4_TRACE(trace_cta(), trace::kOnceRow, 7);
 }
 

@@ -10,7 +10,10 @@
 # see ab_step), envab (`dsv4 bench layer` with and without AB_ENV: see envab_step), trace or decode-trace
 # (the sparse kernels' per-tile event traces on TRACE_CASES, decode_* or prefill_* bench cases:
 # src/cuda/common/kernel_trace.cuh, bench/trace/{decode,prefill}_trace_summary.py). BUILD_TARGETS overrides the
-# targets built first (default: dsv4_gpu_tests dsv4 _C).
+# targets built first (default: dsv4_gpu_tests dsv4 _C). The device returns at most 8 files from its
+# $OUT: PACK=FILE (e.g. "$OUT/../r.tgz" with OUT=$OUT/r) packs this session's $OUT into one archive
+# at the end and removes the folder, so that every log comes back (a log of this script's own
+# output kept inside $OUT is packed as far as it was written).
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 log() { echo "== $(date +%T) $*"; }
@@ -399,3 +402,6 @@ for step in "$@"; do
   esac
 done
 log done
+if [ -n "${PACK:-}" ]; then
+  tar czf "$PACK" -C "$(dirname "$OUT")" "$(basename "$OUT")" && rm -rf "$OUT"
+fi

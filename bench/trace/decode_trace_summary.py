@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """decode_trace_summary.py FILE: reads a sparse decode kernel's trace (a -DDSV4_KERNEL_TRACE build
 run with DSV4_KERNEL_TRACE=FILE: src/cuda/common/kernel_trace.cuh; the events are listed beside
-trace_cta() in src/cuda/attention/sparse_decode/kernel.cuh) and prints, per traced CTA, where a
+trace_cta() in src/cuda/attention/sparse_decode/trace.cuh) and prints, per traced CTA, where a
 tile's period goes: the median cycles of each role's steps over the steady tiles (the first two
 and the last are left out), the hand-offs between roles, and the CTA's prologue and epilogue.
 clock64 is one SM's counter, so every difference is taken within one CTA."""

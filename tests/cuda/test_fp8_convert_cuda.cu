@@ -3,7 +3,7 @@
 // (pow2_scale_bf16x2, MODEL1) and at every bf16 scale reached by rounding a float with low
 // mantissa bits set (rounded_scale_bf16x2, V3.2's fp32 scales read as bf16): subnormal codes,
 // products that round into bf16's subnormal range or to zero, overflow to infinity; a NaN code or
-// scale gives a NaN. The decode producer dequantizes with it (kernel.cuh, store_slot).
+// scale gives a NaN. The decode producer dequantizes with it (sparse_decode/producer.cuh, store_slot).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 

@@ -113,6 +113,15 @@ inline constexpr int kFp8ChunksPerThread = LayoutTraits<L>::kNope / 16 / kThread
 template <KvLayout L, int kCluster>
 inline constexpr int kBf16ChunksPerThread = LayoutTraits<L>::kBf16Dims * 2 / 16 / kThreadsPerKey<kCluster>;
 
+// Named barriers of the kernel (0 is __syncthreads). kBarConsumers: both consumer warpgroups (256
+// threads), Q loaded, and the output factors written. The per-tile hand-off between them goes
+// through two mbarriers instead (SharedPlan::p_ready: P and the tile's O factor published by
+// warpgroup 0; p_free: warpgroup 1 has read them), whose release/acquire racecheck models (a
+// named-barrier arrive it does not). kBarOutRows + h: warpgroup h's O rows are in shared memory
+// (its 128 threads; detail::store_o_half).
+inline constexpr int kBarConsumers = 1;
+inline constexpr int kBarOutRows = 2;
+
 // Shared-memory plan of one CTA. Q and the two KV stages are bf16 K-major SW128 tiles
 // (smem_layout.cuh) at multiples of 1024 bytes (the swizzle atom): the tensor cores multiply one
 // stage while the producer fills the other. The dynamic shared-memory size is sizeof(SharedPlan).
@@ -137,7 +146,7 @@ struct SharedPlan {
   uint64_t p_free;    // warpgroup 1 is done reading them
 
   // After the last tile of a CTA without a cluster, Q's bytes and the stages' (contiguous:
-  // static_assert below) hold the O rows on their way out (detail::store_o_half, kernel.cuh).
+  // static_assert below) hold the O rows on their way out (detail::store_o_half, out_rows.cuh).
   __host__ __device__ uint8_t* out_rows() { return q; }
 };
 template <KvLayout L>

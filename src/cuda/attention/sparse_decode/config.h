@@ -155,7 +155,8 @@ inline constexpr int kSmemBytes = static_cast<int>(sizeof(SharedPlan<L>));
 // The O rows on their way out: each warpgroup's half of the CTA's 64 rows (256 value dims, fp32
 // partials or the bf16 output), one row per head at a pitch 16 bytes past the row's bytes, so that
 // a warp's stores of 8 rows × 4 lanes spread over all banks (2 wavefronts for 256 fp32 bytes, 1
-// for 128 bf16 bytes) while the bulk copy engine reads each row out whole.
+// for 128 bf16 bytes); the warps then read 512 contiguous bytes of one row at a time
+// (detail::copy_out_rows), which no pitch conflicts.
 template <class T>
 inline constexpr int kOutRowPitch = kDv / 2 * static_cast<int>(sizeof(T)) + 16;
 template <class T>

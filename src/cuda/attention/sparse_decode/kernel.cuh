@@ -35,13 +35,11 @@
 #include "cuda/attention/sparse_decode/producer.cuh"
 #include "cuda/attention/sparse_decode/trace.cuh"
 #include "cuda/attention/sparse_decode/work.cuh"
-#include "cuda/common/check.h"
 #include "cuda/common/cluster.cuh"
 #include "cuda/common/kernel_trace.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/per_device_once.h"
 #include "cuda/common/ptx.cuh"
-#include "dsv4/dtype.h"
 
 namespace dsv4::cuda::decode {
 

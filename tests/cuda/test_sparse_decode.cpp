@@ -21,7 +21,9 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
+#include <utility>
 #include <random>
 #include <vector>
 
@@ -566,12 +568,15 @@ TEST_F(SparseDecodeCudaEdge, V32ScalesAreReadAsBf16) {
 }
 
 // ---- combine alone ---------------------------------------------------------------------------
-// 5 splits: one group of the splits a lane loads at once and a partial one; 70: three rounds of
-// the 32 lse values the lanes read at once, the last partial.
+// 5 splits: part of one group of the 16 splits a lane loads at once; 70: four groups and a
+// partial one, and three rounds of the 32 lse values the lanes read at once, the last partial.
+// An empty split's partial o is NaN: the combine reads it before it knows the weight, and must
+// not let it reach the output. b 1 (128 rows) takes four warps a row on any GPU of 64 SMs or more,
+// b 3 (384 rows) a warp a row on one of fewer than 192 (combine.cu).
 TEST_F(SparseDecodeCudaEdge, CombineMatchesFloat64Formula) {
-  for (const int splits : {5, 70}) {
-    SCOPED_TRACE("splits " + std::to_string(splits));
-    const int b = 3, s_q = 2, h = 64;
+  for (const auto& [b, splits] : {std::pair{1, 5}, std::pair{1, 70}, std::pair{3, 5}, std::pair{3, 70}}) {
+    SCOPED_TRACE("b " + std::to_string(b) + ", splits " + std::to_string(splits));
+    const int s_q = 2, h = 64;
     const int64_t rows = int64_t{b} * s_q * h;
     std::mt19937 rng(11);
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -580,6 +585,8 @@ TEST_F(SparseDecodeCudaEdge, CombineMatchesFloat64Formula) {
     for (auto& x : po) x = normal(rng);
     for (int64_t i = 0; i < rows * splits; ++i) plse[i] = (i % 7 == 3) ? -INFINITY : 4.0f * normal(rng);
     for (int s = 0; s < splits; ++s) plse[5 * splits + s] = -INFINITY;  // one row with no valid key
+    for (int64_t i = 0; i < rows * splits; ++i)
+      if (plse[i] == -INFINITY) std::fill_n(po.begin() + i * 512, 512, std::numeric_limits<float>::quiet_NaN());
     for (int i = 0; i < h; ++i) sink[i] = i == 0 ? INFINITY : i == 1 ? -INFINITY : normal(rng);
     const DeviceBuffer<float> dpo(po), dplse(plse), dsink(sink);
     DeviceBuffer<uint16_t> dout(static_cast<size_t>(rows * 512));
@@ -609,7 +616,8 @@ TEST_F(SparseDecodeCudaEdge, CombineMatchesFloat64Formula) {
       for (int i = 0; i < 512; ++i) {
         double o = 0.0;
         for (int s = 0; s < splits; ++s)
-          o += std::exp(double(plse[r * splits + s]) - l) * po[(r * splits + s) * 512 + i];
+          if (plse[r * splits + s] != -INFINITY)  // an empty split adds nothing (its o is NaN here)
+            o += std::exp(double(plse[r * splits + s]) - l) * po[(r * splits + s) * 512 + i];
         o *= f;
         // bf16 output rounding (2^-9 relative) plus fp32 arithmetic on O(1) values.
         ASSERT_NEAR(bf16_bits_to_float(out[r * 512 + i]), o, 4e-3 * std::fabs(o) + 1e-5) << r << "," << i;

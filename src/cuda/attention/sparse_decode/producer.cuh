@@ -141,20 +141,19 @@ __device__ __forceinline__ void put_chunk(uint8_t* stage, uint32_t offset, const
 // Per-thread st.async of every chunk to the peer, which this replaced, ran the H 128 FP8 anchors
 // at 1.06-1.13x this time (docs/notes/decode.md): the producer's instruction stream no longer
 // waits for a second store per chunk to drain. Called by every lane after its stores and its
-// proxy fence; lane 0 issues the copies.
+// proxy fence; lane s issues span s's copy, so the warp issues all of them in one instruction
+// (lane 0 issuing them one after another held the warp for each).
 template <KvLayout L>
 __device__ __forceinline__ void send_warp_rows(const uint8_t* stage, uint32_t peer_stage, uint32_t peer_full,
                                                int first_key) {
   constexpr int kSpans = LayoutTraits<L>::kDqk / 64;
+  static_assert(kSpans <= 32, "a lane a span");
   constexpr uint32_t kWarpRowBytes = 32 / kThreadsPerKey<2> * 128;
   __syncwarp();
-  if ((threadIdx.x & 31) != 0) return;
-  const uint32_t at = static_cast<uint32_t>(first_key) * 128;
-#pragma unroll
-  for (int span = 0; span < kSpans; ++span) {
-    const uint32_t offset = span * kTileKeys * 128 + at;
-    ptx::bulk_copy_to_cta(peer_stage + offset, stage + offset, kWarpRowBytes, peer_full);
-  }
+  const int span = threadIdx.x & 31;
+  if (span >= kSpans) return;
+  const uint32_t offset = span * kTileKeys * 128 + static_cast<uint32_t>(first_key) * 128;
+  ptx::bulk_copy_to_cta(peer_stage + offset, stage + offset, kWarpRowBytes, peer_full);
 }
 
 // Where a producer thread's chunks go in a stage (bytes). Under the SW128 swizzle chunk c of row

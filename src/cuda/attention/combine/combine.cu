@@ -1,6 +1,6 @@
-// Split-KV combine kernel: kWarpsPerRow warps per (query row, head), each lane owning kDimsPerLane
-// of the 512 value dims as float4 columns 128 apart (so every warp load is 512 contiguous bytes),
-// and 128 threads a CTA. Splits are merged in index order by every lane alike: no atomics,
+// Split-KV combine kernel: kWarpsPerRow warps per (query row, head), each lane owning
+// kFloat4PerSplit float4 columns of the 512 value dims, 128 dims apart (so every warp load is 512
+// contiguous bytes), and 128 threads a CTA. Splits are merged in index order by every lane alike: no atomics,
 // bit-identical run to run.
 //
 // Its time is load latency, not bandwidth: a row's partials are a few KB, read once from L2, and

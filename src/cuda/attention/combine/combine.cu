@@ -103,8 +103,8 @@ __device__ __forceinline__ void accumulate_splits(const float4 (&v)[kFloat4InFli
 
 template <int kWarpsPerRow>
 __global__ void __launch_bounds__(kThreadsPerCta) combine_kernel(const CombineParams p) {
-  using Spread = RowSpread<kWarpsPerRow>;
   grid_dependency_entry();
+  using Spread = RowSpread<kWarpsPerRow>;
   const int thread_in_row = threadIdx.x % (32 * kWarpsPerRow);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * Spread::kRowsPerCta + threadIdx.x / (32 * kWarpsPerRow);
   if (row >= p.num_rows) return;

@@ -13,6 +13,12 @@
 
 namespace dsv4::cuda::decode::detail {
 
+// This thread's accumulator pair j of row acc_row(2r) (columns acc_col(0) + 8j, + 1), times factor[r].
+template <class Frag>
+__device__ __forceinline__ float2 scaled_o_pair(const Frag& rO, const float (&factor)[2], int r, int j) {
+  return make_float2(rO(4 * j + 2 * r) * factor[r], rO(4 * j + 2 * r + 1) * factor[r]);
+}
+
 // This thread's part of a warpgroup's O half (256 columns), times factor[r] for rows acc_row(2r),
 // into `rows` (64 rows of kOutRowPitch<T> bytes): fp32, or rounded to bf16 (T = uint16_t).
 template <class T, class Frag>
@@ -23,11 +29,11 @@ __device__ __forceinline__ void stage_o_rows(const Frag& rO, const float (&facto
     T* const row = reinterpret_cast<T*>(rows + acc_row(2 * r, tid) * kOutRowPitch<T>) + col0;
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
-      const float a = rO(4 * j + 2 * r) * factor[r], b = rO(4 * j + 2 * r + 1) * factor[r];
+      const float2 pair = scaled_o_pair(rO, factor, r, j);
       if constexpr (sizeof(T) == 4) {
-        *reinterpret_cast<float2*>(row + 8 * j) = make_float2(a, b);
+        *reinterpret_cast<float2*>(row + 8 * j) = pair;
       } else {
-        *reinterpret_cast<uint32_t*>(row + 8 * j) = pack_bf16x2(a, b);
+        *reinterpret_cast<uint32_t*>(row + 8 * j) = pack_bf16x2(pair.x, pair.y);
       }
     }
   }
@@ -72,8 +78,7 @@ __device__ __forceinline__ void store_o_rows_direct(const DecodeParams& p, const
     const int col0 = kHalf * (kDv / 2) + acc_col(0, tid);
     float* dst = p.partial_o + (out_row * p.num_splits + w.split) * kDv + col0;
 #pragma unroll
-    for (int j = 0; j < 32; ++j)
-      *reinterpret_cast<float2*>(dst + j * 8) = make_float2(rO(4 * j + 2 * r) * factor[r], rO(4 * j + 2 * r + 1) * factor[r]);
+    for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + j * 8) = scaled_o_pair(rO, factor, r, j);
   }
 }
 

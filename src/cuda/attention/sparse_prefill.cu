@@ -137,7 +137,8 @@ void sparse_prefill_with_schedule(const SparsePrefillArgs& a, Stream stream, Spa
 
   const SparsePrefillSchedule chosen =
       schedule == SparsePrefillSchedule::kAuto
-          ? sparse_prefill_auto_schedule(heads, topk, s_kv * d_qk * 2, current_device_l2_bytes(kOp))
+          ? sparse_prefill_auto_schedule(heads, topk, !a.topk_length.defined(), s_kv * d_qk * 2,
+                                        current_device_l2_bytes(kOp))
           : schedule;
 #if defined(DSV4_HAVE_CUTLASS)
   if (d_qk == 512) sparse_prefill_detail::launch<512>(p, chosen, stream);

@@ -14,8 +14,9 @@
 //     both S in flight, the pair agrees on one reference max, and each WG's softmax runs under
 //     the other's products. Fewer cycles a tile, but a pair holds both buffers at once.
 // The launch picks the pair schedule for tokens of two or more head groups (H > 64), and for a
-// single group when its items are long (top-k ≥ 1024) and the kv fits in the L2; the serial one
-// otherwise (sparse_prefill_auto_schedule in sparse_prefill.h, with the measurements behind it).
+// single group when the kv fits in the L2 and its items are long (top-k ≥ 1024) or all full (no
+// topk_length) with an even tile count of 8 or more; the serial one otherwise
+// (sparse_prefill_auto_schedule in sparse_prefill.h, with the measurements behind it).
 // H that is not a multiple of 64 is padded inside the kernel: the last group's missing heads are
 // out of bounds of the q tensor map (TMA fills zeros) and are never written, so any H ≥ 1 runs
 // (H 64 and 128 without waste).

@@ -91,6 +91,22 @@ __device__ __forceinline__ void tma_load_3d(void* smem_dst, const void* tensor_m
       "l"(tensor_map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
       : "memory");
 }
+// An L2 cache policy that marks the lines a copy brings in (or writes) first to be evicted: for
+// streams read or written once, so they do not push out data that is read again.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+// tma_load_3d with an L2 cache policy (l2_evict_first_policy) on the lines it reads.
+__device__ __forceinline__ void tma_load_3d(void* smem_dst, const void* tensor_map, int c0, int c1, int c2,
+                                            uint64_t* bar, uint64_t l2_policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint "
+      "[%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(smem_addr(smem_dst)),
+      "l"(tensor_map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar)), "l"(l2_policy)
+      : "memory");
+}
 
 // Bulk tensor store: the box at (c0, c1, c2) of the tensor map from shared memory. Boxes past the
 // tensor's end are clipped. Asynchronous: bulk_commit() closes a group, bulk_wait_read<N>() waits
@@ -99,6 +115,13 @@ __device__ __forceinline__ void tma_load_3d(void* smem_dst, const void* tensor_m
 __device__ __forceinline__ void tma_store_3d(const void* tensor_map, const void* smem_src, int c0, int c1, int c2) {
   asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];"
                ::"l"(tensor_map), "r"(smem_addr(smem_src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+// tma_store_3d with an L2 cache policy (l2_evict_first_policy) on the lines it writes.
+__device__ __forceinline__ void tma_store_3d(const void* tensor_map, const void* smem_src, int c0, int c1, int c2,
+                                             uint64_t l2_policy) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3, %4}], [%1], %5;"
+               ::"l"(tensor_map), "r"(smem_addr(smem_src)), "r"(c0), "r"(c1), "r"(c2), "l"(l2_policy)
                : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }

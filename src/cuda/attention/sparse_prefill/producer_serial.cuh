@@ -45,9 +45,10 @@ struct SerialProducer : ProducerBase<D_QK, SerialConfig<D_QK>> {
   __device__ __forceinline__ void store_staged_o(int b, int staged_item) {
     if (tid == 0) {
       const int token = work.token_of(staged_item), head0 = work.head0_of(staged_item);
+      const uint64_t evict_first = ptx::l2_evict_first_policy();  // O is written once (load_q)
 #pragma unroll
       for (int blk = 0; blk < Cfg::kDv / 64; ++blk)
-        ptx::tma_store_3d(&p.out_map, plan.k[b] + blk * kTile * 128, blk * 64, head0, token);
+        ptx::tma_store_3d(&p.out_map, plan.k[b] + blk * kTile * 128, blk * 64, head0, token, evict_first);
       ptx::bulk_commit();
       ptx::bulk_wait_read<0>();
     }

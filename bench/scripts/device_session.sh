@@ -6,7 +6,7 @@
 # profile (bench/scripts/layer_profile.py with PROFILE_ARGS), ncu (Nsight Compute sections of the
 # kernels matching NCU_KERNELS in such a run), cputests (dsv4_tests with CPU_FILTER),
 # kernels (the sparse kernels against a base tree's: see kernels_step), flashmla (FlashMLA's
-# side_by_side.py from the carried .peers/flashmla), flashmla-ncu (ncu of its decode kernel and ours), ab (`dsv4 bench` cases against a base's files:
+# side_by_side.py from the carried .peers/flashmla, plainly and with side_by_side_idle.py), flashmla-ncu (ncu of its decode kernel and ours), ab (`dsv4 bench` cases against a base's files:
 # see ab_step), envab (`dsv4 bench layer` with and without AB_ENV: see envab_step), trace or decode-trace
 # (the sparse kernels' per-tile event traces on TRACE_CASES, decode_* or prefill_* bench cases:
 # src/cuda/common/kernel_trace.cuh, bench/trace/{decode,prefill}_trace_summary.py). BUILD_TARGETS overrides the
@@ -357,7 +357,13 @@ for step in "$@"; do
       log FlashMLA side by side
       PYTHONPATH="/tmp/flashmla:/tmp/flashmla/tests:$PYTHONPATH" timeout "${SBS_TIMEOUT:-420}" \
         $PY .peers/flashmla/side_by_side.py ${SBS_MODES:-decode prefill} --json "$OUT/side_by_side.json" 2>&1 |
-        tee "$OUT/side_by_side.log" | grep -E "speed|SUMMARY|Error" | cut -c1-260 ;;
+        tee "$OUT/side_by_side.log" | grep -E "speed|SUMMARY|Error" | cut -c1-260
+      # The same with the GPU idle before each implementation's timing (side_by_side_idle.py: the
+      # plain harness times ours right after FlashMLA, on a board at its power cap).
+      log FlashMLA side by side, idle before each implementation
+      PYTHONPATH="/tmp/flashmla:/tmp/flashmla/tests:$PYTHONPATH" timeout "${SBS_TIMEOUT:-420}" \
+        $PY bench/scripts/side_by_side_idle.py ${SBS_MODES:-decode prefill} --json "$OUT/side_by_side_idle.json" 2>&1 |
+        tee "$OUT/side_by_side_idle.log" | grep -E "speed|SUMMARY|Error" | cut -c1-260 ;;
     flashmla-ncu)
       # Nsight Compute (--set full) on FlashMLA's decode or prefill kernel and ours, same inputs,
       # one process (NCU_CASES of bench/scripts/ncu_side_by_side.py, e.g. peak64 or prefill_v32):

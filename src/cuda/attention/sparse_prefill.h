@@ -49,8 +49,8 @@ void sparse_prefill_with_schedule(const SparsePrefillArgs& args, Stream stream, 
 //   the L2: the pair (5-9 % faster at top-k 1024 and 2048, s_kv 8k and 32k; 5 % with FlashMLA's
 //   random topk_length);
 // - one group, every item full (no topk_length) with an even tile count of 8 or more, and the kv
-//   within the L2: the pair (V4-Flash's top-k 512 at s_kv 8k: 2 % faster; no item then starts or
-//   ends on half a pair);
+//   within the L2: the pair (V4-Flash's top-k 512 at s_kv 8k: 1.6-2.4 % faster; no item then
+//   starts or ends on half a pair; docs/notes/prefill.md, "The side by side's order");
 // - one group otherwise: serial (the pair lost 1-4 % at s_kv 64k, where the kv exceeds the L2,
 //   and 23-29 % on V4-Flash's top-k 512 with topk_length, whose items hold 1-8 tiles).
 inline SparsePrefillSchedule sparse_prefill_auto_schedule(int64_t num_heads, int64_t topk, bool full_items,

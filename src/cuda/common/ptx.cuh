@@ -112,12 +112,7 @@ __device__ __forceinline__ void tma_load_3d(void* smem_dst, const void* tensor_m
 // tensor's end are clipped. Asynchronous: bulk_commit() closes a group, bulk_wait_read<N>() waits
 // until at most N groups still read shared memory, bulk_wait<N>() until their writes are done.
 // Generic-proxy writes of the source must be fenced (fence_proxy_async_smem) and published first.
-__device__ __forceinline__ void tma_store_3d(const void* tensor_map, const void* smem_src, int c0, int c1, int c2) {
-  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];"
-               ::"l"(tensor_map), "r"(smem_addr(smem_src)), "r"(c0), "r"(c1), "r"(c2)
-               : "memory");
-}
-// tma_store_3d with an L2 cache policy (l2_evict_first_policy) on the lines it writes.
+// `l2_policy` (e.g. l2_evict_first_policy) is the L2 cache policy of the lines it writes.
 __device__ __forceinline__ void tma_store_3d(const void* tensor_map, const void* smem_src, int c0, int c1, int c2,
                                              uint64_t l2_policy) {
   asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3, %4}], [%1], %5;"

@@ -1,12 +1,12 @@
 // The shared-memory tiles the tensor cores read (CuTe layouts, src/cuda/common/smem_layout.cuh)
 // against the byte offsets our own copies and stores write into them (sw128_chunk_offset,
-// sw128_group_chunk_offset): every element of each tile, on the host. A descriptor built from a
-// layout that disagrees with the stores would multiply permuted operands; the kernels' tests would
-// catch that only as wrong attention, this names the tile and the element.
+// sw128_elem_offset): every element of each tile, on the host. The sparse kernels build their wgmma
+// descriptors from SmemTileK (K and Q) and SmemTileKTransposed (V, the same bytes read MN-major)
+// while their producers place each row with sw128_chunk_offset; a disagreement would multiply
+// permuted operands, which the kernels' tests would see only as wrong attention. This names the
+// tile and counts the elements.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <climits>
 #include <cstdint>
 
 #include "cuda/common/smem_layout.cuh"
@@ -25,63 +25,34 @@ int64_t byte_offset(uint32_t base, int i, int j) {
   return reinterpret_cast<const uint8_t*>(&tile(i, j)) - g_tile;
 }
 
-// The bf16 element (row, col) of a group-major tile of kCols columns.
-template <int kCols>
-uint32_t group_elem_offset(int row, int col) {
-  return dsv4::cuda::sw128_group_chunk_offset<kCols>(row, col / 8) + (col % 8) * 2;
+template <int kRows, int kCols>
+int misplaced_k_major() {
+  int wrong = 0;
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < kCols; ++c)
+      wrong += byte_offset<dsv4::cuda::SmemTileK<kRows, kCols>>(0, r, c) != dsv4::cuda::sw128_elem_offset<kRows>(r, c);
+  return wrong;
 }
 
 TEST(SmemLayoutCuda, KMajorTileIsWhereChunksAreStored) {
-  using Tile = dsv4::cuda::SmemTileK<64, 576>;
-  int wrong = 0;
-  for (int r = 0; r < 64; ++r)
-    for (int c = 0; c < 576; ++c)
-      wrong += byte_offset<Tile>(0, r, c) != dsv4::cuda::sw128_elem_offset<64>(r, c);
-  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ((misplaced_k_major<64, 576>()), 0);  // V3.2's keys and queries
+  EXPECT_EQ((misplaced_k_major<64, 512>()), 0);  // MODEL1's
+  EXPECT_EQ((misplaced_k_major<64, 64>()), 0);   // the decode's P tile
 }
 
-template <int kCols>
-void expect_group_tile_matches() {
-  using Tile = dsv4::cuda::SmemTileKGroups<64, kCols>;
-  int wrong = 0;
-  for (int r = 0; r < 64; ++r)
-    for (int c = 0; c < kCols; ++c) wrong += byte_offset<Tile>(0, r, c) != group_elem_offset<kCols>(r, c);
-  EXPECT_EQ(wrong, 0) << kCols << " columns";
-  // Rows 8g..8g+7 are one contiguous block of kCols · 16 bytes (what one bulk copy moves).
-  for (int g = 0; g < 8; ++g) {
-    int64_t lo = INT64_MAX, hi = -1;
-    for (int r = 8 * g; r < 8 * g + 8; ++r)
-      for (int c = 0; c < kCols; ++c) {
-        lo = std::min<int64_t>(lo, group_elem_offset<kCols>(r, c));
-        hi = std::max<int64_t>(hi, group_elem_offset<kCols>(r, c));
-      }
-    EXPECT_EQ(lo, g * kCols * 16);
-    EXPECT_EQ(hi, (g + 1) * kCols * 16 - 2);
+// The decode's V halves: columns [256 · half, +256) of a 64-row stage start 4 · half spans in
+// (half · 32 KB) and, read as SmemTileKTransposed<64, 256>, element (c, r) is the stage's
+// (r, 256 · half + c).
+TEST(SmemLayoutCuda, TransposedHalfIsTheStagesColumns) {
+  for (int half = 0; half < 2; ++half) {
+    const uint32_t base = half * 4 * 64 * 128;
+    int wrong = 0;
+    for (int c = 0; c < 256; ++c)
+      for (int r = 0; r < 64; ++r)
+        wrong += byte_offset<dsv4::cuda::SmemTileKTransposed<64, 256>>(base, c, r) !=
+                 dsv4::cuda::sw128_elem_offset<64>(r, 256 * half + c);
+    EXPECT_EQ(wrong, 0) << "half " << half;
   }
-}
-
-TEST(SmemLayoutCuda, GroupMajorTileIsWhereChunksAreStored) {
-  expect_group_tile_matches<512>();
-  expect_group_tile_matches<576>();
-}
-
-// The MN-major view of columns [kFirst, kFirst + 256) (a P·V product's V half): element (c, r) is
-// the tile's (r, kFirst + c).
-template <int kAllCols, int kFirst>
-void expect_cols_view_matches() {
-  using View = dsv4::cuda::SmemTileKGroupsColsTransposed<64, kAllCols, 256>;
-  const uint32_t base = dsv4::cuda::sw128_group_cols_offset<kFirst>;
-  int wrong = 0;
-  for (int c = 0; c < 256; ++c)
-    for (int r = 0; r < 64; ++r) wrong += byte_offset<View>(base, c, r) != group_elem_offset<kAllCols>(r, kFirst + c);
-  EXPECT_EQ(wrong, 0) << kAllCols << " columns, from " << kFirst;
-}
-
-TEST(SmemLayoutCuda, GroupMajorColumnsViewIsTheTilesColumns) {
-  expect_cols_view_matches<512, 0>();
-  expect_cols_view_matches<512, 256>();
-  expect_cols_view_matches<576, 0>();
-  expect_cols_view_matches<576, 256>();
 }
 
 }  // namespace

@@ -38,16 +38,6 @@ __host__ __device__ __forceinline__ uint32_t sw128_chunk_offset(int row, int chu
                                (((chunk & 7) ^ (row & 7)) << 4));
 }
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a row-group-major SW128 tile of kCols bf16
-// columns: the same 8-row × 128-byte swizzle atoms as above, placed group by group (the kCols / 64
-// atoms of rows 8g..8g+7 are contiguous, one kilobyte each). A group of 8 rows is then one
-// contiguous block of kCols · 16 bytes, which one bulk copy moves whole.
-template <int kCols>
-__host__ __device__ __forceinline__ uint32_t sw128_group_chunk_offset(int row, int chunk) {
-  return static_cast<uint32_t>((row >> 3) * (kCols * 16) + (chunk >> 3) * 1024 + (row & 7) * 128 +
-                               (((chunk & 7) ^ (row & 7)) << 4));
-}
-
 // Byte offset of the bf16 element (row, col) in the same tile.
 template <int kRows>
 __host__ __device__ __forceinline__ uint32_t sw128_elem_offset(int row, int col) {
@@ -61,23 +51,6 @@ template <int kRows, int kCols>
 using SmemTileK = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<bf16_t>{},
                                                cute::Shape<cute::Int<kRows>, cute::Int<kCols>>{},
                                                cute::Step<cute::_1, cute::_2>{}));
-
-// The row-group-major tile of sw128_group_chunk_offset: CuTe's tile_to_shape over the columns first.
-template <int kRows, int kCols>
-using SmemTileKGroups = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<bf16_t>{},
-                                                     cute::Shape<cute::Int<kRows>, cute::Int<kCols>>{},
-                                                     cute::Step<cute::_2, cute::_1>{}));
-// Columns [kFirst, kFirst + kCols) of a SmemTileKGroups<kRows, kAllCols>, read as (kCols, kRows)
-// (element (c, r) is tile element (r, kFirst + c); kFirst a multiple of 64): the MN-major B operand
-// of a P·V product over part of a group-major tile. Its atoms keep the whole tile's strides (a
-// kilobyte along the columns, kAllCols · 16 bytes along the row groups); the view starts at the
-// tile's bytes plus kFirst · 16 (sw128_group_cols_offset).
-template <int kRows, int kAllCols, int kCols>
-using SmemTileKGroupsColsTransposed = decltype(cute::composition(
-    SmemTileKGroups<kRows, kAllCols>{},
-    cute::Layout<cute::Shape<cute::Int<kCols>, cute::Int<kRows>>, cute::Stride<cute::Int<kRows>, cute::_1>>{}));
-template <int kFirst>
-inline constexpr uint32_t sw128_group_cols_offset = kFirst * 16;
 
 // FP8 (e4m3) operand of kRows rows × 128 values: one 128-byte row per swizzle span, so the byte
 // of (row, col) sits at sw128_chunk_offset<kRows>(row, col / 16) + col % 16 — the same bytes a

@@ -13,10 +13,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <type_traits>
 
 #include "cuda/attention/sparse_decode/launch_order.h"
-#include "cuda/common/smem_layout.cuh"
 #include "dsv4/kv_layout.h"
 
 namespace dsv4::cuda::decode {
@@ -124,32 +122,9 @@ inline constexpr int kBf16ChunksPerThread = LayoutTraits<L>::kBf16Dims * 2 / 16 
 inline constexpr int kBarConsumers = 1;
 inline constexpr int kBarOutRows = 2;
 
-// A KV stage's layout: 64 keys × d_qk bf16 in K-major SW128 atoms (8 keys × 64 dims, a kilobyte;
-// smem_layout.cuh), placed span by span (each 64-dim span's 8 atoms contiguous) or, for MODEL1 in a
-// cluster, key group by key group: the 8 keys of a group, one producer warp's, are then one
-// contiguous d_qk · 16 bytes, which the warp sends to the peer in one bulk copy instead of one per
-// span (detail::send_warp_rows). The tensor cores read either: the descriptors differ only in the
-// strides between atoms. Measured (H200, 2026-12-01, dsv4 bench against span-major stages): peak
-// H128 0.977-0.980x the time with MODEL1's groups; with every layout's, V3.2's H 128 cases ran
-// 1.03-1.10x and BF16's 1.02x, so only MODEL1 takes them (docs/notes/decode.md, "One bulk copy a
-// warp").
-template <KvLayout L, int kCluster>
-inline constexpr bool kGroupMajorStage = kCluster == 2 && L == KvLayout::model1_fp8;
-#if defined(DSV4_HAVE_CUTLASS)
-template <KvLayout L, int kCluster>
-using StageTile = std::conditional_t<kGroupMajorStage<L, kCluster>, SmemTileKGroups<kTileKeys, LayoutTraits<L>::kDqk>,
-                                     SmemTileK<kTileKeys, LayoutTraits<L>::kDqk>>;
-#endif
-// Where 16-byte chunk `chunk` of key `key` lies in a stage (bytes).
-template <KvLayout L, int kCluster>
-__host__ __device__ __forceinline__ uint32_t stage_chunk_offset(int key, int chunk) {
-  if constexpr (kGroupMajorStage<L, kCluster>) return sw128_group_chunk_offset<LayoutTraits<L>::kDqk>(key, chunk);
-  return sw128_chunk_offset<kTileKeys>(key, chunk);
-}
-
-// Shared-memory plan of one CTA. Q is a bf16 K-major SW128 tile (smem_layout.cuh), the two KV
-// stages StageTiles, each at a multiple of 1024 bytes (the swizzle atom): the tensor cores multiply
-// one stage while the producer fills the other. The dynamic shared-memory size is sizeof(SharedPlan).
+// Shared-memory plan of one CTA. Q and the two KV stages are bf16 K-major SW128 tiles
+// (smem_layout.cuh) at multiples of 1024 bytes (the swizzle atom): the tensor cores multiply one
+// stage while the producer fills the other. The dynamic shared-memory size is sizeof(SharedPlan).
 template <KvLayout L>
 struct SharedPlan {
   static constexpr int kRowBytes = LayoutTraits<L>::kDqk * 2;

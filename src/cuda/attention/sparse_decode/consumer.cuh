@@ -30,31 +30,18 @@ template <int kCluster>
 using PvRegs = std::conditional_t<kCluster == 1, MmaPvRegsN128, MmaPvRegs>;
 template <int kCluster>
 using PvSmem = std::conditional_t<kCluster == 1, MmaPvSmemN128, MmaPvSmem>;
-// Q (64 heads × d_qk), K-major.
-template <KvLayout L>
-__device__ __forceinline__ auto q_tile(const uint8_t* bytes) {
+// Q (64 heads × d_qk) and a whole KV stage (64 keys × d_qk), K-major.
+template <int kRows, KvLayout L>
+__device__ __forceinline__ auto k_major_tile(const uint8_t* bytes) {
   using namespace cute;
   return make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(bytes)),
-                     SmemTileK<kHeadsPerCta, LayoutTraits<L>::kDqk>{});
+                     SmemTileK<kRows, LayoutTraits<L>::kDqk>{});
 }
-// A whole KV stage (64 keys × d_qk), K-major (StageTile, config.h).
-template <KvLayout L, int kCluster>
-__device__ __forceinline__ auto k_stage(const uint8_t* stage) {
+// Value dims [256·half, +256) of a stage, read MN-major (K = V: the same bytes as the keys).
+__device__ __forceinline__ auto v_half(const uint8_t* stage, int half) {
   using namespace cute;
-  return make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(stage)), StageTile<L, kCluster>{});
-}
-// Value dims [256·kHalf, +256) of a stage, read MN-major (K = V: the same bytes as the keys).
-template <KvLayout L, int kCluster, int kHalf>
-__device__ __forceinline__ auto v_half(const uint8_t* stage) {
-  using namespace cute;
-  constexpr int kFirst = kHalf * kDv / 2;
-  if constexpr (kGroupMajorStage<L, kCluster>) {
-    return make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(stage + sw128_group_cols_offset<kFirst>)),
-                       SmemTileKGroupsColsTransposed<kTileKeys, LayoutTraits<L>::kDqk, kDv / 2>{});
-  } else {  // span-major: the half's 4 spans are a tile of their own
-    return make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(stage + kFirst / 64 * kTileKeys * 128)),
-                       SmemTileKTransposed<kTileKeys, kDv / 2>{});
-  }
+  return make_tensor(make_smem_ptr(reinterpret_cast<const bf16_t*>(stage + half * 4 * kTileKeys * 128)),
+                     SmemTileKTransposed<kTileKeys, kDv / 2>{});
 }
 
 // Both consumer warpgroups: Q rows of this head block (zero rows past H) into shared memory, in
@@ -131,7 +118,7 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
 
   load_q<L>(p, w, plan.q);
   if (tid == 0) DSV4_TRACE(trace_cta(), trace::kOnceRow, 2);
-  const auto sQ = q_tile<L>(plan.q);
+  const auto sQ = k_major_tile<kHeadsPerCta, L>(plan.q);
   Tensor rO = partition_fragment_C(PvRegs<kCluster>{}, Shape<Int<kHeadsPerCta>, Int<kDv / 2>>{});
   Tensor rS = partition_fragment_C(MmaS{}, Shape<Int<kHeadsPerCta>, Int<kTileKeys>>{});
   Tensor rP = make_tensor<bf16_t>(partition_shape_A(PvRegs<kCluster>{}, Shape<Int<kHeadsPerCta>, Int<kTileKeys>>{}));
@@ -144,7 +131,7 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
     if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 5);
     const uint8_t* stage = wait_stage<L, kCluster>(plan, t);
     if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 6);
-    wgmma_ss(MmaS{}, sQ, k_stage<L, kCluster>(stage), rS, /*zero_init=*/true);
+    wgmma_ss(MmaS{}, sQ, k_major_tile<kTileKeys, L>(stage), rS, /*zero_init=*/true);
     wgmma_commit();
     // Validity of this thread's 16 key columns while S is in flight.
     const uint32_t valid_bits = column_valid_bits(plan.key_valid[t & 1], tid);
@@ -168,7 +155,7 @@ __device__ __forceinline__ void consume_softmax(const DecodeParams& p, const Cta
     if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 9);
 
     // ---- O[:, 0:256] += P·V, P from registers ---------------------------------------------------
-    wgmma_rs(PvRegs<kCluster>{}, rP, v_half<L, kCluster, 0>(stage), rO, /*zero_init=*/false);
+    wgmma_rs(PvRegs<kCluster>{}, rP, v_half(stage, 0), rO, /*zero_init=*/false);
     wgmma_commit();
     wgmma_wait<0>();
     warpgroup_fence_operand(rO);
@@ -229,7 +216,7 @@ __device__ __forceinline__ void consume_pv(const DecodeParams& p, const CtaWork&
     if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 13);
     const float scale[2] = {plan.row_scale[row0], plan.row_scale[row0 + 8]};
     rescale_o_rows(rO, scale);
-    wgmma_ss(PvSmem<kCluster>{}, sP, v_half<L, kCluster, 1>(stage), rO, /*zero_init=*/false);
+    wgmma_ss(PvSmem<kCluster>{}, sP, v_half(stage, 1), rO, /*zero_init=*/false);
     wgmma_commit();
     wgmma_wait<0>();
     warpgroup_fence_operand(rO);

@@ -135,39 +135,32 @@ __device__ __forceinline__ void put_chunk(uint8_t* stage, uint32_t offset, const
   *reinterpret_cast<uint4*>(stage + offset) = v;
 }
 
-// In a cluster, a producer warp's rows of a stored stage (its 8 keys) copied into the same place of
-// the peer's stage by the TMA unit, counted on the peer's `full` barrier: in one bulk copy where the
-// stage is group-major (the 8 keys are one contiguous d_qk · 16 bytes, config.h), else one per
-// 64-dim span (128 bytes of each key, a contiguous kilobyte), lane s issuing span s's (the copies'
-// addresses live in uniform registers, so the lanes' copies issue one after another). Per-thread
-// st.async of every chunk to the peer, the first form, ran the H 128 FP8 anchors at 1.06-1.13x the
-// time of the per-span copies, and peak H128 ran 0.85x the time with no copies at all
-// (docs/notes/decode.md). Called by every lane after its stores and its proxy fence.
-template <KvLayout L, int kCluster>
+// In a cluster, a producer warp's rows of a stored stage (its 8 keys, 128 bytes of each 64-dim
+// span, so one contiguous kilobyte per span under the SW128 layout) copied into the same place of
+// the peer's stage by the TMA unit, one bulk copy per span, counted on the peer's `full` barrier.
+// Per-thread st.async of every chunk to the peer, which this replaced, ran the H 128 FP8 anchors
+// at 1.06-1.13x this time (docs/notes/decode.md): the producer's instruction stream no longer
+// waits for a second store per chunk to drain. Called by every lane after its stores and its
+// proxy fence; lane s issues span s's copy, so the warp issues all of them in one instruction
+// (lane 0 issuing them one after another held the warp for each).
+template <KvLayout L>
 __device__ __forceinline__ void send_warp_rows(const uint8_t* stage, uint32_t peer_stage, uint32_t peer_full,
                                                int first_key) {
   constexpr int kSpans = LayoutTraits<L>::kDqk / 64;
-  static_assert(kSpans <= 32 && 32 / kThreadsPerKey<2> == 8, "a warp's rows: one key group, a lane a span");
+  static_assert(kSpans <= 32, "a lane a span");
+  constexpr uint32_t kWarpRowBytes = 32 / kThreadsPerKey<2> * 128;
   __syncwarp();
-  const int lane = threadIdx.x & 31;
-  if constexpr (kGroupMajorStage<L, kCluster>) {
-    if (lane != 0) return;
-    const uint32_t offset = stage_chunk_offset<L, kCluster>(first_key, 0);
-    ptx::bulk_copy_to_cta(peer_stage + offset, stage + offset, LayoutTraits<L>::kDqk * 16, peer_full);
-  } else {
-    if (lane >= kSpans) return;
-    const uint32_t offset = stage_chunk_offset<L, kCluster>(first_key, 8 * lane);
-    ptx::bulk_copy_to_cta(peer_stage + offset, stage + offset, 8 * 128, peer_full);
-  }
+  const int span = threadIdx.x & 31;
+  if (span >= kSpans) return;
+  const uint32_t offset = span * kTileKeys * 128 + static_cast<uint32_t>(first_key) * 128;
+  ptx::bulk_copy_to_cta(peer_stage + offset, stage + offset, kWarpRowBytes, peer_full);
 }
 
 // Where a producer thread's chunks go in a stage (bytes). Under the SW128 swizzle chunk c of row
-// `key` sits at its key group's base + (c / 8) · kSpanBytes + (key % 8) · 128 + ((c % 8) ^ (key % 8))
-// · 16, kSpanBytes 8 KB in a span-major stage and 1 KB in a group-major one (stage_chunk_offset,
-// config.h). The
+// `key` sits at (c / 8) · 8 KB + key · 128 + ((c % 8) ^ (key % 8)) · 16 (smem_layout.cuh). The
 // thread's fp8 chunk i becomes bf16 chunks 2c, 2c + 1 with c = sub + kStep · i, whose place in
 // its 8-chunk span repeats every kPeriod values of i: every such store is one of 2 · kPeriod
-// per-thread bases plus a compile-time multiple of kSpanBytes. Its bf16 (rope) chunk i is chunk
+// per-thread bases plus a compile-time multiple of 8 KB. Its bf16 (rope) chunk i is chunk
 // kNope / 8 + r, r = sub + kStep · i: span i / (8 / kStep) past the nope ones, place
 // r % 8 = sub + kStep · (i % (8 / kStep)), and (place ^ key % 8) splits into sub's low bits,
 // fixed per thread, and the rest, one XOR with an immediate. A handful of registers held across tiles,
@@ -177,15 +170,14 @@ template <KvLayout L, int kCluster>
 struct ChunkOffsets {
   static constexpr int kStep = kThreadsPerKey<kCluster>;
   static constexpr int kPeriod = 4 / kStep;
-  static constexpr uint32_t kSpanBytes = kGroupMajorStage<L, kCluster> ? 1024 : kTileKeys * 128;
+  static constexpr uint32_t kSpanBytes = kTileKeys * 128;
   static constexpr int kBf16PerSpan = 8 / kStep;  // bf16 chunks i per span
   static_assert(LayoutTraits<L>::kNope % 64 == 0, "the bf16 dims start a span");
   uint32_t nope[kPeriod][2];
   uint32_t rope;      // key's row in the rope span, sub's low position bits
   uint32_t rope_xor;  // the key's position bits above sub's, << 4
   __device__ __forceinline__ ChunkOffsets(int key, int sub) {
-    const uint32_t k7 = key & 7;
-    const uint32_t row = stage_chunk_offset<L, kCluster>(key & ~7, 0) + k7 * 128;  // chunk 0's row in the key's atoms
+    const uint32_t row = static_cast<uint32_t>(key) * 128, k7 = key & 7;
 #pragma unroll
     for (int par = 0; par < kPeriod; ++par)
 #pragma unroll
@@ -222,7 +214,7 @@ __device__ __forceinline__ void store_slot(TileRegs<L, kCluster>& regs, const Ch
     key = ptx::opaque(key);
     sub = ptx::opaque(sub);
   }
-  auto chunk_offset = [&](int c) { return stage_chunk_offset<L, kCluster>(key, c); };
+  auto chunk_offset = [&](int c) { return sw128_chunk_offset<kTileKeys>(key, c); };
   // Every layout with fp8 chunks refills (only BF16 in a cluster does not: kRefillWhileStoring).
   static_assert(kFp8ChunksPerThread<L, kCluster> == 0 || kRefill, "fp8 chunks are stored with the refill");
 #pragma unroll
@@ -340,8 +332,8 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
       if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 2);
       ptx::fence_proxy_async_smem();  // the stage is read by wgmma (and, in a cluster, the TMA unit)
       if constexpr (kCluster == 2) {
-        send_warp_rows<L, kCluster>(plan.kv[stage], peer_stages + stage * Plan::kStageBytes,
-                                    peer_full + stage * static_cast<uint32_t>(sizeof(uint64_t)), warp_first_key);
+        send_warp_rows<L>(plan.kv[stage], peer_stages + stage * Plan::kStageBytes,
+                          peer_full + stage * static_cast<uint32_t>(sizeof(uint64_t)), warp_first_key);
       }
       if (kCluster == 2 && tid == 0) {
         ptx::mbarrier_arrive_expect_tx(&plan.full[stage], kPeerBytes);  // + the peer's copied bytes
@@ -383,7 +375,7 @@ __device__ __forceinline__ void produce_by_copy(const DecodeParams& p, const Cta
 #pragma unroll 8
     for (int i = 0; i < kChunks / kStep; ++i) {
       const int c = my_sub + kStep * i;
-      ptx::cp_async_16_zfill(plan.kv[stage] + stage_chunk_offset<L, 1>(my_key, c), row + 16 * c, slot >= 0);
+      ptx::cp_async_16_zfill(plan.kv[stage] + sw128_chunk_offset<kTileKeys>(my_key, c), row + 16 * c, slot >= 0);
     }
     if (my_sub == 0) plan.key_valid[stage][my_key] = slot >= 0;
     ptx::mbarrier_arrive(&plan.full[stage]);

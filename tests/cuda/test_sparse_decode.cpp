@@ -367,6 +367,13 @@ std::vector<Case> grid() {
       {"padded_h32", L::model1_fp8, 32, 2, 1, 128, 64, 64, 64, 1, true, true},
       {"padded_h96_v32", L::v32_fp8, 96, 1, 1, 200, 16, 0, 0, 2, false, false},
       {"tiny_topk3", L::model1_fp8, 64, 2, 1, 3, 64, 0, 0, 1, false, false},
+      // Block sizes that are not powers of two, and 1: the kernel finds a slot's block with a
+      // divider prepared on the host (multiply-high and shift; the identity for 1). MODEL1 H 64 and
+      // in a cluster, V3.2 in a cluster, BF16 rows by cp.async.
+      {"odd_blocks_h64_blk48_extra_blk6", L::model1_fp8, 64, 2, 2, 128, 48, 96, 6, 2, true, true},
+      {"odd_blocks_h128_blk40_extra_blk6", L::model1_fp8, 128, 1, 2, 128, 40, 96, 6, 1, false, false},
+      {"odd_blocks_v32_h128_blk1", L::v32_fp8, 128, 1, 2, 256, 1, 0, 0, 2, false, true},
+      {"odd_blocks_bf16_h64_blk24_extra_blk3", L::bf16, 64, 1, 2, 128, 24, 64, 3, 1, false, true},
       // Head-block pairs run as 2-CTA clusters that share the gather (H 128 above, H 256 here:
       // two clusters per split); an odd number of head blocks (H 192) runs without.
       {"clusters_h256_split3", L::model1_fp8, 256, 2, 1, 128, 64, 320, 2, 3, true, true},

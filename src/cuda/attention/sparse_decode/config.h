@@ -14,6 +14,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <cutlass/fast_math.h>
+
 #include "cuda/attention/sparse_decode/launch_order.h"
 #include "dsv4/kv_layout.h"
 
@@ -182,7 +184,10 @@ struct DecodeScope {
   const int32_t* indices = nullptr; // [b, s_q, topk], the strides below (elements), last dim dense
   int64_t indices_b_stride = 0, indices_s_stride = 0;
   const int32_t* topk_length = nullptr;  // optional [b]
-  int block_size = 1;
+  // Tokens a block, as a divisor prepared on the host: a slot's block is a multiply-high and a
+  // shift (slots are int32, below the 2^31 the divider needs), where a division by a run-time
+  // int cost ~25 instructions and a reciprocal on the producer's address path every tile.
+  cutlass::FastDivmod block_size{1};
   int topk = 0;
   float tensor_scale = 1.0f;        // FP8_PER_TENSOR: value = fp8 · tensor_scale
 };

@@ -44,6 +44,16 @@ inline constexpr int kProducerBuffers =
 template <KvLayout L, int kCluster>
 inline constexpr bool kRefillWhileStoring = kCluster == 1 || L != KvLayout::bf16;
 
+// Whether the producer reads the index of tile t + 2 · kBuffers at the start of tile t, before
+// its refill loads, or after its arrive. With one buffer the refill of tile t + 1 needs that index
+// at the start of tile t + 1, so read after the arrive its load latency sits on every period: read
+// early, MODEL1 without a cluster ran V4-Flash b 128 / b 256 and CONFIG3 at 0.89-0.91x the time
+// and peak H 64 d 512 at 0.86x, side by side with FlashMLA (H200, 2026-12-01). V3.2 (the H 64
+// and H 128 kernels, consumer-bound) and MODEL1 in a cluster (two buffers: the index is read two
+// periods ahead either way) ran 1-3 % slower with it; FP8_PER_TENSOR and BF16 were not measured.
+template <KvLayout L, int kCluster>
+inline constexpr bool kEarlyIndexReads = kCluster == 1 && L == KvLayout::model1_fp8;
+
 // Where a valid slot's bytes live: its data row (V32: the whole token) and, for MODEL1, its
 // 8-byte scale row, in the main (in_main) or the extra scope's cache.
 struct SlotBytes {
@@ -52,14 +62,14 @@ struct SlotBytes {
 };
 template <KvLayout L>
 __device__ __forceinline__ SlotBytes slot_bytes(const DecodeParams& p, bool in_main, int32_t slot) {
-  const int block_size = in_main ? p.main.block_size : p.extra.block_size;
-  const int block = slot / block_size;
-  const int offset = slot - block * block_size;
+  const cutlass::FastDivmod& block_size = in_main ? p.main.block_size : p.extra.block_size;
+  int block, offset;
+  block_size(block, offset, slot);
   const uint8_t* base = (in_main ? p.main.cache : p.extra.cache) +
                         block * (in_main ? p.main.block_stride : p.extra.block_stride);
   if constexpr (L == KvLayout::model1_fp8) {
     return {base + offset * model1::kDataBytes,
-            base + static_cast<int64_t>(block_size) * model1::kDataBytes + offset * model1::kScaleBytes};
+            base + static_cast<int64_t>(block_size.divisor) * model1::kDataBytes + offset * model1::kScaleBytes};
   } else if constexpr (L == KvLayout::v32_fp8) {
     const uint8_t* data = base + offset * v32::kTokenBytes;
     return {data, data + v32::kScaleOffset};
@@ -291,7 +301,8 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
     peer_stages = ptx::map_to_cta(plan.kv[0], 1 - w.rank);
     peer_full = ptx::map_to_cta(&plan.full[0], 1 - w.rank);
   }
-  auto index_at = [&](int pos) { return raw_index(p, w.batch, w.seq, pos, w.split_end, len); };
+  const IndexRows rows = index_rows(p, w.batch, w.seq);
+  auto index_at = [&](int pos) { return raw_index(rows, pos, w.split_end, len); };
 
   TileRegs<L, kCluster> regs[kBuffers];
   int32_t peer_index[kBuffers];
@@ -327,8 +338,14 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
         const bool in_main = len.in_main(next_pos);
         return slot_source<L>(p, in_main, slot_in_cache(p, in_main, refill_index[b]));
       };
-      store_slot<L, kCluster>(regs[b], offsets, my_key, my_sub, plan.kv[stage],
-                              kRefillWhileStoring<L, kCluster> ? next_slot() : SlotSource{});
+      // The indices this buffer's next tile after that needs (next_slot has read refill_index[b]).
+      auto read_next_indices = [&] {
+        if (records_peer) peer_index[b] = index_at(peer_pos + (t + kBuffers) * kTileKeys);
+        refill_index[b] = index_at(next_pos + kBuffers * kTileKeys);
+      };
+      const SlotSource next = kRefillWhileStoring<L, kCluster> ? next_slot() : SlotSource{};
+      if constexpr (kEarlyIndexReads<L, kCluster>) read_next_indices();
+      store_slot<L, kCluster>(regs[b], offsets, my_key, my_sub, plan.kv[stage], next);
       if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 2);
       ptx::fence_proxy_async_smem();  // the stage is read by wgmma (and, in a cluster, the TMA unit)
       if constexpr (kCluster == 2) {
@@ -342,8 +359,7 @@ __device__ __forceinline__ void produce(const DecodeParams& p, const CtaWork& w,
       }
       if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 3);
       if constexpr (!kRefillWhileStoring<L, kCluster>) load_slot<L, kCluster>(next_slot(), my_sub, regs[b]);
-      if (records_peer) peer_index[b] = index_at(peer_pos + (t + kBuffers) * kTileKeys);
-      refill_index[b] = index_at(next_pos + kBuffers * kTileKeys);
+      if constexpr (!kEarlyIndexReads<L, kCluster>) read_next_indices();
       if (tid == 0) DSV4_TRACE(trace_cta(), trace_tile(t), 4);
     }
   }
@@ -364,7 +380,8 @@ __device__ __forceinline__ void produce_by_copy(const DecodeParams& p, const Cta
   const int my_key = tid / kStep, my_sub = tid % kStep;
   const int my_pos = w.split_begin + my_key;
   const RowLengths& len = w.len;
-  auto index_at = [&](int pos) { return raw_index(p, w.batch, w.seq, pos, w.split_end, len); };
+  const IndexRows rows = index_rows(p, w.batch, w.seq);
+  auto index_at = [&](int pos) { return raw_index(rows, pos, w.split_end, len); };
   int32_t index0 = index_at(my_pos), index1 = index_at(my_pos + kTileKeys);
   for (int t = 0; t < w.num_tiles; ++t) {
     const int stage = t & 1, pos = my_pos + t * kTileKeys;

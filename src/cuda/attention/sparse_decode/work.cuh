@@ -55,21 +55,29 @@ __device__ __forceinline__ int chosen_row(const DecodeParams& p, const int* scra
   return scratch[kMaxOrderedBatches] * p.s_q + blockIdx.y % p.s_q;
 }
 
-// The index at compact position `pos` of query row (batch, seq), or −1 (nothing read) when the
-// position is past the split (whose end is at most len.total(), so the scope-local position is
-// within its valid length). Not yet range-checked: slot_in_cache() does that where the value is
-// used, so issuing the read does not wait for it. Scope fields are picked one by one with
-// selects: a run-time choice of a whole struct inside the kernel parameters could be copied to
-// local memory.
-__device__ __forceinline__ int32_t raw_index(const DecodeParams& p, int batch, int seq, int pos,
-                                             int split_end, const RowLengths& len) {
+// The index lists of a query row (batch, seq) in both scopes, resolved once per CTA, so an index
+// read in the producer's loop is one select and one load (recomputed per read, the two rows'
+// offsets cost ~20 instructions and a chain of parameter loads a read). A scope without indices
+// (no extra scope) keeps a null row, never read: every position of it is past the split.
+struct IndexRows {
+  const int32_t* main;
+  const int32_t* extra;
+};
+__device__ __forceinline__ const int32_t* index_row(const DecodeScope& s, int batch, int seq) {
+  if (s.indices == nullptr) return nullptr;
+  return s.indices + static_cast<int64_t>(batch) * s.indices_b_stride + static_cast<int64_t>(seq) * s.indices_s_stride;
+}
+__device__ __forceinline__ IndexRows index_rows(const DecodeParams& p, int batch, int seq) {
+  return {index_row(p.main, batch, seq), index_row(p.extra, batch, seq)};
+}
+
+// The index at compact position `pos` of the row, or −1 (nothing read) when the position is past
+// the split (whose end is at most len.total(), so the scope-local position is within its valid
+// length). Not yet range-checked: slot_in_cache() does that where the value is used, so issuing
+// the read does not wait for it.
+__device__ __forceinline__ int32_t raw_index(const IndexRows& rows, int pos, int split_end, const RowLengths& len) {
   if (pos >= split_end) return -1;
-  const bool in_main = len.in_main(pos);
-  const int local = in_main ? pos : pos - len.main;
-  const int64_t row_offset =
-      static_cast<int64_t>(batch) * (in_main ? p.main.indices_b_stride : p.extra.indices_b_stride) +
-      static_cast<int64_t>(seq) * (in_main ? p.main.indices_s_stride : p.extra.indices_s_stride);
-  return __ldg((in_main ? p.main.indices : p.extra.indices) + row_offset + local);
+  return __ldg(len.in_main(pos) ? rows.main + pos : rows.extra + (pos - len.main));
 }
 // The cache slot of index `idx` of the main (in_main) or extra scope, or −1 when it is −1 or
 // outside that scope's cache.

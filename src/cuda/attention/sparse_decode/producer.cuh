@@ -50,7 +50,8 @@ inline constexpr bool kRefillWhileStoring = kCluster == 1 || L != KvLayout::bf16
 // early, MODEL1 without a cluster ran V4-Flash b 128 / b 256 and CONFIG3 at 0.89-0.91x the time
 // and peak H 64 d 512 at 0.86x, side by side with FlashMLA (H200, 2026-12-01). V3.2 (the H 64
 // and H 128 kernels, consumer-bound) and MODEL1 in a cluster (two buffers: the index is read two
-// periods ahead either way) ran 1-3 % slower with it; FP8_PER_TENSOR and BF16 were not measured.
+// periods ahead either way) ran 1-3 % slower with it, FP8_PER_TENSOR without a cluster 1.5 %
+// (V4-Flash b 128). BF16 without a cluster copies by cp.async (produce_by_copy), two tiles ahead.
 template <KvLayout L, int kCluster>
 inline constexpr bool kEarlyIndexReads = kCluster == 1 && L == KvLayout::model1_fp8;
 

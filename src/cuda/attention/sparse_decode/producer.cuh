@@ -44,14 +44,16 @@ inline constexpr int kProducerBuffers =
 template <KvLayout L, int kCluster>
 inline constexpr bool kRefillWhileStoring = kCluster == 1 || L != KvLayout::bf16;
 
-// Whether the producer reads the index of tile t + 2 · kBuffers at the start of tile t, before
-// its refill loads, or after its arrive. With one buffer the refill of tile t + 1 needs that index
-// at the start of tile t + 1, so read after the arrive its load latency sits on every period: read
-// early, MODEL1 without a cluster ran V4-Flash b 128 / b 256 and CONFIG3 at 0.89-0.91x the time
-// and peak H 64 d 512 at 0.86x, side by side with FlashMLA (H200, 2026-12-01). V3.2 (the H 64
-// and H 128 kernels, consumer-bound) and MODEL1 in a cluster (two buffers: the index is read two
-// periods ahead either way) ran 1-3 % slower with it, FP8_PER_TENSOR without a cluster 1.5 %
-// (V4-Flash b 128). BF16 without a cluster copies by cp.async (produce_by_copy), two tiles ahead.
+// Whether the producer reads the indices of tile t + 2 · kBuffers at the start of tile t, before
+// its refill loads, or after its arrive. With one buffer, tile t + 1 begins by computing the
+// addresses of tile t + 2's refill from those indices, so read after tile t's arrive their load
+// latency sits in every period. Side by side with FlashMLA (H200, 2026-12-01), MODEL1 without a
+// cluster ran V4-Flash b 128 / b 256 and CONFIG3 at 0.96-0.98x main's time with the hoisted
+// addressing alone (IndexRows, the block divider) and 0.89-0.91x with the early reads too, peak
+// H 64 d 512 at 0.97x and 0.86x. The other kernels ran 1-3 % slower with the early reads: V3.2's
+// (H 64 and H 128; consumer-bound), MODEL1's in a cluster (two buffers: its indices are read two
+// periods ahead either way) and FP8_PER_TENSOR's without a cluster (1.5 %, V4-Flash b 128). BF16
+// without a cluster copies by cp.async (produce_by_copy), its indices two tiles ahead.
 template <KvLayout L, int kCluster>
 inline constexpr bool kEarlyIndexReads = kCluster == 1 && L == KvLayout::model1_fp8;
 

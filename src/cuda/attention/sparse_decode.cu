@@ -86,7 +86,7 @@ sd::DecodeScope make_scope(const char* name, const KvCacheView& cache, KvLayout 
   scope.indices = indices.ptr<const int32_t>();
   scope.indices_b_stride = indices.strides[0];
   scope.indices_s_stride = indices.strides[1];
-  scope.block_size = cutlass::FastDivmod(static_cast<int>(cache.block_size));
+  scope.block_size = cutlass::FastDivmod(cache.block_size);
   scope.topk = static_cast<int>(indices.shape[2]);
   scope.tensor_scale = cache.tensor_scale;  // FP8_PER_TENSOR's (finite, > 0: check_kv_cache)
   if (topk_length.defined()) {

@@ -1,15 +1,18 @@
 // fp8x16_to_bf16x16_bf16_scale (src/cuda/common/fp8_convert.cuh), on the GPU: its bf16 equals
 // the host's round_bf16(fp8 · scale) bit for bit for every e4m3 code at every UE8M0 scale byte
-// (pow2_scale_bf16x2, MODEL1) and at every bf16 scale reached by rounding a float with low
-// mantissa bits set (rounded_scale_bf16x2, V3.2's fp32 scales read as bf16): subnormal codes,
-// products that round into bf16's subnormal range or to zero, overflow to infinity; a NaN code or
-// scale gives a NaN. The decode producer dequantizes with it (sparse_decode/producer.cuh, store_slot).
+// (MODEL1's, by both ways the decode producer makes its factor: pow2_scale_bf16x2 of the byte's
+// float, and ue8m0_scale_bf16x2 from the byte) and at every bf16 scale reached by rounding a float
+// with low mantissa bits set (rounded_scale_bf16x2, V3.2's fp32 scales read as bf16): subnormal
+// codes, products that round into bf16's subnormal range or to zero, overflow to infinity; a NaN
+// code or scale gives a NaN. The decode producer dequantizes with it (sparse_decode/producer.cuh,
+// store_slot).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "cuda/common/fp8_convert.cuh"
@@ -20,16 +23,30 @@ namespace {
 
 using dsv4::test::DeviceBuffer;
 
-// Thread i converts chunk i % 16 (codes 16c .. 16c + 15) at scale byte i / 16.
+// How a sweep turns a UE8M0 byte into the bf16x2 factor: through its float (pow2_scale_bf16x2 of
+// ue8m0_to_float) or from the byte itself (ue8m0_scale_bf16x2), the decode producer's two ways.
+enum class Ue8m0Factor { via_float, from_byte };
+
+// Thread i converts chunk i % 16 (codes 16c .. 16c + 15) at scale byte u = i / 16. From the byte,
+// u sits at byte u % 4 of a word whose other bytes are 0x00, 0xff or 0x7f by i % 3: a read that
+// took in a neighbour would show as a wrong scale.
+template <Ue8m0Factor kFactor>
 __global__ void convert_all_codes(uint4* out) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (i >= 256 * 16) return;
   const uint32_t first = 16u * (i % 16);
   uint32_t w[4];
   for (int k = 0; k < 4; ++k) w[k] = (first + 4 * k) * 0x01010101u + 0x03020100u;  // codes first+4k .. +3
-  const float scale = dsv4::ue8m0_to_float(static_cast<uint8_t>(i / 16));
-  dsv4::cuda::fp8x16_to_bf16x16_bf16_scale(make_uint4(w[0], w[1], w[2], w[3]), dsv4::cuda::pow2_scale_bf16x2(scale),
-                                           out[2 * i], out[2 * i + 1]);
+  const uint32_t u = static_cast<uint32_t>(i / 16);
+  uint32_t factor;
+  if constexpr (kFactor == Ue8m0Factor::via_float) {
+    factor = dsv4::cuda::pow2_scale_bf16x2(dsv4::ue8m0_to_float(static_cast<uint8_t>(u)));
+  } else {
+    const int byte = static_cast<int>(u % 4);
+    const uint32_t others = (i % 3 == 0 ? 0u : i % 3 == 1 ? 0xffffffffu : 0x7f7f7f7fu) & ~(0xffu << (8 * byte));
+    factor = dsv4::cuda::ue8m0_scale_bf16x2(others | (u << (8 * byte)), byte);
+  }
+  dsv4::cuda::fp8x16_to_bf16x16_bf16_scale(make_uint4(w[0], w[1], w[2], w[3]), factor, out[2 * i], out[2 * i + 1]);
 }
 
 bool bf16_is_nan(uint16_t b) { return (b & 0x7f80) == 0x7f80 && (b & 0x7f) != 0; }
@@ -42,11 +59,17 @@ uint16_t converted(const std::vector<uint4>& out, uint32_t scale_index, int code
   return static_cast<uint16_t>(words[(code % 8) / 2] >> (16 * (code % 2)));
 }
 
-TEST(Fp8ConvertCuda, PowerOfTwoScaleMatchesHostRoundingForEveryCodeAndScaleByte) {
+class Fp8ConvertUe8m0 : public ::testing::TestWithParam<Ue8m0Factor> {};
+
+TEST_P(Fp8ConvertUe8m0, PowerOfTwoScaleMatchesHostRoundingForEveryCodeAndScaleByte) {
   DSV4_SKIP_WITHOUT_GPU();
   const std::vector<uint4> poison(2 * 256 * 16, make_uint4(0xdeadbeefu, 0xdeadbeefu, 0xdeadbeefu, 0xdeadbeefu));
   DeviceBuffer<uint4> out_d(poison);
-  convert_all_codes<<<32, 128>>>(out_d.data());
+  if (GetParam() == Ue8m0Factor::via_float) {
+    convert_all_codes<Ue8m0Factor::via_float><<<32, 128>>>(out_d.data());
+  } else {
+    convert_all_codes<Ue8m0Factor::from_byte><<<32, 128>>>(out_d.data());
+  }
   DSV4_ASSERT_CUDA(cudaDeviceSynchronize());
   const std::vector<uint4> out = out_d.download();
   int subnormal = 0, zero_from_nonzero = 0, infinite = 0, nan = 0;
@@ -74,6 +97,12 @@ TEST(Fp8ConvertCuda, PowerOfTwoScaleMatchesHostRoundingForEveryCodeAndScaleByte)
   EXPECT_GT(zero_from_nonzero, 0);
   EXPECT_GT(infinite, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(BothFactors, Fp8ConvertUe8m0,
+                         ::testing::Values(Ue8m0Factor::via_float, Ue8m0Factor::from_byte),
+                         [](const ::testing::TestParamInfo<Ue8m0Factor>& info) {
+                           return info.param == Ue8m0Factor::via_float ? std::string("via_float") : std::string("from_byte");
+                         });
 
 // The float scale of the V3.2 sweep for bf16 pattern `b`: b's bits with low bits set below
 // bf16's mantissa, by b % 3 below, at and above the rounding tie, so rounding it to bf16 goes

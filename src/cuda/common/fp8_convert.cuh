@@ -82,6 +82,19 @@ __device__ __forceinline__ uint4 fp8x8_to_bf16x8_scaled(const uint2& codes, floa
 // bf16's (2^-127, a float subnormal, is bf16's subnormal 0x0040).
 __device__ __forceinline__ uint32_t pow2_scale_bf16x2(float scale) { return (__float_as_uint(scale) >> 16) * 0x10001u; }
 
+// The UE8M0 scale byte `byte` (0-3) of `word`, 2^(u - 127), as the bf16x2 factor of
+// fp8x16_to_bf16x16_bf16_scale in both halves, straight from the byte: the same bits as
+// pow2_scale_bf16x2(ue8m0_to_float(u)). For u in 1..254 that is u << 7; u 0 is 2^-127 (bf16's
+// subnormal 0x0040) and u 255 the NaN 0x7fc0, taken by two selects where ue8m0_to_float's two
+// special cases compile to two branches a scale.
+__device__ __forceinline__ uint32_t ue8m0_scale_bf16x2(uint32_t word, int byte) {
+  const uint32_t u = (word >> (8 * byte)) & 0xffu;
+  uint32_t bits = u << 7;
+  bits = u == 0u ? 0x0040u : bits;
+  bits = u == 255u ? 0x7fc0u : bits;
+  return bits * 0x10001u;
+}
+
 // Any float scale rounded to bf16 (to nearest even, dtype.h's round_bf16 for every non-NaN), in
 // both halves: the factor of fp8x16_to_bf16x16_bf16_scale for V3.2's fp32 block scales, which are
 // read as bf16 (docs/spec.md §7; exact for the UE8M0 scales writers store).

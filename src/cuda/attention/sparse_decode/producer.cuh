@@ -57,6 +57,17 @@ inline constexpr bool kRefillWhileStoring = kCluster == 1 || L != KvLayout::bf16
 template <KvLayout L, int kCluster>
 inline constexpr bool kEarlyIndexReads = kCluster == 1 && L == KvLayout::model1_fp8;
 
+// How a MODEL1 producer turns a chunk's UE8M0 scale byte into its bf16 factor: branch-free
+// (ue8m0_scale_bf16x2) in a cluster, else through the float decode (ue8m0_to_float, whose two
+// special cases are two branches a scale). Side by side with FlashMLA (H200, 2026-12-01) the
+// branch-free form ran MODEL1's cluster kernel at 0.97x the time (peak H 128 d 512 2623 against
+// 2710 µs, V4-Pro and CONFIG4 0.98x), its producer loop 1088 SASS instructions for two tiles
+// against 1173. Without a cluster it ran 1.05-1.06x (V4-Flash b 128 / b 256, CONFIG3) and 1.20x
+// (peak H 64 d 512), at 509 instructions a tile against 549: there the branches' blocks keep
+// ptxas's schedule of the single-buffer refill as it was measured (docs/notes/decode.md).
+template <KvLayout L, int kCluster>
+inline constexpr bool kBranchFreeScales = L == KvLayout::model1_fp8 && kCluster == 2;
+
 // Where a valid slot's bytes live: its data row (V32: the whole token) and, for MODEL1, its
 // 8-byte scale row, in the main (in_main) or the extra scope's cache.
 struct SlotBytes {
@@ -233,10 +244,12 @@ __device__ __forceinline__ void store_slot(TileRegs<L, kCluster>& regs, const Ch
 #pragma unroll
   for (int i = 0; i < kFp8ChunksPerThread<L, kCluster>; ++i) {
     const int blk = i / kChunksPerScale;
-    float scale;
+    float scale = 0.0f;  // the block-scaled layouts' float scale (not read with kBranchFreeScales)
     if constexpr (L == KvLayout::model1_fp8) {
-      const uint32_t word = blk < 4 ? scales.x : scales.y;
-      scale = ue8m0_to_float(static_cast<uint8_t>(word >> (8 * (blk % 4))));
+      if constexpr (!kBranchFreeScales<L, kCluster>) {
+        const uint32_t word = blk < 4 ? scales.x : scales.y;
+        scale = ue8m0_to_float(static_cast<uint8_t>(word >> (8 * (blk % 4))));
+      }
     } else if constexpr (L == KvLayout::fp8_per_tensor) {
       scale = __uint_as_float(scales.x);
     } else {
@@ -250,7 +263,10 @@ __device__ __forceinline__ void store_slot(TileRegs<L, kCluster>& regs, const Ch
     // 20-byte spill; with FP8_PER_TENSOR's branch 1097 and none).
     uint4 lo, hi;
     if constexpr (L == KvLayout::model1_fp8) {
-      fp8x16_to_bf16x16_bf16_scale(regs.fp8[i], pow2_scale_bf16x2(scale), lo, hi);  // UE8M0: a power of two
+      const uint32_t scale_bf16x2 = kBranchFreeScales<L, kCluster>
+                                        ? ue8m0_scale_bf16x2(blk < 4 ? scales.x : scales.y, blk % 4)
+                                        : pow2_scale_bf16x2(scale);  // UE8M0: a power of two
+      fp8x16_to_bf16x16_bf16_scale(regs.fp8[i], scale_bf16x2, lo, hi);
     } else if constexpr (L == KvLayout::v32_fp8) {
       fp8x16_to_bf16x16_bf16_scale(regs.fp8[i], rounded_scale_bf16x2(scale), lo, hi);
     } else if (valid) {

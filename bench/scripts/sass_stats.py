@@ -3,7 +3,11 @@
 kernel_sass_diff.sh writes, the base's and the new build's ptxas resources, instruction counts,
 whether the instruction streams are identical (branch targets aside), the counts of the
 instructions these kernels live on, and the innermost loops of 100+ instructions (the hot loops:
-a tile loop, a gather loop) with their length and the same counts."""
+a tile loop, a gather loop) with their length and the same counts. Per hot loop it also names the
+global loads whose value is read before the loop's back edge (early_reads): such a read waits out
+the load's latency inside the iteration that issued it, where a refill meant for the next tile
+should be read only after the wrap (docs/notes/decode.md, "The scale decode and the predicated
+loads, by SASS and by the clock")."""
 import collections
 import glob
 import os
@@ -68,6 +72,53 @@ def hot_loops(code):
     return [code[b:e + 1] for b, e in inner]
 
 
+def _registers(operand, width):
+    """The registers an operand names: a plain Rn is a vector of `width` registers from Rn; inside
+    an address ([...]) Rn is one register and Rn.64 a pair."""
+    regs = set()
+    for m in re.finditer(r"(\[[^\]]*)?\bR(\d+)(\.64)?", operand):
+        n = int(m.group(2))
+        count = 2 if m.group(3) else 1 if m.group(1) is not None else width
+        regs.update(f"R{n + k}" for k in range(count))
+    return regs
+
+
+def _width(ins):
+    """Registers a vector operand spans, from the opcode's .128 / .64 suffix."""
+    op = ins.split()[0]
+    return 4 if ".128" in op else 2 if ".64" in op else 1
+
+
+def early_reads(loop):
+    """(index, distance) of each LDG in `loop` whose value is read within the same iteration,
+    `distance` instructions after it. A register that a later instruction overwrites before any
+    read no longer counts; reads after the back edge are not listed. mbarrier operations (SYNCS)
+    are not counted as reads: their register operand is a phase or a count, set on paths that a
+    straight-line walk of the loop may not pass (their retry branches leave the loop's range)."""
+    body = [re.sub(r"^@!?U?P\w+\s+", "", ins) for _, ins in loop]
+    found = []
+    for n, ins in enumerate(body):
+        if not ins.startswith("LDG"):
+            continue
+        live = _registers(ins.split(None, 1)[1].split(",")[0], _width(ins))
+        for d, later in enumerate(body[n + 1:], start=1):
+            parts = later.split(None, 1)
+            if len(parts) < 2:
+                continue
+            ops = parts[1].split(",")
+            if parts[0].startswith("SYNCS"):
+                continue
+            stores = parts[0].startswith(("ST", "RED", "ATOM"))
+            if any(_registers(o, _width(later)) & live for o in (ops if stores else ops[1:])):
+                found.append((n, d))
+                break
+            if not stores:
+                live -= _registers(ops[0], _width(later))
+                if not live:
+                    break
+    return found
+
+
 def main(base_dir, new_dir):
     all_same = True
     for base_sass in sorted(glob.glob(os.path.join(base_dir, "*.sass"))):
@@ -87,6 +138,9 @@ def main(base_dir, new_dir):
             for n in range(max(len(la), len(lb))):
                 desc = [f"{len(l[n])} instr, {counts(l[n])}" if n < len(l) else "-" for l in (la, lb)]
                 print(f"  hot loop {n}: base {desc[0]}\n              new  {desc[1]}")
+                early = [", ".join(f"+{d}" for _, d in early_reads(l[n])) or "none" if n < len(l) else "-"
+                         for l in (la, lb)]
+                print(f"    loads read in their own iteration: base {early[0]}; new {early[1]}")
     print("all kernels identical" if all_same else "some kernels differ")
 
 

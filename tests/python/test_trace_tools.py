@@ -1,7 +1,8 @@
 """The device-reading tools run on CPU data: bench/trace/decode_trace_summary.py and
 prefill_trace_summary.py (the kernels' event traces, src/cuda/common/kernel_trace.cuh) report each
-role's step medians, hand-offs and, for the prefill, the item boundary; and
-bench/scripts/ncu_sass_top.py names each kernel's stall table after its own kernel."""
+role's step medians, hand-offs and, for the prefill, the item boundary;
+bench/scripts/ncu_sass_top.py names each kernel's stall table after its own kernel; and
+bench/scripts/sass_stats.py names the loads a hot loop reads in their own iteration."""
 import os
 import re
 import subprocess
@@ -113,3 +114,29 @@ def test_ncu_sass_top_names_each_table_by_its_own_kernel(tmp_path):
     out = subprocess.run([sys.executable, SASS_TOP, str(csv), "5"], check=True, capture_output=True, text=True).stdout
     assert "== peer_kernel: 40 stall samples" in out and "75.0%  UMOV" in out
     assert "== our_kernel: 7 stall samples" in out
+
+
+def test_sass_stats_names_loads_read_in_their_own_iteration():
+    """sass_stats.early_reads: a load whose value a later instruction of the same loop iteration
+    reads is listed with its distance; a register overwritten before any read, a read by an
+    mbarrier operation, and a register inside an address next to a vector operand are not reads
+    of the load."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("sass_stats", os.path.join(ROOT, "bench", "scripts", "sass_stats.py"))
+    sass_stats = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sass_stats)
+    loop = [(16 * n, ins) for n, ins in enumerate([
+        "@P0 LDG.E.EL.LTC256B.128.CONSTANT R8, desc[UR4][R2.64]",   # 0: R8..R11, read by the MOV at 4
+        "LDG.E.CONSTANT R20, desc[UR4][R6.64]",                    # 1: R20 overwritten at 3, never read
+        "STS.128 [R9+UR6+0x100], R40",                              # 2: R9 is an address, not R40..R43's vector
+        "IMAD.MOV.U32 R20, RZ, RZ, 0x4",
+        "MOV R30, R10",
+        "LDG.E.64.CONSTANT R12, desc[UR4][R2.64+0x40]",            # 5: read only by the SYNCS below
+        "SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR8+0x10], R13",
+        "BRA 0x0",
+    ])]
+    assert sass_stats.early_reads(loop) == [(0, 2)]
+    # The STS reads R9 (an address register from the first load): a read at distance 2. Without
+    # it, the first load's first read is the MOV at distance 4.
+    loop[2] = (32, "STS.128 [R6+UR6+0x100], R40")
+    assert sass_stats.early_reads(loop) == [(0, 4)]

@@ -63,8 +63,10 @@ inline constexpr bool kEarlyIndexReads = kCluster == 1 && L == KvLayout::model1_
 // branch-free form ran MODEL1's cluster kernel at 0.97x the time (peak H 128 d 512 2623 against
 // 2710 µs, V4-Pro and CONFIG4 0.98x), its producer loop 1088 SASS instructions for two tiles
 // against 1173. Without a cluster it ran 1.05-1.06x (V4-Flash b 128 / b 256, CONFIG3) and 1.20x
-// (peak H 64 d 512), at 509 instructions a tile against 549: there the branches' blocks keep
-// ptxas's schedule of the single-buffer refill as it was measured (docs/notes/decode.md).
+// (peak H 64 d 512), at 509 instructions a tile against 549: in that single-buffer loop ptxas then
+// copied three refill loads (the scales, two rope chunks) into the loop's registers 110-119
+// instructions after issuing them, so each tile waited out a load's latency; with the branches it
+// copies them in the next tile (sass_stats.py's early reads; docs/notes/decode.md).
 template <KvLayout L, int kCluster>
 inline constexpr bool kBranchFreeScales = L == KvLayout::model1_fp8 && kCluster == 2;
 

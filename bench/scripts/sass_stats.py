@@ -48,8 +48,12 @@ def parse_ptxas(path):
     return res
 
 
+def unpredicated(ins):
+    return re.sub(r"^@!?U?P\w+\s+", "", ins)
+
+
 def opcode(ins):
-    return re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0].split(".")[0]
+    return unpredicated(ins).split()[0].split(".")[0]
 
 
 def normalised(ins):
@@ -95,7 +99,7 @@ def early_reads(loop):
     read no longer counts; reads after the back edge are not listed. mbarrier operations (SYNCS)
     are not counted as reads: their register operand is a phase or a count, set on paths that a
     straight-line walk of the loop may not pass (their retry branches leave the loop's range)."""
-    body = [re.sub(r"^@!?U?P\w+\s+", "", ins) for _, ins in loop]
+    body = [unpredicated(ins) for _, ins in loop]
     found = []
     for n, ins in enumerate(body):
         if not ins.startswith("LDG"):

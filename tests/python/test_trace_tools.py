@@ -126,9 +126,9 @@ def test_sass_stats_names_loads_read_in_their_own_iteration():
     sass_stats = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sass_stats)
     loop = [(16 * n, ins) for n, ins in enumerate([
-        "@P0 LDG.E.EL.LTC256B.128.CONSTANT R8, desc[UR4][R2.64]",   # 0: R8..R11, read by the MOV at 4
+        "@P0 LDG.E.EL.LTC256B.128.CONSTANT R8, desc[UR4][R2.64]",   # 0: R8..R11, first read by the STS at 2
         "LDG.E.CONSTANT R20, desc[UR4][R6.64]",                    # 1: R20 overwritten at 3, never read
-        "STS.128 [R9+UR6+0x100], R40",                              # 2: R9 is an address, not R40..R43's vector
+        "STS.128 [R9+UR6+0x100], R40",                              # 2: reads R9 (its address) and R40..R43
         "IMAD.MOV.U32 R20, RZ, RZ, 0x4",
         "MOV R30, R10",
         "LDG.E.64.CONSTANT R12, desc[UR4][R2.64+0x40]",            # 5: read only by the SYNCS below

@@ -70,6 +70,15 @@ inline constexpr bool kEarlyIndexReads = kCluster == 1 && L == KvLayout::model1_
 template <KvLayout L, int kCluster>
 inline constexpr bool kBranchFreeScales = L == KvLayout::model1_fp8 && kCluster == 2;
 
+// MODEL1's scale of chunk block `blk` (UE8M0 bytes 0-6 in scales.x / .y) as the bf16x2 factor of
+// fp8x16_to_bf16x16_bf16_scale, from the byte (kBranchFree) or through its float (a power of two).
+template <bool kBranchFree>
+__device__ __forceinline__ uint32_t model1_scale_bf16x2(const uint4& scales, int blk) {
+  const uint32_t word = blk < 4 ? scales.x : scales.y;
+  if constexpr (kBranchFree) return ue8m0_scale_bf16x2(word, blk % 4);
+  return pow2_scale_bf16x2(ue8m0_to_float(static_cast<uint8_t>(word >> (8 * (blk % 4)))));
+}
+
 // Where a valid slot's bytes live: its data row (V32: the whole token) and, for MODEL1, its
 // 8-byte scale row, in the main (in_main) or the extra scope's cache.
 struct SlotBytes {
@@ -246,15 +255,10 @@ __device__ __forceinline__ void store_slot(TileRegs<L, kCluster>& regs, const Ch
 #pragma unroll
   for (int i = 0; i < kFp8ChunksPerThread<L, kCluster>; ++i) {
     const int blk = i / kChunksPerScale;
-    float scale = 0.0f;  // the block-scaled layouts' float scale (not read with kBranchFreeScales)
-    if constexpr (L == KvLayout::model1_fp8) {
-      if constexpr (!kBranchFreeScales<L, kCluster>) {
-        const uint32_t word = blk < 4 ? scales.x : scales.y;
-        scale = ue8m0_to_float(static_cast<uint8_t>(word >> (8 * (blk % 4))));
-      }
-    } else if constexpr (L == KvLayout::fp8_per_tensor) {
+    float scale = 0.0f;  // FP8_PER_TENSOR's and V3.2's (MODEL1's factor: model1_scale_bf16x2)
+    if constexpr (L == KvLayout::fp8_per_tensor) {
       scale = __uint_as_float(scales.x);
-    } else {
+    } else if constexpr (L == KvLayout::v32_fp8) {
       scale = __uint_as_float(blk == 0 ? scales.x : blk == 1 ? scales.y : blk == 2 ? scales.z : scales.w);
     }
     // The block-scaled layouts convert in bf16 (their scales are bf16 values: UE8M0 bytes, and
@@ -265,10 +269,8 @@ __device__ __forceinline__ void store_slot(TileRegs<L, kCluster>& regs, const Ch
     // 20-byte spill; with FP8_PER_TENSOR's branch 1097 and none).
     uint4 lo, hi;
     if constexpr (L == KvLayout::model1_fp8) {
-      const uint32_t scale_bf16x2 = kBranchFreeScales<L, kCluster>
-                                        ? ue8m0_scale_bf16x2(blk < 4 ? scales.x : scales.y, blk % 4)
-                                        : pow2_scale_bf16x2(scale);  // UE8M0: a power of two
-      fp8x16_to_bf16x16_bf16_scale(regs.fp8[i], scale_bf16x2, lo, hi);
+      fp8x16_to_bf16x16_bf16_scale(regs.fp8[i], model1_scale_bf16x2<kBranchFreeScales<L, kCluster>>(scales, blk), lo,
+                                   hi);
     } else if constexpr (L == KvLayout::v32_fp8) {
       fp8x16_to_bf16x16_bf16_scale(regs.fp8[i], rounded_scale_bf16x2(scale), lo, hi);
     } else if (valid) {

@@ -70,6 +70,17 @@ inline constexpr bool kEarlyIndexReads = kCluster == 1 && L == KvLayout::model1_
 template <KvLayout L, int kCluster>
 inline constexpr bool kBranchFreeScales = L == KvLayout::model1_fp8 && kCluster == 2;
 
+// Whether store_slot stores (and refills) a slot's rope chunks before its fp8 chunks. V3.2 without
+// a cluster: stored last, two of its rope refill loads were copied into the loop's registers 58-64
+// instructions after issue, in the same tile (sass_stats.py's early reads); stored first they are
+// not, at 8 bytes of spill. Side by side with FlashMLA (H200, 2026-12-01) it ran peak H 64 d 576
+// at 0.91x main's time (1579 against 1742 µs). Measured with MODEL1's branch-free scales in both
+// its kernels, the same order ran the others slower: MODEL1 without a cluster 1.05x (V4-Flash
+// b 128 / b 256) and 1.16x (peak H 64 d 512), MODEL1 in a cluster 1.01-1.04x, V3.2 in a cluster
+// 1.007x (docs/notes/decode.md).
+template <KvLayout L, int kCluster>
+inline constexpr bool kRopeFirst = L == KvLayout::v32_fp8 && kCluster == 1;
+
 // MODEL1's scale of chunk block `blk` (UE8M0 bytes 0-6 in scales.x / .y) as the bf16x2 factor of
 // fp8x16_to_bf16x16_bf16_scale, from the byte (kBranchFree) or through its float (a power of two).
 template <bool kBranchFree>
@@ -252,45 +263,56 @@ __device__ __forceinline__ void store_slot(TileRegs<L, kCluster>& regs, const Ch
   auto chunk_offset = [&](int c) { return sw128_chunk_offset<kTileKeys>(key, c); };
   // Every layout with fp8 chunks refills (only BF16 in a cluster does not: kRefillWhileStoring).
   static_assert(kFp8ChunksPerThread<L, kCluster> == 0 || kRefill, "fp8 chunks are stored with the refill");
+  auto store_fp8_chunks = [&] {
 #pragma unroll
-  for (int i = 0; i < kFp8ChunksPerThread<L, kCluster>; ++i) {
-    const int blk = i / kChunksPerScale;
-    float scale = 0.0f;  // FP8_PER_TENSOR's and V3.2's (MODEL1's factor: model1_scale_bf16x2)
-    if constexpr (L == KvLayout::fp8_per_tensor) {
-      scale = __uint_as_float(scales.x);
-    } else if constexpr (L == KvLayout::v32_fp8) {
-      scale = __uint_as_float(blk == 0 ? scales.x : blk == 1 ? scales.y : blk == 2 ? scales.z : scales.w);
+    for (int i = 0; i < kFp8ChunksPerThread<L, kCluster>; ++i) {
+      const int blk = i / kChunksPerScale;
+      float scale = 0.0f;  // FP8_PER_TENSOR's and V3.2's (MODEL1's factor: model1_scale_bf16x2)
+      if constexpr (L == KvLayout::fp8_per_tensor) {
+        scale = __uint_as_float(scales.x);
+      } else if constexpr (L == KvLayout::v32_fp8) {
+        scale = __uint_as_float(blk == 0 ? scales.x : blk == 1 ? scales.y : blk == 2 ? scales.z : scales.w);
+      }
+      // The block-scaled layouts convert in bf16 (their scales are bf16 values: UE8M0 bytes, and
+      // V3.2's fp32 read as bf16, spec §7); FP8_PER_TENSOR's float scale keeps the float multiply.
+      // An invalid slot's codes and scales are zeros already (load_chunk, load_scales), so
+      // converting them gives the zeros it needs: the block-scaled layouts convert unconditionally
+      // (V3.2's H 64 producer loop: 1209 → 974 instructions a tile, with 4 local loads from a
+      // 20-byte spill; with FP8_PER_TENSOR's branch 1097 and none).
+      uint4 lo, hi;
+      if constexpr (L == KvLayout::model1_fp8) {
+        fp8x16_to_bf16x16_bf16_scale(regs.fp8[i], model1_scale_bf16x2<kBranchFreeScales<L, kCluster>>(scales, blk),
+                                     lo, hi);
+      } else if constexpr (L == KvLayout::v32_fp8) {
+        fp8x16_to_bf16x16_bf16_scale(regs.fp8[i], rounded_scale_bf16x2(scale), lo, hi);
+      } else if (valid) {
+        fp8x16_to_bf16x16(regs.fp8[i], scale, lo, hi);
+      } else {
+        lo = hi = make_uint4(0u, 0u, 0u, 0u);
+      }
+      load_fp8_chunk<L, kCluster>(next, sub, i, regs);
+      put_chunk(to, at.fp8(i, 0), lo);
+      put_chunk(to, at.fp8(i, 1), hi);
     }
-    // The block-scaled layouts convert in bf16 (their scales are bf16 values: UE8M0 bytes, and
-    // V3.2's fp32 read as bf16, spec §7); FP8_PER_TENSOR's float scale keeps the float multiply.
-    // An invalid slot's codes and scales are zeros already (load_chunk, load_scales), so
-    // converting them gives the zeros it needs: the block-scaled layouts convert unconditionally
-    // (V3.2's H 64 producer loop: 1209 → 974 instructions a tile, with 4 local loads from a
-    // 20-byte spill; with FP8_PER_TENSOR's branch 1097 and none).
-    uint4 lo, hi;
-    if constexpr (L == KvLayout::model1_fp8) {
-      fp8x16_to_bf16x16_bf16_scale(regs.fp8[i], model1_scale_bf16x2<kBranchFreeScales<L, kCluster>>(scales, blk), lo,
-                                   hi);
-    } else if constexpr (L == KvLayout::v32_fp8) {
-      fp8x16_to_bf16x16_bf16_scale(regs.fp8[i], rounded_scale_bf16x2(scale), lo, hi);
-    } else if (valid) {
-      fp8x16_to_bf16x16(regs.fp8[i], scale, lo, hi);
-    } else {
-      lo = hi = make_uint4(0u, 0u, 0u, 0u);
-    }
-    load_fp8_chunk<L, kCluster>(next, sub, i, regs);
-    put_chunk(to, at.fp8(i, 0), lo);
-    put_chunk(to, at.fp8(i, 1), hi);
-  }
+  };
+  auto store_rope_chunks = [&] {
 #pragma unroll
-  for (int i = 0; i < kBf16ChunksPerThread<L, kCluster>; ++i) {
-    if constexpr (kRefill) {
-      const uint4 rope = regs.rope[i];  // zeros for an invalid slot
-      load_rope_chunk<L, kCluster>(next, sub, i, regs);
-      put_chunk(to, at.rope_chunk(i), rope);
-    } else {
-      put_chunk(to, chunk_offset(T::kNope / 8 + sub + kStep * i), valid ? regs.rope[i] : make_uint4(0u, 0u, 0u, 0u));
+    for (int i = 0; i < kBf16ChunksPerThread<L, kCluster>; ++i) {
+      if constexpr (kRefill) {
+        const uint4 rope = regs.rope[i];  // zeros for an invalid slot
+        load_rope_chunk<L, kCluster>(next, sub, i, regs);
+        put_chunk(to, at.rope_chunk(i), rope);
+      } else {
+        put_chunk(to, chunk_offset(T::kNope / 8 + sub + kStep * i), valid ? regs.rope[i] : make_uint4(0u, 0u, 0u, 0u));
+      }
     }
+  };
+  if constexpr (kRopeFirst<L, kCluster>) {
+    store_rope_chunks();
+    store_fp8_chunks();
+  } else {
+    store_fp8_chunks();
+    store_rope_chunks();
   }
 }
 

@@ -378,6 +378,10 @@ std::vector<Case> grid() {
       // two clusters per split); an odd number of head blocks (H 192) runs without.
       {"clusters_h256_split3", L::model1_fp8, 256, 2, 1, 128, 64, 320, 2, 3, true, true},
       {"no_cluster_h192_v32", L::v32_fp8, 192, 2, 1, 300, 64, 0, 0, 2, false, true},
+      // V3.2 at H 64 (a tensor-parallel rank's heads; the peak H 64 d 576 shape): one head block,
+      // no cluster, the kernel that stores each slot's rope chunks first (kRopeFirst).
+      {"v32_h64_b2_sq2_split3", L::v32_fp8, 64, 2, 2, 2048, 64, 0, 0, 3, true, true},
+      {"v32_h64_b1_sq2_blk40_direct", L::v32_fp8, 64, 1, 2, 200, 40, 0, 0, 1, false, false, 0.3},
       // A whole split of −1 in a cluster: both CTAs mask every key of every tile.
       {"cluster_all_invalid", L::v32_fp8, 128, 1, 2, 256, 64, 0, 0, 2, false, true, 1.0},
       // The full-width layouts (FlashInfer port): BF16 rows copied by cp.async without a cluster,

@@ -307,6 +307,7 @@ __device__ __forceinline__ void store_slot(TileRegs<L, kCluster>& regs, const Ch
       }
     }
   };
+  // Which kind of chunk is stored (and refilled) first: kRopeFirst.
   if constexpr (kRopeFirst<L, kCluster>) {
     store_rope_chunks();
     store_fp8_chunks();

@@ -9,6 +9,7 @@
 #if defined(DSV4_HAVE_CUTLASS)
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <cute/arch/copy_sm90.hpp>
 
@@ -127,15 +128,19 @@ __device__ __forceinline__ void rescale_o_rows(FragO& rO, const float scale[2]) 
   }
 }
 
-// P (bf16, same fragment order as S) into a K-major SW128 tile of kRows rows: 4-byte stores,
-// conflict-free thanks to the swizzle. The caller fences it into the async proxy before
-// publishing it to a wgmma.
+// P (bf16, or fp32 rounded to bf16 here; same fragment order as S) into a K-major SW128 tile of
+// kRows rows: 4-byte stores, conflict-free thanks to the swizzle. The caller fences it into the
+// async proxy before publishing it to a wgmma.
 template <int kRows, class FragP>
 __device__ __forceinline__ void store_p_tile(const FragP& rP, uint8_t* tile, int thread_in_wg) {
   CUTE_UNROLL
   for (int i = 0; i < cute::size(rP); i += 2) {
-    const uint32_t two = (uint32_t{reinterpret_cast<const uint16_t&>(rP(i + 1))} << 16) |
-                         reinterpret_cast<const uint16_t&>(rP(i));
+    uint32_t two;
+    if constexpr (std::is_same_v<typename FragP::value_type, float>) {
+      two = pack_bf16x2(rP(i), rP(i + 1));
+    } else {
+      two = (uint32_t{reinterpret_cast<const uint16_t&>(rP(i + 1))} << 16) | reinterpret_cast<const uint16_t&>(rP(i));
+    }
     *reinterpret_cast<uint32_t*>(tile + sw128_elem_offset<kRows>(acc_row(i, thread_in_wg), acc_col(i, thread_in_wg))) =
         two;
   }

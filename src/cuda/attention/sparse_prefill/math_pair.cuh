@@ -146,9 +146,10 @@ struct PairMath : MathBase<D_QK, PairConfig<D_QK>> {
     v[0] = plan.pair_max[row0];
     v[1] = plan.pair_max[row0 + 8];
   }
-  // P (bf16, in rP) of this WG's tile to where the other WG reads it, then announced.
-  __device__ __forceinline__ void publish_p() {
-    store_p_tile<kHeads>(rP, p_bytes(W), tid);
+  // P of this WG's tile (rP, or its fp32 values in rS) to where the other WG reads it, then announced.
+  template <class FragP>
+  __device__ __forceinline__ void publish_p(const FragP& from) {
+    store_p_tile<kHeads>(from, p_bytes(W), tid);
     ptx::fence_proxy_async_smem();
     ptx::mbarrier_arrive(&plan.p_ready[W]);
   }
@@ -174,29 +175,36 @@ struct PairMath : MathBase<D_QK, PairConfig<D_QK>> {
     exp2_tile(base);
     wgmma_rs(MmaPvRegs{}, rP, v_half(0), rO, false);
     wgmma_commit();
-    wgmma_wait<0>();  // own P·V done
-    trace_tile_event(tid, row0_g, kPairOwnPvDone);
-    release(0, 0);
+    // WG1's reference is read while the own product runs. Unless it moved, P0 is published from
+    // its fp32 copy in rS (rP is the product's A operand until the product is done), so WG1's
+    // remote product need not wait for WG0's own one.
     ptx::mbarrier_wait(&plan.max_ready[1], pairs_done & 1);
     trace_tile_event(tid, row0_g, kPairOtherMaxSeen);
     float m1[2];
     read_rows(m1);
-    // WG1's tile raised the reference past m0 (rare, by the slack): P0, O and l move to m1.
     float to_m1[2];
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
       to_m1[r] = m1[r] != m0[r] ? fast_exp2(m0[r] - (m1[r] == -INFINITY ? 0.f : m1[r])) : 1.f;  // m0 = −inf → 0
       m_run[r] = m1[r];
     }
-    if (__any_sync(0xffffffffu, to_m1[0] != 1.f || to_m1[1] != 1.f)) {
+    const bool moved = __any_sync(0xffffffffu, to_m1[0] != 1.f || to_m1[1] != 1.f);
+    if (!moved) {
+      publish_p(rS);
+      trace_tile_event(tid, row0_g, kPairPPublished);
+    }
+    wgmma_wait<0>();  // own P·V done
+    trace_tile_event(tid, row0_g, kPairOwnPvDone);
+    release(0, 0);
+    if (moved) {  // WG1's tile raised the reference past m0 (rare, by the slack): P0, O and l move to m1
       l_part[0] *= to_m1[0];
       l_part[1] *= to_m1[1];
       rescale_o_rows(rO, to_m1);
       CUTE_UNROLL
       for (int i = 0; i < cute::size(rS); ++i) rP(i) = bf16_t(rS(i) * to_m1[(i >> 1) & 1]);
+      publish_p(rP);
+      trace_tile_event(tid, row0_g, kPairPPublished);
     }
-    publish_p();
-    trace_tile_event(tid, row0_g, kPairPPublished);
     if (whole) {
       ptx::mbarrier_wait(&plan.p_ready[1], whole_pairs_done & 1);
       trace_tile_event(tid, row1_g, kPairRemotePSeen);
@@ -250,7 +258,7 @@ struct PairMath : MathBase<D_QK, PairConfig<D_QK>> {
       exp2_tile(base);
       // P is stored before the product that reads it from registers is issued: a wgmma's A
       // registers must not be accessed while it is in flight.
-      publish_p();
+      publish_p(rP);
       trace_tile_event(tid, row1_g, kPairPPublished);
       wgmma_rs(MmaPvRegs{}, rP, v_half(1), rO, false);
       wgmma_commit();

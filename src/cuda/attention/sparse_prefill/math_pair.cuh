@@ -4,11 +4,12 @@
 // WG w owns tile 2j + w of pair j (in buffer w): its S = Q·Kᵀ, masking and softmax. Each WG
 // accumulates its half of O's value dims, O[:, 256w, +256), over both tiles of the pair. Per pair:
 //   WG0: S0 done → tile max → reference max m0 → P0 = exp2(S0·c − m0) (kept in fp32 too) → m0
-//        published (max_ready[0]) → O, l rescaled; O += P0·V0 issued (P from registers) → done:
-//        quarter (0, 0) released → WG1's m1 read (max_ready[1]; m1 = m0 unless WG1's tile raised
-//        the reference) → if it moved, O, l and P0 moved to m1 → P0 (bf16) published (p_ready[0])
-//        → P1 awaited (p_ready[1]) → O += P1·V1 issued (P from shared memory) → the next pair's S0 issued
-//        on half 0, the remote product done: (1, 0) released → the rest of the next S0.
+//        published (max_ready[0]) → O, l rescaled; O += P0·V0 issued (P from registers) → WG1's
+//        m1 read (max_ready[1]; m1 = m0 unless WG1's tile raised the reference) → unless it moved,
+//        P0 published from its fp32 copy (p_ready[0]) → own product done: quarter (0, 0) released
+//        → if it moved, O, l and P0 moved to m1 and P0 published → P1 awaited (p_ready[1]) →
+//        O += P1·V1 issued (P from shared memory) → the next pair's S0 issued on half 0, the remote
+//        product done: (1, 0) released → the rest of the next S0.
 //   WG1: S1 issued, half 1 first (the producer fills it before half 0) → tile max → m0 read →
 //        m1 from m0 and the tile max → m1 published → O, l rescaled → P1 published → O += P1·V1
 //        issued → P0 awaited → O += P0·V0 issued → own product done: (1, 1) released; the

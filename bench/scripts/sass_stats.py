@@ -93,6 +93,15 @@ def _width(ins):
     return 4 if ".128" in op else 2 if ".64" in op else 1
 
 
+def _operand_widths(ins, count):
+    """Registers each of an instruction's `count` operands spans, destination first. A .WIDE
+    instruction (IMAD.WIDE.U32 R22, R3, 0x4, R22) writes a pair and adds a pair; its other
+    sources are single registers."""
+    if ".WIDE" in ins.split()[0]:
+        return [2] + [1] * (count - 2) + [2] if count > 1 else [2]
+    return [_width(ins)] * count
+
+
 def early_reads(loop):
     """(index, distance) of each LDG in `loop` whose value is read within the same iteration,
     `distance` instructions after it. A register that a later instruction overwrites before any
@@ -113,11 +122,13 @@ def early_reads(loop):
             if parts[0].startswith("SYNCS"):
                 continue
             stores = parts[0].startswith(("ST", "RED", "ATOM"))
-            if any(_registers(o, _width(later)) & live for o in (ops if stores else ops[1:])):
+            widths = _operand_widths(later, len(ops))
+            read = zip(ops, widths) if stores else zip(ops[1:], widths[1:])
+            if any(_registers(o, w) & live for o, w in read):
                 found.append((n, d))
                 break
             if not stores:
-                live -= _registers(ops[0], _width(later))
+                live -= _registers(ops[0], widths[0])
                 if not live:
                     break
     return found

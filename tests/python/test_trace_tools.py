@@ -120,7 +120,7 @@ def test_sass_stats_names_loads_read_in_their_own_iteration():
     """sass_stats.early_reads: a load whose value a later instruction of the same loop iteration
     reads is listed with its distance; a register overwritten before any read, a read by an
     mbarrier operation, and a register inside an address next to a vector operand are not reads
-    of the load."""
+    of the load; a .WIDE instruction writes and adds register pairs."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("sass_stats", os.path.join(ROOT, "bench", "scripts", "sass_stats.py"))
     sass_stats = importlib.util.module_from_spec(spec)
@@ -140,3 +140,15 @@ def test_sass_stats_names_loads_read_in_their_own_iteration():
     # it, the first load's first read is the MOV at distance 4.
     loop[2] = (32, "STS.128 [R6+UR6+0x100], R40")
     assert sass_stats.early_reads(loop) == [(0, 4)]
+    # A .WIDE instruction writes a register pair: the load into R23 is overwritten by the IMAD's
+    # high half before the MOV reads R23, so nothing reads the load. Its 64-bit addend is a pair
+    # too: an IMAD.WIDE adding R22:R23 reads the load.
+    wide = [(16 * n, ins) for n, ins in enumerate([
+        "LDG.E.CONSTANT R23, desc[UR4][R6.64]",
+        "IMAD.WIDE.U32 R22, R3, 0x4, R4",
+        "MOV R30, R23",
+        "BRA 0x0",
+    ])]
+    assert sass_stats.early_reads(wide) == []
+    wide[1] = (16, "IMAD.WIDE.U32 R24, R3, 0x4, R22")
+    assert sass_stats.early_reads(wide) == [(0, 1)]

@@ -16,10 +16,12 @@ WG0_STEPS = [
     ("WG0: first half -> second half in", (0, FULL_DONE_FIRST), (0, FULL_DONE_SECOND)),
     ("WG0: second half in -> S done", (0, FULL_DONE_SECOND), (0, S_DONE)),
     ("WG0: S done -> max published", (0, S_DONE), (0, MAX_PUBLISHED)),
-    ("WG0: max published -> own P.V done", (0, MAX_PUBLISHED), (0, OWN_PV_DONE)),
-    ("WG0: own P.V done -> WG1's max seen (wait)", (0, OWN_PV_DONE), (0, OTHER_MAX_SEEN)),
+    # The own product is issued after the max is published and completes after P0 is published
+    # from rS (41885d7), unless WG1 moved the reference.
+    ("WG0: max published -> WG1's max seen (own P.V issued; wait)", (0, MAX_PUBLISHED), (0, OTHER_MAX_SEEN)),
     ("WG0: WG1's max -> P0 published", (0, OTHER_MAX_SEEN), (0, P_PUBLISHED)),
-    ("WG0: P0 published -> P1 seen (wait)", (0, P_PUBLISHED), (1, REMOTE_P_SEEN)),
+    ("WG0: P0 published -> own P.V done", (0, P_PUBLISHED), (0, OWN_PV_DONE)),
+    ("WG0: own P.V done -> P1 seen (wait)", (0, OWN_PV_DONE), (1, REMOTE_P_SEEN)),
     ("WG0: P1 seen -> remote P.V done (next S0's half 0 issued)", (1, REMOTE_P_SEEN), (1, REMOTE_PV_DONE)),
     ("WG0: remote P.V done -> next S0 done", (1, REMOTE_PV_DONE), (2, S_DONE)),
 ]

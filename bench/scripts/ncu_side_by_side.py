@@ -19,6 +19,7 @@ and FlashMLA's prefill performance cases (s_q 4096, attn_sink, s_kv 8192), both 
                           the same rows (against prefill_v32 for the L2 sectors each reads)
   prefill_v32_64k, _128k  prefill_v32 at s_kv 65536 / 131072, whose kv (75 / 151 MB of bf16 rows)
                           exceeds the L2, so part of the rows come from DRAM
+  prefill_pro_64k         prefill_pro at s_kv 65536 (64 MB of rows, beyond the L2 too)
 """
 import os
 import sys
@@ -51,6 +52,7 @@ PREFILL_CASES = {
     "prefill_v32_h64": TestParam(4096, 8192, 2048, h_q=64, d_qk=576, have_attn_sink=True),
     "prefill_v32_64k": TestParam(4096, 65536, 2048, h_q=128, d_qk=576, have_attn_sink=True),
     "prefill_v32_128k": TestParam(4096, 131072, 2048, h_q=128, d_qk=576, have_attn_sink=True),
+    "prefill_pro_64k": TestParam(4096, 65536, 1024, h_q=128, d_qk=512, have_attn_sink=True),
 }
 
 

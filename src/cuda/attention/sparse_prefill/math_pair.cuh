@@ -147,12 +147,14 @@ struct PairMath : MathBase<D_QK, PairConfig<D_QK>> {
     v[0] = plan.pair_max[row0];
     v[1] = plan.pair_max[row0 + 8];
   }
-  // P of this WG's tile (rP, or its fp32 values in rS) to where the other WG reads it, then announced.
+  // P of this WG's tile (rP, or its fp32 values in rS) to where the other WG reads it, then announced
+  // (trace row: the tile's).
   template <class FragP>
-  __device__ __forceinline__ void publish_p(const FragP& from) {
+  __device__ __forceinline__ void publish_p(const FragP& from, uint32_t trace_row) {
     store_p_tile<kHeads>(from, p_bytes(W), tid);
     ptx::fence_proxy_async_smem();
     ptx::mbarrier_arrive(&plan.p_ready[W]);
+    trace_tile_event(tid, trace_row, kPairPPublished);
   }
 
   // ---- WG0's pair j ----------------------------------------------------------------------------
@@ -191,8 +193,7 @@ struct PairMath : MathBase<D_QK, PairConfig<D_QK>> {
     }
     const bool moved = __any_sync(0xffffffffu, to_m1[0] != 1.f || to_m1[1] != 1.f);
     if (!moved) {
-      publish_p(rS);
-      trace_tile_event(tid, row0_g, kPairPPublished);
+      publish_p(rS, row0_g);
     }
     wgmma_wait<0>();  // own P·V done
     trace_tile_event(tid, row0_g, kPairOwnPvDone);
@@ -203,8 +204,7 @@ struct PairMath : MathBase<D_QK, PairConfig<D_QK>> {
       rescale_o_rows(rO, to_m1);
       CUTE_UNROLL
       for (int i = 0; i < cute::size(rS); ++i) rP(i) = bf16_t(rS(i) * to_m1[(i >> 1) & 1]);
-      publish_p(rP);
-      trace_tile_event(tid, row0_g, kPairPPublished);
+      publish_p(rP, row0_g);
     }
     if (whole) {
       ptx::mbarrier_wait(&plan.p_ready[1], whole_pairs_done & 1);
@@ -260,8 +260,7 @@ struct PairMath : MathBase<D_QK, PairConfig<D_QK>> {
       // P is stored before the product that reads it from registers is issued: a wgmma's A
       // registers must not be accessed while it is in flight. (Issuing the product first and
       // storing P from rS, as WG0 does, measured 1-2 % slower: WG0 waits for this P.)
-      publish_p(rP);
-      trace_tile_event(tid, row1_g, kPairPPublished);
+      publish_p(rP, row1_g);
       wgmma_rs(MmaPvRegs{}, rP, v_half(1), rO, false);
       wgmma_commit();
     }

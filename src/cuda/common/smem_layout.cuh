@@ -20,7 +20,8 @@ namespace dsv4::cuda {
 
 #if defined(__CUDACC__)
 // A kernel's dynamic shared memory as a T at the first kAlign-aligned byte (the launch asks for
-// kAlign more bytes than sizeof(T); 1024 is what 128-byte-swizzled wgmma tiles need). The
+// kAlign more bytes than sizeof(T), or kAlign − 16 more than T's last member's end: the declared
+// array is 16-byte aligned; 1024 is what 128-byte-swizzled wgmma tiles need). The
 // offset is added to the declared array itself: a round trip of the address through an integer
 // hides that it is shared memory, and every access of the plan then compiles to a generic LD / ST
 // (slower, and an L1TEX dependency) instead of LDS / STS.

@@ -24,6 +24,7 @@
 
 #include <cuda.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -63,6 +64,16 @@ struct ItemSlot {
 // kAuto the host dispatch resolves (sparse_prefill_auto_schedule) before a launch.
 using Schedule = SparsePrefillSchedule;
 
+// The dynamic shared memory a launch asks for, for a plan whose bytes end at `plan_end` (its last
+// member's end: sizeof would add the padding up to the plan's 1024-byte alignment, which nothing
+// reads): those bytes plus the most aligned_dynamic_smem skips to reach that alignment from the
+// kernel's 16-byte-aligned dynamic shared memory (1008). This is what lets d 576's pair plan keep
+// its three k_full barriers a buffer. (Declaring the array 1024-aligned, as the decode kernel
+// does, and asking for the plan alone fitted too, but under compute-sanitizer memcheck the CUDA
+// graph replay of the d 576 pair launch then never ran: SparsePrefillEdge.WorkCounterLaunch-
+// ReplaysFromACudaGraph, 2026-12-01.)
+constexpr int dynamic_smem_bytes(size_t plan_end) { return static_cast<int>(plan_end) + 1024 - 16; }
+
 template <int D_QK>
 struct Config {
   static_assert(D_QK == 512 || D_QK == 576, "d_qk must be 512 (MODEL1) or 576 (V3.2)");
@@ -85,7 +96,8 @@ struct Config {
   // 256, WG1's, and the d 576 rope block). The serial schedule waits for both and fences once
   // before S (one fence per tile measured faster than starting S on the first half early); the
   // pair schedule starts S on the half the producer fills first for that WG and releases the
-  // halves separately, each by its last reader.
+  // halves separately, each by its last reader; it also announces the half filled second in two
+  // pieces (PairConfig::kPieceSplitBlock), so that S runs on the first while the second lands.
   static constexpr int kSplitBlocks = 4;  // 64-column blocks in half 0
   static constexpr int kSplitKSteps = kSplitBlocks * 64 / 16;
   // Named barriers (0 is __syncthreads): the end-of-item row-sum exchange between the math WGs;
@@ -120,7 +132,7 @@ struct SerialConfig : Config<D_QK> {
     uint64_t p_ready[2];    // [local tile parity]: P and row stats of a tile published by its owner
     uint64_t k_empty[2];
   };
-  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedPlan)) + 1024;  // + alignment
+  static constexpr int kSmemBytes = dynamic_smem_bytes(offsetof(SharedPlan, k_empty) + sizeof(SharedPlan::k_empty));
   static_assert(kSmemBytes <= 227 * 1024, "shared-memory plan exceeds the sm_90 limit");
 };
 
@@ -132,6 +144,13 @@ struct PairConfig : Config<D_QK> {
   using Base = Config<D_QK>;
   static constexpr uint32_t kMathRegs = 216;
   static constexpr uint32_t kProducerRegs = 72;
+  // Where the half of a buffer filled second splits into its two pieces, in 64-column blocks:
+  // half 0 (blocks [0, kSplitBlocks), buffer 1's) and half 1 (blocks [kSplitBlocks, d_qk / 64),
+  // buffer 0's) each at its first kSplitBlocks / 2 blocks. At s_kv 64k, where rows come from
+  // DRAM, WG0 waited ~1400 cycles a pair for its second half to land and then ran S on all of it;
+  // with the pieces, S on the first runs during that wait: V4-Pro and V3.2 at s_kv 64k and 128k
+  // 0.7-2 % faster, s_kv 8k level (docs/notes/prefill.md, "S on the second half's first piece").
+  static constexpr int kPieceSplitBlock[2] = {Base::kSplitBlocks / 2, Base::kSplitBlocks + Base::kSplitBlocks / 2};
   struct SharedPlan {
     alignas(1024) uint8_t q[Base::kQBytes];
     alignas(1024) uint8_t k[2][Base::kTileBytes];
@@ -145,7 +164,9 @@ struct PairConfig : Config<D_QK> {
     ItemSlot item;   // the item whose Q q_full announces (work_item.cuh)
     int claimed[2];  // [CTA item count parity]: the producer's next item from the counter
     uint64_t q_full, q_empty;
-    uint64_t k_full[2][2];   // [buffer][half]: gathered
+    // [buffer][piece]: gathered. Piece 0 is half `buffer`, filled first, with the rows' key_valid
+    // flags; pieces 1 and 2 are the other half's two parts (kPieceSplitBlock).
+    uint64_t k_full[2][3];
     uint64_t k_empty[2][2];  // [buffer][half]: released by WG `half`, its last reader
     // The pair's hand-offs between the math WGs, each completed by the publishing WG's 128
     // threads once a pair (p_ready[1]: once a whole pair) and awaited by the other WG. The
@@ -155,7 +176,8 @@ struct PairConfig : Config<D_QK> {
     uint64_t max_ready[2];  // [WG]: its reference max of the pair in pair_max
     uint64_t p_ready[2];    // [WG]: P of its tile in shared memory
   };
-  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedPlan)) + 1024;  // + alignment
+  // (d 576 fills the 227 KB to the byte.)
+  static constexpr int kSmemBytes = dynamic_smem_bytes(offsetof(SharedPlan, p_ready) + sizeof(SharedPlan::p_ready));
   static_assert(kSmemBytes <= 227 * 1024, "shared-memory plan exceeds the sm_90 limit");
 };
 

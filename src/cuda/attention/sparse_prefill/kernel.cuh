@@ -47,12 +47,12 @@ __device__ __forceinline__ void init_barriers(Plan& plan) {
       ptx::mbarrier_init(&plan.p_ready[b], 128);  // the owner WG's threads
       ptx::mbarrier_init(&plan.k_empty[b], 256);  // every math thread, after its P·V on the tile
     } else {
-      for (int h = 0; h < 2; ++h) {
-        // Per producer thread: one cp.async arrival per half, and on the half of buffer b filled
-        // first (half b) also one (release) for its rows' key_valid flags.
-        ptx::mbarrier_init(&plan.k_full[b][h], h == b ? 256 : 128);
-        ptx::mbarrier_init(&plan.k_empty[b][h], 128);  // WG h's threads, its last reader
-      }
+      // Per producer thread: one cp.async arrival per piece, and on the half of buffer b filled
+      // first (piece 0) also one (release) for its rows' key_valid flags.
+      ptx::mbarrier_init(&plan.k_full[b][0], 256);
+      ptx::mbarrier_init(&plan.k_full[b][1], 128);
+      ptx::mbarrier_init(&plan.k_full[b][2], 128);
+      for (int h = 0; h < 2; ++h) ptx::mbarrier_init(&plan.k_empty[b][h], 128);  // WG h's threads, its last reader
       ptx::mbarrier_init(&plan.max_ready[b], 128);  // WG b's threads
       ptx::mbarrier_init(&plan.p_ready[b], 128);
     }

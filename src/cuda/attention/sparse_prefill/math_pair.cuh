@@ -67,21 +67,40 @@ struct PairMath : MathBase<D_QK, PairConfig<D_QK>> {
   __device__ __forceinline__ void release(int buf, int half) { ptx::mbarrier_arrive(&plan.k_empty[buf][half]); }
 
   // ---- S of the own tile of pair j, by column halves ------------------------------------------
-  // Half kHalf of the own buffer once gathered, after a proxy fence (cp.async writes through the
-  // generic proxy, wgmma reads through the async one); zero_init on the half issued first. With
-  // a negative softmax scale S is computed negated (the branch is on a kernel parameter: uniform).
+  // Half kHalf of the own buffer as it is gathered, each part after its k_full wait and a proxy
+  // fence (cp.async writes through the generic proxy, wgmma reads through the async one): the
+  // half filled first (kHalf == W) whole, the other by its two pieces (config.h); one commit
+  // group; zero_init on the half issued first.
   template <int kHalf>
   __device__ __forceinline__ void issue_s_half(int j, bool zero_init) {
     const uint32_t row = g + 2 * j + W;
-    if (kHalf == W) trace_tile_event(tid, row, kPairFullWaitFirst);
-    ptx::mbarrier_wait(&plan.k_full[W][kHalf], (uses + j) & 1);
-    trace_tile_event(tid, row, kHalf == W ? kPairFullDoneFirst : kPairFullDoneSecond);
-    ptx::fence_proxy_async_smem();
+    const uint32_t phase = (uses + j) & 1;
     constexpr int kBegin = kHalf == 0 ? 0 : Cfg::kSplitKSteps;
     constexpr int kEnd = kHalf == 0 ? Cfg::kSplitKSteps : -1;
+    if constexpr (kHalf == W) {
+      trace_tile_event(tid, row, kPairFullWaitFirst);
+      ptx::mbarrier_wait(&plan.k_full[W][0], phase);
+      trace_tile_event(tid, row, kPairFullDoneFirst);
+      ptx::fence_proxy_async_smem();
+      issue_s_steps<kBegin, kEnd>(zero_init);
+    } else {
+      constexpr int kMid = Cfg::kPieceSplitBlock[kHalf] * 64 / 16;
+      ptx::mbarrier_wait(&plan.k_full[W][1], phase);
+      ptx::fence_proxy_async_smem();
+      issue_s_steps<kBegin, kMid>(zero_init);
+      ptx::mbarrier_wait(&plan.k_full[W][2], phase);
+      trace_tile_event(tid, row, kPairFullDoneSecond);
+      ptx::fence_proxy_async_smem();
+      issue_s_steps<kMid, kEnd>(false);
+    }
+    wgmma_commit();
+  }
+  // K steps [kBegin, kEnd) of S (-1: to the end). With a negative softmax scale S is computed
+  // negated (the branch is on a kernel parameter: uniform).
+  template <int kBegin, int kEnd>
+  __device__ __forceinline__ void issue_s_steps(bool zero_init) {
     if (p.scale_log2 < 0.f) wgmma_ss<kBegin, kEnd>(MmaSNegated{}, q_tile(), k_tile(W), rS, zero_init);
     else wgmma_ss<kBegin, kEnd>(MmaS{}, q_tile(), k_tile(W), rS, zero_init);
-    wgmma_commit();
   }
 
   // ---- the softmax's steps ------------------------------------------------------------------

@@ -43,9 +43,10 @@ struct PairProducer : ProducerBase<D_QK, PairConfig<D_QK>> {
   }
 
   // Quarter (B, H) of the buffers for its `use`-th tile (0-based, CTA-wide), from the rows `idx`:
-  // once WG H has released it, gathered and announced on k_full[B][H]. Half B of buffer B is
-  // filled first, so it also carries the rows' key_valid flags (their last reader, the previous
-  // occupant's owner, read them before releasing it).
+  // once WG H has released it, gathered and announced. Half B of buffer B is filled first, on
+  // k_full[B][0], so it also carries the rows' key_valid flags (their last reader, the previous
+  // occupant's owner, read them before releasing it); the other half in two pieces, on
+  // k_full[B][1] and [2] (config.h, kPieceSplitBlock).
   template <int B, int H>
   __device__ __forceinline__ void fill_quarter(const int32_t (&idx)[kRowsPerThread], uint32_t use, uint32_t row) {
     trace_tile_event(tid, row, static_cast<PairTraceEvent>(kPairEmptyWaitHalf0 + 3 * H));
@@ -54,12 +55,21 @@ struct PairProducer : ProducerBase<D_QK, PairConfig<D_QK>> {
     const uint8_t* src[kRowsPerThread];
     bool valid[kRowsPerThread];
     Base::row_sources(idx, src, valid);
+    constexpr int kBegin = H == 0 ? 0 : Cfg::kSplitBlocks, kEnd = H == 0 ? Cfg::kSplitBlocks : Base::kBlocks;
     if constexpr (H == B) {
       Base::publish_key_valid(B, valid);
-      ptx::mbarrier_arrive(&plan.k_full[B][H]);
+      ptx::mbarrier_arrive(&plan.k_full[B][0]);
+      Base::gather_blocks(plan.k[B], src, kBegin, kEnd);
+      ptx::cp_async_arrive_noinc(&plan.k_full[B][0]);
+    } else {
+      constexpr int kMid = Cfg::kPieceSplitBlock[H];
+      // As a loop: written out as two calls, the producer spilled 52 bytes at 72 registers.
+#pragma unroll
+      for (int piece = 0; piece < 2; ++piece) {
+        Base::gather_blocks(plan.k[B], src, piece == 0 ? kBegin : kMid, piece == 0 ? kMid : kEnd);
+        ptx::cp_async_arrive_noinc(&plan.k_full[B][1 + piece]);
+      }
     }
-    Base::gather_blocks(plan.k[B], src, H == 0 ? 0 : Cfg::kSplitBlocks, H == 0 ? Cfg::kSplitBlocks : Base::kBlocks);
-    ptx::cp_async_arrive_noinc(&plan.k_full[B][H]);
     trace_tile_event(tid, row, static_cast<PairTraceEvent>(kPairIssuedHalf0 + 3 * H));
   }
 

@@ -84,7 +84,7 @@ struct PairMath : MathBase<D_QK, PairConfig<D_QK>> {
       ptx::fence_proxy_async_smem();
       issue_s_steps<kBegin, kEnd>(zero_init);
     } else {
-      constexpr int kMid = Cfg::kPieceSplitBlock[kHalf] * 64 / 16;
+      constexpr int kMid = Cfg::kPieceSplitBlock[kHalf] * 64 / 16;  // in K steps of 16 columns
       ptx::mbarrier_wait(&plan.k_full[W][1], phase);
       ptx::fence_proxy_async_smem();
       issue_s_steps<kBegin, kMid>(zero_init);

@@ -9,6 +9,7 @@
 // MN-major B operand of a P·V product (K = V: a gathered row is stored once, used twice).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #if defined(DSV4_HAVE_CUTLASS)
@@ -18,10 +19,17 @@
 
 namespace dsv4::cuda {
 
+// The dynamic shared memory a launch asks for, for a plan read through aligned_dynamic_smem
+// (below) whose bytes end at `plan_end` (its last member's end: sizeof would add the padding up to
+// the plan's alignment, which nothing reads): those bytes plus the most aligned_dynamic_smem skips
+// to reach kAlign from the declared array's 16-byte alignment (1008 for 1024).
+template <int kAlign = 1024>
+constexpr int aligned_dynamic_smem_bytes(size_t plan_end) { return static_cast<int>(plan_end) + kAlign - 16; }
+
 #if defined(__CUDACC__)
 // A kernel's dynamic shared memory as a T at the first kAlign-aligned byte (the launch asks for
-// kAlign more bytes than sizeof(T), or kAlign − 16 more than T's last member's end: the declared
-// array is 16-byte aligned; 1024 is what 128-byte-swizzled wgmma tiles need). The
+// kAlign more bytes than sizeof(T), or aligned_dynamic_smem_bytes of its last member's end: the
+// declared array is 16-byte aligned; 1024 is what 128-byte-swizzled wgmma tiles need). The
 // offset is added to the declared array itself: a round trip of the address through an integer
 // hides that it is shared memory, and every access of the plan then compiles to a generic LD / ST
 // (slower, and an L1TEX dependency) instead of LDS / STS.

@@ -64,15 +64,13 @@ struct ItemSlot {
 // kAuto the host dispatch resolves (sparse_prefill_auto_schedule) before a launch.
 using Schedule = SparsePrefillSchedule;
 
-// The dynamic shared memory a launch asks for, for a plan whose bytes end at `plan_end` (its last
-// member's end: sizeof would add the padding up to the plan's 1024-byte alignment, which nothing
-// reads): those bytes plus the most aligned_dynamic_smem skips to reach that alignment from the
-// kernel's 16-byte-aligned dynamic shared memory (1008). This is what lets d 576's pair plan keep
-// its three k_full barriers a buffer. (Declaring the array 1024-aligned, as the decode kernel
-// does, and asking for the plan alone fitted too, but under compute-sanitizer memcheck the CUDA
-// graph replay of the d 576 pair launch then never ran: SparsePrefillEdge.WorkCounterLaunch-
-// ReplaysFromACudaGraph, 2026-12-01.)
-constexpr int dynamic_smem_bytes(size_t plan_end) { return static_cast<int>(plan_end) + 1024 - 16; }
+// Both plans ask for their last member's end plus the alignment slack (smem_layout.cuh,
+// aligned_dynamic_smem_bytes), not sizeof + 1024: that is what lets d 576's pair plan keep its
+// three k_full barriers a buffer. (Declaring the array 1024-aligned, as the decode kernel does,
+// and asking for the plan alone fitted too, but under compute-sanitizer memcheck the CUDA graph
+// replay of the d 576 pair launch then never ran: SparsePrefillEdge.WorkCounterLaunch-
+// ReplaysFromACudaGraph, 2026-12-01.) A member added after a plan's last one must move its
+// kSmemBytes along.
 
 template <int D_QK>
 struct Config {
@@ -130,9 +128,10 @@ struct SerialConfig : Config<D_QK> {
     uint64_t q_full, q_empty;
     uint64_t k_full[2][2];  // [buffer][half]
     uint64_t p_ready[2];    // [local tile parity]: P and row stats of a tile published by its owner
-    uint64_t k_empty[2];
+    uint64_t k_empty[2];  // (the last member: kSmemBytes)
   };
-  static constexpr int kSmemBytes = dynamic_smem_bytes(offsetof(SharedPlan, k_empty) + sizeof(SharedPlan::k_empty));
+  static constexpr int kSmemBytes =
+      aligned_dynamic_smem_bytes(offsetof(SharedPlan, k_empty) + sizeof(SharedPlan::k_empty));  // its last member
   static_assert(kSmemBytes <= 227 * 1024, "shared-memory plan exceeds the sm_90 limit");
 };
 
@@ -174,10 +173,11 @@ struct PairConfig : Config<D_QK> {
     // mbarriers rather than named barriers: the same order, in a form compute-sanitizer's
     // racecheck follows (it reported a bar.arrive / bar.sync hand-off as races).
     uint64_t max_ready[2];  // [WG]: its reference max of the pair in pair_max
-    uint64_t p_ready[2];    // [WG]: P of its tile in shared memory
+    uint64_t p_ready[2];    // [WG]: P of its tile in shared memory (the last member: kSmemBytes)
   };
   // (d 576 fills the 227 KB to the byte.)
-  static constexpr int kSmemBytes = dynamic_smem_bytes(offsetof(SharedPlan, p_ready) + sizeof(SharedPlan::p_ready));
+  static constexpr int kSmemBytes =
+      aligned_dynamic_smem_bytes(offsetof(SharedPlan, p_ready) + sizeof(SharedPlan::p_ready));  // its last member
   static_assert(kSmemBytes <= 227 * 1024, "shared-memory plan exceeds the sm_90 limit");
 };
 

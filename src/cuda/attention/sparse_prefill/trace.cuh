@@ -17,8 +17,9 @@
 //   the producer, per column half h of the tile's buffer: 3h before the k_empty wait, 3h + 1 past
 //                          it, 3h + 2 its copies issued;
 //   the tile's owner WG:   6 before its first half's k_full wait, 7 past it (S starts), 8 past the
-//                          second half's (its second piece's), 9 S done, 10 its reference max published, 11 past the
-//                          wait for the other WG's max, 12 its P published, 13 its own P·V done;
+//                          second half's (its second piece's), 9 S done, 10 its reference max
+//                          published, 11 past the wait for the other WG's max, 12 its P published,
+//                          13 its own P·V done;
 //   the other WG:          14 past the wait for the tile's P, 15 its P·V on it done;
 //   WG0, on an item's last tile: 16 its epilogue start, 17 its O stored; on an item's first
 //                          tile: 18 past its q_full wait;
